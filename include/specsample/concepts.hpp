@@ -1,0 +1,89 @@
+#pragma once
+/// @file concepts.hpp
+/// The token type and the `language_model` concept every model plugs into.
+
+#include <Eigen/Core>
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+
+namespace specsample {
+
+/// A token id. Valid ids of a model are `[0, vocab_size())`.
+using token = std::int32_t;
+
+namespace detail {
+
+// Each requirement of `language_model` is its own small concept so that entry points can
+// static_assert them one by one with a readable sentence.
+
+template <class M>
+concept has_vocab_size = requires(const M& cm) {
+  { cm.vocab_size() } -> std::convertible_to<std::size_t>;
+};
+
+template <class M>
+concept has_context_size = requires(const M& cm) {
+  { cm.size() } -> std::convertible_to<std::size_t>;
+};
+
+template <class M>
+concept has_append = requires(M& m, std::span<const token> t) {
+  { m.append(t) } -> std::convertible_to<Eigen::MatrixXf>;
+};
+
+template <class M>
+concept has_truncate = requires(M& m, std::size_t n) { m.truncate(n); };
+
+template <class M>
+concept has_max_size = requires(const M& cm) {
+  { cm.max_size() } -> std::convertible_to<std::size_t>;
+};
+
+}  // namespace detail
+
+/// A causal language model with an internal context (a KV cache, or just a token list).
+///
+/// A type `M` models `language_model` when, for `M& m`, `const M& cm`,
+/// `std::span<const token> t` and `std::size_t n`:
+///  1. `cm.vocab_size()` returns the vocabulary size V (convertible to `std::size_t`);
+///  2. `cm.size()` returns the number of tokens currently in the context;
+///  3. `m.append(t)` appends `t` to the context and returns logits convertible to
+///     `Eigen::MatrixXf` of shape (V, t.size()): column j holds the next-token logits after
+///     `t[0..j]` given the earlier context (log-probabilities up to a constant per column;
+///     -inf is a zero probability);
+///  4. `m.truncate(n)` keeps the first `n` tokens of the context (n <= size()).
+///
+/// Optionally, `cm.max_size()` returns the longest context the model accepts; the sampling loops
+/// then check up front that the prompt and `max_new_tokens` fit. See docs/models.md.
+template <class M>
+concept language_model = detail::has_vocab_size<M> && detail::has_context_size<M> &&
+                         detail::has_append<M> && detail::has_truncate<M>;
+
+/// The longest context `m` accepts: `m.max_size()` when the model provides it, else unbounded.
+template <language_model M>
+[[nodiscard]] std::size_t max_context(const M& m) {
+  if constexpr (detail::has_max_size<M>) {
+    return static_cast<std::size_t>(m.max_size());
+  } else {
+    return std::numeric_limits<std::size_t>::max();
+  }
+}
+
+}  // namespace specsample
+
+/// Checks `language_model` requirement by requirement with one readable message each; used by
+/// every entry point that takes a model.
+#define SPECSAMPLE_CHECK_MODEL(M, role)                                                          \
+  static_assert(::specsample::detail::has_vocab_size<M>,                                         \
+                role " must provide `vocab_size() const` returning the vocabulary size");        \
+  static_assert(::specsample::detail::has_context_size<M>,                                       \
+                role " must provide `size() const` returning the number of tokens in context"); \
+  static_assert(::specsample::detail::has_append<M>,                                             \
+                role " must provide append(span<const token>) returning vocab x n logits "      \
+                     "convertible to Eigen::MatrixXf");                                         \
+  static_assert(::specsample::detail::has_truncate<M>,                                           \
+                role " must provide truncate(size_t) keeping the first n tokens of context")

@@ -1,0 +1,66 @@
+#pragma once
+/// @file callable_model.hpp
+/// Turns any callable `logits(std::span<const token> context)` into a `language_model`.
+
+#include <specsample/concepts.hpp>
+#include <specsample/error.hpp>
+
+#include <Eigen/Core>
+#include <fmt/format.h>
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace specsample::toy {
+
+/// Wraps `F: (std::span<const token> context) -> logits` (anything assignable to an
+/// `Eigen::VectorXf` of length `vocab`) as a `language_model`: the adapter keeps the token list,
+/// and `append` calls `f` once per appended token with the whole context so far. No KV cache, so
+/// each call costs whatever `f` costs; good for tests, prototypes and models with their own cache.
+template <class F>
+  requires std::invocable<F&, std::span<const token>>
+class callable_model {
+ public:
+  callable_model(std::size_t vocab, F f) : vocab_(vocab), f_(std::move(f)) {
+    if (vocab == 0) throw error("toy::callable_model: the vocabulary must not be empty");
+  }
+
+  [[nodiscard]] std::size_t vocab_size() const noexcept { return vocab_; }
+  [[nodiscard]] std::size_t size() const noexcept { return context_.size(); }
+  [[nodiscard]] std::span<const token> context() const noexcept { return context_; }
+
+  Eigen::MatrixXf append(std::span<const token> t) {
+    Eigen::MatrixXf out(static_cast<Eigen::Index>(vocab_), static_cast<Eigen::Index>(t.size()));
+    for (std::size_t j = 0; j < t.size(); ++j) {
+      if (t[j] < 0 || static_cast<std::size_t>(t[j]) >= vocab_) {
+        throw error(fmt::format("toy::callable_model::append: token {} is out of range for a vocabulary of {} tokens",
+                                t[j], vocab_));
+      }
+      context_.push_back(t[j]);
+      Eigen::VectorXf logits = f_(std::span<const token>(context_));
+      if (static_cast<std::size_t>(logits.size()) != vocab_) {
+        throw error(fmt::format("toy::callable_model: the callable returned {} logits for a vocabulary of {}",
+                                logits.size(), vocab_));
+      }
+      out.col(static_cast<Eigen::Index>(j)) = logits;
+    }
+    return out;
+  }
+
+  void truncate(std::size_t n) {
+    if (n > context_.size()) {
+      throw error(fmt::format("toy::callable_model::truncate({}) beyond a context of {} tokens", n, context_.size()));
+    }
+    context_.resize(n);
+  }
+
+ private:
+  std::size_t vocab_;
+  F f_;
+  std::vector<token> context_;
+};
+
+}  // namespace specsample::toy

@@ -1,0 +1,64 @@
+#pragma once
+/// @file params.hpp
+/// Sampling and speculation parameters, and their validation.
+
+#include <specsample/concepts.hpp>
+#include <specsample/error.hpp>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstddef>
+#include <optional>
+
+namespace specsample {
+
+/// How logits become a probability vector (applied identically to draft and target).
+/// Order: temperature, then top-k, then top-p, then min-p, renormalising after each step; ties are
+/// broken by the lower token id. The defaults switch every filter off.
+struct sampling_params {
+  float temperature = 1.0f;  ///< 0 = greedy (argmax, lowest id on ties); must be >= 0.
+  int top_k = 0;             ///< keep the k most probable tokens; 0 = off; must be >= 0.
+  float top_p = 1.0f;        ///< keep the smallest most-probable set with mass >= top_p; in (0, 1].
+  float min_p = 0.0f;        ///< keep tokens with p >= min_p * max p; in [0, 1).
+};
+
+/// Parameters of one generation call.
+struct speculative_params {
+  std::size_t max_new_tokens = 128;  ///< emit exactly this many tokens unless `eos` comes first.
+  std::size_t draft_length = 4;      ///< K: tokens the draft proposes per round; >= 1.
+  sampling_params sampling{};        ///< warping shared by draft and target.
+  std::optional<token> eos{};        ///< stop right after emitting this token.
+};
+
+/// Throws `specsample::error` naming the first parameter that is out of its domain.
+inline void validate(const sampling_params& s) {
+  if (!(s.temperature >= 0.0f) || std::isinf(s.temperature)) {
+    throw error(fmt::format("sampling_params.temperature must be finite and >= 0 (0 = greedy), got {}",
+                            s.temperature));
+  }
+  if (s.top_k < 0) {
+    throw error(fmt::format("sampling_params.top_k must be >= 0 (0 = off), got {}", s.top_k));
+  }
+  if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) {
+    throw error(fmt::format("sampling_params.top_p must be in (0, 1] (1 = off), got {}", s.top_p));
+  }
+  if (!(s.min_p >= 0.0f && s.min_p < 1.0f)) {
+    throw error(fmt::format("sampling_params.min_p must be in [0, 1) (0 = off), got {}", s.min_p));
+  }
+}
+
+/// Throws `specsample::error` naming the first parameter that is out of its domain.
+/// `vocab` is the models' vocabulary size, used to check `eos`.
+inline void validate(const speculative_params& s, std::size_t vocab) {
+  validate(s.sampling);
+  if (s.draft_length == 0) {
+    throw error("speculative_params.draft_length must be >= 1 (the draft proposes K >= 1 tokens per round)");
+  }
+  if (s.eos && (*s.eos < 0 || static_cast<std::size_t>(*s.eos) >= vocab)) {
+    throw error(fmt::format("speculative_params.eos = {} is out of range for a vocabulary of {} tokens",
+                            *s.eos, vocab));
+  }
+}
+
+}  // namespace specsample

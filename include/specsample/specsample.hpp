@@ -1,0 +1,13 @@
+#pragma once
+/// @file specsample.hpp
+/// Umbrella header: everything specsample provides.
+
+#include <specsample/concepts.hpp>
+#include <specsample/error.hpp>
+#include <specsample/sampling/loop.hpp>
+#include <specsample/sampling/params.hpp>
+#include <specsample/sampling/random.hpp>
+#include <specsample/sampling/stats.hpp>
+#include <specsample/sampling/verify.hpp>
+#include <specsample/sampling/warp.hpp>
+#include <specsample/toy.hpp>

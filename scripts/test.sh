@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The whole test suite, twice: an optimised build and an ASan+UBSan build.
+# Usage: scripts/test.sh            (both builds)
+#        SPECSAMPLE_SKIP_SANITIZE=1 scripts/test.sh   (optimised build only, for quick iteration)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+"$root/scripts/deps.sh"
+jobs=${SPECSAMPLE_JOBS:-$(nproc)}
+
+run_suite() {  # name, extra cmake args...
+  local dir="$root/build/$1"; shift
+  echo "== specsample: $(basename "$dir") build =="
+  cmake -S "$root" -B "$dir" -DSPECSAMPLE_WERROR=ON "$@" >/dev/null
+  cmake --build "$dir" -j "$jobs"
+  ctest --test-dir "$dir" -j "$jobs" --output-on-failure
+}
+
+run_suite release -DCMAKE_BUILD_TYPE=Release
+if [ -z "${SPECSAMPLE_SKIP_SANITIZE:-}" ]; then
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  run_suite sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPECSAMPLE_SANITIZE=ON \
+    -DSPECSAMPLE_BUILD_BENCHMARKS=OFF
+fi
+echo "specsample: all tests passed"

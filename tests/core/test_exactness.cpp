@@ -1,0 +1,200 @@
+// Statistical proof of exactness: for toy models with tiny vocabularies, the exact probability of
+// every output sequence is enumerated, >= 100k speculative samples are drawn with a fixed seed, and
+// a G-test compares the two. Every scenario also runs a deliberately broken verifier and requires
+// the same statistic to reject it: a test that cannot fail proves nothing.
+
+#include <specsample/specsample.hpp>
+#include <specsample/testing/distribution.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <random>
+#include <string>
+
+using namespace specsample;
+
+namespace {
+
+constexpr double pass_threshold = 1e-3;  // exact sampler: p-value must stay above this
+constexpr double fail_threshold = 1e-6;  // broken sampler: p-value must fall below this
+
+// --- deliberately broken verifiers ---------------------------------------------------------------
+
+// On rejection draws from p instead of norm(max(0, p - q)): over-weights tokens the draft favours.
+struct resample_from_target {
+  template <class Rng>
+  verify_result operator()(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
+                           const Eigen::Ref<const Eigen::MatrixXf>& p, Rng& rng) const {
+    const auto k = static_cast<Eigen::Index>(drafts.size());
+    for (Eigen::Index i = 0; i < k; ++i) {
+      const token x = drafts[static_cast<std::size_t>(i)];
+      if (p(x, i) >= q(x, i) || uniform_01(rng) < double(p(x, i)) / double(q(x, i))) continue;
+      return {static_cast<std::size_t>(i), sample_categorical(p.col(i), rng), false};
+    }
+    return {static_cast<std::size_t>(k), sample_categorical(p.col(k), rng), true};
+  }
+};
+
+// Draws the bonus token from the wrong column (p_{K-1} instead of p_K): an off-by-one that only
+// shows when every draft is accepted, so it is the one that draft == target can expose.
+struct bonus_from_previous_column {
+  template <class Rng>
+  verify_result operator()(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
+                           const Eigen::Ref<const Eigen::MatrixXf>& p, Rng& rng) const {
+    verify_result r = tokenwise_verifier{}(drafts, q, p, rng);
+    if (r.bonus && !drafts.empty()) r.next = sample_categorical(p.col(static_cast<Eigen::Index>(drafts.size()) - 1), rng);
+    return r;
+  }
+};
+
+// Accepts with probability p(x) instead of min(1, p(x)/q(x)).
+struct accept_with_target_probability {
+  template <class Rng>
+  verify_result operator()(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
+                           const Eigen::Ref<const Eigen::MatrixXf>& p, Rng& rng) const {
+    const auto k = static_cast<Eigen::Index>(drafts.size());
+    for (Eigen::Index i = 0; i < k; ++i) {
+      const token x = drafts[static_cast<std::size_t>(i)];
+      if (uniform_01(rng) < double(p(x, i))) continue;
+      return {static_cast<std::size_t>(i), sample_residual(p.col(i), q.col(i), rng), false};
+    }
+    return {static_cast<std::size_t>(k), sample_categorical(p.col(k), rng), true};
+  }
+};
+
+struct scenario {
+  toy::markov target;
+  toy::markov draft;
+  sampling_params sampling{};
+  std::size_t draft_length = 2;
+  std::size_t length = 3;
+  std::size_t samples = 100'000;
+};
+
+template <class Verifier>
+testing::fit_result run(scenario& s, Verifier verifier, std::uint64_t seed) {
+  speculative_params params;
+  params.max_new_tokens = s.length;
+  params.draft_length = s.draft_length;
+  params.sampling = s.sampling;
+  std::mt19937_64 rng(seed);
+  return testing::speculative_fit(s.draft, s.target, std::vector<token>{0}, params, s.samples, rng, verifier);
+}
+
+// The exact sampler passes, the named broken variant is rejected by the same statistic.
+template <class Broken>
+void check_exact_and_broken(scenario s, Broken broken) {
+  const auto good = run(s, tokenwise_verifier{}, 12345);
+  INFO("exact:  G = " << good.statistic << ", dof = " << good.dof << ", p = " << good.p_value);
+  CHECK(good.impossible == 0);
+  CHECK(good.p_value > pass_threshold);
+  const auto bad = run(s, broken, 12345);
+  INFO("broken: G = " << bad.statistic << ", dof = " << bad.dof << ", p = " << bad.p_value);
+  CHECK(bad.p_value < fail_threshold);
+}
+
+toy::markov target_model(std::size_t vocab, std::size_t order = 1, std::uint64_t seed = 7) {
+  return toy::markov::random(vocab, order, seed, 0.8f);
+}
+
+}  // namespace
+
+TEST_CASE("speculative output matches the target's exact distribution for every draft length",
+          "[exactness][draft_length]") {
+  // (K, vocab, length): the generated length covers at least one full round of K drafts + bonus.
+  struct cell { std::size_t k, vocab, length; };
+  for (const cell c : {cell{1, 4, 4}, cell{2, 4, 4}, cell{3, 4, 4}, cell{5, 3, 6}, cell{8, 3, 9}}) {
+    DYNAMIC_SECTION("K = " << c.k) {
+      auto target = target_model(c.vocab, 2);  // order 2: conditionals depend on two tokens of context
+      auto draft = toy::markov::similar_to(target, 0.3, 99, 0.8f);
+      scenario s{target, draft, {}, c.k, c.length, c.k == 8 ? 200'000u : 100'000u};
+      check_exact_and_broken(s, resample_from_target{});
+    }
+  }
+}
+
+TEST_CASE("speculative output is exact at temperatures 0.5, 1 and 2", "[exactness][temperature]") {
+  for (const float t : {0.5f, 1.0f, 2.0f}) {
+    DYNAMIC_SECTION("T = " << t) {
+      auto target = target_model(4);
+      scenario s{target, toy::markov::similar_to(target, 0.4, 5, 0.8f), {}, 2, 3};
+      s.sampling.temperature = t;
+      check_exact_and_broken(s, accept_with_target_probability{});
+    }
+  }
+}
+
+TEST_CASE("speculative output is exact under top-k, top-p and min-p filtering", "[exactness][filters]") {
+  auto target = target_model(5);
+  auto draft = toy::markov::similar_to(target, 0.3, 11, 0.8f);
+  SECTION("top-k = 2") {
+    scenario s{target, draft, {}, 3, 3};
+    s.sampling.top_k = 2;
+    check_exact_and_broken(s, resample_from_target{});
+  }
+  SECTION("top-p = 0.7") {
+    scenario s{target, draft, {}, 3, 3};
+    s.sampling.top_p = 0.7f;
+    check_exact_and_broken(s, resample_from_target{});
+  }
+  SECTION("min-p = 0.2") {
+    scenario s{target, draft, {}, 3, 3};
+    s.sampling.min_p = 0.2f;
+    check_exact_and_broken(s, resample_from_target{});
+  }
+}
+
+TEST_CASE("a draft identical to the target is exact and accepts everything", "[exactness][draft]") {
+  auto target = target_model(4, 2);
+  scenario s{target, target, {}, 3, 4};
+  // Residual and acceptance ratio never matter here; an off-by-one bonus column does.
+  check_exact_and_broken(s, bonus_from_previous_column{});
+}
+
+TEST_CASE("a draft far from the target is exact", "[exactness][draft]") {
+  auto target = target_model(4);
+  scenario s{target, toy::markov::random(4, 1, 4242, 0.3f), {}, 3, 4};
+  check_exact_and_broken(s, resample_from_target{});
+}
+
+TEST_CASE("a draft with zero mass where the target has mass is exact", "[exactness][draft][zeros]") {
+  // The draft never proposes token 0 or 1; only the residual can produce them.
+  auto target = target_model(4);
+  Eigen::MatrixXf d = target.transitions();
+  d.row(0).setZero();
+  d.row(1).setZero();
+  scenario s{target, toy::markov(d, 1), {}, 2, 3};
+  check_exact_and_broken(s, resample_from_target{});
+}
+
+TEST_CASE("a draft with mass where the target has none is exact", "[exactness][draft][zeros]") {
+  // The target never produces token 3; the draft proposes it often and must always be rejected.
+  Eigen::MatrixXf t = target_model(4).transitions();
+  t.row(3).setZero();
+  toy::markov target(t, 1);
+  Eigen::MatrixXf d = Eigen::MatrixXf::Constant(4, 5, 0.1f);
+  d.row(3).setConstant(0.7f);
+  scenario s{target, toy::markov(d, 1), {}, 2, 3};
+  check_exact_and_broken(s, resample_from_target{});
+}
+
+TEST_CASE("the exactness test also holds for a vocabulary of 6 with a long draft", "[exactness][draft_length]") {
+  auto target = target_model(6);
+  scenario s{target, toy::markov::similar_to(target, 0.6, 3, 0.8f), {}, 5, 3};
+  check_exact_and_broken(s, accept_with_target_probability{});
+}
+
+TEST_CASE("autoregressive sampling matches the exact distribution it is the reference for", "[exactness][reference]") {
+  auto target = target_model(4, 2);
+  const std::vector<token> prompt{0};
+  const sampling_params sampling{};
+  const auto exact = testing::exact_sequence_distribution(target, prompt, 4, sampling);
+  testing::sequence_histogram hist(4, 4);
+  speculative_params params;
+  params.max_new_tokens = 4;
+  std::mt19937_64 rng(1);
+  for (int i = 0; i < 100'000; ++i) hist.add(autoregressive_sample(target, prompt, params, rng).tokens);
+  const auto fit = testing::g_test(hist.counts(), exact);
+  INFO("G = " << fit.statistic << ", dof = " << fit.dof << ", p = " << fit.p_value);
+  CHECK(fit.p_value > pass_threshold);
+}

@@ -1,0 +1,259 @@
+#include <specsample/specsample.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <limits>
+#include <numeric>
+#include <random>
+
+using namespace specsample;
+
+namespace {
+
+speculative_params make_params(std::size_t n, std::size_t k, float temperature = 1.0f) {
+  speculative_params p;
+  p.max_new_tokens = n;
+  p.draft_length = k;
+  p.sampling.temperature = temperature;
+  return p;
+}
+
+void check_stats_consistent(const generation_result& r, std::size_t k) {
+  const auto& s = r.stats;
+  CHECK(s.tokens == r.tokens.size());
+  CHECK(s.accepted <= s.drafted);
+  CHECK(s.tokens == s.accepted + s.corrections + s.bonus);
+  CHECK(s.accepted_histogram.size() == k + 1);
+  CHECK(std::accumulate(s.accepted_histogram.begin(), s.accepted_histogram.end(), std::size_t{0}) == s.rounds);
+  std::size_t weighted = 0;
+  for (std::size_t n = 0; n < s.accepted_histogram.size(); ++n) weighted += n * s.accepted_histogram[n];
+  CHECK(weighted == s.accepted);
+  CHECK(s.target_calls == s.rounds);
+  CHECK(s.draft_calls == s.drafted);
+  CHECK(s.acceptance_rate() >= 0.0);
+  CHECK(s.acceptance_rate() <= 1.0);
+}
+
+// A model that records nothing but delegates, to count calls; also lets tests break the contract.
+struct wrong_shape_model {
+  std::size_t n = 0;
+  std::size_t vocab_size() const { return 4; }
+  std::size_t size() const { return n; }
+  Eigen::MatrixXf append(std::span<const token> t) {
+    n += t.size();
+    return Eigen::MatrixXf::Zero(3, static_cast<Eigen::Index>(t.size()));  // one row short
+  }
+  void truncate(std::size_t m) { n = m; }
+};
+
+struct fixed_logits_model {
+  Eigen::VectorXf logits;
+  std::size_t n = 0;
+  std::size_t vocab_size() const { return static_cast<std::size_t>(logits.size()); }
+  std::size_t size() const { return n; }
+  Eigen::MatrixXf append(std::span<const token> t) {
+    n += t.size();
+    return logits.replicate(1, static_cast<Eigen::Index>(t.size()));
+  }
+  void truncate(std::size_t m) { n = m; }
+};
+
+struct bounded_model : toy::markov {
+  using toy::markov::markov;
+  explicit bounded_model(toy::markov m) : toy::markov(std::move(m)) {}
+  std::size_t max_size() const { return 8; }
+};
+
+}  // namespace
+
+TEST_CASE("greedy speculative output equals greedy autoregressive output token for token", "[loop][greedy]") {
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    auto target = toy::markov::random(8, 2, seed, 0.5f);
+    auto draft = toy::markov::similar_to(target, 0.5, seed + 100, 0.5f);
+    const std::vector<token> prompt{static_cast<token>(seed % 8), 3};
+    for (const std::size_t k : {1u, 2u, 4u, 7u}) {
+      std::mt19937_64 rng_a(seed), rng_b(seed + 1);
+      const auto params = make_params(40, k, 0.0f);
+      const auto spec = speculative_sample(draft, target, prompt, params, rng_a);
+      const auto ar = autoregressive_sample(target, prompt, params, rng_b);
+      REQUIRE(spec.tokens == ar.tokens);
+      check_stats_consistent(spec, k);
+    }
+  }
+}
+
+TEST_CASE("greedy decoding breaks ties by the lower token id", "[loop][greedy]") {
+  fixed_logits_model m{Eigen::VectorXf::Constant(5, 1.0f)};
+  m.logits(3) = 2.0f;
+  m.logits(4) = 2.0f;
+  std::mt19937 rng(1);
+  const std::vector<token> prompt{0};
+  const auto r = autoregressive_sample(m, prompt, make_params(3, 1, 0.0f), rng);
+  CHECK(r.tokens == std::vector<token>{3, 3, 3});
+}
+
+TEST_CASE("exactly max_new_tokens tokens are emitted", "[loop][length]") {
+  auto target = toy::markov::random(5, 1, 3);
+  auto draft = toy::markov::similar_to(target, 0.7, 4);
+  const std::vector<token> prompt{1, 2, 3};
+  std::mt19937_64 rng(9);
+  for (std::size_t n : {0u, 1u, 2u, 3u, 5u, 17u, 64u}) {
+    for (std::size_t k : {1u, 3u, 8u}) {
+      const auto r = speculative_sample(draft, target, prompt, make_params(n, k), rng);
+      CHECK(r.tokens.size() == n);
+      check_stats_consistent(r, k);
+    }
+    CHECK(autoregressive_sample(target, prompt, make_params(n, 1), rng).tokens.size() == n);
+  }
+}
+
+TEST_CASE("generation stops right after emitting EOS, even inside an accepted run", "[loop][eos]") {
+  // Identical draft and target accept every draft, so EOS often lands inside an accepted run.
+  auto target = toy::markov::random(4, 1, 21);
+  std::mt19937_64 rng(5);
+  auto params = make_params(50, 6);
+  params.eos = 2;
+  std::size_t stopped = 0;
+  for (int i = 0; i < 200; ++i) {
+    const auto r = speculative_sample(target, target, std::vector<token>{0}, params, rng);
+    const auto first = std::find(r.tokens.begin(), r.tokens.end(), 2);
+    if (first != r.tokens.end()) {
+      CHECK(first + 1 == r.tokens.end());
+      ++stopped;
+    } else {
+      CHECK(r.tokens.size() == 50);
+    }
+    check_stats_consistent(r, 6);
+    // The models hold the context minus its last token, ready to continue.
+    CHECK(target.size() == r.tokens.size());
+  }
+  CHECK(stopped > 50);  // most runs hit EOS (119 of 200 with this seed)
+  const auto ar = autoregressive_sample(target, std::vector<token>{0}, params, rng);
+  CHECK((ar.tokens.size() == 50 || ar.tokens.back() == 2));
+}
+
+TEST_CASE("after a call the models hold a prefix of the context and generation can continue", "[loop][state]") {
+  auto target = toy::markov::random(6, 2, 8, 0.5f);
+  auto draft = toy::markov::similar_to(target, 0.5, 9, 0.5f);
+  std::vector<token> prompt{1, 2};
+  std::mt19937_64 rng(3);
+  const auto params = make_params(30, 4, 0.0f);
+  const auto first = speculative_sample(draft, target, prompt, params, rng);
+  std::vector<token> full = prompt;
+  full.insert(full.end(), first.tokens.begin(), first.tokens.end());
+  REQUIRE(target.size() == full.size() - 1);
+  CHECK(std::equal(target.context().begin(), target.context().end(), full.begin()));
+  REQUIRE(draft.size() <= full.size() - 1);
+  CHECK(std::equal(draft.context().begin(), draft.context().end(), full.begin()));
+  // Continuing from the full context greedily = one greedy run of double length.
+  const auto second = speculative_sample(draft, target, full, params, rng);
+  const auto whole = autoregressive_sample(target, prompt, make_params(60, 1, 0.0f), rng);
+  std::vector<token> joined = first.tokens;
+  joined.insert(joined.end(), second.tokens.begin(), second.tokens.end());
+  CHECK(joined == whole.tokens);
+}
+
+TEST_CASE("the observer sees every round with drafts, probabilities and emitted tokens", "[loop][observer]") {
+  auto target = toy::markov::random(5, 1, 31);
+  auto draft = toy::markov::similar_to(target, 0.5, 32);
+  std::mt19937_64 rng(2);
+  std::vector<token> streamed;
+  std::size_t rounds = 0;
+  const auto r = speculative_sample(draft, target, std::vector<token>{0}, make_params(25, 3), rng,
+                                    [&](const round_event& e) {
+                                      CHECK(e.round == rounds++);
+                                      std::size_t accepted = 0;
+                                      for (const auto& d : e.drafts) {
+                                        CHECK(d.q > 0.0f);
+                                        CHECK(d.p >= 0.0f);
+                                        if (d.accepted) ++accepted;
+                                      }
+                                      CHECK(e.emitted.size() == accepted + 1);
+                                      CHECK(e.bonus == (accepted == e.drafts.size()));
+                                      streamed.insert(streamed.end(), e.emitted.begin(), e.emitted.end());
+                                    });
+  CHECK(streamed == r.tokens);
+  CHECK(rounds == r.stats.rounds);
+}
+
+TEST_CASE("bad parameters and inputs are reported with a specsample::error naming the problem", "[loop][errors]") {
+  auto target = toy::markov::random(5, 1, 1);
+  auto draft = toy::markov::random(5, 1, 2);
+  const std::vector<token> prompt{0};
+  std::mt19937_64 rng(1);
+  using Catch::Matchers::Contains;
+
+  auto other = toy::markov::random(6, 1, 3);
+  CHECK_THROWS_WITH(speculative_sample(other, target, prompt, make_params(4, 2), rng),
+                    Contains("draft has 6 tokens") && Contains("target has 5"));
+  CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, make_params(4, 0), rng), Contains("draft_length"));
+  CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, make_params(4, 2, -1.0f), rng), Contains("temperature"));
+  CHECK_THROWS_WITH(autoregressive_sample(target, prompt, make_params(4, 2, std::nanf("")), rng),
+                    Contains("temperature"));
+  auto p = make_params(4, 2);
+  p.sampling.top_p = 0.0f;
+  CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, p, rng), Contains("top_p"));
+  p.sampling.top_p = 1.5f;
+  CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, p, rng), Contains("top_p"));
+  p = make_params(4, 2);
+  p.sampling.min_p = 1.0f;
+  CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, p, rng), Contains("min_p"));
+  p.sampling.min_p = -0.1f;
+  CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, p, rng), Contains("min_p"));
+  p = make_params(4, 2);
+  p.sampling.top_k = -1;
+  CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, p, rng), Contains("top_k"));
+  p = make_params(4, 2);
+  p.eos = 5;
+  CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, p, rng), Contains("eos"));
+  CHECK_THROWS_WITH(autoregressive_sample(target, prompt, p, rng), Contains("eos"));
+  CHECK_THROWS_WITH(speculative_sample(draft, target, std::vector<token>{}, make_params(4, 2), rng),
+                    Contains("prompt is empty"));
+  CHECK_THROWS_WITH(speculative_sample(draft, target, std::vector<token>{0, 5}, make_params(4, 2), rng),
+                    Contains("prompt token 5 at position 1") && Contains("vocabulary of 5"));
+  CHECK_THROWS_WITH(autoregressive_sample(target, std::vector<token>{-1}, make_params(4, 2), rng),
+                    Contains("prompt token -1"));
+}
+
+TEST_CASE("a model that breaks its contract is reported, not trusted", "[loop][errors]") {
+  std::mt19937_64 rng(1);
+  using Catch::Matchers::Contains;
+  const std::vector<token> prompt{0};
+  wrong_shape_model bad;
+  CHECK_THROWS_WITH(autoregressive_sample(bad, prompt, make_params(3, 1), rng),
+                    Contains("logits of shape (3, 1)") && Contains("expected (4, 1)"));
+
+  fixed_logits_model nan_model{Eigen::VectorXf::Zero(4)};
+  nan_model.logits(2) = std::numeric_limits<float>::quiet_NaN();
+  CHECK_THROWS_WITH(autoregressive_sample(nan_model, prompt, make_params(3, 1), rng), Contains("NaN at token 2"));
+  CHECK_THROWS_WITH(autoregressive_sample(nan_model, prompt, make_params(3, 1, 0.0f), rng), Contains("NaN"));
+
+  fixed_logits_model inf_model{Eigen::VectorXf::Zero(4)};
+  inf_model.logits(1) = std::numeric_limits<float>::infinity();
+  CHECK_THROWS_WITH(autoregressive_sample(inf_model, prompt, make_params(3, 1), rng), Contains("+inf at token 1"));
+  CHECK_THROWS_WITH(autoregressive_sample(inf_model, prompt, make_params(3, 1, 0.0f), rng), Contains("+inf"));
+
+  fixed_logits_model dead{Eigen::VectorXf::Constant(4, -std::numeric_limits<float>::infinity())};
+  CHECK_THROWS_WITH(autoregressive_sample(dead, prompt, make_params(3, 1), rng), Contains("-inf for every token"));
+  CHECK_THROWS_WITH(autoregressive_sample(dead, prompt, make_params(3, 1, 0.0f), rng), Contains("-inf for every token"));
+
+  // -inf alone is a legitimate zero probability.
+  fixed_logits_model masked{Eigen::VectorXf::Constant(4, -std::numeric_limits<float>::infinity())};
+  masked.logits(1) = 0.0f;
+  CHECK(autoregressive_sample(masked, prompt, make_params(3, 1), rng).tokens == std::vector<token>{1, 1, 1});
+}
+
+TEST_CASE("a context that cannot hold the generation is refused up front", "[loop][errors][context]") {
+  bounded_model target(toy::markov::random(4, 1, 1));
+  bounded_model draft(toy::markov::random(4, 1, 2));
+  std::mt19937_64 rng(1);
+  using Catch::Matchers::Contains;
+  // The models hold prompt + max_new_tokens - 1 tokens at most: 3 + 6 - 1 = 8 fits, 3 + 7 - 1 does not.
+  const std::vector<token> prompt{0, 1, 2};
+  CHECK(speculative_sample(draft, target, prompt, make_params(6, 4), rng).tokens.size() == 6);
+  CHECK(target.size() <= 8);
+  CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, make_params(7, 4), rng),
+                    Contains("context overflow") && Contains("at most 8"));
+  toy::markov unbounded = toy::markov::random(4, 1, 2);
+  CHECK_THROWS_WITH(speculative_sample(unbounded, target, prompt, make_params(7, 4), rng), Contains("target model"));
+}

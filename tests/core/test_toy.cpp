@@ -1,0 +1,86 @@
+#include <specsample/specsample.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+
+using namespace specsample;
+
+TEST_CASE("a Markov model returns the log of its transition column for each appended token", "[toy][markov]") {
+  auto m = toy::markov::random(4, 2, 1);
+  const std::vector<token> t{1, 3, 0};
+  const Eigen::MatrixXf logits = m.append(t);
+  REQUIRE(logits.rows() == 4);
+  REQUIRE(logits.cols() == 3);
+  for (Eigen::Index j = 0; j < 3; ++j) {
+    const Eigen::VectorXf p = m.next_probabilities(std::span<const token>(t).first(static_cast<std::size_t>(j) + 1));
+    CHECK((logits.col(j).array().exp() - p.array()).abs().maxCoeff() < 1e-6f);
+    CHECK(p.sum() == Approx(1.0));
+  }
+  CHECK(m.size() == 3);
+  m.truncate(1);
+  CHECK(m.size() == 1);
+  CHECK_THROWS_AS(m.truncate(2), error);
+  CHECK_THROWS_WITH(m.append(std::vector<token>{4}), Catch::Matchers::Contains("token 4 is out of range"));
+}
+
+TEST_CASE("an order-2 model depends on exactly the last two tokens", "[toy][markov]") {
+  auto m = toy::markov::random(3, 2, 5);
+  const std::vector<token> a{0, 1, 2}, b{2, 1, 2};
+  CHECK(m.next_probabilities(a) == m.next_probabilities(b));
+  const std::vector<token> c{0, 0, 2};
+  CHECK(m.next_probabilities(a) != m.next_probabilities(c));
+}
+
+TEST_CASE("similar_to dials the distance to the base model", "[toy][markov]") {
+  auto base = toy::markov::random(5, 1, 1);
+  CHECK(toy::markov::similar_to(base, 1.0, 2).transitions().isApprox(base.transitions()));
+  const double far = (toy::markov::similar_to(base, 0.0, 2).transitions() - base.transitions()).cwiseAbs().sum();
+  const double near = (toy::markov::similar_to(base, 0.8, 2).transitions() - base.transitions()).cwiseAbs().sum();
+  CHECK(near < far);
+  CHECK_THROWS_AS(toy::markov::similar_to(base, 1.5, 2), error);
+}
+
+TEST_CASE("a corpus bigram model counts transitions with add-k smoothing", "[toy][markov]") {
+  const std::vector<token> corpus{0, 1, 0, 1, 0, 2};
+  auto m = toy::markov::from_corpus(corpus, 3, 1, 0.5);
+  // after 0: counts {0, 2, 1} + 0.5 -> {0.5, 2.5, 1.5} / 4.5
+  const std::vector<token> ctx{0};
+  const Eigen::VectorXf p = m.next_probabilities(ctx);
+  CHECK(p(0) == Approx(0.5 / 4.5));
+  CHECK(p(1) == Approx(2.5 / 4.5));
+  CHECK(p(2) == Approx(1.5 / 4.5));
+  CHECK_THROWS_WITH(toy::markov::from_corpus(std::vector<token>{0, 3}, 3, 1, 1.0), Catch::Matchers::Contains("corpus"));
+}
+
+TEST_CASE("transition tables with the wrong shape or no mass are refused", "[toy][markov][errors]") {
+  using Catch::Matchers::Contains;
+  CHECK_THROWS_WITH(toy::markov(Eigen::MatrixXf::Ones(3, 3), 1), Contains("needs 4 columns"));
+  Eigen::MatrixXf t = Eigen::MatrixXf::Ones(3, 4);
+  t.col(2).setZero();
+  CHECK_THROWS_WITH(toy::markov(t, 1), Contains("column 2"));
+  CHECK_THROWS_WITH(toy::markov::random(5000, 3, 1), Contains("too large"));
+}
+
+TEST_CASE("the callable adapter calls the function with the context so far", "[toy][callable]") {
+  auto f = [](std::span<const token> ctx) {
+    Eigen::VectorXf l = Eigen::VectorXf::Zero(3);
+    l(static_cast<Eigen::Index>(ctx.size() % 3)) = 5.0f;
+    return l;
+  };
+  toy::callable_model m(3, f);
+  static_assert(language_model<decltype(m)>);
+  const Eigen::MatrixXf logits = m.append(std::vector<token>{0, 0});
+  CHECK(logits(1, 0) == 5.0f);
+  CHECK(logits(2, 1) == 5.0f);
+  std::mt19937 rng(1);
+  speculative_params p;
+  p.max_new_tokens = 4;
+  p.sampling.temperature = 0.0f;
+  m.truncate(0);
+  CHECK(autoregressive_sample(m, std::vector<token>{0}, p, rng).tokens == std::vector<token>{1, 2, 0, 1});
+
+  toy::callable_model bad(3, [](std::span<const token>) { return Eigen::VectorXf(Eigen::VectorXf::Zero(2)); });
+  CHECK_THROWS_WITH(bad.append(std::vector<token>{0}), Catch::Matchers::Contains("returned 2 logits"));
+}

@@ -1,0 +1,119 @@
+#include <specsample/sampling/random.hpp>
+#include <specsample/sampling/verify.hpp>
+#include <specsample/testing/distribution.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <random>
+
+using namespace specsample;
+
+namespace {
+// Distribution of the first emitted token of a K = 1 round: draft x ~ q, then verify.
+Eigen::VectorXd first_token_frequencies(const Eigen::VectorXf& q, const Eigen::VectorXf& p, int n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Eigen::MatrixXf qm = q;
+  Eigen::MatrixXf pm(p.size(), 2);
+  pm.col(0) = p;
+  pm.col(1) = p;
+  Eigen::VectorXd counts = Eigen::VectorXd::Zero(p.size());
+  for (int i = 0; i < n; ++i) {
+    const token x = sample_categorical(q, rng);
+    const auto r = verify_tokenwise(std::span<const token>(&x, 1), qm, pm, rng);
+    counts(r.accepted == 1 ? x : r.next) += 1.0;
+  }
+  return counts / n;
+}
+}  // namespace
+
+TEST_CASE("uniform_01 stays in [0, 1) for 32- and 64-bit generators", "[random]") {
+  std::mt19937 a(1);
+  std::mt19937_64 b(1);
+  std::minstd_rand c(1);  // range [1, 2^31 - 2]
+  double lo = 1.0, hi = 0.0, sum = 0.0;
+  for (int i = 0; i < 100000; ++i) {
+    for (double u : {uniform_01(a), uniform_01(b), uniform_01(c)}) {
+      lo = std::min(lo, u);
+      hi = std::max(hi, u);
+      sum += u;
+    }
+  }
+  CHECK(lo >= 0.0);
+  CHECK(hi < 1.0);
+  CHECK(sum / 300000 == Approx(0.5).margin(0.005));
+}
+
+TEST_CASE("sample_categorical draws in proportion to the weights and never a zero weight", "[random]") {
+  Eigen::VectorXf w(5);
+  w << 0.0f, 2.0f, 0.0f, 1.0f, 1.0f;  // unnormalised on purpose
+  std::mt19937_64 rng(4);
+  xt::xarray<double> counts = xt::zeros<double>({5});
+  for (int i = 0; i < 100000; ++i) counts(static_cast<std::size_t>(sample_categorical(w, rng))) += 1.0;
+  xt::xarray<double> expected = {0.0, 0.5, 0.0, 0.25, 0.25};
+  const auto fit = testing::g_test(counts, expected);
+  CHECK(fit.impossible == 0);
+  CHECK(fit.p_value > 1e-3);
+}
+
+TEST_CASE("a rejected draft token is resampled from the residual", "[verify]") {
+  // q puts 0.9 on token 0; p puts 0.2. The emitted token must follow p overall.
+  Eigen::VectorXf q(3), p(3);
+  q << 0.9f, 0.05f, 0.05f;
+  p << 0.2f, 0.5f, 0.3f;
+  const auto f = first_token_frequencies(q, p, 200000, 11);
+  CHECK(f(0) == Approx(0.2).margin(0.005));
+  CHECK(f(1) == Approx(0.5).margin(0.005));
+  CHECK(f(2) == Approx(0.3).margin(0.005));
+}
+
+TEST_CASE("a draft token the target cannot produce is always rejected", "[verify]") {
+  Eigen::MatrixXf q(3, 1), p(3, 2);
+  q << 0.0f, 0.0f, 1.0f;
+  p << 0.5f, 0.5f, 0.5f, 0.5f, 0.0f, 0.0f;
+  std::mt19937_64 rng(1);
+  const token x = 2;
+  for (int i = 0; i < 1000; ++i) {
+    const auto r = verify_tokenwise(std::span<const token>(&x, 1), q, p, rng);
+    CHECK(r.accepted == 0);
+    CHECK(r.next != 2);
+    CHECK_FALSE(r.bonus);
+  }
+}
+
+TEST_CASE("all drafts accepted yields a bonus token from the last target column", "[verify]") {
+  Eigen::MatrixXf q = Eigen::MatrixXf::Constant(3, 2, 1.0f / 3), p(3, 3);
+  p.col(0) = q.col(0);
+  p.col(1) = q.col(1);
+  p.col(2) << 0.0f, 0.0f, 1.0f;
+  std::mt19937_64 rng(1);
+  const std::vector<token> drafts{0, 1};
+  const auto r = verify_tokenwise(drafts, q, p, rng);
+  CHECK(r.accepted == 2);
+  CHECK(r.bonus);
+  CHECK(r.next == 2);
+}
+
+TEST_CASE("the residual of identical distributions falls back to p", "[verify][residual]") {
+  Eigen::VectorXf p(3);
+  p << 0.0f, 1.0f, 0.0f;
+  std::mt19937_64 rng(1);
+  CHECK(sample_residual(p, p, rng) == 1);
+  Eigen::VectorXf q(3);
+  q << 0.5f, 0.0f, 0.5f;
+  Eigen::VectorXf p2(3);
+  p2 << 0.25f, 0.5f, 0.25f;
+  for (int i = 0; i < 100; ++i) CHECK(sample_residual(p2, q, rng) == 1);  // max(0, p - q) = e_1 * 0.5
+}
+
+TEST_CASE("verify rejects inconsistent inputs", "[verify][errors]") {
+  Eigen::MatrixXf q = Eigen::MatrixXf::Constant(3, 1, 1.0f / 3), p = Eigen::MatrixXf::Constant(3, 1, 1.0f / 3);
+  std::mt19937_64 rng(1);
+  const token x = 0;
+  using Catch::Matchers::Contains;
+  CHECK_THROWS_WITH(verify_tokenwise(std::span<const token>(&x, 1), q, p, rng), Contains("p of shape (V, >=2)"));
+  Eigen::MatrixXf p2 = Eigen::MatrixXf::Constant(3, 2, 1.0f / 3);
+  const token y = 7;
+  CHECK_THROWS_WITH(verify_tokenwise(std::span<const token>(&y, 1), q, p2, rng), Contains("out of range"));
+  Eigen::MatrixXf q0 = Eigen::MatrixXf::Zero(3, 1);
+  CHECK_THROWS_WITH(verify_tokenwise(std::span<const token>(&x, 1), q0, p2, rng), Contains("zero draft probability"));
+}

@@ -1,0 +1,120 @@
+#include <specsample/sampling/warp.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+
+using namespace specsample;
+
+namespace {
+Eigen::VectorXf logits_of(std::initializer_list<double> probs) {
+  Eigen::VectorXf l(static_cast<Eigen::Index>(probs.size()));
+  Eigen::Index i = 0;
+  for (double p : probs) l(i++) = p > 0 ? static_cast<float>(std::log(p)) : -std::numeric_limits<float>::infinity();
+  return l;
+}
+void check_close(const Eigen::VectorXf& got, std::initializer_list<double> want) {
+  REQUIRE(got.size() == static_cast<Eigen::Index>(want.size()));
+  Eigen::Index i = 0;
+  for (double w : want) {
+    INFO("token " << i);
+    CHECK(got(i) == Approx(w).margin(1e-6));
+    ++i;
+  }
+}
+}  // namespace
+
+TEST_CASE("temperature 1 is the softmax of the logits", "[warp]") {
+  check_close(warp(logits_of({0.1, 0.2, 0.3, 0.4}), {}), {0.1, 0.2, 0.3, 0.4});
+}
+
+TEST_CASE("temperature scales the logits before the softmax", "[warp]") {
+  sampling_params s;
+  s.temperature = 0.5f;  // p^2, renormalised
+  check_close(warp(logits_of({0.1, 0.2, 0.3, 0.4}), s), {0.01 / 0.3, 0.04 / 0.3, 0.09 / 0.3, 0.16 / 0.3});
+  s.temperature = 2.0f;  // sqrt(p), renormalised
+  const double z = std::sqrt(0.1) + std::sqrt(0.2) + std::sqrt(0.3) + std::sqrt(0.4);
+  check_close(warp(logits_of({0.1, 0.2, 0.3, 0.4}), s),
+              {std::sqrt(0.1) / z, std::sqrt(0.2) / z, std::sqrt(0.3) / z, std::sqrt(0.4) / z});
+}
+
+TEST_CASE("temperature 0 is one-hot on the argmax with ties to the lower id", "[warp][greedy]") {
+  sampling_params s;
+  s.temperature = 0.0f;
+  check_close(warp(logits_of({0.1, 0.4, 0.1, 0.4}), s), {0, 1, 0, 0});
+}
+
+TEST_CASE("top-k keeps the k most probable tokens, ties to the lower id", "[warp][top_k]") {
+  sampling_params s;
+  s.top_k = 2;
+  check_close(warp(logits_of({0.1, 0.3, 0.3, 0.3}), s), {0, 0.5, 0.5, 0});
+  s.top_k = 1;
+  check_close(warp(logits_of({0.1, 0.2, 0.3, 0.4}), s), {0, 0, 0, 1});
+  s.top_k = 10;  // larger than the vocabulary: no-op
+  check_close(warp(logits_of({0.1, 0.2, 0.3, 0.4}), s), {0.1, 0.2, 0.3, 0.4});
+}
+
+TEST_CASE("top-p keeps the smallest most-probable set with mass >= top_p", "[warp][top_p]") {
+  sampling_params s;
+  s.top_p = 0.65f;  // 0.4 + 0.3 reaches it
+  check_close(warp(logits_of({0.1, 0.2, 0.3, 0.4}), s), {0, 0, 0.3 / 0.7, 0.4 / 0.7});
+  s.top_p = 0.75f;  // needs the third
+  check_close(warp(logits_of({0.1, 0.2, 0.3, 0.4}), s), {0, 0.2 / 0.9, 0.3 / 0.9, 0.4 / 0.9});
+  s.top_p = 0.1f;  // the top token alone
+  check_close(warp(logits_of({0.1, 0.2, 0.3, 0.4}), s), {0, 0, 0, 1});
+  s.top_p = 0.3f;  // tie at the boundary: the lower id wins
+  check_close(warp(logits_of({0.1, 0.45, 0.45}), s), {0, 1, 0});
+}
+
+TEST_CASE("top-p works beyond its first sorted block on a large vocabulary", "[warp][top_p]") {
+  Eigen::VectorXf l = Eigen::VectorXf::Zero(1000);  // uniform: the nucleus needs 900 tokens
+  sampling_params s;
+  s.top_p = 0.9f;
+  const Eigen::VectorXf p = warp(l, s);
+  CHECK((p.array() > 0).count() == 900);
+  CHECK(p(0) > 0);
+  CHECK(p(899) > 0);
+  CHECK(p(900) == 0);
+  CHECK(p.sum() == Approx(1.0));
+}
+
+TEST_CASE("min-p keeps tokens with p >= min_p * max p", "[warp][min_p]") {
+  sampling_params s;
+  s.min_p = 0.45f;  // threshold 0.18
+  check_close(warp(logits_of({0.1, 0.2, 0.3, 0.4}), s), {0, 0.2 / 0.9, 0.3 / 0.9, 0.4 / 0.9});
+}
+
+TEST_CASE("filters apply in the order temperature, top-k, top-p, min-p", "[warp]") {
+  sampling_params s;
+  s.top_k = 3;    // {0.2, 0.3, 0.4} -> {2/9, 3/9, 4/9}
+  s.top_p = 0.6f; // 4/9 + 3/9 = 7/9 >= 0.6 -> {3/7, 4/7}
+  s.min_p = 0.8f; // threshold 0.8 * 4/7: 3/7 < 3.2/7 -> {1}
+  check_close(warp(logits_of({0.1, 0.2, 0.3, 0.4}), s), {0, 0, 0, 1});
+  s.min_p = 0.7f; // threshold 2.8/7: keeps both
+  check_close(warp(logits_of({0.1, 0.2, 0.3, 0.4}), s), {0, 0, 3.0 / 7, 4.0 / 7});
+}
+
+TEST_CASE("-inf logits are zero probabilities; NaN, +inf and all -inf are errors", "[warp][errors]") {
+  check_close(warp(logits_of({0.0, 0.5, 0.0, 0.5}), {}), {0, 0.5, 0, 0.5});
+  const float inf = std::numeric_limits<float>::infinity();
+  using Catch::Matchers::Contains;
+  Eigen::VectorXf bad(3);
+  bad << 0.0f, std::nanf(""), 1.0f;
+  CHECK_THROWS_WITH(warp(bad, {}), Contains("NaN at token 1"));
+  bad << 0.0f, 1.0f, inf;
+  CHECK_THROWS_WITH(warp(bad, {}), Contains("+inf at token 2"));
+  bad << -inf, -inf, -inf;
+  CHECK_THROWS_WITH(warp(bad, {}), Contains("-inf for every token"));
+  logit_warper w({}, 4);
+  Eigen::VectorXf out(4);
+  CHECK_THROWS_WITH(w(bad, out), Contains("got 3 logits for a vocabulary of 4"));
+}
+
+TEST_CASE("extreme temperatures stay finite", "[warp]") {
+  sampling_params s;
+  s.temperature = 1e-30f;
+  check_close(warp(logits_of({0.1, 0.2, 0.3, 0.4}), s), {0, 0, 0, 1});
+  s.temperature = 1e30f;
+  check_close(warp(logits_of({0.1, 0.2, 0.3, 0.4}), s), {0.25, 0.25, 0.25, 0.25});
+}
