@@ -95,7 +95,7 @@ TEST_CASE("filters apply in the order temperature, top-k, top-p, min-p", "[warp]
   check_close(warp(logits_of({0.1, 0.2, 0.3, 0.4}), s), {0, 0, 3.0 / 7, 4.0 / 7});
 }
 
-TEST_CASE("-inf logits are zero probabilities; NaN, +inf and all -inf are errors", "[warp][errors]") {
+TEST_CASE("minus-infinity logits are zero probabilities while NaN, +inf and all -inf are errors", "[warp][errors]") {
   check_close(warp(logits_of({0.0, 0.5, 0.0, 0.5}), {}), {0, 0.5, 0, 0.5});
   const float inf = std::numeric_limits<float>::infinity();
   using Catch::Matchers::Contains;
