@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The main job: builds the examples and runs the demo.
+# The main job: speculative GPT-2 generation on the bundled Tiny Shakespeare pair, side by side
+# with plain autoregressive decoding (greedy, so both must print the same text).
+# Extra arguments go to specsample-generate (see --help), e.g. scripts/demo.sh --temperature 0.8
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/deps.sh"
 dir="$root/build/demo"
 cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DSPECSAMPLE_BUILD_TESTS=OFF \
   -DSPECSAMPLE_BUILD_BENCHMARKS=OFF >/dev/null
-cmake --build "$dir" -j "${SPECSAMPLE_JOBS:-$(nproc)}" --target quickstart >/dev/null
-"$dir/examples/quickstart" "$@"
+cmake --build "$dir" -j "${SPECSAMPLE_JOBS:-$(nproc)}" --target specsample-generate >/dev/null
+"$dir/examples/specsample-generate" --mode compare --temperature 0 -k 4 -n 200 --repeat 3 "$@"

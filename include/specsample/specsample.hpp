@@ -11,3 +11,5 @@
 #include <specsample/sampling/verify.hpp>
 #include <specsample/sampling/warp.hpp>
 #include <specsample/toy.hpp>
+#include <specsample/gpt2.hpp>
+#include <specsample/tokenizer.hpp>

@@ -245,7 +245,8 @@ generation_result generate(Draft& draft, Target& target, std::span<const token> 
 /// contract (wrong logits shape, NaN / +inf logits).
 ///
 /// @param observer called with a `round_event` after every round (tracing, streaming).
-/// @param verifier customisation point: `verify_result(span<const token> drafts, q, p, Rng&)`.
+/// @param verifier customisation point: `verify_result(span<const token> drafts, q, p, Rng&)`;
+///        this overload ignores `params.verify` and `params.leniency`.
 template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng,
           class Observer, class Verifier>
 generation_result speculative_sample(Draft& draft, Target& target, std::span<const token> prompt,
@@ -254,15 +255,20 @@ generation_result speculative_sample(Draft& draft, Target& target, std::span<con
   return detail::generate(draft, target, prompt, params, rng, observer, verifier);
 }
 
-/// Speculative sampling with token-wise verification, reporting each round to `observer`.
+/// Speculative sampling with the verification rule `params.verify` (token-wise by default),
+/// reporting each round to `observer`.
 template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng, class Observer>
 generation_result speculative_sample(Draft& draft, Target& target, std::span<const token> prompt,
                                      const speculative_params& params, Rng& rng, Observer&& observer) {
-  tokenwise_verifier verifier;
+  if (params.verify == verification::block) {
+    block_verifier verifier;
+    return detail::generate(draft, target, prompt, params, rng, observer, verifier);
+  }
+  tokenwise_verifier verifier{params.leniency};
   return detail::generate(draft, target, prompt, params, rng, observer, verifier);
 }
 
-/// Speculative sampling with token-wise verification.
+/// Speculative sampling with the verification rule `params.verify` (token-wise by default).
 template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng>
 generation_result speculative_sample(Draft& draft, Target& target, std::span<const token> prompt,
                                      const speculative_params& params, Rng& rng) {

@@ -23,12 +23,22 @@ struct sampling_params {
   float min_p = 0.0f;        ///< keep tokens with p >= min_p * max p; in [0, 1).
 };
 
+/// How a round's drafts are verified (both exact).
+enum class verification {
+  token_wise,  ///< Leviathan et al. / Chen et al.: accept each draft with min(1, p/q) in turn.
+  block,       ///< Sun et al. 2025: decide the accepted prefix jointly; never accepts fewer.
+};
+
 /// Parameters of one generation call.
 struct speculative_params {
   std::size_t max_new_tokens = 128;  ///< emit exactly this many tokens unless `eos` comes first.
   std::size_t draft_length = 4;      ///< K: tokens the draft proposes per round; >= 1.
   sampling_params sampling{};        ///< warping shared by draft and target.
   std::optional<token> eos{};        ///< stop right after emitting this token.
+  verification verify = verification::token_wise;  ///< the verification rule.
+  /// LOSSY when below 1: token-wise acceptance draws its uniform from U[0, leniency), so more
+  /// drafts pass and the output drifts toward the draft. 1 (the default) is exact. In (0, 1].
+  double leniency = 1.0;
 };
 
 /// Throws `specsample::error` naming the first parameter that is out of its domain.
@@ -54,6 +64,12 @@ inline void validate(const speculative_params& s, std::size_t vocab) {
   validate(s.sampling);
   if (s.draft_length == 0) {
     throw error("speculative_params.draft_length must be >= 1 (the draft proposes K >= 1 tokens per round)");
+  }
+  if (!(s.leniency > 0.0 && s.leniency <= 1.0)) {
+    throw error(fmt::format("speculative_params.leniency must be in (0, 1] (1 = exact), got {}", s.leniency));
+  }
+  if (s.leniency != 1.0 && s.verify != verification::token_wise) {
+    throw error("speculative_params.leniency applies to token-wise verification only");
   }
   if (s.eos && (*s.eos < 0 || static_cast<std::size_t>(*s.eos) >= vocab)) {
     throw error(fmt::format("speculative_params.eos = {} is out of range for a vocabulary of {} tokens",

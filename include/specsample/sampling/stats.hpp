@@ -33,6 +33,14 @@ struct generation_stats {
   [[nodiscard]] double acceptance_rate() const noexcept {
     return drafted == 0 ? 0.0 : static_cast<double>(accepted) / static_cast<double>(drafted);
   }
+  /// The per-token acceptance probability α, estimated from the rounds: accepted drafts over
+  /// accepted + rejected ones (the maximum-likelihood estimate when each draft passes
+  /// independently with probability α; rounds that end without a rejection are censored, as
+  /// drafts after a rejection are never tested). 0 when nothing was tested.
+  [[nodiscard]] double estimated_alpha() const noexcept {
+    const std::size_t tested = accepted + corrections;
+    return tested == 0 ? 0.0 : static_cast<double>(accepted) / static_cast<double>(tested);
+  }
   /// tokens / target_calls: 1 for autoregressive decoding, up to K+1 for speculative.
   [[nodiscard]] double tokens_per_target_call() const noexcept {
     return target_calls == 0 ? 0.0 : static_cast<double>(tokens) / static_cast<double>(target_calls);

@@ -12,6 +12,7 @@
 #include <Eigen/Core>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 
@@ -20,28 +21,29 @@ namespace specsample {
 /// Residual masses at or below this are treated as empty (see `sample_residual`).
 inline constexpr double residual_mass_epsilon = 1e-12;
 
-/// Draws from norm(max(0, p - q)), computed in double.
+/// Draws from norm(max(0, w·p - q)), computed in double (w = 1: the token-wise residual).
 ///
 /// After a rejection the residual mass equals the total variation distance between p and q and is
 /// positive in exact arithmetic. Float rounding of two almost identical distributions can leave it
 /// at (or near) zero; then, and only then, the token is drawn from p instead (the documented
 /// fallback: the probability of reaching it is itself below the rounding error).
 template <class P, class Q, std::uniform_random_bit_generator Rng>
-[[nodiscard]] token sample_residual(const Eigen::MatrixBase<P>& p, const Eigen::MatrixBase<Q>& q, Rng& rng) {
+[[nodiscard]] token sample_residual(const Eigen::MatrixBase<P>& p, const Eigen::MatrixBase<Q>& q, Rng& rng,
+                                    double weight = 1.0) {
   if (p.size() != q.size()) {
     throw error(fmt::format("sample_residual: p has {} entries, q has {}", p.size(), q.size()));
   }
+  const auto residual = [&](Eigen::Index i) {
+    return weight * static_cast<double>(p(i)) - static_cast<double>(q(i));
+  };
   double mass = 0.0;
-  for (Eigen::Index i = 0; i < p.size(); ++i) {
-    const double r = static_cast<double>(p(i)) - static_cast<double>(q(i));
-    if (r > 0.0) mass += r;
-  }
+  for (Eigen::Index i = 0; i < p.size(); ++i) mass += std::max(0.0, residual(i));
   if (!(mass > residual_mass_epsilon)) return sample_categorical(p, rng);
   const double u = uniform_01(rng) * mass;
   double cum = 0.0;
   Eigen::Index last_positive = -1;
   for (Eigen::Index i = 0; i < p.size(); ++i) {
-    const double r = static_cast<double>(p(i)) - static_cast<double>(q(i));
+    const double r = residual(i);
     if (r > 0.0) {
       cum += r;
       last_positive = i;
@@ -58,6 +60,29 @@ struct verify_result {
   bool bonus = false;        ///< true when all drafts were accepted and `next` was drawn from p_K.
 };
 
+namespace detail {
+// Shapes, token range, and q(x) > 0 for every draft; throws `specsample::error` otherwise.
+inline void check_verify_inputs(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
+                                const Eigen::Ref<const Eigen::MatrixXf>& p) {
+  const auto k = static_cast<Eigen::Index>(drafts.size());
+  if (q.cols() < k || p.cols() < k + 1 || q.rows() != p.rows()) {
+    throw error(fmt::format("verify: {} drafts need q of shape (V, >={}) and p of shape (V, >={}); "
+                            "got q ({}, {}) and p ({}, {})",
+                            k, k, k + 1, q.rows(), q.cols(), p.rows(), p.cols()));
+  }
+  for (Eigen::Index i = 0; i < k; ++i) {
+    const token x = drafts[static_cast<std::size_t>(i)];
+    if (x < 0 || x >= p.rows()) {
+      throw error(fmt::format("verify: draft token {} is out of range for a vocabulary of {}", x, p.rows()));
+    }
+    if (!(q(x, i) > 0.0f)) {
+      throw error(fmt::format("verify: draft token {} has zero draft probability: it cannot have "
+                              "been drawn from q", x));
+    }
+  }
+}
+}  // namespace detail
+
 /// Token-wise verification (Leviathan et al. 2022, Algorithm 1; Chen et al. 2023).
 ///
 /// @param drafts the K drafted tokens; drafts[i] was drawn from q.col(i).
@@ -67,30 +92,69 @@ struct verify_result {
 /// double; at the first rejection emit x ~ norm(max(0, p_i - q_i)) and stop. If all K are
 /// accepted emit the bonus x ~ p_K. The emitted sequence is distributed exactly as sampling from p.
 struct tokenwise_verifier {
+  /// 1 = exact. Below 1 the uniform is drawn from U[0, leniency): lossy, see speculative_params.
+  double leniency = 1.0;
+
   template <std::uniform_random_bit_generator Rng>
   verify_result operator()(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
                            const Eigen::Ref<const Eigen::MatrixXf>& p, Rng& rng) const {
     const auto k = static_cast<Eigen::Index>(drafts.size());
-    if (q.cols() < k || p.cols() < k + 1 || q.rows() != p.rows()) {
-      throw error(fmt::format("verify: {} drafts need q of shape (V, >={}) and p of shape (V, >={}); "
-                              "got q ({}, {}) and p ({}, {})",
-                              k, k, k + 1, q.rows(), q.cols(), p.rows(), p.cols()));
-    }
+    detail::check_verify_inputs(drafts, q, p);
     for (Eigen::Index i = 0; i < k; ++i) {
       const token x = drafts[static_cast<std::size_t>(i)];
-      if (x < 0 || x >= p.rows()) {
-        throw error(fmt::format("verify: draft token {} is out of range for a vocabulary of {}", x, p.rows()));
-      }
       const double qx = q(x, i);
       const double px = p(x, i);
-      if (!(qx > 0.0)) {
-        throw error(fmt::format("verify: draft token {} has zero draft probability: it cannot have "
-                                "been drawn from q", x));
-      }
-      if (px >= qx || uniform_01(rng) < px / qx) continue;
+      if (px >= qx || uniform_01(rng) * leniency < px / qx) continue;
       return {static_cast<std::size_t>(i), sample_residual(p.col(i), q.col(i), rng), false};
     }
     return {static_cast<std::size_t>(k), sample_categorical(p.col(k), rng), true};
+  }
+};
+
+/// Block verification (Sun, Mendlovic, Leviathan et al., "Block Verification Accelerates
+/// Speculative Decoding", ICLR 2025, arXiv 2403.10444, Algorithm 2): decides the accepted prefix
+/// of the whole block jointly. Exact, and never accepts fewer tokens in expectation than
+/// token-wise verification. With 1-based positions i = 1..K (column i-1 of q and p scores x_i):
+///
+///   w_0 = 1;  w_i = min(1, w_{i-1} · p_{i-1}(x_i) / q_{i-1}(x_i))          (clipped every step)
+///   h_i = Z_i / Σ_x max(q_i(x) - w_i p_i(x), 0)  for i < K, with Z_i = Σ_x max(w_i p_i(x) - q_i(x), 0)
+///         (1 when the denominator is 0; it equals Z_i + 1 - w_i, computed without cancellation)
+///   h_K = w_K
+///   τ   = the largest i with η_i < h_i, η_i ~ U[0,1) independent (0 if none)
+///
+/// Emits x_1..x_τ, then the bonus from p_K if τ = K, else a token from
+/// norm(max(w_τ p_τ - q_τ, 0)). Needs the draft's full distributions q (not a top-k).
+struct block_verifier {
+  template <std::uniform_random_bit_generator Rng>
+  verify_result operator()(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
+                           const Eigen::Ref<const Eigen::MatrixXf>& p, Rng& rng) const {
+    const auto k = static_cast<Eigen::Index>(drafts.size());
+    detail::check_verify_inputs(drafts, q, p);
+    double w = 1.0;
+    Eigen::Index tau = 0;
+    double w_tau = 1.0;
+    for (Eigen::Index i = 1; i <= k; ++i) {
+      const token x = drafts[static_cast<std::size_t>(i - 1)];
+      w = std::min(1.0, w * static_cast<double>(p(x, i - 1)) / static_cast<double>(q(x, i - 1)));
+      if (w == 0.0) break;  // every later w_j and h_j is 0: no later position can be selected
+      double h = w;
+      if (i < k) {
+        double z = 0.0;
+        double denominator = 0.0;
+        for (Eigen::Index t = 0; t < p.rows(); ++t) {
+          const double d = w * static_cast<double>(p(t, i)) - static_cast<double>(q(t, i));
+          if (d > 0.0) z += d;
+          else denominator -= d;
+        }
+        h = denominator > 0.0 ? z / denominator : 1.0;
+      }
+      if (uniform_01(rng) < h) {
+        tau = i;
+        w_tau = w;
+      }
+    }
+    if (tau == k) return {static_cast<std::size_t>(k), sample_categorical(p.col(k), rng), true};
+    return {static_cast<std::size_t>(tau), sample_residual(p.col(tau), q.col(tau), rng, w_tau), false};
   }
 };
 

@@ -1,0 +1,399 @@
+// specsample-generate: speculative (or plain) generation with GPT-2 checkpoints.
+//
+//   specsample-generate [--target DIR] [--draft DIR] [--prompt TEXT | --prompt-file F]
+//                       [-n N] [-k K] [--temperature T] [--top-k N] [--top-p P] [--min-p P]
+//                       [--seed S] [--threads N] [--mode speculative|autoregressive|compare]
+//                       [--repeat R] [--stream] [--verbose] [--json]
+//
+// Defaults: the bundled Tiny Shakespeare pair (models/shakespeare-target, -draft), compare mode.
+// Before generating it checks that the draft's and target's tokenizers are identical.
+
+#include <specsample/gpt2.hpp>
+#include <specsample/specsample.hpp>
+#include <specsample/tokenizer.hpp>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <unistd.h>
+#include <vector>
+
+namespace fs = std::filesystem;
+using specsample::token;
+
+namespace {
+
+constexpr std::string_view default_prompt = "BAPTISTA:\nHow now, my friend! why dost thou look so pale?\n\nHORTENSIO:\n";
+
+struct cli {
+  std::optional<fs::path> target, draft;
+  std::string prompt{default_prompt};
+  specsample::speculative_params params{};
+  std::uint64_t seed = 42;
+  std::size_t threads = 0;
+  std::string mode = "compare";
+  std::size_t repeat = 1;
+  bool stream = false, verbose = false, json = false;
+};
+
+[[noreturn]] void usage_error(const std::string& message) {
+  throw specsample::error(message + " (see the header of examples/generate.cpp or --help)");
+}
+
+template <class T>
+T parse_number(std::string_view flag, std::string_view text) {
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc{} || end != text.data() + text.size()) {
+    usage_error(fmt::format("{} expects a number, got '{}'", flag, text));
+  }
+  return value;
+}
+
+std::string read_text_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw specsample::error(fmt::format("{}: cannot open the prompt file", path.string()));
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+constexpr std::string_view help = R"(usage: specsample-generate [options]
+  --target DIR          target checkpoint (config.json, model.safetensors, vocab.json, merges.txt)
+  --draft DIR           draft checkpoint with the same tokenizer
+  --prompt TEXT         prompt text (default: a held-out Tiny Shakespeare line)
+  --prompt-file F       read the prompt from a file
+  -n, --max-new-tokens  tokens to generate (default 128)
+  -k, --draft-length    K, tokens drafted per round (default 4)
+  --temperature T       0 = greedy (default 0)
+  --top-k N, --top-p P, --min-p P   filters (default off)
+  --seed S              random seed (default 42)
+  --threads N           kernel threads per model (default: all cores)
+  --mode M              speculative | autoregressive | compare (default compare)
+  --repeat R            compare: run both R times, report min and median (default 1)
+  --stream              print text as it is generated
+  --verbose             per-round trace on stderr: drafts with q and p, accepted or not, emitted
+  --json                print all statistics as JSON on stdout
+)";
+
+cli parse(int argc, char** argv) {
+  cli c;
+  c.params.max_new_tokens = 128;
+  c.params.sampling.temperature = 0.0f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto value = [&]() -> std::string_view {
+      if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", a));
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::fputs(help.data(), stdout);
+      std::exit(0);
+    } else if (a == "--target") c.target = fs::path(value());
+    else if (a == "--draft") c.draft = fs::path(value());
+    else if (a == "--prompt") c.prompt = value();
+    else if (a == "--prompt-file") c.prompt = read_text_file(value());
+    else if (a == "-n" || a == "--max-new-tokens") c.params.max_new_tokens = parse_number<std::size_t>(a, value());
+    else if (a == "-k" || a == "--draft-length") c.params.draft_length = parse_number<std::size_t>(a, value());
+    else if (a == "--temperature") c.params.sampling.temperature = parse_number<float>(a, value());
+    else if (a == "--top-k") c.params.sampling.top_k = parse_number<int>(a, value());
+    else if (a == "--top-p") c.params.sampling.top_p = parse_number<float>(a, value());
+    else if (a == "--min-p") c.params.sampling.min_p = parse_number<float>(a, value());
+    else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
+    else if (a == "--threads") c.threads = parse_number<std::size_t>(a, value());
+    else if (a == "--mode") {
+      c.mode = value();
+      if (c.mode != "speculative" && c.mode != "autoregressive" && c.mode != "compare") {
+        usage_error(fmt::format("--mode must be speculative, autoregressive or compare, got '{}'", c.mode));
+      }
+    } else if (a == "--repeat") {
+      c.repeat = parse_number<std::size_t>(a, value());
+      if (c.repeat == 0) usage_error("--repeat must be >= 1");
+    } else if (a == "--stream") c.stream = true;
+    else if (a == "--verbose") c.verbose = true;
+    else if (a == "--json") c.json = true;
+    else usage_error(fmt::format("unknown argument '{}'", a));
+  }
+  specsample::validate(c.params, std::numeric_limits<std::size_t>::max());
+  return c;
+}
+
+// The bundled models: $SPECSAMPLE_MODELS, next to an installed binary, or the source tree.
+fs::path bundled_models(const char* argv0) {
+  std::vector<fs::path> candidates;
+  if (const char* env = std::getenv("SPECSAMPLE_MODELS")) candidates.emplace_back(env);
+  std::error_code ec;
+  const fs::path exe = fs::canonical("/proc/self/exe", ec);
+  const fs::path dir = ec ? fs::path(argv0).parent_path() : exe.parent_path();
+  candidates.push_back(dir / "../share/specsample/models");
+  candidates.push_back(dir / "../../models");
+#ifdef SPECSAMPLE_SOURCE_MODELS
+  candidates.emplace_back(SPECSAMPLE_SOURCE_MODELS);
+#endif
+  for (const auto& c : candidates) {
+    if (fs::exists(c / "shakespeare-target" / "config.json", ec)) return fs::weakly_canonical(c);
+  }
+  throw specsample::error("cannot find the bundled models (looked in $SPECSAMPLE_MODELS, ../share/specsample/models "
+                          "next to the binary and the source tree); pass --target and --draft");
+}
+
+std::string printable(std::string_view s) {
+  std::string out;
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
+    else if (c == '"') out += "\\\"";
+    else if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
+    else out += ch;
+  }
+  return out;
+}
+
+struct run_record {
+  specsample::generation_result result;
+  double seconds = 0.0;
+};
+
+// Prints generated text as it arrives (--stream), the per-round trace (--verbose) and a progress
+// line on stderr for runs slower than a second.
+class reporter {
+ public:
+  reporter(const cli& c, const specsample::bpe_tokenizer& tok, std::string label)
+      : cli_(c), tok_(tok), decoder_(tok), label_(std::move(label)), tty_(isatty(STDERR_FILENO) != 0),
+        start_(std::chrono::steady_clock::now()), last_progress_(start_) {}
+
+  void operator()(const specsample::round_event& e) {
+    emitted_ += e.emitted.size();
+    if (cli_.verbose) trace(e);
+    if (cli_.stream) {
+      const std::string text = decoder_.feed(e.emitted);
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      std::fflush(stdout);
+    }
+    progress();
+  }
+
+  void finish() {
+    if (cli_.stream) {
+      const std::string rest = decoder_.flush();
+      std::fwrite(rest.data(), 1, rest.size(), stdout);
+      std::fputc('\n', stdout);
+    }
+    if (shown_progress_ && tty_) std::fputs("\r\033[K", stderr);
+  }
+
+ private:
+  void trace(const specsample::round_event& e) {
+    std::string line = fmt::format("[{} round {}]", label_, e.round);
+    for (const auto& d : e.drafts) {
+      line += fmt::format(" \"{}\" q={:.3f} p={:.3f} {}", printable(tok_.decode(std::span<const token>(&d.id, 1))),
+                          d.q, d.p, d.accepted ? "accepted" : "REJECTED");
+    }
+    const token last = e.emitted.back();
+    line += fmt::format(" -> emit \"{}\" ({}){}", printable(tok_.decode(std::span<const token>(&last, 1))),
+                        e.drafts.empty() ? "sampled" : e.bonus ? "bonus" : "correction", e.eos ? " EOS" : "");
+    fmt::print(stderr, "{}\n", line);
+  }
+
+  void progress() {
+    using namespace std::chrono;
+    const auto now = steady_clock::now();
+    if (now - start_ < seconds(1) || now - last_progress_ < milliseconds(tty_ ? 200 : 1000)) return;
+    last_progress_ = now;
+    shown_progress_ = true;
+    const double s = duration<double>(now - start_).count();
+    fmt::print(stderr, "{}[{}] {}/{} tokens, {:.1f} tokens/s{}", tty_ ? "\r\033[K" : "", label_, emitted_,
+               cli_.params.max_new_tokens, static_cast<double>(emitted_) / s, tty_ ? "" : "\n");
+  }
+
+  const cli& cli_;
+  const specsample::bpe_tokenizer& tok_;
+  specsample::stream_decoder decoder_;
+  std::string label_;
+  bool tty_;
+  std::chrono::steady_clock::time_point start_, last_progress_;
+  std::size_t emitted_ = 0;
+  bool shown_progress_ = false;
+};
+
+template <class Run>
+run_record timed(const cli& c, const specsample::bpe_tokenizer& tok, const std::string& label, Run&& run) {
+  reporter rep(c, tok, label);
+  const auto t0 = std::chrono::steady_clock::now();
+  run_record r{run(rep), 0.0};
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  rep.finish();
+  return r;
+}
+
+nlohmann::json stats_json(const run_record& r) {
+  const auto& s = r.result.stats;
+  return {{"tokens", s.tokens},
+          {"seconds", r.seconds},
+          {"tokens_per_second", static_cast<double>(s.tokens) / r.seconds},
+          {"rounds", s.rounds},
+          {"target_calls", s.target_calls},
+          {"draft_calls", s.draft_calls},
+          {"drafted", s.drafted},
+          {"accepted", s.accepted},
+          {"corrections", s.corrections},
+          {"bonus", s.bonus},
+          {"acceptance_rate", s.acceptance_rate()},
+          {"tokens_per_target_call", s.tokens_per_target_call()},
+          {"accepted_histogram", s.accepted_histogram},
+          {"prefill_seconds", s.prefill_seconds},
+          {"draft_seconds", s.draft_seconds},
+          {"target_seconds", s.target_seconds},
+          {"overhead_seconds", s.overhead_seconds()}};
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int run(int argc, char** argv) {
+  const cli c = parse(argc, argv);
+  const bool need_draft = c.mode != "autoregressive";
+  const fs::path models = (c.target && (c.draft || !need_draft)) ? fs::path() : bundled_models(argv[0]);
+  const fs::path target_dir = c.target.value_or(models / "shakespeare-target");
+  const fs::path draft_dir = c.draft.value_or(models / "shakespeare-draft");
+
+  const auto load_start = std::chrono::steady_clock::now();
+  if (!c.json) fmt::print(stderr, "loading {}{}...\n", target_dir.string(), need_draft ? " and " + draft_dir.string() : "");
+  const auto tok = specsample::bpe_tokenizer::load(target_dir);
+  specsample::gpt2::options opts;
+  opts.threads = c.threads;
+  auto target = specsample::gpt2::model::load(target_dir, opts);
+  if (target.vocab_size() != tok.vocab_size()) {
+    throw specsample::error(fmt::format("{}: the model has {} tokens but its tokenizer has {}", target_dir.string(),
+                                        target.vocab_size(), tok.vocab_size()));
+  }
+  std::optional<specsample::gpt2::model> draft;
+  if (need_draft) {
+    const auto draft_tok = specsample::bpe_tokenizer::load(draft_dir);
+    if (const auto diff = specsample::vocabulary_difference(draft_tok, tok)) {
+      throw specsample::error(fmt::format("the draft ({}) and target ({}) tokenizers differ: {}; speculative "
+                                          "sampling needs identical vocabularies",
+                                          draft_dir.string(), target_dir.string(), *diff));
+    }
+    draft.emplace(specsample::gpt2::model::load(draft_dir, opts));
+    if (draft->vocab_size() != target.vocab_size()) {
+      throw specsample::error(fmt::format("the draft model has {} tokens, the target {}", draft->vocab_size(),
+                                          target.vocab_size()));
+    }
+  }
+  const double load_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+
+  const std::vector<token> prompt = tok.encode(c.prompt);
+  if (prompt.empty()) throw specsample::error("the prompt encodes to no tokens");
+
+  std::vector<run_record> spec_runs, ar_runs;
+  for (std::size_t r = 0; r < (c.mode == "compare" ? c.repeat : 1); ++r) {
+    if (c.mode != "speculative") {
+      std::mt19937_64 rng(c.seed);
+      ar_runs.push_back(timed(c, tok, "autoregressive", [&](reporter& rep) {
+        return specsample::autoregressive_sample(target, prompt, c.params, rng, rep);
+      }));
+    }
+    if (c.mode != "autoregressive") {
+      std::mt19937_64 rng(c.seed);
+      spec_runs.push_back(timed(c, tok, "speculative", [&](reporter& rep) {
+        return specsample::speculative_sample(*draft, target, prompt, c.params, rng, rep);
+      }));
+    }
+  }
+
+  std::vector<double> spec_s, ar_s;
+  for (const auto& r : spec_runs) spec_s.push_back(r.seconds);
+  for (const auto& r : ar_runs) ar_s.push_back(r.seconds);
+  const bool greedy = c.params.sampling.temperature == 0.0f;
+  const bool compare = c.mode == "compare";
+  const bool identical = compare && spec_runs.front().result.tokens == ar_runs.front().result.tokens;
+
+  if (c.json) {
+    nlohmann::json j{{"target", target_dir.string()},
+                     {"mode", c.mode},
+                     {"prompt_tokens", prompt.size()},
+                     {"max_new_tokens", c.params.max_new_tokens},
+                     {"draft_length", c.params.draft_length},
+                     {"temperature", c.params.sampling.temperature},
+                     {"top_k", c.params.sampling.top_k},
+                     {"top_p", c.params.sampling.top_p},
+                     {"min_p", c.params.sampling.min_p},
+                     {"seed", c.seed},
+                     {"threads", target.threads()},
+                     {"load_seconds", load_seconds}};
+    if (need_draft) j["draft"] = draft_dir.string();
+    if (!spec_runs.empty()) {
+      j["speculative"] = stats_json(spec_runs.front());
+      j["speculative"]["text"] = tok.decode(spec_runs.front().result.tokens);
+      j["speculative"]["seconds_all"] = spec_s;
+    }
+    if (!ar_runs.empty()) {
+      j["autoregressive"] = stats_json(ar_runs.front());
+      j["autoregressive"]["text"] = tok.decode(ar_runs.front().result.tokens);
+      j["autoregressive"]["seconds_all"] = ar_s;
+    }
+    if (compare) {
+      j["speedup_median"] = median(ar_s) / median(spec_s);
+      j["speedup_min_time"] = *std::min_element(ar_s.begin(), ar_s.end()) / *std::min_element(spec_s.begin(), spec_s.end());
+      if (greedy) j["identical"] = identical;
+    }
+    fmt::print("{}\n", j.dump(2));
+    return compare && greedy && !identical ? 1 : 0;
+  }
+
+  const auto print_text = [&](const std::string& title, const run_record& r) {
+    fmt::print("--- {} ---\n", title);
+    if (!c.stream) fmt::print("{}{}\n", c.prompt, tok.decode(r.result.tokens));
+    fmt::print("\n");
+  };
+  if (!spec_runs.empty()) print_text("speculative", spec_runs.front());
+  if (!ar_runs.empty() && !(compare && identical)) print_text("autoregressive", ar_runs.front());
+
+  if (!spec_runs.empty()) {
+    const auto& s = spec_runs.front().result.stats;
+    fmt::print("speculative:    {} tokens in {:.3f} s ({:.1f} tokens/s); K = {}, {} rounds, acceptance {:.3f}, "
+               "{:.2f} tokens per target call\n",
+               s.tokens, median(spec_s), static_cast<double>(s.tokens) / median(spec_s), c.params.draft_length,
+               s.rounds, s.acceptance_rate(), s.tokens_per_target_call());
+  }
+  if (!ar_runs.empty()) {
+    const auto& s = ar_runs.front().result.stats;
+    fmt::print("autoregressive: {} tokens in {:.3f} s ({:.1f} tokens/s)\n", s.tokens, median(ar_s),
+               static_cast<double>(s.tokens) / median(ar_s));
+  }
+  if (compare) {
+    fmt::print("speedup: {:.2f}x (median of {} run{} each; best times {:.2f}x)\n", median(ar_s) / median(spec_s),
+               c.repeat, c.repeat == 1 ? "" : "s",
+               *std::min_element(ar_s.begin(), ar_s.end()) / *std::min_element(spec_s.begin(), spec_s.end()));
+    if (greedy) fmt::print("outputs identical at temperature 0: {}\n", identical ? "yes" : "NO");
+  }
+  return compare && greedy && !identical ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "specsample-generate: error: {}\n", e.what());
+    return 2;
+  }
+}

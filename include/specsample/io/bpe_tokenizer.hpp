@@ -1,0 +1,766 @@
+#pragma once
+/// @file bpe_tokenizer.hpp
+/// GPT-2 byte-level BPE tokenizer (OpenAI `encoder.py`): `vocab.json` + `merges.txt`, the GPT-2
+/// pre-tokenization regex run with PCRE2 (UTF + UCP), the `bytes_to_unicode` byte table, merges
+/// applied lowest rank first. Encode/decode round-trips arbitrary byte strings, including invalid
+/// UTF-8. See docs/tokenizer.md.
+
+#include <specsample/concepts.hpp>
+#include <specsample/error.hpp>
+
+#ifndef PCRE2_CODE_UNIT_WIDTH
+#define PCRE2_CODE_UNIT_WIDTH 8
+#endif
+#include <fmt/format.h>
+#include <pcre2.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace specsample {
+
+namespace detail {
+
+/// GPT-2's pre-tokenization pattern, exactly as in OpenAI's encoder.py.
+inline constexpr std::string_view gpt2_pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+/// Appends the UTF-8 encoding of code point `cp` (< 0x110000) to `out`.
+inline void append_utf8(std::string& out, std::uint32_t cp) {
+  if (cp < 0x80U) {
+    out.push_back(static_cast<char>(cp));
+  } else if (cp < 0x800U) {
+    out.push_back(static_cast<char>(0xC0U | (cp >> 6U)));
+    out.push_back(static_cast<char>(0x80U | (cp & 0x3FU)));
+  } else if (cp < 0x10000U) {
+    out.push_back(static_cast<char>(0xE0U | (cp >> 12U)));
+    out.push_back(static_cast<char>(0x80U | ((cp >> 6U) & 0x3FU)));
+    out.push_back(static_cast<char>(0x80U | (cp & 0x3FU)));
+  } else {
+    out.push_back(static_cast<char>(0xF0U | (cp >> 18U)));
+    out.push_back(static_cast<char>(0x80U | ((cp >> 12U) & 0x3FU)));
+    out.push_back(static_cast<char>(0x80U | ((cp >> 6U) & 0x3FU)));
+    out.push_back(static_cast<char>(0x80U | (cp & 0x3FU)));
+  }
+}
+
+/// Length of the valid UTF-8 character starting at `s[i]` (RFC 3629: no overlongs, surrogates
+/// or code points above U+10FFFF), or 0 if the bytes there are not a complete valid character.
+inline std::size_t utf8_char_length(std::string_view s, std::size_t i) noexcept {
+  const auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned c = b(i);
+  const std::size_t left = s.size() - i;
+  const auto cont = [&](std::size_t k) { return (b(k) & 0xC0U) == 0x80U; };
+  if (c < 0x80U) return 1;
+  if (c >= 0xC2U && c <= 0xDFU) return left >= 2 && cont(i + 1) ? 2 : 0;
+  if (c >= 0xE0U && c <= 0xEFU) {
+    if (left < 3 || !cont(i + 1) || !cont(i + 2)) return 0;
+    if (c == 0xE0U && b(i + 1) < 0xA0U) return 0;   // overlong
+    if (c == 0xEDU && b(i + 1) >= 0xA0U) return 0;  // surrogate
+    return 3;
+  }
+  if (c >= 0xF0U && c <= 0xF4U) {
+    if (left < 4 || !cont(i + 1) || !cont(i + 2) || !cont(i + 3)) return 0;
+    if (c == 0xF0U && b(i + 1) < 0x90U) return 0;   // overlong
+    if (c == 0xF4U && b(i + 1) >= 0x90U) return 0;  // above U+10FFFF
+    return 4;
+  }
+  return 0;
+}
+
+/// Length of the longest prefix of `s` that does not end inside a UTF-8 character which later
+/// bytes could still complete. Invalid bytes count as complete (they can never become valid).
+inline std::size_t utf8_complete_prefix(std::string_view s) noexcept {
+  const std::size_t n = s.size();
+  for (std::size_t back = 1; back <= 3 && back <= n; ++back) {
+    const unsigned c = static_cast<unsigned char>(s[n - back]);
+    if ((c & 0xC0U) == 0x80U) continue;  // continuation byte: look further back
+    std::size_t need = 0;
+    if (c >= 0xC2U && c <= 0xDFU)
+      need = 2;
+    else if (c >= 0xE0U && c <= 0xEFU)
+      need = 3;
+    else if (c >= 0xF0U && c <= 0xF4U)
+      need = 4;
+    if (need == 0 || back >= need) return n;  // ASCII, invalid lead, or complete/overlong run
+    if (back >= 2) {                          // the second byte restricts some leads
+      const unsigned c1 = static_cast<unsigned char>(s[n - back + 1]);
+      if ((c == 0xE0U && c1 < 0xA0U) || (c == 0xEDU && c1 >= 0xA0U) || (c == 0xF0U && c1 < 0x90U) ||
+          (c == 0xF4U && c1 >= 0x90U)) {
+        return n;  // can never become valid
+      }
+    }
+    return n - back;
+  }
+  return n;
+}
+
+/// GPT-2's `bytes_to_unicode`: byte b is spelled in vocab.json as code point `table[b]`.
+inline const std::array<std::uint32_t, 256>& byte_code_points() {
+  static const std::array<std::uint32_t, 256> table = [] {
+    std::array<std::uint32_t, 256> t{};
+    std::uint32_t extra = 0;
+    for (std::uint32_t b = 0; b < 256; ++b) {
+      const bool printable =
+          (b >= 0x21U && b <= 0x7EU) || (b >= 0xA1U && b <= 0xACU) || (b >= 0xAEU && b <= 0xFFU);
+      t[b] = printable ? b : 256U + extra++;
+    }
+    return t;
+  }();
+  return table;
+}
+
+/// Inverse of `byte_code_points`: code point -> byte, -1 where the code point is no byte symbol.
+inline const std::array<int, 324>& code_point_bytes() {
+  static const std::array<int, 324> table = [] {
+    std::array<int, 324> t{};
+    t.fill(-1);
+    const auto& cps = byte_code_points();
+    for (std::size_t b = 0; b < 256; ++b) t[cps[b]] = static_cast<int>(b);
+    return t;
+  }();
+  return table;
+}
+
+/// The raw bytes a vocab.json spelling stands for, or nullopt if some character of it is not
+/// one of the 256 byte symbols.
+inline std::optional<std::string> spelling_to_bytes(std::string_view spelling) {
+  std::string out;
+  out.reserve(spelling.size());
+  const auto& inverse = code_point_bytes();
+  std::size_t i = 0;
+  while (i < spelling.size()) {
+    const std::size_t len = utf8_char_length(spelling, i);
+    if (len == 0) return std::nullopt;
+    const auto b = [&](std::size_t k) {
+      return static_cast<std::uint32_t>(static_cast<unsigned char>(spelling[i + k]));
+    };
+    std::uint32_t cp = 0;
+    if (len == 1)
+      cp = b(0);
+    else if (len == 2)
+      cp = ((b(0) & 0x1FU) << 6U) | (b(1) & 0x3FU);
+    else
+      return std::nullopt;  // byte symbols are all below U+0800
+    if (cp >= inverse.size() || inverse[cp] < 0) return std::nullopt;
+    out.push_back(static_cast<char>(inverse[cp]));
+    i += len;
+  }
+  return out;
+}
+
+/// The compiled pre-tokenization pattern, compiled once per process (matching is thread-safe).
+inline const pcre2_code* gpt2_regex() {
+  struct code_deleter {
+    void operator()(pcre2_code* c) const noexcept { pcre2_code_free(c); }
+  };
+  static const std::unique_ptr<pcre2_code, code_deleter> code = [] {
+    int errcode = 0;
+    PCRE2_SIZE erroffset = 0;
+    pcre2_code* c =
+        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(gpt2_pattern.data()), gpt2_pattern.size(),
+                      PCRE2_UTF | PCRE2_UCP, &errcode, &erroffset, nullptr);
+    if (c == nullptr) {
+      std::array<PCRE2_UCHAR, 256> msg{};
+      pcre2_get_error_message(errcode, msg.data(), msg.size());
+      throw error(
+          fmt::format("bpe_tokenizer: PCRE2 cannot compile the GPT-2 pattern at offset {}: {}",
+                      erroffset, reinterpret_cast<const char*>(msg.data())));
+    }
+    (void)pcre2_jit_compile(c, PCRE2_JIT_COMPLETE);  // optional: the interpreter is the fallback
+    return std::unique_ptr<pcre2_code, code_deleter>(c);
+  }();
+  return code.get();
+}
+
+/// Hash for heterogeneous (string_view) lookup in maps keyed by std::string.
+struct string_hash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const noexcept {
+    return std::hash<std::string_view>{}(s);
+  }
+};
+
+inline std::string read_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    throw error(fmt::format("{}: file not found", path.string()));
+  if (std::filesystem::is_directory(path, ec))
+    throw error(fmt::format("{}: is a directory, expected a file", path.string()));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw error(fmt::format("{}: cannot open file", path.string()));
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw error(fmt::format("{}: read error", path.string()));
+  return data;
+}
+
+/// SAX handler that reads vocab.json (a flat object `{"spelling": id, ...}`) without building a
+/// DOM, rejecting anything else with a message naming the file.
+class vocab_reader : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  explicit vocab_reader(std::string file) : file_(std::move(file)) {}
+
+  std::vector<std::pair<std::string, std::int64_t>> entries;
+
+  bool null() override { return scalar("null"); }
+  bool boolean(bool) override { return scalar("a boolean"); }
+  bool number_integer(number_integer_t v) override { return integer(v); }
+  bool number_unsigned(number_unsigned_t v) override {
+    return integer(v > static_cast<number_unsigned_t>(std::numeric_limits<std::int64_t>::max())
+                       ? std::numeric_limits<std::int64_t>::max()
+                       : static_cast<std::int64_t>(v));
+  }
+  bool number_float(number_float_t, const string_t& s) override { return scalar(s); }
+  bool string(string_t&) override { return scalar("a string"); }
+  bool binary(binary_t&) override { return scalar("binary data"); }
+  bool start_object(std::size_t) override {
+    if (depth_ == 0) {
+      depth_ = 1;
+      return true;
+    }
+    return scalar("an object");
+  }
+  bool key(string_t& k) override {
+    if (!seen_.emplace(k, entries.size()).second) {
+      throw error(fmt::format("{}: token \"{}\" appears twice", file_, k));
+    }
+    key_ = k;
+    return true;
+  }
+  bool end_object() override { return true; }
+  bool start_array(std::size_t) override { return scalar("an array"); }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&,
+                   const nlohmann::detail::exception& ex) override {
+    throw error(fmt::format("{}: not valid JSON: {}", file_, ex.what()));
+  }
+
+ private:
+  bool scalar(const std::string& what) {
+    if (depth_ == 0) {
+      throw error(fmt::format("{}: expected a JSON object mapping token strings to ids, got {}",
+                              file_, what));
+    }
+    throw error(
+        fmt::format("{}: id of token \"{}\" is {}, expected an integer", file_, key_, what));
+  }
+  bool integer(std::int64_t v) {
+    if (depth_ == 0) return scalar("a number");
+    entries.emplace_back(key_, v);
+    return true;
+  }
+
+  std::string file_;
+  std::string key_;
+  int depth_ = 0;
+  std::unordered_map<std::string, std::size_t, string_hash, std::equal_to<>> seen_;
+};
+
+}  // namespace detail
+
+/// A GPT-2 style byte-level BPE tokenizer loaded from `vocab.json` + `merges.txt`.
+///
+/// Special tokens are the vocab entries that are neither one of the 256 byte symbols nor the
+/// result of a merge (for GPT-2 and the bundled Shakespeare models: just `<|endoftext|>`).
+/// `encode` splits the text on their literal spelling first. Copies are cheap to share across
+/// threads: all member functions are const and thread-safe.
+class bpe_tokenizer {
+ public:
+  /// Loads `dir/vocab.json` and `dir/merges.txt`.
+  /// @throws error naming the file (and line) when a file is missing or malformed.
+  [[nodiscard]] static bpe_tokenizer load(const std::filesystem::path& dir) {
+    return load(dir / "vocab.json", dir / "merges.txt");
+  }
+
+  /// Loads a vocab.json / merges.txt pair from explicit paths.
+  [[nodiscard]] static bpe_tokenizer load(const std::filesystem::path& vocab_json,
+                                          const std::filesystem::path& merges_txt) {
+    bpe_tokenizer t;
+    t.load_vocab(vocab_json);
+    t.load_merges(merges_txt);
+    t.find_special_tokens();
+    return t;
+  }
+
+  /// Number of tokens (ids are `[0, vocab_size())`).
+  [[nodiscard]] std::size_t vocab_size() const noexcept { return spellings_.size(); }
+
+  /// Number of merges read from merges.txt.
+  [[nodiscard]] std::size_t merge_count() const noexcept { return merge_list_.size(); }
+
+  /// Encodes text (any bytes; invalid UTF-8 is encoded byte-exactly), recognising special tokens.
+  [[nodiscard]] std::vector<token> encode(std::string_view text) const {
+    std::vector<token> out;
+    out.reserve(text.size() / 3 + 1);
+    encode_state st;
+    std::size_t pos = 0;
+    std::vector<std::size_t> next_hit;  // next occurrence of each special token at or after pos
+    next_hit.reserve(specials_.size());
+    for (const auto& s : specials_) next_hit.push_back(text.find(s.first));
+    while (pos < text.size()) {
+      // Earliest special token at or after pos (the longest on ties).
+      std::size_t best_at = std::string_view::npos;
+      std::size_t best = 0;
+      for (std::size_t s = 0; s < specials_.size(); ++s) {
+        if (next_hit[s] != std::string_view::npos && next_hit[s] < pos) {
+          next_hit[s] = text.find(specials_[s].first, pos);
+        }
+        const std::size_t at = next_hit[s];
+        if (at < best_at || (at == best_at && at != std::string_view::npos &&
+                             specials_[s].first.size() > specials_[best].first.size())) {
+          best_at = at;
+          best = s;
+        }
+      }
+      if (best_at == std::string_view::npos) {
+        encode_plain(text.substr(pos), out, st);
+        break;
+      }
+      encode_plain(text.substr(pos, best_at - pos), out, st);
+      out.push_back(specials_[best].second);
+      pos = best_at + specials_[best].first.size();
+    }
+    return out;
+  }
+
+  /// Encodes text treating special-token spellings as ordinary text.
+  [[nodiscard]] std::vector<token> encode_ordinary(std::string_view text) const {
+    std::vector<token> out;
+    out.reserve(text.size() / 3 + 1);
+    encode_state st;
+    encode_plain(text, out, st);
+    return out;
+  }
+
+  /// The exact bytes of the tokens `ids`, concatenated.
+  /// @throws error naming the id and the vocab size when an id is out of range.
+  [[nodiscard]] std::string decode(std::span<const token> ids) const {
+    std::string out;
+    decode_append(ids, out);
+    return out;
+  }
+
+  /// Appends the bytes of `ids` to `out` (see decode).
+  void decode_append(std::span<const token> ids, std::string& out) const {
+    for (const token id : ids) out += bytes_[checked(id)];
+  }
+
+  /// The raw bytes of token `id` (what decode produces for it).
+  [[nodiscard]] std::string id_to_bytes(token id) const { return bytes_[checked(id)]; }
+
+  /// The spelling of token `id` in vocab.json (e.g. "Ġthe").
+  [[nodiscard]] const std::string& id_to_token(token id) const { return spellings_[checked(id)]; }
+
+  /// The id of the vocab.json spelling `spelling` (e.g. "Ġthe", "<|endoftext|>"), if any.
+  [[nodiscard]] std::optional<token> token_to_id(std::string_view spelling) const {
+    const auto it = ids_.find(spelling);
+    if (it == ids_.end()) return std::nullopt;
+    return it->second;
+  }
+
+  /// The id of the special token spelled `text` (e.g. "<|endoftext|>"), if it is one.
+  [[nodiscard]] std::optional<token> special_token(std::string_view text) const {
+    for (const auto& [spelling, id] : specials_) {
+      if (spelling == text) return id;
+    }
+    return std::nullopt;
+  }
+
+  /// The ids of all special tokens, ascending.
+  [[nodiscard]] std::vector<token> special_tokens() const {
+    std::vector<token> ids;
+    for (const auto& s : specials_) ids.push_back(s.second);
+    std::sort(ids.begin(), ids.end());
+    return ids;
+  }
+
+  /// Whether `id` is a special token.
+  [[nodiscard]] bool is_special(token id) const {
+    (void)checked(id);
+    return std::any_of(specials_.begin(), specials_.end(),
+                       [id](const auto& s) { return s.second == id; });
+  }
+
+  /// Whether the vocab has an `<|endoftext|>` special token.
+  [[nodiscard]] bool has_eos() const noexcept { return eos_.has_value(); }
+
+  /// The id of `<|endoftext|>` (50256 for GPT-2).
+  /// @throws error when the vocab has none (check has_eos()).
+  [[nodiscard]] token eos() const {
+    if (!eos_) throw error("bpe_tokenizer: the vocab has no <|endoftext|> special token");
+    return *eos_;
+  }
+
+  /// Identical vocab (same spelling for every id) and identical merges in the same order, hence
+  /// identical special tokens and identical encode/decode.
+  friend bool operator==(const bpe_tokenizer& a, const bpe_tokenizer& b) {
+    return a.spellings_ == b.spellings_ && a.merge_list_ == b.merge_list_;
+  }
+
+ private:
+  struct merge_info {
+    std::int32_t rank;
+    token result;
+  };
+
+  /// Scratch buffers reused across the words of one encode call, plus a per-call word cache.
+  struct encode_state {
+    std::vector<token> ids;
+    std::vector<std::size_t> prev;
+    std::vector<std::size_t> next;
+    std::vector<std::pair<std::int32_t, std::size_t>> heap;
+    std::vector<std::size_t> batch;
+    std::unordered_map<std::string_view, std::pair<std::size_t, std::size_t>>
+        cache;  // word -> ids in out
+    pcre2_match_data* match = nullptr;
+    encode_state() = default;
+    encode_state(const encode_state&) = delete;
+    encode_state& operator=(const encode_state&) = delete;
+    ~encode_state() {
+      if (match != nullptr) pcre2_match_data_free(match);
+    }
+  };
+
+  static constexpr std::size_t cache_max_entries = 1U << 15U;
+  static constexpr std::size_t cache_max_word = 64;
+
+  bpe_tokenizer() = default;
+
+  [[nodiscard]] std::size_t checked(token id) const {
+    if (id < 0 || static_cast<std::size_t>(id) >= spellings_.size()) {
+      throw error(fmt::format("bpe_tokenizer: token id {} is out of range for vocab size {}", id,
+                              spellings_.size()));
+    }
+    return static_cast<std::size_t>(id);
+  }
+
+  [[nodiscard]] const merge_info* find_merge(token a, token b) const {
+    const auto key = (static_cast<std::uint64_t>(static_cast<std::uint32_t>(a)) << 32U) |
+                     static_cast<std::uint32_t>(b);
+    const auto it = merges_.find(key);
+    return it == merges_.end() ? nullptr : &it->second;
+  }
+
+  /// Encodes text without special tokens: splits it into valid-UTF-8 runs (pre-tokenized by the
+  /// GPT-2 regex) and runs of invalid bytes (one pre-token each), then BPEs each pre-token.
+  void encode_plain(std::string_view text, std::vector<token>& out, encode_state& st) const {
+    std::size_t i = 0;
+    while (i < text.size()) {
+      const std::size_t start = i;
+      std::size_t len = 0;
+      while (i < text.size() && (len = detail::utf8_char_length(text, i)) != 0) i += len;
+      if (i > start) pretokenize(text.substr(start, i - start), out, st);
+      const std::size_t bad = i;
+      while (i < text.size() && detail::utf8_char_length(text, i) == 0) ++i;
+      if (i > bad) bpe_word(text.substr(bad, i - bad), out, st);
+    }
+  }
+
+  /// Runs the GPT-2 pattern over valid UTF-8 `text`; every character belongs to some match.
+  void pretokenize(std::string_view text, std::vector<token>& out, encode_state& st) const {
+    const pcre2_code* code = detail::gpt2_regex();
+    if (st.match == nullptr) {
+      st.match = pcre2_match_data_create_from_pattern(code, nullptr);
+      if (st.match == nullptr) throw error("bpe_tokenizer: out of memory for PCRE2 match data");
+    }
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    std::size_t pos = 0;
+    while (pos < text.size()) {
+      const int rc =
+          pcre2_match(code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, st.match, nullptr);
+      if (rc < 0) {
+        if (rc == PCRE2_ERROR_NOMATCH) {  // unreachable for valid UTF-8; keep the bytes anyway
+          bpe_word(text.substr(pos), out, st);
+          return;
+        }
+        std::array<PCRE2_UCHAR, 256> msg{};
+        pcre2_get_error_message(rc, msg.data(), msg.size());
+        throw error(fmt::format("bpe_tokenizer: PCRE2 match failed at byte {}: {}", pos,
+                                reinterpret_cast<const char*>(msg.data())));
+      }
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(st.match);
+      std::size_t begin = ov[0];
+      std::size_t end = ov[1];
+      if (begin > pos) bpe_word(text.substr(pos, begin - pos), out, st);      // unreachable too
+      if (end <= begin) end = begin + detail::utf8_char_length(text, begin);  // no empty matches
+      bpe_word(text.substr(begin, end - begin), out, st);
+      pos = end;
+    }
+  }
+
+  /// Byte-pair-encodes one pre-token, exactly as encoder.py's `bpe`: repeatedly merge every
+  /// occurrence (left to right) of the lowest-ranked adjacent pair. A min-heap keyed by
+  /// (rank, position) makes it O(n log n); one rank is applied as a batch, so even a merges file
+  /// whose merge creates a pair of lower rank behaves exactly like the reference.
+  void bpe_word(std::string_view word, std::vector<token>& out, encode_state& st) const {
+    const std::size_t n = word.size();
+    if (n == 0) return;
+    if (n == 1) {
+      out.push_back(byte_ids_[static_cast<unsigned char>(word[0])]);
+      return;
+    }
+    const bool cacheable = n <= cache_max_word;
+    if (cacheable) {
+      if (const auto it = st.cache.find(word); it != st.cache.end()) {
+        const auto [first, count] = it->second;
+        for (std::size_t k = 0; k < count; ++k) out.push_back(out[first + k]);
+        return;
+      }
+    }
+    constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+    auto& ids = st.ids;
+    auto& prev = st.prev;
+    auto& next = st.next;
+    auto& heap = st.heap;
+    ids.resize(n);
+    prev.resize(n);
+    next.resize(n);
+    heap.clear();
+    for (std::size_t k = 0; k < n; ++k) {
+      ids[k] = byte_ids_[static_cast<unsigned char>(word[k])];
+      prev[k] = k == 0 ? none : k - 1;
+      next[k] = k + 1 == n ? none : k + 1;
+    }
+    const auto greater = std::greater<>{};
+    const auto push_pair = [&](std::size_t left) {
+      if (left == none || next[left] == none) return;
+      if (const merge_info* m = find_merge(ids[left], ids[next[left]])) {
+        heap.emplace_back(m->rank, left);
+        std::push_heap(heap.begin(), heap.end(), greater);
+      }
+    };
+    for (std::size_t k = 0; k + 1 < n; ++k) push_pair(k);
+    while (!heap.empty()) {
+      const std::int32_t rank = heap.front().first;
+      st.batch.clear();
+      while (!heap.empty() && heap.front().first == rank) {  // popped in position order
+        st.batch.push_back(heap.front().second);
+        std::pop_heap(heap.begin(), heap.end(), greater);
+        heap.pop_back();
+      }
+      for (const std::size_t left : st.batch) {
+        const std::size_t right = next[left];
+        if (ids[left] < 0 || right == none) continue;  // merged away, or now last
+        const merge_info* m = find_merge(ids[left], ids[right]);
+        if (m == nullptr || m->rank != rank) continue;  // stale entry
+        ids[left] = m->result;
+        ids[right] = -1;
+        next[left] = next[right];
+        if (next[right] != none) prev[next[right]] = left;
+        push_pair(prev[left]);
+        push_pair(left);
+      }
+    }
+    const std::size_t first = out.size();
+    for (std::size_t k = 0; k != none; k = next[k]) out.push_back(ids[k]);
+    if (cacheable && st.cache.size() < cache_max_entries) {
+      st.cache.emplace(word, std::pair{first, out.size() - first});
+    }
+  }
+
+  void load_vocab(const std::filesystem::path& path) {
+    const std::string file = path.string();
+    const std::string data = detail::read_file(path);
+    detail::vocab_reader reader(file);
+    nlohmann::json::sax_parse(data, &reader);
+    auto& entries = reader.entries;
+    const std::size_t n = entries.size();
+    if (n == 0) throw error(fmt::format("{}: the vocab is empty", file));
+    if (n > static_cast<std::size_t>(std::numeric_limits<token>::max())) {
+      throw error(fmt::format("{}: {} tokens is too many", file, n));
+    }
+    spellings_.assign(n, std::string{});
+    std::vector<bool> seen(n, false);
+    for (auto& [spelling, id] : entries) {
+      if (id < 0 || static_cast<std::uint64_t>(id) >= n) {
+        throw error(
+            fmt::format("{}: id {} of token \"{}\" is outside 0..{}: ids must be contiguous "
+                        "0..n-1 for n = {} tokens",
+                        file, id, spelling, n - 1, n));
+      }
+      const auto k = static_cast<std::size_t>(id);
+      if (seen[k]) {
+        throw error(fmt::format("{}: duplicate id {}: used by both \"{}\" and \"{}\"", file, id,
+                                spellings_[k], spelling));
+      }
+      if (spelling.empty())
+        throw error(fmt::format("{}: id {} has an empty token string", file, id));
+      seen[k] = true;
+      spellings_[k] = std::move(spelling);
+    }
+    ids_.reserve(n);
+    bytes_.resize(n);
+    for (std::size_t k = 0; k < n; ++k) {
+      ids_.emplace(spellings_[k], static_cast<token>(k));
+      auto raw = detail::spelling_to_bytes(spellings_[k]);
+      bytes_[k] = raw ? std::move(*raw) : spellings_[k];  // not byte symbols: the literal text
+    }
+    const auto& cps = detail::byte_code_points();
+    for (std::size_t b = 0; b < 256; ++b) {
+      std::string symbol;
+      detail::append_utf8(symbol, cps[b]);
+      const auto id = token_to_id(symbol);
+      if (!id) {
+        throw error(
+            fmt::format("{}: missing the byte symbol \"{}\" for byte 0x{:02X}: a byte-level "
+                        "BPE vocab must contain all 256 byte symbols",
+                        file, symbol, b));
+      }
+      byte_ids_[b] = *id;
+    }
+  }
+
+  void load_merges(const std::filesystem::path& path) {
+    const std::string file = path.string();
+    const std::string data = detail::read_file(path);
+    std::size_t line_no = 0;
+    std::size_t pos = 0;
+    merges_.reserve(data.size() / 8);
+    while (pos < data.size()) {
+      std::size_t eol = data.find('\n', pos);
+      if (eol == std::string::npos) eol = data.size();
+      std::string_view line(data.data() + pos, eol - pos);
+      pos = eol + 1;
+      ++line_no;
+      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+      if (line_no == 1 && line.starts_with("#version")) continue;
+      if (line.empty()) continue;
+      std::vector<std::string_view> fields;
+      std::size_t k = 0;
+      while (k < line.size()) {
+        while (k < line.size() && (line[k] == ' ' || line[k] == '\t')) ++k;
+        const std::size_t start = k;
+        while (k < line.size() && line[k] != ' ' && line[k] != '\t') ++k;
+        if (k > start) fields.push_back(line.substr(start, k - start));
+      }
+      if (fields.size() != 2) {
+        throw error(
+            fmt::format("{}:{}: expected two symbols separated by a space, found {} in \"{}\"",
+                        file, line_no, fields.size(), line));
+      }
+      const auto a = token_to_id(fields[0]);
+      const auto b = token_to_id(fields[1]);
+      for (std::size_t f = 0; f < 2; ++f) {
+        if (!(f == 0 ? a : b)) {
+          throw error(fmt::format("{}:{}: merge symbol \"{}\" is not in the vocab", file, line_no,
+                                  fields[f]));
+        }
+      }
+      std::string joined(fields[0]);
+      joined += fields[1];
+      const auto result = token_to_id(joined);
+      if (!result) {
+        throw error(
+            fmt::format("{}:{}: merge result \"{}\" is not in the vocab", file, line_no, joined));
+      }
+      const auto key = (static_cast<std::uint64_t>(static_cast<std::uint32_t>(*a)) << 32U) |
+                       static_cast<std::uint32_t>(*b);
+      const auto rank = static_cast<std::int32_t>(merge_list_.size());
+      if (!merges_.emplace(key, merge_info{rank, *result}).second) {
+        throw error(
+            fmt::format("{}:{}: duplicate merge \"{} {}\"", file, line_no, fields[0], fields[1]));
+      }
+      merge_list_.emplace_back(*a, *b);
+    }
+  }
+
+  void find_special_tokens() {
+    std::vector<bool> ordinary(spellings_.size(), false);
+    for (const token b : byte_ids_) ordinary[static_cast<std::size_t>(b)] = true;
+    for (const auto& [key, m] : merges_) ordinary[static_cast<std::size_t>(m.result)] = true;
+    for (std::size_t k = 0; k < spellings_.size(); ++k) {
+      if (!ordinary[k]) specials_.emplace_back(bytes_[k], static_cast<token>(k));
+    }
+    eos_ = special_token("<|endoftext|>");
+  }
+
+  std::vector<std::string> spellings_;  // id -> vocab.json spelling
+  std::vector<std::string> bytes_;      // id -> raw bytes
+  std::unordered_map<std::string, token, detail::string_hash, std::equal_to<>> ids_;
+  std::array<token, 256> byte_ids_{};
+  std::unordered_map<std::uint64_t, merge_info> merges_;  // (left id << 32 | right id) -> merge
+  std::vector<std::pair<token, token>> merge_list_;       // rank -> (left id, right id)
+  std::vector<std::pair<std::string, token>> specials_;   // literal text -> id
+  std::optional<token> eos_;
+};
+
+/// Whether draft and target tokenizers are interchangeable: same vocab size, same spelling for
+/// every id, same merges in the same order (hence the same special-token ids).
+[[nodiscard]] inline bool same_vocabulary(const bpe_tokenizer& a, const bpe_tokenizer& b) {
+  return a == b;
+}
+
+/// A sentence describing the first difference between two tokenizers (for error messages), or
+/// nullopt when `same_vocabulary(a, b)`.
+[[nodiscard]] inline std::optional<std::string> vocabulary_difference(const bpe_tokenizer& a,
+                                                                      const bpe_tokenizer& b) {
+  if (a.vocab_size() != b.vocab_size()) {
+    return fmt::format("vocab sizes differ: {} vs {}", a.vocab_size(), b.vocab_size());
+  }
+  for (std::size_t k = 0; k < a.vocab_size(); ++k) {
+    const auto id = static_cast<token>(k);
+    if (a.id_to_token(id) != b.id_to_token(id)) {
+      return fmt::format("token {} differs: \"{}\" vs \"{}\"", id, a.id_to_token(id),
+                         b.id_to_token(id));
+    }
+  }
+  if (a.merge_count() != b.merge_count()) {
+    return fmt::format("merge counts differ: {} vs {}", a.merge_count(), b.merge_count());
+  }
+  if (!(a == b)) return std::string("the merges differ (same tokens, different merge order)");
+  return std::nullopt;
+}
+
+/// Incremental detokenizer: feed tokens one at a time, get back the text that is complete so far.
+///
+/// Output never ends inside a UTF-8 character that later bytes could still complete; such a
+/// trailing prefix is held back until the next token. Bytes that can never become valid UTF-8
+/// are passed through as-is, so the concatenation of all `feed` results and `flush()` is exactly
+/// `decode` of all tokens. The tokenizer must outlive the decoder.
+class stream_decoder {
+ public:
+  explicit stream_decoder(const bpe_tokenizer& tokenizer) noexcept : tokenizer_(&tokenizer) {}
+
+  /// Adds one token; returns the newly completed text (possibly empty).
+  /// @throws error when `id` is out of range (the decoder is then unchanged).
+  [[nodiscard]] std::string feed(token id) { return feed(std::span<const token>(&id, 1)); }
+
+  /// Adds several tokens; returns the newly completed text (possibly empty).
+  [[nodiscard]] std::string feed(std::span<const token> ids) {
+    std::string added = tokenizer_->decode(ids);  // throws before touching the state
+    pending_ += added;
+    const std::size_t n = detail::utf8_complete_prefix(pending_);
+    std::string out = pending_.substr(0, n);
+    pending_.erase(0, n);
+    return out;
+  }
+
+  /// Ends the stream: returns the held-back bytes (an incomplete UTF-8 character, raw, no U+FFFD)
+  /// and resets the decoder.
+  [[nodiscard]] std::string flush() { return std::exchange(pending_, std::string{}); }
+
+  /// Number of bytes currently held back (at most 3).
+  [[nodiscard]] std::size_t pending() const noexcept { return pending_.size(); }
+
+ private:
+  const bpe_tokenizer* tokenizer_;
+  std::string pending_;
+};
+
+}  // namespace specsample

@@ -1,0 +1,627 @@
+#pragma once
+/// @file safetensors.hpp
+/// A validating, memory-mapped reader (and a small writer) for the safetensors format.
+///
+/// Layout (https://github.com/huggingface/safetensors): an 8-byte little-endian u64 header length
+/// N, then N bytes of UTF-8 JSON (an object: tensor name -> {"dtype", "shape", "data_offsets":
+/// [begin, end]}, plus an optional "__metadata__" string -> string map), then the data section.
+/// Offsets are relative to the start of the data section. Everything is validated before any
+/// tensor byte is touched; every failure throws `specsample::error` naming the file.
+
+#include <specsample/error.hpp>
+#include <specsample/io/mapped_file.hpp>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace specsample::io {
+
+static_assert(std::endian::native == std::endian::little,
+              "specsample::io reads safetensors (little-endian) by memcpy: big-endian hosts are "
+              "not supported");
+
+/// Element types the reader understands.
+enum class dtype : std::uint8_t { f32, f16, bf16, i32, i64 };
+
+/// The safetensors spelling of `t` ("F32", "F16", "BF16", "I32", "I64").
+[[nodiscard]] constexpr std::string_view dtype_name(dtype t) noexcept {
+  switch (t) {
+    case dtype::f32: return "F32";
+    case dtype::f16: return "F16";
+    case dtype::bf16: return "BF16";
+    case dtype::i32: return "I32";
+    case dtype::i64: return "I64";
+  }
+  return "?";
+}
+
+/// Size of one element of `t` in bytes.
+[[nodiscard]] constexpr std::size_t dtype_size(dtype t) noexcept {
+  switch (t) {
+    case dtype::f32: return 4;
+    case dtype::f16: return 2;
+    case dtype::bf16: return 2;
+    case dtype::i32: return 4;
+    case dtype::i64: return 8;
+  }
+  return 0;
+}
+
+/// Parses a safetensors dtype string; `std::nullopt` for dtypes this reader does not support.
+[[nodiscard]] constexpr std::optional<dtype> parse_dtype(std::string_view s) noexcept {
+  if (s == "F32") return dtype::f32;
+  if (s == "F16") return dtype::f16;
+  if (s == "BF16") return dtype::bf16;
+  if (s == "I32") return dtype::i32;
+  if (s == "I64") return dtype::i64;
+  return std::nullopt;
+}
+
+/// True for F32, F16 and BF16.
+[[nodiscard]] constexpr bool is_floating(dtype t) noexcept {
+  return t == dtype::f32 || t == dtype::f16 || t == dtype::bf16;
+}
+
+/// IEEE binary16 -> float, exact (subnormals, ±inf and NaN included).
+[[nodiscard]] inline float f16_to_float(std::uint16_t h) noexcept {
+  const std::uint32_t sign = (static_cast<std::uint32_t>(h) & 0x8000u) << 16;
+  const std::uint32_t exp = (static_cast<std::uint32_t>(h) >> 10) & 0x1fu;
+  const std::uint32_t mant = static_cast<std::uint32_t>(h) & 0x3ffu;
+  if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact in float
+    const float v = static_cast<float>(mant) * 0x1p-24f;
+    return sign != 0 ? -v : v;
+  }
+  if (exp == 31) {  // inf / NaN (payload kept)
+    return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));
+  }
+  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+/// bfloat16 -> float, exact.
+[[nodiscard]] inline float bf16_to_float(std::uint16_t h) noexcept {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(h) << 16);
+}
+
+/// float -> IEEE binary16 with round-to-nearest-even (overflow -> ±inf, NaN stays NaN).
+[[nodiscard]] inline std::uint16_t float_to_f16(float f) noexcept {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const std::uint32_t absx = x & 0x7fffffffu;
+  std::uint32_t h = 0;
+  if (absx > 0x7f800000u) {
+    h = 0x7e00u | ((absx >> 13) & 0x3ffu);  // quiet NaN
+  } else if (absx >= 0x477ff000u) {          // >= 65520 rounds to inf
+    h = 0x7c00u;
+  } else if (absx < 0x38800000u) {  // below 2^-14: subnormal half (or zero)
+    const float scaled = std::bit_cast<float>(absx) * 0x1p24f;  // exact, < 1024
+    h = static_cast<std::uint32_t>(std::nearbyint(scaled));     // ties to even (default mode)
+  } else {
+    const std::uint32_t mant = absx & 0x7fffffu;
+    const std::uint32_t exp = (absx >> 23) - 112u;
+    h = (exp << 10) | (mant >> 13);
+    const std::uint32_t rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u) != 0)) ++h;  // carry into exp is right
+  }
+  return static_cast<std::uint16_t>(sign | h);
+}
+
+/// float -> bfloat16 with round-to-nearest-even (NaN stays NaN).
+[[nodiscard]] inline std::uint16_t float_to_bf16(float f) noexcept {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
+  return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+/// One tensor of a safetensors file: a view into the file's bytes (no copy). Valid as long as the
+/// `safetensors_file` it came from is alive. The bytes may be unaligned: read them with the
+/// conversion helpers below (or memcpy).
+struct tensor_view {
+  std::string name;                ///< the key in the header
+  io::dtype dtype = io::dtype::f32;  ///< element type
+  std::vector<std::size_t> shape;  ///< dimensions, outermost first (row-major)
+  std::span<const std::byte> data;  ///< the raw little-endian bytes, numel() * dtype_size()
+
+  /// Number of elements (product of the shape; 1 for a scalar).
+  [[nodiscard]] std::size_t numel() const noexcept {
+    std::size_t n = 1;
+    for (const std::size_t d : shape) n *= d;
+    return n;
+  }
+  /// The raw bytes (same as `data`).
+  [[nodiscard]] std::span<const std::byte> bytes() const noexcept { return data; }
+};
+
+namespace detail {
+
+inline constexpr std::uint64_t max_header_bytes = 100'000'000;  // same cap as the Rust reference
+inline constexpr int max_json_depth = 64;
+
+[[nodiscard]] inline bool mul_overflows(std::size_t a, std::size_t b, std::size_t& out) noexcept {
+  return __builtin_mul_overflow(a, b, &out);
+}
+
+[[nodiscard]] inline std::string shape_string(std::span<const std::size_t> shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+/// The parsed header: views into `file` and the metadata map.
+struct parsed_header {
+  std::vector<tensor_view> tensors;  // sorted by name
+  std::map<std::string, std::string, std::less<>> metadata;
+};
+
+/// Parses the header JSON, rejecting duplicate keys at any depth and absurd nesting.
+[[nodiscard]] inline nlohmann::json parse_json_strict(std::string_view text,
+                                                      const std::string& label) {
+  std::vector<std::set<std::string>> keys;  // one set per open object
+  int depth = 0;
+  nlohmann::json::parser_callback_t cb = [&](int /*depth*/, nlohmann::json::parse_event_t ev,
+                                             nlohmann::json& parsed) -> bool {
+    using ev_t = nlohmann::json::parse_event_t;
+    switch (ev) {
+      case ev_t::object_start:
+      case ev_t::array_start:
+        if (++depth > max_json_depth) {
+          throw error(fmt::format("{}: header JSON is nested deeper than {} levels", label,
+                                  max_json_depth));
+        }
+        if (ev == ev_t::object_start) keys.emplace_back();
+        break;
+      case ev_t::object_end:
+        --depth;
+        if (!keys.empty()) keys.pop_back();
+        break;
+      case ev_t::array_end:
+        --depth;
+        break;
+      case ev_t::key:
+        if (!keys.empty() && parsed.is_string()) {
+          const auto& k = parsed.get_ref<const std::string&>();
+          if (!keys.back().insert(k).second) {
+            throw error(fmt::format("{}: duplicate key '{}' in the header", label, k));
+          }
+        }
+        break;
+      case ev_t::value:
+        break;
+    }
+    return true;
+  };
+  try {
+    return nlohmann::json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/true);
+  } catch (const nlohmann::json::exception& e) {
+    throw error(fmt::format("{}: header is not valid JSON: {}", label, e.what()));
+  }
+}
+
+[[nodiscard]] inline std::size_t json_size(const nlohmann::json& j, bool& ok) {
+  if (j.is_number_unsigned()) {
+    const auto v = j.get<std::uint64_t>();
+    if (v <= std::numeric_limits<std::size_t>::max()) return static_cast<std::size_t>(v);
+  } else if (j.is_number_integer() && j.get<std::int64_t>() >= 0) {
+    return static_cast<std::size_t>(j.get<std::int64_t>());
+  }
+  ok = false;
+  return 0;
+}
+
+/// Validates the whole file layout and returns views into `file`.
+[[nodiscard]] inline parsed_header parse_safetensors(std::span<const std::byte> file,
+                                                     const std::string& label) {
+  if (file.size() < 8) {
+    throw error(fmt::format(
+        "{}: file is too small to be safetensors ({} bytes; the header length alone is 8)", label,
+        file.size()));
+  }
+  std::uint64_t n = 0;
+  std::memcpy(&n, file.data(), 8);
+  const std::uint64_t available = file.size() - 8;
+  if (n > available) {
+    throw error(fmt::format("{}: header length {} exceeds the file size ({} bytes after the "
+                            "8-byte length; file truncated or not safetensors)",
+                            label, n, available));
+  }
+  if (n > max_header_bytes) {
+    throw error(fmt::format("{}: header length {} exceeds the limit of {} bytes", label, n,
+                            max_header_bytes));
+  }
+  const auto header_len = static_cast<std::size_t>(n);
+  const std::string_view text(reinterpret_cast<const char*>(file.data() + 8), header_len);
+  const nlohmann::json header = parse_json_strict(text, label);
+  if (!header.is_object()) {
+    throw error(fmt::format("{}: header is not a JSON object", label));
+  }
+  const std::span<const std::byte> data_section = file.subspan(8 + header_len);
+
+  parsed_header out;
+  struct range {
+    std::size_t begin, end, index;
+  };
+  std::vector<range> ranges;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) {
+        throw error(fmt::format("{}: __metadata__ is not a JSON object", label));
+      }
+      for (const auto& [k, v] : entry.items()) {
+        if (!v.is_string()) {
+          throw error(fmt::format(
+              "{}: __metadata__ entry '{}' is not a string (metadata maps strings to strings)",
+              label, k));
+        }
+        out.metadata.emplace(k, v.get<std::string>());
+      }
+      continue;
+    }
+    const auto where = [&] { return fmt::format("{}: tensor '{}'", label, name); };
+    if (!entry.is_object()) {
+      throw error(fmt::format("{}: entry is not a JSON object", where()));
+    }
+    const auto dt = entry.find("dtype");
+    const auto sh = entry.find("shape");
+    const auto off = entry.find("data_offsets");
+    if (dt == entry.end() || sh == entry.end() || off == entry.end()) {
+      throw error(fmt::format("{}: entry must have \"dtype\", \"shape\" and \"data_offsets\"",
+                              where()));
+    }
+    if (!dt->is_string()) throw error(fmt::format("{}: \"dtype\" is not a string", where()));
+    const auto& dts = dt->get_ref<const std::string&>();
+    const std::optional<dtype> type = parse_dtype(dts);
+    if (!type) {
+      throw error(fmt::format("{}: unsupported dtype '{}' (supported: F32, F16, BF16, I32, I64)",
+                              where(), dts));
+    }
+    if (!sh->is_array()) throw error(fmt::format("{}: \"shape\" is not an array", where()));
+    tensor_view view;
+    view.name = name;
+    view.dtype = *type;
+    std::size_t numel = 1;
+    for (const auto& d : *sh) {
+      bool ok = true;
+      const std::size_t dim = json_size(d, ok);
+      if (!ok) {
+        throw error(fmt::format("{}: shape entry {} is not a non-negative integer", where(),
+                                d.dump()));
+      }
+      if (mul_overflows(numel, dim, numel)) {
+        throw error(fmt::format("{}: shape {} overflows the element count", where(), sh->dump()));
+      }
+      view.shape.push_back(dim);
+    }
+    std::size_t nbytes = 0;
+    if (mul_overflows(numel, dtype_size(*type), nbytes)) {
+      throw error(fmt::format("{}: shape {} overflows the byte size", where(), sh->dump()));
+    }
+    if (!off->is_array() || off->size() != 2) {
+      throw error(fmt::format("{}: \"data_offsets\" is not an array [begin, end]", where()));
+    }
+    bool ok = true;
+    const std::size_t begin = json_size((*off)[0], ok);
+    const std::size_t end = json_size((*off)[1], ok);
+    if (!ok) {
+      throw error(fmt::format("{}: \"data_offsets\" {} are not non-negative integers", where(),
+                              off->dump()));
+    }
+    if (begin > end) {
+      throw error(fmt::format("{}: data_offsets [{}, {}] have begin > end", where(), begin, end));
+    }
+    if (end > data_section.size()) {
+      throw error(fmt::format(
+          "{}: data_offsets [{}, {}] lie outside the data section ({} bytes; file truncated?)",
+          where(), begin, end, data_section.size()));
+    }
+    if (end - begin != nbytes) {
+      throw error(fmt::format(
+          "{}: data_offsets [{}, {}] hold {} bytes but dtype {} with shape {} needs {} bytes",
+          where(), begin, end, end - begin, dts, shape_string(view.shape), nbytes));
+    }
+    view.data = data_section.subspan(begin, nbytes);
+    ranges.push_back({begin, end, out.tensors.size()});
+    out.tensors.push_back(std::move(view));
+  }
+  // Non-overlapping (empty tensors occupy no bytes and cannot overlap anything).
+  std::erase_if(ranges, [](const range& r) { return r.begin == r.end; });
+  std::sort(ranges.begin(), ranges.end(),
+            [](const range& a, const range& b) { return a.begin < b.begin; });
+  // The authors' rule: the data section is entirely indexed, without holes (no room for a
+  // second payload, as in polyglot files), exactly as their reference implementation checks.
+  std::size_t covered = 0;
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    const auto& b = ranges[i];
+    if (b.begin < covered) {
+      const auto& a = ranges[i - 1];
+      throw error(fmt::format("{}: tensors '{}' [{}, {}] and '{}' [{}, {}] overlap", label,
+                              out.tensors[a.index].name, a.begin, a.end,
+                              out.tensors[b.index].name, b.begin, b.end));
+    }
+    if (b.begin > covered) {
+      throw error(fmt::format("{}: {} unindexed bytes before tensor '{}' at data offset {} (the data "
+                              "section must be covered without holes)",
+                              label, b.begin - covered, out.tensors[b.index].name, covered));
+    }
+    covered = b.end;
+  }
+  if (covered != data_section.size()) {
+    throw error(fmt::format("{}: {} unindexed bytes after the last tensor (data section of {} bytes, "
+                            "tensors cover {})",
+                            label, data_section.size() - covered, data_section.size(), covered));
+  }
+  std::sort(out.tensors.begin(), out.tensors.end(),
+            [](const tensor_view& a, const tensor_view& b) { return a.name < b.name; });
+  return out;
+}
+
+}  // namespace detail
+
+/// A safetensors file, validated and memory-mapped read-only. Tensor views point into the mapping:
+/// nothing is copied until you convert a tensor. Move-only; views stay valid across moves.
+class safetensors_file {
+ public:
+  /// Maps and validates `path`. Throws `specsample::error` naming the file and the problem.
+  [[nodiscard]] static safetensors_file open(const std::filesystem::path& path) {
+    safetensors_file f;
+    f.path_ = path;
+    f.storage_ = mapped_file::open(path);
+    f.init(std::get<mapped_file>(f.storage_).bytes(), path.string());
+    return f;
+  }
+
+  /// Validates an in-memory copy of a file (`label` names it in error messages).
+  [[nodiscard]] static safetensors_file from_bytes(std::vector<std::byte> bytes,
+                                                   std::string label = "<memory>") {
+    safetensors_file f;
+    f.path_ = label;
+    f.storage_ = std::move(bytes);
+    f.init(std::get<std::vector<std::byte>>(f.storage_), label);
+    return f;
+  }
+
+  /// The path (or label) the file was opened from.
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
+  /// All tensors, sorted by name.
+  [[nodiscard]] std::span<const tensor_view> tensors() const noexcept { return header_.tensors; }
+  /// The tensor called `name`, or nullptr.
+  [[nodiscard]] const tensor_view* find(std::string_view name) const noexcept {
+    const auto& ts = header_.tensors;
+    const auto it = std::lower_bound(ts.begin(), ts.end(), name,
+                                     [](const tensor_view& t, std::string_view n) {
+                                       return std::string_view(t.name) < n;
+                                     });
+    return it != ts.end() && it->name == name ? &*it : nullptr;
+  }
+  /// Whether a tensor called `name` exists.
+  [[nodiscard]] bool contains(std::string_view name) const noexcept {
+    return find(name) != nullptr;
+  }
+  /// The tensor called `name`; throws `specsample::error` naming the file if absent.
+  [[nodiscard]] const tensor_view& at(std::string_view name) const {
+    if (const tensor_view* t = find(name)) return *t;
+    throw error(fmt::format("{}: missing tensor '{}'", path_.string(), name));
+  }
+  /// The "__metadata__" map (empty when absent).
+  [[nodiscard]] const std::map<std::string, std::string, std::less<>>& metadata() const noexcept {
+    return header_.metadata;
+  }
+
+ private:
+  void init(std::span<const std::byte> bytes, const std::string& label) {
+    header_ = detail::parse_safetensors(bytes, label);
+  }
+
+  std::filesystem::path path_;
+  std::variant<mapped_file, std::vector<std::byte>> storage_;
+  detail::parsed_header header_;
+};
+
+/// Converts a F32/F16/BF16 tensor to float into `out` (`out.size()` must equal `t.numel()`).
+/// Unaligned data is fine. Throws `specsample::error` for other dtypes or a size mismatch.
+inline void to_float(const tensor_view& t, std::span<float> out) {
+  const std::size_t n = t.numel();
+  if (out.size() != n) {
+    throw error(fmt::format("tensor '{}': output buffer holds {} floats, tensor has {}", t.name,
+                            out.size(), n));
+  }
+  const std::byte* p = t.data.data();
+  switch (t.dtype) {
+    case dtype::f32:
+      if (n != 0) std::memcpy(out.data(), p, n * sizeof(float));
+      return;
+    case dtype::f16:
+      for (std::size_t i = 0; i < n; ++i) {
+        std::uint16_t h = 0;
+        std::memcpy(&h, p + 2 * i, 2);
+        out[i] = f16_to_float(h);
+      }
+      return;
+    case dtype::bf16:
+      for (std::size_t i = 0; i < n; ++i) {
+        std::uint16_t h = 0;
+        std::memcpy(&h, p + 2 * i, 2);
+        out[i] = bf16_to_float(h);
+      }
+      return;
+    case dtype::i32:
+    case dtype::i64:
+      break;
+  }
+  throw error(fmt::format("tensor '{}' has dtype {}, expected a floating-point dtype (F32, F16, "
+                          "BF16)",
+                          t.name, dtype_name(t.dtype)));
+}
+
+/// Converts a F32/F16/BF16 tensor to a float vector (row-major).
+[[nodiscard]] inline std::vector<float> to_float_vector(const tensor_view& t) {
+  if (!is_floating(t.dtype)) {
+    throw error(fmt::format("tensor '{}' has dtype {}, expected a floating-point dtype (F32, "
+                            "F16, BF16)",
+                            t.name, dtype_name(t.dtype)));
+  }
+  std::vector<float> out(t.numel());
+  to_float(t, out);
+  return out;
+}
+
+/// Reads an I32/I64 tensor as int64.
+[[nodiscard]] inline std::vector<std::int64_t> to_int64_vector(const tensor_view& t) {
+  const std::size_t n = t.numel();
+  const std::byte* p = t.data.data();
+  if (t.dtype == dtype::i32) {
+    std::vector<std::int64_t> out(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      std::int32_t v = 0;
+      std::memcpy(&v, p + 4 * i, 4);
+      out[i] = v;
+    }
+    return out;
+  }
+  if (t.dtype == dtype::i64) {
+    std::vector<std::int64_t> out(n);
+    if (n != 0) std::memcpy(out.data(), p, n * 8);
+    return out;
+  }
+  throw error(fmt::format("tensor '{}' has dtype {}, expected an integer dtype (I32, I64)", t.name,
+                          dtype_name(t.dtype)));
+}
+
+/// Reads an I32/I64 tensor as int32; I64 values outside the int32 range are an error.
+[[nodiscard]] inline std::vector<std::int32_t> to_int32_vector(const tensor_view& t) {
+  const std::vector<std::int64_t> wide = to_int64_vector(t);
+  std::vector<std::int32_t> out(wide.size());
+  for (std::size_t i = 0; i < wide.size(); ++i) {
+    if (wide[i] < std::numeric_limits<std::int32_t>::min() ||
+        wide[i] > std::numeric_limits<std::int32_t>::max()) {
+      throw error(fmt::format("tensor '{}': element {} = {} does not fit in int32", t.name, i,
+                              wide[i]));
+    }
+    out[i] = static_cast<std::int32_t>(wide[i]);
+  }
+  return out;
+}
+
+// --- writer ---------------------------------------------------------------------------------------
+
+/// An owned tensor to write: raw little-endian bytes of `dtype` with row-major `shape`.
+struct tensor_data {
+  std::string name;
+  io::dtype dtype = io::dtype::f32;
+  std::vector<std::size_t> shape;
+  std::vector<std::byte> data;
+};
+
+/// Makes a tensor from floats, stored as F32, F16 or BF16 (round to nearest even).
+[[nodiscard]] inline tensor_data make_tensor(std::string name, std::vector<std::size_t> shape,
+                                             std::span<const float> values,
+                                             io::dtype type = io::dtype::f32) {
+  if (!is_floating(type)) {
+    throw error(fmt::format("make_tensor '{}': dtype {} is not a floating-point dtype", name,
+                            dtype_name(type)));
+  }
+  tensor_data t{std::move(name), type, std::move(shape), {}};
+  t.data.resize(values.size() * dtype_size(type));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (type == dtype::f32) {
+      std::memcpy(t.data.data() + 4 * i, &values[i], 4);
+    } else {
+      const std::uint16_t h = type == dtype::f16 ? float_to_f16(values[i]) : float_to_bf16(values[i]);
+      std::memcpy(t.data.data() + 2 * i, &h, 2);
+    }
+  }
+  return t;
+}
+
+/// Makes an I32 tensor.
+[[nodiscard]] inline tensor_data make_tensor(std::string name, std::vector<std::size_t> shape,
+                                             std::span<const std::int32_t> values) {
+  tensor_data t{std::move(name), dtype::i32, std::move(shape), {}};
+  t.data.resize(values.size() * 4);
+  if (!values.empty()) std::memcpy(t.data.data(), values.data(), t.data.size());
+  return t;
+}
+
+/// Makes an I64 tensor.
+[[nodiscard]] inline tensor_data make_tensor(std::string name, std::vector<std::size_t> shape,
+                                             std::span<const std::int64_t> values) {
+  tensor_data t{std::move(name), dtype::i64, std::move(shape), {}};
+  t.data.resize(values.size() * 8);
+  if (!values.empty()) std::memcpy(t.data.data(), values.data(), t.data.size());
+  return t;
+}
+
+/// An owned copy of a view (e.g. to rewrite a file with some tensors changed).
+[[nodiscard]] inline tensor_data to_tensor_data(const tensor_view& v) {
+  return {v.name, v.dtype, v.shape, std::vector<std::byte>(v.data.begin(), v.data.end())};
+}
+
+/// Serializes tensors (in the given order, contiguous) and optional metadata to safetensors bytes.
+/// The header is padded with spaces so the data section starts 8-byte aligned.
+[[nodiscard]] inline std::vector<std::byte> serialize_safetensors(
+    std::span<const tensor_data> tensors,
+    const std::map<std::string, std::string, std::less<>>& metadata = {}) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::size_t offset = 0;
+  for (const tensor_data& t : tensors) {
+    if (t.name == "__metadata__" || header.contains(t.name)) {
+      throw error(fmt::format("write_safetensors: duplicate or reserved tensor name '{}'", t.name));
+    }
+    std::size_t numel = 1;
+    for (const std::size_t d : t.shape) numel *= d;
+    if (numel * dtype_size(t.dtype) != t.data.size()) {
+      throw error(fmt::format(
+          "write_safetensors: tensor '{}' has {} bytes but dtype {} with shape {} needs {}",
+          t.name, t.data.size(), dtype_name(t.dtype), detail::shape_string(t.shape),
+          numel * dtype_size(t.dtype)));
+    }
+    header[t.name] = {{"dtype", std::string(dtype_name(t.dtype))},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + t.data.size()}}};
+    offset += t.data.size();
+  }
+  std::string text = header.dump();
+  text.append((8 - (text.size() % 8)) % 8, ' ');
+  std::vector<std::byte> out(8 + text.size() + offset);
+  const std::uint64_t n = text.size();
+  std::memcpy(out.data(), &n, 8);
+  std::memcpy(out.data() + 8, text.data(), text.size());
+  std::size_t pos = 8 + text.size();
+  for (const tensor_data& t : tensors) {
+    if (!t.data.empty()) std::memcpy(out.data() + pos, t.data.data(), t.data.size());
+    pos += t.data.size();
+  }
+  return out;
+}
+
+/// Writes tensors (and optional metadata) to `path` as safetensors. Throws `specsample::error` on
+/// I/O failure, duplicate names or a tensor whose bytes do not match its dtype and shape.
+inline void write_safetensors(const std::filesystem::path& path,
+                              std::span<const tensor_data> tensors,
+                              const std::map<std::string, std::string, std::less<>>& metadata = {}) {
+  const std::vector<std::byte> bytes = serialize_safetensors(tensors, metadata);
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) throw error(fmt::format("{}: cannot open for writing", path.string()));
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  if (!f) throw error(fmt::format("{}: write failed", path.string()));
+}
+
+}  // namespace specsample::io

@@ -1,0 +1,139 @@
+#pragma once
+/// @file config.hpp
+/// GPT-2 hyper-parameters (Hugging Face `config.json`) and load options.
+
+#include <specsample/error.hpp>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <utility>
+
+namespace specsample::gpt2 {
+
+/// Options for `model::load`.
+struct options {
+  /// Worker threads for the kernels (the calling thread included); 0 = all hardware threads.
+  /// Results are bitwise identical for every thread count.
+  std::size_t threads = 0;
+  /// Positions per `append` the scratch buffers are sized for at load; a bigger batch grows them
+  /// once (an allocation), after which appends up to that size allocate nothing.
+  std::size_t batch_capacity = 16;
+};
+
+/// GPT-2 hyper-parameters, as in a Hugging Face `config.json`.
+struct config {
+  std::size_t n_layer = 0;      ///< transformer blocks
+  std::size_t n_head = 0;       ///< attention heads per block
+  std::size_t n_embd = 0;       ///< channels C
+  std::size_t n_positions = 0;  ///< longest context P (learned positions)
+  std::size_t vocab_size = 0;   ///< V
+  std::size_t n_inner = 0;      ///< MLP hidden width (4 C when the file says null)
+  float layer_norm_epsilon = 1e-5f;
+
+  /// Upper bound on every size (keeps all products of sizes far from overflow).
+  static constexpr std::size_t max_dimension = std::size_t{1} << 24;
+
+  /// Channels per head (n_embd / n_head).
+  [[nodiscard]] std::size_t head_dim() const noexcept { return n_embd / n_head; }
+
+  /// Throws `specsample::error` (prefixed with `source`) unless all sizes are positive and
+  /// n_embd is divisible by n_head.
+  void validate(const std::string& source = "config") const {
+    const auto positive = [&](std::size_t v, const char* name) {
+      if (v == 0) throw error(fmt::format("{}: {} must be positive", source, name));
+    };
+    positive(n_layer, "n_layer");
+    positive(n_head, "n_head");
+    positive(n_embd, "n_embd");
+    positive(n_positions, "n_positions");
+    positive(vocab_size, "vocab_size");
+    positive(n_inner, "n_inner");
+    for (const auto& [v, name] : {std::pair{n_layer, "n_layer"}, std::pair{n_head, "n_head"},
+                                  std::pair{n_embd, "n_embd"}, std::pair{n_positions, "n_positions"},
+                                  std::pair{vocab_size, "vocab_size"}, std::pair{n_inner, "n_inner"}}) {
+      if (v > max_dimension) {
+        throw error(fmt::format("{}: {} = {} is implausibly large (limit {})", source, name, v,
+                                max_dimension));
+      }
+    }
+    if (n_embd % n_head != 0) {
+      throw error(fmt::format("{}: n_embd = {} is not divisible by n_head = {}", source, n_embd,
+                              n_head));
+    }
+    if (!(layer_norm_epsilon > 0.0f)) {
+      throw error(fmt::format("{}: layer_norm_epsilon must be positive", source));
+    }
+    if (vocab_size > static_cast<std::size_t>(INT32_MAX)) {
+      throw error(fmt::format("{}: vocab_size = {} does not fit the int32 token type", source,
+                              vocab_size));
+    }
+  }
+
+  /// Reads the GPT-2 fields of a parsed `config.json` (`source` names it in errors):
+  /// n_layer, n_head, n_embd, n_positions (else n_ctx), vocab_size, layer_norm_epsilon (default
+  /// 1e-5), activation_function ("gelu_new" or "gelu_pytorch_tanh" when present), n_inner (null/absent = 4 C).
+  [[nodiscard]] static config from_json(const nlohmann::json& j,
+                                        const std::string& source = "config.json") {
+    if (!j.is_object()) throw error(fmt::format("{}: not a JSON object", source));
+    const auto size_field = [&](const char* name) -> std::size_t {
+      const auto it = j.find(name);
+      if (it == j.end()) throw error(fmt::format("{}: missing field \"{}\"", source, name));
+      if (!it->is_number_unsigned() || it->get<std::uint64_t>() == 0) {
+        throw error(fmt::format("{}: \"{}\" must be a positive integer, got {}", source, name,
+                                it->dump()));
+      }
+      const auto v = it->get<std::uint64_t>();
+      return static_cast<std::size_t>(v);
+    };
+    config c;
+    c.n_layer = size_field("n_layer");
+    c.n_head = size_field("n_head");
+    c.n_embd = size_field("n_embd");
+    c.n_positions = j.contains("n_positions") ? size_field("n_positions") : size_field("n_ctx");
+    c.vocab_size = size_field("vocab_size");
+    if (const auto it = j.find("n_inner"); it != j.end() && !it->is_null()) {
+      c.n_inner = size_field("n_inner");
+    } else {
+      c.n_inner = 4 * c.n_embd;
+    }
+    if (const auto it = j.find("layer_norm_epsilon"); it != j.end()) {
+      if (!it->is_number() || !(it->get<double>() > 0.0)) {
+        throw error(fmt::format("{}: \"layer_norm_epsilon\" must be a positive number, got {}",
+                                source, it->dump()));
+      }
+      c.layer_norm_epsilon = static_cast<float>(it->get<double>());
+    }
+    if (const auto it = j.find("activation_function"); it != j.end() && !it->is_null()) {
+      // "gelu_pytorch_tanh" is the same tanh approximation under its newer transformers name.
+      if (!it->is_string() ||
+          (it->get<std::string>() != "gelu_new" && it->get<std::string>() != "gelu_pytorch_tanh")) {
+        throw error(fmt::format("{}: activation_function {} is not supported (only the tanh GELU: "
+                                "\"gelu_new\" or \"gelu_pytorch_tanh\")",
+                                source, it->dump()));
+      }
+    }
+    c.validate(source);
+    return c;
+  }
+
+  /// Reads and validates `path` (a Hugging Face GPT-2 `config.json`).
+  [[nodiscard]] static config load(const std::filesystem::path& path) {
+    std::ifstream f(path);
+    if (!f) throw error(fmt::format("{}: cannot open config file", path.string()));
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(f);
+    } catch (const nlohmann::json::exception& e) {
+      throw error(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
+    }
+    return from_json(j, path.string());
+  }
+};
+
+}  // namespace specsample::gpt2

@@ -1,0 +1,232 @@
+#pragma once
+/// @file model.hpp
+/// The GPT-2 language model: weights + KV cache + batched forward pass. Models
+/// `specsample::language_model`.
+
+#include <specsample/concepts.hpp>
+#include <specsample/error.hpp>
+#include <specsample/io/safetensors.hpp>
+#include <specsample/models/gpt2/config.hpp>
+#include <specsample/models/gpt2/kernels.hpp>
+#include <specsample/models/gpt2/weights.hpp>
+
+#include <Eigen/Core>
+#include <fmt/format.h>
+#include <xtensor/xtensor.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <utility>
+
+namespace specsample::gpt2 {
+
+/// Keys and values of every layer for the positions in the context.
+struct kv_cache {
+  xt::xtensor<float, 3> k;  // (L, P, C)
+  xt::xtensor<float, 3> v;  // (L, P, C)
+  std::size_t length = 0;   ///< valid positions; rows past it are stale and ignored
+
+  /// Allocates room for `n_layer` × `n_positions` × `n_embd` keys and values (uninitialised).
+  kv_cache(std::size_t n_layer, std::size_t n_positions, std::size_t n_embd)
+      : k(xt::xtensor<float, 3>::from_shape({n_layer, n_positions, n_embd})),
+        v(xt::xtensor<float, 3>::from_shape({n_layer, n_positions, n_embd})) {}
+
+  /// Layer `l`'s keys, (P, C).
+  [[nodiscard]] std::span<float> keys(std::size_t l) noexcept {
+    return {k.data() + l * k.shape(1) * k.shape(2), k.shape(1) * k.shape(2)};
+  }
+  /// Layer `l`'s values, (P, C).
+  [[nodiscard]] std::span<float> values(std::size_t l) noexcept {
+    return {v.data() + l * v.shape(1) * v.shape(2), v.shape(1) * v.shape(2)};
+  }
+};
+
+/// A GPT-2 model with a KV cache on CPU.
+///
+/// Storage: weights and the KV cache live in xtensor containers (F32); the kernels work on spans
+/// and Eigen maps over that same memory, so nothing is copied between the two views.
+/// `append` runs all new positions in one batched pass; the logits of a position are bitwise
+/// identical whether it is appended alone or in a batch, and for every thread count.
+class model {
+ public:
+  /// Loads `dir/config.json` and `dir/model.safetensors` (a Hugging Face GPT-2 directory).
+  /// Throws `specsample::error` naming the file and the problem.
+  [[nodiscard]] static model load(const std::filesystem::path& dir, options opts = {}) {
+    const std::filesystem::path config_path = dir / "config.json";
+    const std::filesystem::path weights_path = dir / "model.safetensors";
+    gpt2::config cfg = gpt2::config::load(config_path);
+    const io::safetensors_file file = io::safetensors_file::open(weights_path);
+    gpt2::weights w = gpt2::weights::load(file, cfg, config_path.string());
+    return model(cfg, std::move(w), opts);
+  }
+
+  /// Builds a model from parameters already in memory (they must match `cfg`).
+  model(const gpt2::config& cfg, gpt2::weights w, options opts = {})
+      : cfg_(validated(cfg)),
+        w_(std::move(w)),
+        pool_(std::make_unique<thread_pool>(opts.threads)),
+        cache_(cfg.n_layer, cfg.n_positions, cfg.n_embd) {
+    const std::size_t L = cfg_.n_layer, P = cfg_.n_positions, C = cfg_.n_embd;
+    if (w_.layers.size() != L || w_.wte.shape(0) != cfg_.vocab_size || w_.wte.shape(1) != C ||
+        w_.wpe.shape(0) != P || w_.wpe.shape(1) != C) {
+      throw error("gpt2::model: weights do not match the config");
+    }
+    att_ = xt::xtensor<float, 2>::from_shape({pool_->size(), P});
+    reserve(std::min(std::max<std::size_t>(opts.batch_capacity, 1), P));
+  }
+
+  model(model&&) noexcept = default;
+  model& operator=(model&&) noexcept = default;
+  model(const model&) = delete;
+  model& operator=(const model&) = delete;
+  ~model() = default;
+
+  /// The hyper-parameters.
+  [[nodiscard]] const gpt2::config& config() const noexcept { return cfg_; }
+  /// The parameters (F32).
+  [[nodiscard]] const gpt2::weights& weights() const noexcept { return w_; }
+  /// Vocabulary size V.
+  [[nodiscard]] std::size_t vocab_size() const noexcept { return cfg_.vocab_size; }
+  /// Tokens currently in the context (KV cache).
+  [[nodiscard]] std::size_t size() const noexcept { return cache_.length; }
+  /// Longest context: n_positions.
+  [[nodiscard]] std::size_t max_size() const noexcept { return cfg_.n_positions; }
+  /// Worker threads used by the kernels (the caller included).
+  [[nodiscard]] std::size_t threads() const noexcept { return pool_->size(); }
+
+  /// Grows the scratch buffers so that appends of up to `batch` tokens allocate nothing.
+  void reserve(std::size_t batch) {
+    if (batch <= capacity_) return;
+    const std::size_t C = cfg_.n_embd;
+    x_ = xt::xtensor<float, 2>::from_shape({batch, C});
+    ln_ = xt::xtensor<float, 2>::from_shape({batch, C});
+    qkv_ = xt::xtensor<float, 2>::from_shape({batch, 3 * C});
+    atty_ = xt::xtensor<float, 2>::from_shape({batch, C});
+    proj_ = xt::xtensor<float, 2>::from_shape({batch, C});
+    fc_ = xt::xtensor<float, 2>::from_shape({batch, cfg_.n_inner});
+    logits_ = xt::xtensor<float, 2>::from_shape({batch, cfg_.vocab_size});
+    capacity_ = batch;
+  }
+
+  /// Appends `tokens` to the context in one batched forward pass and returns their logits,
+  /// (V, n) column-major: column j is the next-token logits after tokens[0..j].
+  ///
+  /// The map points into an internal buffer: it stays valid until the next `append`, `truncate`
+  /// or `reserve` (copy it into an `Eigen::MatrixXf` to keep it). No heap allocation happens
+  /// when n is within the reserved batch capacity. Throws `specsample::error` before touching
+  /// any state when a token id is outside [0, V) or the context would exceed n_positions.
+  Eigen::Map<const Eigen::MatrixXf> append(std::span<const token> tokens) {
+    const std::size_t T = tokens.size();
+    const std::size_t V = cfg_.vocab_size, C = cfg_.n_embd, P = cfg_.n_positions;
+    const std::size_t NH = cfg_.n_head, I = cfg_.n_inner;
+    if (T > P - cache_.length) {
+      throw error(fmt::format("gpt2: cannot append {} tokens to a context of {}: that would "
+                              "exceed the model's n_positions = {}",
+                              T, cache_.length, P));
+    }
+    for (std::size_t t = 0; t < T; ++t) {
+      if (tokens[t] < 0 || static_cast<std::size_t>(tokens[t]) >= V) {
+        throw error(fmt::format("gpt2: token id {} (at index {}) is out of range for vocab_size {}",
+                                tokens[t], t, V));
+      }
+    }
+    const auto rows = static_cast<Eigen::Index>(V);
+    if (T == 0) return {logits_.data(), rows, 0};
+    reserve(T);
+
+    thread_pool* pool = pool_.get();
+    const std::size_t pos0 = cache_.length;
+    const auto buf = [T](xt::xtensor<float, 2>& b) {
+      return std::span<float>(b.data(), T * b.shape(1));
+    };
+    const auto cbuf = [T](const xt::xtensor<float, 2>& b) {
+      return std::span<const float>(b.data(), T * b.shape(1));
+    };
+    const auto vec = [](const auto& a) { return std::span<const float>(a.data(), a.size()); };
+
+    kernels::embed(buf(x_), tokens, vec(w_.wte), vec(w_.wpe), pos0, C);
+    for (std::size_t l = 0; l < cfg_.n_layer; ++l) {
+      const layer_weights& lw = w_.layers[l];
+      const std::span<float> k_layer = cache_.keys(l);    // (P, C)
+      const std::span<float> v_layer = cache_.values(l);  // (P, C)
+      kernels::layer_norm(buf(ln_), cbuf(x_), vec(lw.ln_1_weight), vec(lw.ln_1_bias), T, C,
+                          cfg_.layer_norm_epsilon);
+      kernels::matmul(buf(qkv_), cbuf(ln_), vec(lw.attn_qkv_weight), vec(lw.attn_qkv_bias), T, C,
+                      3 * C, pool);
+      store_kv(k_layer, v_layer, pos0, T);
+      kernels::attention(buf(atty_), cbuf(qkv_), k_layer, v_layer,
+                         {att_.data(), att_.size()}, pos0, T, C, NH, pool);
+      kernels::matmul(buf(proj_), cbuf(atty_), vec(lw.attn_proj_weight), vec(lw.attn_proj_bias),
+                      T, C, C, pool);
+      kernels::residual_add(buf(x_), cbuf(proj_));
+      kernels::layer_norm(buf(ln_), cbuf(x_), vec(lw.ln_2_weight), vec(lw.ln_2_bias), T, C,
+                          cfg_.layer_norm_epsilon);
+      kernels::matmul(buf(fc_), cbuf(ln_), vec(lw.mlp_fc_weight), vec(lw.mlp_fc_bias), T, C, I,
+                      pool);
+      kernels::gelu(buf(fc_), cbuf(fc_));
+      kernels::matmul(buf(proj_), cbuf(fc_), vec(lw.mlp_proj_weight), vec(lw.mlp_proj_bias), T, I,
+                      C, pool);
+      kernels::residual_add(buf(x_), cbuf(proj_));
+    }
+    kernels::layer_norm(buf(ln_), cbuf(x_), vec(w_.ln_f_weight), vec(w_.ln_f_bias), T, C,
+                        cfg_.layer_norm_epsilon);
+    // logits (T, V) row-major == (V, T) column-major.
+    kernels::matmul(buf(logits_), cbuf(ln_), vec(w_.output_embedding()), {}, T, C, V, pool);
+    cache_.length += T;
+    return {logits_.data(), rows, static_cast<Eigen::Index>(T)};
+  }
+
+  /// Keeps the first `n` tokens of the context (O(1): the cache rows past n are just ignored).
+  /// Throws `specsample::error` when n > size().
+  void truncate(std::size_t n) {
+    if (n > cache_.length) {
+      throw error(fmt::format("gpt2: cannot truncate to {} tokens: the context holds only {}", n,
+                              cache_.length));
+    }
+    cache_.length = n;
+  }
+
+ private:
+  static const gpt2::config& validated(const gpt2::config& cfg) {
+    cfg.validate("gpt2::model");
+    return cfg;
+  }
+
+  using row_major = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+  /// Copies the new keys and values (columns [C, 3C) of qkv) into cache rows [pos0, pos0 + T).
+  void store_kv(std::span<float> k_layer, std::span<float> v_layer, std::size_t pos0,
+                std::size_t T) {
+    const auto c = static_cast<Eigen::Index>(cfg_.n_embd);
+    const auto t = static_cast<Eigen::Index>(T);
+    using strided = Eigen::Map<const row_major, 0, Eigen::OuterStride<>>;
+    const strided k_new(qkv_.data() + c, t, c, Eigen::OuterStride<>(3 * c));
+    const strided v_new(qkv_.data() + 2 * c, t, c, Eigen::OuterStride<>(3 * c));
+    Eigen::Map<row_major>(k_layer.data() + pos0 * cfg_.n_embd, t, c) = k_new;
+    Eigen::Map<row_major>(v_layer.data() + pos0 * cfg_.n_embd, t, c) = v_new;
+  }
+
+  gpt2::config cfg_;
+  gpt2::weights w_;
+  std::unique_ptr<thread_pool> pool_;
+  std::size_t capacity_ = 0;
+  kv_cache cache_;                 // (L, P, C) keys and values + length
+  xt::xtensor<float, 2> att_;      // (workers, P) attention scores scratch
+  // Activations for up to capacity_ positions (B = capacity_):
+  xt::xtensor<float, 2> x_;       // (B, C) residual stream
+  xt::xtensor<float, 2> ln_;      // (B, C) layer-norm output
+  xt::xtensor<float, 2> qkv_;     // (B, 3C)
+  xt::xtensor<float, 2> atty_;    // (B, C) attention output
+  xt::xtensor<float, 2> proj_;    // (B, C) projection output
+  xt::xtensor<float, 2> fc_;      // (B, I) MLP hidden
+  xt::xtensor<float, 2> logits_;  // (B, V) == logits (V, B) column-major
+};
+
+static_assert(language_model<model>,
+              "gpt2::model must model specsample::language_model (vocab_size, size, append, "
+              "truncate)");
+
+}  // namespace specsample::gpt2

@@ -1,0 +1,251 @@
+#pragma once
+/// @file weights.hpp
+/// GPT-2 parameters in memory (F32 xtensor containers) and their loader from a Hugging Face
+/// `model.safetensors` (F32, F16 or BF16; with or without the `transformer.` prefix).
+
+#include <specsample/error.hpp>
+#include <specsample/io/safetensors.hpp>
+#include <specsample/models/gpt2/config.hpp>
+
+#include <fmt/format.h>
+#include <xtensor/xtensor.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace specsample::gpt2 {
+
+/// One transformer block. Matmul weights are stored (OC, C) — transposed from HF Conv1D's
+/// [C, OC] — so every output channel is one contiguous dot product.
+struct layer_weights {
+  xt::xtensor<float, 1> ln_1_weight, ln_1_bias;  // (C)
+  xt::xtensor<float, 2> attn_qkv_weight;         // (3C, C)   HF attn.c_attn.weight [C, 3C]
+  xt::xtensor<float, 1> attn_qkv_bias;           // (3C)
+  xt::xtensor<float, 2> attn_proj_weight;        // (C, C)    HF attn.c_proj.weight [C, C]
+  xt::xtensor<float, 1> attn_proj_bias;          // (C)
+  xt::xtensor<float, 1> ln_2_weight, ln_2_bias;  // (C)
+  xt::xtensor<float, 2> mlp_fc_weight;           // (I, C)    HF mlp.c_fc.weight [C, I], I = n_inner
+  xt::xtensor<float, 1> mlp_fc_bias;             // (I)
+  xt::xtensor<float, 2> mlp_proj_weight;         // (C, I)    HF mlp.c_proj.weight [I, C]
+  xt::xtensor<float, 1> mlp_proj_bias;           // (C)
+};
+
+/// All GPT-2 parameters as F32.
+struct weights {
+  xt::xtensor<float, 2> wte;  // (V, C) token embedding, also the tied output projection
+  xt::xtensor<float, 2> wpe;  // (P, C) position embedding
+  std::vector<layer_weights> layers;
+  xt::xtensor<float, 1> ln_f_weight, ln_f_bias;  // (C)
+  xt::xtensor<float, 2> lm_head;                 // (V, C) when the file has lm_head.weight, else empty
+
+  /// The (V, C) matrix the logits are computed with: lm_head when present, else wte (tied).
+  [[nodiscard]] const xt::xtensor<float, 2>& output_embedding() const noexcept {
+    return lm_head.size() != 0 ? lm_head : wte;
+  }
+
+  /// Number of parameters held (a separate lm_head counted once).
+  [[nodiscard]] std::size_t parameter_count() const noexcept {
+    std::size_t n = wte.size() + wpe.size() + ln_f_weight.size() + ln_f_bias.size() + lm_head.size();
+    for (const layer_weights& l : layers) {
+      n += l.ln_1_weight.size() + l.ln_1_bias.size() + l.attn_qkv_weight.size() +
+           l.attn_qkv_bias.size() + l.attn_proj_weight.size() + l.attn_proj_bias.size() +
+           l.ln_2_weight.size() + l.ln_2_bias.size() + l.mlp_fc_weight.size() + l.mlp_fc_bias.size() +
+           l.mlp_proj_weight.size() + l.mlp_proj_bias.size();
+    }
+    return n;
+  }
+
+  /// Loads and checks every tensor against `cfg` (`config_name` names the config in errors).
+  /// Accepts keys with or without the `transformer.` prefix, ignores `h.N.attn.bias` /
+  /// `h.N.attn.masked_bias` buffers and anything else unknown, uses `lm_head.weight` when present.
+  /// Every shape is validated before anything is allocated. Throws `specsample::error` naming
+  /// the file, the tensor, and the expected and actual shape.
+  [[nodiscard]] static weights load(const io::safetensors_file& file, const config& cfg,
+                                    const std::string& config_name = "config.json");
+};
+
+namespace detail {
+
+/// Converts `n` elements of a floating-point tensor starting at element `first` into `out`.
+inline void convert_floats(const io::tensor_view& t, std::size_t first, std::size_t n, float* out) {
+  const std::byte* p = t.data.data();
+  switch (t.dtype) {
+    case io::dtype::f32:
+      std::memcpy(out, p + 4 * first, 4 * n);
+      return;
+    case io::dtype::f16:
+      for (std::size_t i = 0; i < n; ++i) {
+        std::uint16_t h = 0;
+        std::memcpy(&h, p + 2 * (first + i), 2);
+        out[i] = io::f16_to_float(h);
+      }
+      return;
+    case io::dtype::bf16:
+      for (std::size_t i = 0; i < n; ++i) {
+        std::uint16_t h = 0;
+        std::memcpy(&h, p + 2 * (first + i), 2);
+        out[i] = io::bf16_to_float(h);
+      }
+      return;
+    default:
+      break;
+  }
+}
+
+/// Looks tensors up with the checkpoint's prefix and checks dtype and shape.
+class tensor_loader {
+ public:
+  tensor_loader(const io::safetensors_file& file, const config& cfg, std::string config_name)
+      : file_(file), cfg_(cfg), config_name_(std::move(config_name)) {
+    if (file.contains("transformer.wte.weight")) {
+      prefix_ = "transformer.";
+    } else if (!file.contains("wte.weight")) {
+      throw error(fmt::format("{}: missing tensor 'wte.weight' (also looked for "
+                              "'transformer.wte.weight'): not a GPT-2 checkpoint?",
+                              file.path().string()));
+    }
+  }
+
+  /// The checked view of `name` (prefixed unless `top_level`) with the expected shape.
+  const io::tensor_view& get(const std::string& name, std::vector<std::size_t> shape,
+                             bool top_level = false) const {
+    const std::string key = top_level ? name : prefix_ + name;
+    const io::tensor_view* t = file_.find(key);
+    if (t == nullptr) {
+      throw error(fmt::format("{}: missing tensor '{}' (expected shape {})", file_.path().string(),
+                              key, io::detail::shape_string(shape)));
+    }
+    if (!io::is_floating(t->dtype)) {
+      throw error(fmt::format("{}: tensor '{}' has dtype {}, expected F32, F16 or BF16",
+                              file_.path().string(), key, io::dtype_name(t->dtype)));
+    }
+    if (t->shape != shape) {
+      throw error(fmt::format("{}: tensor '{}' has shape {}, expected {} (from {}: n_layer={}, "
+                              "n_head={}, n_embd={}, n_positions={}, vocab_size={}, n_inner={}); "
+                              "the config does not match the tensors",
+                              file_.path().string(), key, io::detail::shape_string(t->shape),
+                              io::detail::shape_string(shape), config_name_, cfg_.n_layer,
+                              cfg_.n_head, cfg_.n_embd, cfg_.n_positions, cfg_.vocab_size,
+                              cfg_.n_inner));
+    }
+    return *t;
+  }
+
+  /// Loads `name` as is (1-D or 2-D, same layout as the file).
+  template <std::size_t N>
+  void load(xt::xtensor<float, N>& dst, const std::string& name, std::vector<std::size_t> shape,
+            bool top_level = false) const {
+    const io::tensor_view& t = get(name, shape, top_level);
+    typename xt::xtensor<float, N>::shape_type s;
+    std::copy(shape.begin(), shape.end(), s.begin());
+    dst = xt::xtensor<float, N>::from_shape(s);
+    convert_floats(t, 0, t.numel(), dst.data());
+  }
+
+  /// Loads an HF Conv1D weight [in, out] transposed to (out, in).
+  void load_transposed(xt::xtensor<float, 2>& dst, const std::string& name, std::size_t in,
+                       std::size_t out) const {
+    const io::tensor_view& t = get(name, {in, out});
+    dst = xt::xtensor<float, 2>::from_shape({out, in});
+    std::vector<float> row(out);
+    float* d = dst.data();
+    for (std::size_t i = 0; i < in; ++i) {
+      convert_floats(t, i * out, out, row.data());
+      for (std::size_t o = 0; o < out; ++o) d[o * in + i] = row[o];
+    }
+  }
+
+  /// Throws if the file has blocks beyond n_layer (the config disagrees with the tensors).
+  void check_no_extra_layers() const {
+    const std::string h = prefix_ + "h.";
+    for (const io::tensor_view& t : file_.tensors()) {
+      if (t.name.rfind(h, 0) != 0) continue;
+      std::size_t layer = 0;
+      std::size_t i = h.size();
+      bool digits = false;
+      while (i < t.name.size() && t.name[i] >= '0' && t.name[i] <= '9' && layer < (1u << 20)) {
+        layer = layer * 10 + static_cast<std::size_t>(t.name[i] - '0');
+        digits = true;
+        ++i;
+      }
+      if (digits && layer >= cfg_.n_layer) {
+        throw error(fmt::format("{}: tensor '{}' belongs to block {} but {} says n_layer = {}; "
+                                "the config does not match the tensors",
+                                file_.path().string(), t.name, layer, config_name_, cfg_.n_layer));
+      }
+    }
+  }
+
+  [[nodiscard]] const io::safetensors_file& file() const noexcept { return file_; }
+
+ private:
+  const io::safetensors_file& file_;
+  const config& cfg_;
+  std::string config_name_;
+  std::string prefix_;
+};
+
+}  // namespace detail
+
+inline weights weights::load(const io::safetensors_file& file, const config& cfg,
+                             const std::string& config_name) {
+  const detail::tensor_loader ld(file, cfg, config_name);
+  const std::size_t C = cfg.n_embd, V = cfg.vocab_size, P = cfg.n_positions, I = cfg.n_inner;
+  const bool has_lm_head = file.contains("lm_head.weight");
+
+  // Pass 1: every shape and dtype, before allocating anything.
+  ld.check_no_extra_layers();
+  (void)ld.get("wte.weight", {V, C});
+  (void)ld.get("wpe.weight", {P, C});
+  for (std::size_t l = 0; l < cfg.n_layer; ++l) {
+    const std::string h = fmt::format("h.{}.", l);
+    (void)ld.get(h + "ln_1.weight", {C});
+    (void)ld.get(h + "ln_1.bias", {C});
+    (void)ld.get(h + "attn.c_attn.weight", {C, 3 * C});
+    (void)ld.get(h + "attn.c_attn.bias", {3 * C});
+    (void)ld.get(h + "attn.c_proj.weight", {C, C});
+    (void)ld.get(h + "attn.c_proj.bias", {C});
+    (void)ld.get(h + "ln_2.weight", {C});
+    (void)ld.get(h + "ln_2.bias", {C});
+    (void)ld.get(h + "mlp.c_fc.weight", {C, I});
+    (void)ld.get(h + "mlp.c_fc.bias", {I});
+    (void)ld.get(h + "mlp.c_proj.weight", {I, C});
+    (void)ld.get(h + "mlp.c_proj.bias", {C});
+  }
+  (void)ld.get("ln_f.weight", {C});
+  (void)ld.get("ln_f.bias", {C});
+  if (has_lm_head) (void)ld.get("lm_head.weight", {V, C}, /*top_level=*/true);
+
+  // Pass 2: convert.
+  weights w;
+  ld.load(w.wte, "wte.weight", {V, C});
+  ld.load(w.wpe, "wpe.weight", {P, C});
+  w.layers.resize(cfg.n_layer);
+  for (std::size_t l = 0; l < cfg.n_layer; ++l) {
+    const std::string h = fmt::format("h.{}.", l);
+    layer_weights& lw = w.layers[l];
+    ld.load(lw.ln_1_weight, h + "ln_1.weight", {C});
+    ld.load(lw.ln_1_bias, h + "ln_1.bias", {C});
+    ld.load_transposed(lw.attn_qkv_weight, h + "attn.c_attn.weight", C, 3 * C);
+    ld.load(lw.attn_qkv_bias, h + "attn.c_attn.bias", {3 * C});
+    ld.load_transposed(lw.attn_proj_weight, h + "attn.c_proj.weight", C, C);
+    ld.load(lw.attn_proj_bias, h + "attn.c_proj.bias", {C});
+    ld.load(lw.ln_2_weight, h + "ln_2.weight", {C});
+    ld.load(lw.ln_2_bias, h + "ln_2.bias", {C});
+    ld.load_transposed(lw.mlp_fc_weight, h + "mlp.c_fc.weight", C, I);
+    ld.load(lw.mlp_fc_bias, h + "mlp.c_fc.bias", {I});
+    ld.load_transposed(lw.mlp_proj_weight, h + "mlp.c_proj.weight", I, C);
+    ld.load(lw.mlp_proj_bias, h + "mlp.c_proj.bias", {C});
+  }
+  ld.load(w.ln_f_weight, "ln_f.weight", {C});
+  ld.load(w.ln_f_bias, "ln_f.bias", {C});
+  if (has_lm_head) ld.load(w.lm_head, "lm_head.weight", {V, C}, /*top_level=*/true);
+  return w;
+}
+
+}  // namespace specsample::gpt2

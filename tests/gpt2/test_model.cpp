@@ -1,0 +1,507 @@
+#include <specsample/gpt2.hpp>
+#include <specsample/io/safetensors.hpp>
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <new>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+// --- allocation counter (for the steady-state "append allocates nothing" test) ------------------
+// Counts every global operator new in this executable. Eigen's own aligned allocations go through
+// malloc and are not counted; the model does not make any (it only maps existing buffers).
+// GCC flags free() in a replacement operator delete as "mismatched" with operator new: it is
+// not, both replacements below go through malloc/free.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+namespace {
+std::atomic<long> g_allocations{0};
+}
+void* operator new(std::size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return operator new(n); }
+void* operator new(std::size_t n, std::align_val_t a) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  const auto al = static_cast<std::size_t>(a);
+  if (void* p = std::aligned_alloc(al, (std::max<std::size_t>(n, 1) + al - 1) / al * al)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n, std::align_val_t a) { return operator new(n, a); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  return std::malloc(n == 0 ? 1 : n);
+}
+void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return operator new(n, t); }
+void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  const auto al = static_cast<std::size_t>(a);
+  return std::aligned_alloc(al, (std::max<std::size_t>(n, 1) + al - 1) / al * al);
+}
+void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t& t) noexcept {
+  return operator new(n, a, t);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+namespace gpt2 = specsample::gpt2;
+namespace io = specsample::io;
+namespace fs = std::filesystem;
+using specsample::token;
+
+static_assert(specsample::language_model<gpt2::model>);
+
+namespace {
+
+// Under ASan+UBSan (≈20x slower kernels) the two heaviest tests check a subset on the 12M-parameter
+// target: memory safety is what that build is for; the Release run checks everything.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool sanitized = true;
+#else
+constexpr bool sanitized = false;
+#endif
+
+const fs::path models_dir = fs::path(SPECSAMPLE_SOURCE_DIR) / "models";
+const fs::path test_models_dir = fs::path(SPECSAMPLE_TEST_DATA) / "models";
+
+struct checkpoint {
+  const char* name;
+  fs::path dir;
+};
+
+std::vector<checkpoint> all_checkpoints() {
+  return {{"shakespeare-draft", models_dir / "shakespeare-draft"},
+          {"shakespeare-draft-distilled", models_dir / "shakespeare-draft-distilled"},
+          {"shakespeare-target", models_dir / "shakespeare-target"},
+          {"tiny-random-gpt2", test_models_dir / "tiny-random-gpt2"},
+          {"tiny-random-gpt2-bf16", test_models_dir / "tiny-random-gpt2-bf16"}};
+}
+
+/// reference_logits.safetensors: vocab_ids [m], tokens_i [n], logits_i [n, m].
+struct reference {
+  std::vector<std::int32_t> vocab_ids;
+  std::vector<std::vector<token>> tokens;
+  std::vector<std::vector<float>> logits;
+};
+
+reference load_reference(const fs::path& dir) {
+  const auto f = io::safetensors_file::open(dir / "reference_logits.safetensors");
+  reference r;
+  r.vocab_ids = io::to_int32_vector(f.at("vocab_ids"));
+  for (std::size_t i = 0; f.contains(fmt::format("tokens_{}", i)); ++i) {
+    r.tokens.push_back(io::to_int32_vector(f.at(fmt::format("tokens_{}", i))));
+    const io::tensor_view& l = f.at(fmt::format("logits_{}", i));
+    REQUIRE(l.shape == std::vector<std::size_t>{r.tokens.back().size(), r.vocab_ids.size()});
+    r.logits.push_back(io::to_float_vector(l));
+  }
+  return r;
+}
+
+/// Appends `tokens` in chunks of `chunk` and returns all logits columns (V, n).
+Eigen::MatrixXf append_chunked(gpt2::model& m, std::span<const token> tokens, std::size_t chunk) {
+  Eigen::MatrixXf out(static_cast<Eigen::Index>(m.vocab_size()),
+                      static_cast<Eigen::Index>(tokens.size()));
+  for (std::size_t i = 0; i < tokens.size(); i += chunk) {
+    const std::size_t n = std::min(chunk, tokens.size() - i);
+    out.middleCols(static_cast<Eigen::Index>(i), static_cast<Eigen::Index>(n)) =
+        m.append(tokens.subspan(i, n));
+  }
+  return out;
+}
+
+/// A fresh temporary directory removed at scope exit.
+struct temp_dir {
+  fs::path path;
+  explicit temp_dir(const std::string& tag) {
+    path = fs::temp_directory_path() / fmt::format("specsample-{}-{}", tag, ::getpid());
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+};
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  return nlohmann::json::parse(f);
+}
+
+void write_text(const fs::path& p, const std::string& s) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f << s;
+}
+
+std::string load_error(const fs::path& dir) {
+  try {
+    (void)gpt2::model::load(dir);
+  } catch (const specsample::error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("every checkpoint reproduces the float64 reference logits", "[gpt2][model][golden]") {
+  // Tolerance 1e-3 absolute for every checkpoint, F16 and BF16 ones included: the references were
+  // computed in float64 from the very same F16/BF16 values upcast, and we upcast exactly too, so
+  // the weights are identical and only float32 vs float64 arithmetic differs. Observed max
+  // differences are printed below (see docs/gpt2.md for the figures).
+  for (const checkpoint& c : all_checkpoints()) {
+    DYNAMIC_SECTION(c.name) {
+      gpt2::model m = gpt2::model::load(c.dir, gpt2::options{.threads = 2});
+      const reference ref = load_reference(c.dir);
+      REQUIRE(!ref.tokens.empty());
+      double max_diff = 0;
+      std::size_t cases = 0;
+      std::size_t positions = 0;  // positions compared
+      for (std::size_t i = 0; i < ref.tokens.size(); ++i) {
+        if (sanitized && m.config().n_layer > 2 && ref.tokens[i].size() > 64) continue;
+        m.truncate(0);
+        const auto logits = m.append(ref.tokens[i]);
+        REQUIRE(static_cast<std::size_t>(logits.cols()) == ref.tokens[i].size());
+        const std::size_t mcols = ref.vocab_ids.size();
+        for (std::size_t t = 0; t < ref.tokens[i].size(); ++t) {
+          for (std::size_t j = 0; j < mcols; ++j) {
+            const double d = std::abs(
+                static_cast<double>(logits(ref.vocab_ids[j], static_cast<Eigen::Index>(t))) -
+                ref.logits[i][t * mcols + j]);
+            max_diff = std::max(max_diff, d);
+          }
+        }
+        positions += ref.tokens[i].size();
+        ++cases;
+      }
+      std::cout << fmt::format("golden {:<28} max |logit - reference| = {:.3g} over {} cases, {} "
+                               "positions\n",
+                               c.name, max_diff, cases, positions);
+      INFO(c.name << ": max abs difference " << max_diff);
+      CHECK(max_diff <= 1e-3);
+    }
+  }
+}
+
+TEST_CASE("appending in random chunks with truncate-and-reappend reproduces one full pass",
+          "[gpt2][model]") {
+  for (const checkpoint& c : {all_checkpoints()[0], all_checkpoints()[3]}) {
+    DYNAMIC_SECTION(c.name) {
+      gpt2::model m = gpt2::model::load(c.dir, gpt2::options{.threads = 2, .batch_capacity = 4});
+      std::mt19937 rng(7);
+      std::vector<token> tokens(std::min<std::size_t>(m.max_size(), 60));
+      std::uniform_int_distribution<token> pick(0, static_cast<token>(m.vocab_size() - 1));
+      for (token& t : tokens) t = pick(rng);
+      const Eigen::MatrixXf full = m.append(tokens);
+      REQUIRE(m.size() == tokens.size());
+
+      m.truncate(0);
+      Eigen::MatrixXf inc(full.rows(), full.cols());
+      std::uniform_int_distribution<std::size_t> chunk(1, 9);
+      std::size_t pos = 0;
+      bool rolled_back = false;
+      while (pos < tokens.size()) {
+        const std::size_t n = std::min(chunk(rng), tokens.size() - pos);
+        const auto span = std::span<const token>(tokens).subspan(pos, n);
+        if (!rolled_back && pos > tokens.size() / 2) {
+          // Speculative rejection: append wrong tokens, roll back, then the right ones.
+          std::vector<token> wrong(span.begin(), span.end());
+          for (token& t : wrong) t = (t + 1) % static_cast<token>(m.vocab_size());
+          (void)m.append(wrong);
+          REQUIRE(m.size() == pos + n);
+          m.truncate(pos);
+          rolled_back = true;
+        }
+        inc.middleCols(static_cast<Eigen::Index>(pos), static_cast<Eigen::Index>(n)) =
+            m.append(span);
+        pos += n;
+        REQUIRE(m.size() == pos);
+      }
+      REQUIRE(rolled_back);
+      const float diff = (inc - full).cwiseAbs().maxCoeff();
+      INFO(c.name << ": max |incremental - full| = " << diff);
+      REQUIRE(diff <= 1e-4f);
+    }
+  }
+}
+
+TEST_CASE("a position's logits are bitwise identical alone, in batches of 1..9, for 1 and 2 "
+          "threads",
+          "[gpt2][model][invariance]") {
+  for (const auto& [c, n] : {std::pair{all_checkpoints()[0], std::size_t{24}},
+                             std::pair{all_checkpoints()[2], std::size_t{12}}}) {
+    DYNAMIC_SECTION(c.name) {
+      const reference ref = load_reference(c.dir);
+      const std::span<const token> tokens = std::span<const token>(ref.tokens.back()).first(n);
+      gpt2::model one = gpt2::model::load(c.dir, gpt2::options{.threads = 1});
+      const Eigen::MatrixXf alone = append_chunked(one, tokens, 1);
+      for (const std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
+        gpt2::model m = gpt2::model::load(c.dir, gpt2::options{.threads = threads});
+        for (std::size_t batch = 1; batch <= 9; ++batch) {
+          if (sanitized && m.config().n_layer > 2 && batch % 4 != 1) continue;  // 1, 5, 9
+          m.truncate(0);
+          const Eigen::MatrixXf batched = append_chunked(m, tokens, batch);
+          INFO(c.name << ", threads " << threads << ", batch " << batch);
+          REQUIRE(std::memcmp(batched.data(), alone.data(),
+                              static_cast<std::size_t>(alone.size()) * sizeof(float)) == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the model reports its shape and handles empty appends, truncation and growth",
+          "[gpt2][model]") {
+  gpt2::model m = gpt2::model::load(test_models_dir / "tiny-random-gpt2");
+  REQUIRE(m.vocab_size() == 50257);
+  REQUIRE(m.max_size() == 64);
+  REQUIRE(m.config().n_layer == 2);
+  REQUIRE(m.config().n_head == 4);
+  REQUIRE(m.config().n_embd == 16);
+  REQUIRE(m.config().n_inner == 64);
+  REQUIRE(m.config().layer_norm_epsilon == 1e-5f);
+  REQUIRE(m.weights().lm_head.size() == 0);  // tied to wte
+  REQUIRE(m.threads() == std::max(1u, std::thread::hardware_concurrency()));  // default: all cores
+  REQUIRE(specsample::max_context(m) == 64);
+
+  const auto empty = m.append({});
+  REQUIRE(empty.rows() == 50257);
+  REQUIRE(empty.cols() == 0);
+  REQUIRE(m.size() == 0);
+
+  std::vector<token> many(40, 50256);  // bigger than the default batch capacity (16)
+  const Eigen::MatrixXf a = m.append(many);
+  REQUIRE(a.cols() == 40);
+  REQUIRE(a.allFinite());
+  m.truncate(40);
+  m.truncate(3);
+  REQUIRE(m.size() == 3);
+  REQUIRE_THROWS_WITH(m.truncate(4), Catch::Contains("cannot truncate to 4") &&
+                                         Catch::Contains("holds only 3"));
+
+  gpt2::model all = gpt2::model::load(test_models_dir / "tiny-random-gpt2",
+                                      gpt2::options{.threads = 0});
+  REQUIRE(all.threads() == std::max(1u, std::thread::hardware_concurrency()));
+}
+
+TEST_CASE("append allocates nothing in steady state", "[gpt2][model]") {
+  gpt2::model m = gpt2::model::load(models_dir / "shakespeare-draft",
+                                    gpt2::options{.threads = 2, .batch_capacity = 8});
+  std::vector<token> tokens(20);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<token>(i * 37 % 4096);
+  (void)m.append(std::span<const token>(tokens).first(8));  // warm up
+  m.truncate(0);
+  const long before = g_allocations.load();
+  float checksum = 0;
+  checksum += m.append(std::span<const token>(tokens).first(1))(0, 0);
+  checksum += m.append(std::span<const token>(tokens).subspan(1, 8))(5, 7);
+  m.truncate(4);
+  checksum += m.append(std::span<const token>(tokens).subspan(4, 5))(9, 4);
+  const long after = g_allocations.load();
+  INFO("checksum " << checksum);
+  REQUIRE(after - before == 0);
+}
+
+TEST_CASE("bad tokens and context overflow throw before touching the state", "[gpt2][model]") {
+  gpt2::model m = gpt2::model::load(test_models_dir / "tiny-random-gpt2");
+  const std::vector<token> bad = {5, 50257};
+  REQUIRE_THROWS_WITH(m.append(bad), Catch::Contains("token id 50257") &&
+                                         Catch::Contains("vocab_size 50257"));
+  const std::vector<token> negative = {-1};
+  REQUIRE_THROWS_WITH(m.append(negative), Catch::Contains("token id -1"));
+  REQUIRE(m.size() == 0);
+
+  const std::vector<token> sixty(60, 11);
+  const Eigen::MatrixXf first = m.append(sixty);
+  const std::vector<token> five(5, 11);
+  REQUIRE_THROWS_AS(m.append(five), specsample::error);
+  REQUIRE_THROWS_WITH(m.append(five), Catch::Contains("cannot append 5 tokens to a context of 60") &&
+                                          Catch::Contains("n_positions = 64"));
+  REQUIRE(m.size() == 60);
+  const std::vector<token> four(4, 11);
+  REQUIRE(m.append(four).cols() == 4);
+  REQUIRE(m.size() == 64);
+  const std::vector<token> one(1, 11);
+  REQUIRE_THROWS_WITH(m.append(one), Catch::Contains("context of 64"));
+  // Unchanged state: re-running the same prefix gives the same logits.
+  m.truncate(0);
+  const Eigen::MatrixXf again = m.append(sixty);
+  REQUIRE(again == first);
+}
+
+TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and shapes",
+          "[gpt2][model][errors]") {
+  using Catch::Contains;
+  const fs::path src = test_models_dir / "tiny-random-gpt2";
+  temp_dir tmp("gpt2-bad");
+  const fs::path dir = tmp.path;
+  const fs::path st = dir / "model.safetensors";
+  const fs::path cfg = dir / "config.json";
+  const auto reset = [&] {
+    fs::copy_file(src / "config.json", cfg, fs::copy_options::overwrite_existing);
+    fs::copy_file(src / "model.safetensors", st, fs::copy_options::overwrite_existing);
+  };
+  // Rewrites model.safetensors through `edit` applied to an owned copy of every tensor.
+  const auto rewrite = [&](auto edit) {
+    std::vector<io::tensor_data> ts;
+    {
+      const auto f = io::safetensors_file::open(src / "model.safetensors");
+      for (const io::tensor_view& v : f.tensors()) ts.push_back(io::to_tensor_data(v));
+    }
+    edit(ts);
+    io::write_safetensors(st, ts);
+  };
+  const auto set_config = [&](const std::string& key, const nlohmann::json& value) {
+    nlohmann::json j = read_json(src / "config.json");
+    if (value.is_discarded()) {
+      j.erase(key);
+    } else {
+      j[key] = value;
+    }
+    write_text(cfg, j.dump(2));
+  };
+
+  reset();
+  REQUIRE(load_error(dir).empty());  // the copy itself loads
+
+  SECTION("truncated model.safetensors") {
+    fs::resize_file(st, fs::file_size(st) / 2);
+    REQUIRE_THAT(load_error(dir), Contains(st.string()) && Contains("outside the data section"));
+    fs::resize_file(st, 100);
+    REQUIRE_THAT(load_error(dir), Contains(st.string()) && Contains("exceeds the file size"));
+    fs::resize_file(st, 3);
+    REQUIRE_THAT(load_error(dir), Contains(st.string()) && Contains("too small"));
+  }
+  SECTION("corrupt model.safetensors header") {
+    std::fstream f(st, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(20);
+    f.write("\x01\x02garbage", 9);
+    f.close();
+    REQUIRE_THAT(load_error(dir), Contains(st.string()) && Contains("not valid JSON"));
+  }
+  SECTION("a missing tensor") {
+    rewrite([](std::vector<io::tensor_data>& ts) {
+      std::erase_if(ts, [](const io::tensor_data& t) { return t.name == "h.1.mlp.c_fc.bias"; });
+    });
+    REQUIRE_THAT(load_error(dir),
+                 Contains(st.string()) && Contains("missing tensor 'h.1.mlp.c_fc.bias'") &&
+                     Contains("expected shape [64]"));
+  }
+  SECTION("a mis-shaped tensor") {
+    rewrite([](std::vector<io::tensor_data>& ts) {
+      for (io::tensor_data& t : ts) {
+        if (t.name == "h.0.attn.c_proj.weight") {
+          t.shape = {16, 17};
+          t.data.resize(16 * 17 * 4);
+        }
+      }
+    });
+    REQUIRE_THAT(load_error(dir), Contains("tensor 'h.0.attn.c_proj.weight' has shape [16, 17], "
+                                           "expected [16, 16]"));
+  }
+  SECTION("an integer tensor where weights belong") {
+    rewrite([](std::vector<io::tensor_data>& ts) {
+      for (io::tensor_data& t : ts) {
+        if (t.name == "ln_f.bias") t.dtype = io::dtype::i32;
+      }
+    });
+    REQUIRE_THAT(load_error(dir), Contains("'ln_f.bias' has dtype I32"));
+  }
+  SECTION("the transformer. prefix and an explicit lm_head load too") {
+    rewrite([](std::vector<io::tensor_data>& ts) {
+      std::vector<io::tensor_data> out;
+      for (io::tensor_data& t : ts) {
+        if (t.name == "wte.weight") {
+          io::tensor_data head = t;
+          head.name = "lm_head.weight";
+          out.push_back(std::move(head));
+        }
+        t.name = "transformer." + t.name;
+        out.push_back(std::move(t));
+      }
+      ts = std::move(out);
+    });
+    gpt2::model prefixed = gpt2::model::load(dir);
+    gpt2::model plain = gpt2::model::load(src);
+    REQUIRE(prefixed.weights().lm_head.size() == 50257u * 16u);
+    const std::vector<token> t = {464, 2068, 7586};
+    const Eigen::MatrixXf a = prefixed.append(t);
+    const Eigen::MatrixXf b = plain.append(t);
+    REQUIRE(a == b);
+  }
+  SECTION("a config that disagrees with the tensors") {
+    set_config("n_embd", 32);
+    REQUIRE_THAT(load_error(dir), Contains("'wte.weight' has shape [50257, 16], expected "
+                                           "[50257, 32]") &&
+                                      Contains("config.json") &&
+                                      Contains("does not match the tensors"));
+    set_config("n_embd", 16);
+    set_config("vocab_size", 50000);
+    REQUIRE_THAT(load_error(dir), Contains("'wte.weight' has shape [50257, 16], expected [50000, "
+                                           "16]"));
+    set_config("vocab_size", 50257);
+    set_config("n_layer", 3);
+    REQUIRE_THAT(load_error(dir), Contains("missing tensor 'h.2.ln_1.weight'"));
+    set_config("n_layer", 1);
+    REQUIRE_THAT(load_error(dir), Contains("belongs to block 1") && Contains("n_layer = 1") &&
+                                      Contains("does not match the tensors"));
+    set_config("n_layer", 2);
+    set_config("n_inner", 32);
+    REQUIRE_THAT(load_error(dir), Contains("'h.0.mlp.c_fc.weight' has shape [16, 64], expected "
+                                           "[16, 32]"));
+    set_config("n_inner", nullptr);
+    REQUIRE(load_error(dir).empty());
+  }
+  SECTION("an invalid config") {
+    set_config("n_head", 3);
+    REQUIRE_THAT(load_error(dir), Contains(cfg.string()) && Contains("not divisible by n_head"));
+    set_config("n_head", 4);
+    set_config("activation_function", "relu");
+    REQUIRE_THAT(load_error(dir), Contains("activation_function \"relu\" is not supported"));
+    set_config("activation_function", nlohmann::json(nlohmann::json::value_t::discarded));
+    REQUIRE(load_error(dir).empty());  // absent means gelu_new
+    set_config("n_layer", nlohmann::json(nlohmann::json::value_t::discarded));
+    REQUIRE_THAT(load_error(dir), Contains("missing field \"n_layer\""));
+    set_config("n_layer", -2);
+    REQUIRE_THAT(load_error(dir), Contains("\"n_layer\" must be a positive integer, got -2"));
+    set_config("n_layer", 2);
+    set_config("n_positions", nlohmann::json(nlohmann::json::value_t::discarded));
+    REQUIRE(load_error(dir).empty());  // falls back to n_ctx
+    write_text(cfg, "{ not json");
+    REQUIRE_THAT(load_error(dir), Contains(cfg.string()) && Contains("not valid JSON"));
+  }
+  SECTION("missing files") {
+    fs::remove(cfg);
+    REQUIRE_THAT(load_error(dir), Contains(cfg.string()) && Contains("cannot open"));
+    reset();
+    fs::remove(st);
+    REQUIRE_THAT(load_error(dir), Contains(st.string()) && Contains("cannot open"));
+  }
+}

@@ -1,0 +1,67 @@
+// Speculative sampling end to end on the bundled GPT-2 pair.
+
+#include <specsample/gpt2.hpp>
+#include <specsample/specsample.hpp>
+#include <specsample/tokenizer.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <random>
+
+namespace {
+const std::filesystem::path models = std::filesystem::path(SPECSAMPLE_SOURCE_DIR) / "models";
+}
+
+TEST_CASE("speculative sampling on the bundled pair at temperature 0 equals autoregressive token for token",
+          "[gpt2][speculative][greedy]") {
+  const auto tok = specsample::bpe_tokenizer::load(models / "shakespeare-target");
+  auto target = specsample::gpt2::model::load(models / "shakespeare-target", {.threads = 1});
+  auto draft = specsample::gpt2::model::load(models / "shakespeare-draft", {.threads = 1});
+  auto distilled = specsample::gpt2::model::load(models / "shakespeare-draft-distilled", {.threads = 1});
+  for (const char* text : {"ROMEO:\nBut soft, what light", "KING HENRY:\n", "First Citizen:\nWe are accounted poor"}) {
+    const auto prompt = tok.encode(text);
+    specsample::speculative_params params;
+    params.max_new_tokens = 40;
+    params.sampling.temperature = 0.0f;
+    std::mt19937_64 rng(1);
+    const auto reference = specsample::autoregressive_sample(target, prompt, params, rng).tokens;
+    for (const std::size_t k : {1u, 2u, 4u, 8u}) {
+      params.draft_length = k;
+      INFO("prompt '" << text << "', K = " << k);
+      const auto plain = specsample::speculative_sample(draft, target, prompt, params, rng);
+      CHECK(plain.tokens == reference);
+      CHECK(plain.stats.accepted > 0);
+      const auto other = specsample::speculative_sample(distilled, target, prompt, params, rng);
+      CHECK(other.tokens == reference);
+    }
+  }
+}
+
+TEST_CASE("sampled speculative generation on the bundled pair keeps its bookkeeping consistent",
+          "[gpt2][speculative]") {
+  auto target = specsample::gpt2::model::load(models / "shakespeare-target", {.threads = 1});
+  auto draft = specsample::gpt2::model::load(models / "shakespeare-draft", {.threads = 1});
+  const std::vector<specsample::token> prompt{10, 20, 30};
+  specsample::speculative_params params;
+  params.max_new_tokens = 60;
+  params.draft_length = 5;
+  params.sampling = {.temperature = 0.9f, .top_k = 50, .top_p = 0.95f};
+  std::mt19937_64 rng(3);
+  const auto r = specsample::speculative_sample(draft, target, prompt, params, rng);
+  CHECK(r.tokens.size() == 60);
+  CHECK(r.stats.tokens == r.stats.accepted + r.stats.corrections + r.stats.bonus);
+  CHECK(target.size() == prompt.size() + 60 - 1);
+  CHECK(r.stats.tokens_per_target_call() > 1.0);
+  // A generation that would overflow n_positions (256) is refused up front.
+  params.max_new_tokens = 255;  // 3 + 255 - 1 = 257 > 256
+  CHECK_THROWS_WITH(specsample::speculative_sample(draft, target, prompt, params, rng),
+                    Catch::Matchers::Contains("context overflow"));
+}
+
+TEST_CASE("the bundled models share one tokenizer", "[gpt2][tokenizer]") {
+  const auto t = specsample::bpe_tokenizer::load(models / "shakespeare-target");
+  CHECK(specsample::same_vocabulary(t, specsample::bpe_tokenizer::load(models / "shakespeare-draft")));
+  CHECK(specsample::same_vocabulary(t, specsample::bpe_tokenizer::load(models / "shakespeare-draft-distilled")));
+  CHECK(t.vocab_size() == 4096);
+}

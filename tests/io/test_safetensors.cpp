@@ -1,0 +1,434 @@
+#include <specsample/io/safetensors.hpp>
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+namespace io = specsample::io;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// A fresh temporary directory removed at scope exit.
+struct temp_dir {
+  fs::path path;
+  explicit temp_dir(const std::string& tag) {
+    path = fs::temp_directory_path() / fmt::format("specsample-{}-{}", tag, ::getpid());
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+};
+
+/// Bytes of a file with the given header text (not padded) followed by `data_bytes` bytes 0..255.
+std::vector<std::byte> raw_file(const std::string& header, std::size_t data_bytes) {
+  std::vector<std::byte> out(8 + header.size() + data_bytes);
+  const std::uint64_t n = header.size();
+  std::memcpy(out.data(), &n, 8);
+  std::memcpy(out.data() + 8, header.data(), header.size());
+  for (std::size_t i = 0; i < data_bytes; ++i) {
+    out[8 + header.size() + i] = static_cast<std::byte>(i & 0xffu);
+  }
+  return out;
+}
+
+/// The message thrown when reading `bytes`, or "" when it loads.
+std::string error_of(std::vector<std::byte> bytes) {
+  try {
+    (void)io::safetensors_file::from_bytes(std::move(bytes), "bad.safetensors");
+  } catch (const specsample::error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::vector<io::tensor_data> sample_tensors() {
+  const std::vector<float> f = {1.0f, -2.5f, 0.125f, 3.0e-6f, 65504.0f, -0.0f};
+  const std::vector<std::int32_t> i32 = {1, -2, 2147483647, -2147483647 - 1};
+  const std::vector<std::int64_t> i64 = {5, -6, std::numeric_limits<std::int64_t>::max()};
+  const std::vector<float> scalar = {42.0f};
+  std::vector<io::tensor_data> ts;
+  ts.push_back(io::make_tensor("a.f32", {2, 3}, f, io::dtype::f32));
+  ts.push_back(io::make_tensor("b.f16", {3, 2}, f, io::dtype::f16));
+  ts.push_back(io::make_tensor("c.bf16", {6}, f, io::dtype::bf16));
+  ts.push_back(io::make_tensor("d.i32", {4}, i32));
+  ts.push_back(io::make_tensor("e.i64", {3, 1}, i64));
+  ts.push_back(io::make_tensor("f.scalar", {}, scalar));
+  ts.push_back(io::make_tensor("g.empty", {0, 4}, std::span<const float>{}));
+  return ts;
+}
+
+/// Reads every tensor of `f` fully (the fuzz test's "all views readable").
+double touch_all(const io::safetensors_file& f) {
+  double acc = 0;
+  for (const io::tensor_view& t : f.tensors()) {
+    if (io::is_floating(t.dtype)) {
+      for (const float v : io::to_float_vector(t)) acc += std::isfinite(v) ? v : 1.0;
+    } else {
+      for (const std::int64_t v : io::to_int64_vector(t)) acc += static_cast<double>(v & 0xff);
+    }
+  }
+  return acc;
+}
+
+}  // namespace
+
+TEST_CASE("a written file reads back every dtype, shape and the metadata", "[io][safetensors]") {
+  temp_dir dir("io-roundtrip");
+  const fs::path path = dir.path / "t.safetensors";
+  io::write_safetensors(path, sample_tensors(), {{"format", "pt"}, {"who", "test"}});
+
+  const io::safetensors_file f = io::safetensors_file::open(path);
+  REQUIRE(f.path() == path);
+  REQUIRE(f.tensors().size() == 7);
+  REQUIRE(f.metadata().at("format") == "pt");
+  REQUIRE(f.metadata().at("who") == "test");
+  REQUIRE(f.contains("a.f32"));
+  REQUIRE_FALSE(f.contains("a"));
+  REQUIRE(f.find("zzz") == nullptr);
+
+  const io::tensor_view& a = f.at("a.f32");
+  REQUIRE(a.dtype == io::dtype::f32);
+  REQUIRE(a.shape == std::vector<std::size_t>{2, 3});
+  REQUIRE(a.numel() == 6);
+  REQUIRE(a.bytes().size() == 24);
+  const std::vector<float> expected = {1.0f, -2.5f, 0.125f, 3.0e-6f, 65504.0f, -0.0f};
+  REQUIRE(io::to_float_vector(a) == expected);
+
+  // F16 and BF16 store rounded values: compare with the converters' round trip.
+  const auto b = io::to_float_vector(f.at("b.f16"));
+  const auto c = io::to_float_vector(f.at("c.bf16"));
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    REQUIRE(b[i] == io::f16_to_float(io::float_to_f16(expected[i])));
+    REQUIRE(c[i] == io::bf16_to_float(io::float_to_bf16(expected[i])));
+  }
+  REQUIRE(b[0] == 1.0f);
+  REQUIRE(b[4] == 65504.0f);
+  REQUIRE(std::signbit(b[5]));
+
+  REQUIRE(io::to_int32_vector(f.at("d.i32")) ==
+          std::vector<std::int32_t>{1, -2, 2147483647, -2147483647 - 1});
+  REQUIRE(io::to_int64_vector(f.at("d.i32")) ==
+          std::vector<std::int64_t>{1, -2, 2147483647, -2147483647 - 1});
+  REQUIRE(io::to_int64_vector(f.at("e.i64")) ==
+          std::vector<std::int64_t>{5, -6, std::numeric_limits<std::int64_t>::max()});
+  REQUIRE_THROWS_WITH(io::to_int32_vector(f.at("e.i64")), Catch::Contains("does not fit in int32"));
+
+  const io::tensor_view& s = f.at("f.scalar");
+  REQUIRE(s.shape.empty());
+  REQUIRE(s.numel() == 1);
+  REQUIRE(io::to_float_vector(s) == std::vector<float>{42.0f});
+  REQUIRE(f.at("g.empty").numel() == 0);
+  REQUIRE(io::to_float_vector(f.at("g.empty")).empty());
+
+  // Conversion into a caller buffer.
+  std::vector<float> buf(6);
+  io::to_float(f.at("b.f16"), buf);
+  REQUIRE(buf == b);
+  std::vector<float> wrong(5);
+  REQUIRE_THROWS_WITH(io::to_float(f.at("b.f16"), wrong), Catch::Contains("holds 5 floats"));
+  REQUIRE_THROWS_WITH(io::to_float_vector(f.at("d.i32")),
+                      Catch::Contains("expected a floating-point dtype"));
+  REQUIRE_THROWS_WITH(io::to_int64_vector(f.at("a.f32")),
+                      Catch::Contains("expected an integer dtype"));
+  REQUIRE_THROWS_WITH(f.at("nope"), Catch::Contains("missing tensor 'nope'") &&
+                                        Catch::Contains("t.safetensors"));
+
+  // Moving the file keeps views valid (the mapping does not move).
+  io::safetensors_file moved = io::safetensors_file::open(path);
+  const std::byte* before = moved.at("a.f32").data.data();
+  io::safetensors_file other = std::move(moved);
+  REQUIRE(other.at("a.f32").data.data() == before);
+  REQUIRE(io::to_float_vector(other.at("a.f32")) == expected);
+}
+
+TEST_CASE("f16 and bf16 conversions are exact, including subnormals, infinities and nan",
+          "[io][safetensors]") {
+  REQUIRE(io::f16_to_float(0x0000) == 0.0f);
+  REQUIRE(std::signbit(io::f16_to_float(0x8000)));
+  REQUIRE(io::f16_to_float(0x0001) == std::ldexp(1.0f, -24));  // smallest subnormal
+  REQUIRE(io::f16_to_float(0x03ff) == 1023.0f * std::ldexp(1.0f, -24));
+  REQUIRE(io::f16_to_float(0x8001) == -std::ldexp(1.0f, -24));
+  REQUIRE(io::f16_to_float(0x0400) == std::ldexp(1.0f, -14));  // smallest normal
+  REQUIRE(io::f16_to_float(0x3c00) == 1.0f);
+  REQUIRE(io::f16_to_float(0x3555) == 0.333251953125f);
+  REQUIRE(io::f16_to_float(0xc000) == -2.0f);
+  REQUIRE(io::f16_to_float(0x7bff) == 65504.0f);
+  REQUIRE(io::f16_to_float(0x7c00) == std::numeric_limits<float>::infinity());
+  REQUIRE(io::f16_to_float(0xfc00) == -std::numeric_limits<float>::infinity());
+  REQUIRE(std::isnan(io::f16_to_float(0x7e00)));
+  REQUIRE(std::isnan(io::f16_to_float(0x7c01)));
+
+  // Every non-NaN half survives half -> float -> half.
+  for (std::uint32_t h = 0; h <= 0xffff; ++h) {
+    const auto hv = static_cast<std::uint16_t>(h);
+    const float f = io::f16_to_float(hv);
+    if (std::isnan(f)) {
+      REQUIRE(std::isnan(io::f16_to_float(io::float_to_f16(f))));
+    } else {
+      REQUIRE(io::float_to_f16(f) == hv);
+    }
+  }
+  // Round to nearest, ties to even.
+  REQUIRE(io::float_to_f16(1.0f + std::ldexp(1.0f, -11)) == 0x3c00);
+  REQUIRE(io::float_to_f16(1.0f + 3 * std::ldexp(1.0f, -11)) == 0x3c02);
+  REQUIRE(io::float_to_f16(65519.0f) == 0x7bff);
+  REQUIRE(io::float_to_f16(65520.0f) == 0x7c00);
+  REQUIRE(io::float_to_f16(std::ldexp(1.0f, -25)) == 0x0000);  // tie -> even (zero)
+  REQUIRE(io::float_to_f16(std::ldexp(3.0f, -25)) == 0x0002);  // 1.5 ulp -> 2
+
+  REQUIRE(io::bf16_to_float(0x3f80) == 1.0f);
+  REQUIRE(io::bf16_to_float(0xc040) == -3.0f);
+  REQUIRE(io::bf16_to_float(0x7f80) == std::numeric_limits<float>::infinity());
+  REQUIRE(io::bf16_to_float(0x0001) == std::ldexp(1.0f, -133));  // bf16 subnormal
+  REQUIRE(std::isnan(io::bf16_to_float(0x7fc0)));
+  REQUIRE(io::float_to_bf16(1.0f + std::ldexp(1.0f, -8)) == 0x3f80);      // tie -> even
+  REQUIRE(io::float_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)) == 0x3f82);  // tie -> even (up)
+  REQUIRE(std::isnan(io::bf16_to_float(io::float_to_bf16(std::nanf("")))));
+}
+
+TEST_CASE("tensors at unaligned offsets read correctly", "[io][safetensors]") {
+  // An odd header length puts the data section, and so every tensor, at odd addresses.
+  const std::string header =
+      R"({"a":{"dtype":"F16","shape":[1],"data_offsets":[0,2]},)"
+      R"("b":{"dtype":"F32","shape":[2],"data_offsets":[2,10]},)"
+      R"("c":{"dtype":"I64","shape":[1],"data_offsets":[10,18]},)"
+      R"("d":{"dtype":"BF16","shape":[1],"data_offsets":[18,20]}})";
+  const std::string pad = (8 + header.size()) % 2 == 0 ? " " : "";
+  std::vector<std::byte> bytes = raw_file(header + pad, 20);
+  const std::size_t base = 8 + header.size() + pad.size();
+  REQUIRE(base % 2 == 1);
+  const std::uint16_t one_h = 0x3c00;
+  const float b[2] = {1.5f, -7.25f};
+  const std::int64_t c = -123456789012345;
+  const std::uint16_t d = 0x4040;  // bf16 3.0
+  std::memcpy(bytes.data() + base, &one_h, 2);
+  std::memcpy(bytes.data() + base + 2, b, 8);
+  std::memcpy(bytes.data() + base + 10, &c, 8);
+  std::memcpy(bytes.data() + base + 18, &d, 2);
+  const auto f = io::safetensors_file::from_bytes(bytes);
+  REQUIRE(io::to_float_vector(f.at("a")) == std::vector<float>{1.0f});
+  REQUIRE(io::to_float_vector(f.at("b")) == std::vector<float>{1.5f, -7.25f});
+  REQUIRE(io::to_int64_vector(f.at("c")) == std::vector<std::int64_t>{c});
+  REQUIRE(io::to_float_vector(f.at("d")) == std::vector<float>{3.0f});
+}
+
+TEST_CASE("every kind of malformed file is rejected with a message naming file and problem",
+          "[io][safetensors]") {
+  using Catch::Contains;
+  const auto entry = [](const std::string& name, const std::string& dt, const std::string& shape,
+                        const std::string& offsets) {
+    return fmt::format(R"("{}":{{"dtype":"{}","shape":{},"data_offsets":{}}})", name, dt, shape,
+                       offsets);
+  };
+  const auto file = [&](const std::string& body, std::size_t data = 16) {
+    return raw_file("{" + body + "}", data);
+  };
+
+  SECTION("a file shorter than the length field") {
+    const std::vector<std::byte> tiny(5, std::byte{0});
+    REQUIRE_THAT(error_of(tiny), Contains("bad.safetensors") && Contains("too small"));
+    REQUIRE_THAT(error_of({}), Contains("too small"));
+  }
+  SECTION("a header length beyond the end of the file") {
+    auto bytes = file(entry("a", "F32", "[4]", "[0,16]"));
+    const std::uint64_t n = bytes.size();  // 8 bytes too long
+    std::memcpy(bytes.data(), &n, 8);
+    REQUIRE_THAT(error_of(bytes), Contains("header length") && Contains("exceeds the file size"));
+    const std::uint64_t huge = ~std::uint64_t{0};
+    std::memcpy(bytes.data(), &huge, 8);
+    REQUIRE_THAT(error_of(bytes), Contains("exceeds the file size"));
+  }
+  SECTION("a header that is not JSON") {
+    REQUIRE_THAT(error_of(raw_file("{\"a\": [1, 2", 0)), Contains("not valid JSON"));
+    REQUIRE_THAT(error_of(raw_file("", 0)), Contains("not valid JSON"));
+    REQUIRE_THAT(error_of(raw_file("{\"a\xff\":1}", 0)), Contains("not valid JSON"));
+  }
+  SECTION("a header that is JSON but not an object") {
+    REQUIRE_THAT(error_of(raw_file("[1,2,3]", 0)), Contains("not a JSON object"));
+  }
+  SECTION("absurdly nested JSON") {
+    REQUIRE_THAT(error_of(raw_file("{\"a\":" + std::string(1000, '[') + std::string(1000, ']') + "}", 0)),
+                 Contains("nested deeper"));
+  }
+  SECTION("an entry that is not an object or lacks a field") {
+    REQUIRE_THAT(error_of(file(R"("a":[1])")), Contains("tensor 'a'") && Contains("not a JSON object"));
+    REQUIRE_THAT(error_of(file(R"("a":{"dtype":"F32","shape":[4]})")),
+                 Contains("must have \"dtype\", \"shape\" and \"data_offsets\""));
+    REQUIRE_THAT(error_of(file(R"("a":{"dtype":1,"shape":[4],"data_offsets":[0,16]})")),
+                 Contains("\"dtype\" is not a string"));
+    REQUIRE_THAT(error_of(file(R"("a":{"dtype":"F32","shape":4,"data_offsets":[0,16]})")),
+                 Contains("\"shape\" is not an array"));
+    REQUIRE_THAT(error_of(file(R"("a":{"dtype":"F32","shape":[4],"data_offsets":[0]})")),
+                 Contains("\"data_offsets\" is not an array [begin, end]"));
+    REQUIRE_THAT(error_of(file(R"("a":{"dtype":"F32","shape":[4],"data_offsets":[0,"16"]})")),
+                 Contains("not non-negative integers"));
+  }
+  SECTION("an unsupported dtype is named") {
+    REQUIRE_THAT(error_of(file(entry("a", "F64", "[2]", "[0,16]"))),
+                 Contains("unsupported dtype 'F64'") && Contains("tensor 'a'"));
+    REQUIRE_THAT(error_of(file(entry("a", "U8", "[16]", "[0,16]"))),
+                 Contains("unsupported dtype 'U8'"));
+  }
+  SECTION("shape entries that are not non-negative integers") {
+    REQUIRE_THAT(error_of(file(entry("a", "F32", "[-4]", "[0,16]"))),
+                 Contains("shape entry -4 is not a non-negative integer"));
+    REQUIRE_THAT(error_of(file(entry("a", "F32", "[2.5]", "[0,16]"))),
+                 Contains("not a non-negative integer"));
+    REQUIRE_THAT(error_of(file(entry("a", "F32", "[\"4\"]", "[0,16]"))),
+                 Contains("not a non-negative integer"));
+  }
+  SECTION("a shape whose element or byte count overflows") {
+    REQUIRE_THAT(error_of(file(entry("a", "F32", "[4294967296,4294967296]", "[0,16]"))),
+                 Contains("overflows the element count"));
+    REQUIRE_THAT(error_of(file(entry("a", "I64", "[4611686018427387904]", "[0,16]"))),
+                 Contains("overflows the byte size"));
+  }
+  SECTION("a byte size that disagrees with dtype x shape") {
+    REQUIRE_THAT(error_of(file(entry("a", "F32", "[3]", "[0,16]"))),
+                 Contains("hold 16 bytes but dtype F32 with shape [3] needs 12 bytes"));
+  }
+  SECTION("offsets outside the data section or reversed") {
+    REQUIRE_THAT(error_of(file(entry("a", "F32", "[4]", "[8,24]"))),
+                 Contains("outside the data section"));
+    REQUIRE_THAT(error_of(file(entry("a", "F32", "[0]", "[8,4]"))), Contains("begin > end"));
+    REQUIRE_THAT(error_of(file(entry("a", "F32", "[4]", "[0,18446744073709551615]"))),
+                 Contains("outside the data section"));
+  }
+  SECTION("overlapping tensors") {
+    REQUIRE_THAT(error_of(file(entry("a", "F32", "[3]", "[0,12]") + "," +
+                               entry("b", "F32", "[2]", "[8,16]"))),
+                 Contains("tensors 'a' [0, 12] and 'b' [8, 16] overlap"));
+  }
+  SECTION("holes in the data section (the format requires it fully indexed)") {
+    REQUIRE_THAT(error_of(file(entry("a", "F32", "[1]", "[0,4]") + "," + entry("b", "F32", "[1]", "[8,12]"))),
+                 Contains("4 unindexed bytes before tensor 'b'"));
+    REQUIRE_THAT(error_of(file(entry("a", "F32", "[1]", "[4,8]"))), Contains("unindexed bytes before tensor 'a'"));
+  }
+  SECTION("duplicate tensor names (JSON parsers silently keep the last)") {
+    REQUIRE_THAT(error_of(file(entry("a", "F32", "[2]", "[0,8]") + "," +
+                               entry("a", "F32", "[2]", "[8,16]"))),
+                 Contains("duplicate key 'a'"));
+    REQUIRE_THAT(error_of(file(R"("a":{"dtype":"F32","dtype":"F32","shape":[4],"data_offsets":[0,16]})")),
+                 Contains("duplicate key 'dtype'"));
+  }
+  SECTION("metadata that is not a string map") {
+    REQUIRE_THAT(error_of(file(R"("__metadata__":{"k":1})")),
+                 Contains("__metadata__ entry 'k' is not a string"));
+    REQUIRE_THAT(error_of(file(R"("__metadata__":[])")), Contains("__metadata__ is not a JSON object"));
+  }
+  SECTION("a missing file") {
+    REQUIRE_THROWS_WITH(io::safetensors_file::open("/nonexistent/dir/x.safetensors"),
+                        Contains("/nonexistent/dir/x.safetensors") && Contains("cannot open"));
+  }
+  SECTION("the writer refuses inconsistent tensors") {
+    std::vector<io::tensor_data> ts = sample_tensors();
+    ts[0].data.pop_back();
+    REQUIRE_THROWS_WITH(io::serialize_safetensors(ts), Contains("'a.f32' has 23 bytes"));
+    ts = sample_tensors();
+    ts[1].name = ts[0].name;
+    REQUIRE_THROWS_WITH(io::serialize_safetensors(ts), Contains("duplicate"));
+  }
+  SECTION("a well-formed minimal file still loads") {
+    REQUIRE(error_of(file(entry("a", "F32", "[4]", "[0,16]"))).empty());
+    REQUIRE(error_of(raw_file("{}", 0)).empty());
+  }
+}
+
+TEST_CASE("thousands of truncated and mutated files either load or throw, never crash",
+          "[io][safetensors][fuzz]") {
+  const std::vector<std::byte> valid =
+      io::serialize_safetensors(sample_tensors(), {{"format", "pt"}});
+  std::uint64_t header_len = 0;
+  std::memcpy(&header_len, valid.data(), 8);
+  const std::size_t header_end = 8 + static_cast<std::size_t>(header_len);
+  REQUIRE(io::safetensors_file::from_bytes(valid).tensors().size() == 7);
+
+  std::mt19937_64 rng(20240229);
+  const auto uniform = [&](std::size_t lo, std::size_t hi) {  // inclusive
+    return std::uniform_int_distribution<std::size_t>(lo, hi)(rng);
+  };
+  const std::string interesting = "\"{}[],:-0123456789.eE \\";
+
+  std::vector<std::vector<std::byte>> variants;
+  for (std::size_t len = 0; len < valid.size(); ++len) {  // every truncation
+    variants.emplace_back(valid.begin(), valid.begin() + static_cast<std::ptrdiff_t>(len));
+  }
+  for (int delta = -40; delta <= 40; ++delta) {  // header length off by a little
+    auto v = valid;
+    const std::uint64_t n = header_len + static_cast<std::uint64_t>(static_cast<std::int64_t>(delta));
+    std::memcpy(v.data(), &n, 8);
+    variants.push_back(std::move(v));
+  }
+  for (int i = 0; i < 4000; ++i) {
+    auto v = valid;
+    const std::size_t edits = uniform(1, 4);
+    for (std::size_t e = 0; e < edits; ++e) {
+      const std::size_t where = uniform(0, 99);
+      std::size_t pos = 0;
+      if (where < 15) {
+        pos = uniform(0, 7);  // the length field
+      } else if (where < 90) {
+        pos = uniform(8, header_end - 1);  // the JSON
+      } else {
+        pos = uniform(header_end, v.size() - 1);  // the data
+      }
+      const std::size_t how = uniform(0, 3);
+      if (how == 0) {
+        v[pos] = static_cast<std::byte>(uniform(0, 255));
+      } else if (how == 1) {
+        v[pos] = static_cast<std::byte>(interesting[uniform(0, interesting.size() - 1)]);
+      } else if (how == 2) {
+        v[pos] ^= static_cast<std::byte>(1u << uniform(0, 7));
+      } else if (pos >= 8 && pos < header_end) {
+        // A digit becomes another digit: shapes and offsets go subtly wrong.
+        v[pos] = static_cast<std::byte>('0' + uniform(0, 9));
+      }
+    }
+    if (uniform(0, 9) == 0) v.resize(uniform(0, v.size()));
+    variants.push_back(std::move(v));
+  }
+
+  temp_dir dir("io-fuzz");
+  std::size_t loaded = 0;
+  std::size_t rejected = 0;
+  double checksum = 0;
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    try {
+      if (i % 64 == 0) {  // also through the mmap path
+        const fs::path p = dir.path / "v.safetensors";
+        {
+          std::ofstream out(p, std::ios::binary | std::ios::trunc);
+          out.write(reinterpret_cast<const char*>(variants[i].data()),
+                    static_cast<std::streamsize>(variants[i].size()));
+        }
+        checksum += touch_all(io::safetensors_file::open(p));
+      } else {
+        checksum += touch_all(io::safetensors_file::from_bytes(variants[i], "fuzz"));
+      }
+      ++loaded;
+    } catch (const specsample::error&) {
+      ++rejected;
+    }
+  }
+  INFO("loaded " << loaded << ", rejected " << rejected << ", checksum " << checksum);
+  REQUIRE(loaded + rejected == variants.size());
+  REQUIRE(variants.size() > 4000);
+  REQUIRE(loaded > 100);
+  REQUIRE(rejected > 1000);
+}
