@@ -3,7 +3,8 @@
 //   specsample-generate [--target DIR] [--draft DIR] [--prompt TEXT | --prompt-file F]
 //                       [-n N] [-k K] [--temperature T] [--top-k N] [--top-p P] [--min-p P]
 //                       [--seed S] [--threads N] [--mode speculative|autoregressive|compare]
-//                       [--repeat R] [--stream] [--verbose] [--json]
+//                       [--verify tokenwise|block] [--leniency B] [--repeat R] [--stream]
+//                       [--verbose] [--json]
 //
 // Defaults: the bundled Tiny Shakespeare pair (models/shakespeare-target, -draft), compare mode.
 // Before generating it checks that the draft's and target's tokenizers are identical.
@@ -81,6 +82,8 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
   --seed S              random seed (default 42)
   --threads N           kernel threads per model (default: all cores)
   --mode M              speculative | autoregressive | compare (default compare)
+  --verify V            tokenwise | block (Sun et al. 2025; both exact; default tokenwise)
+  --leniency B          LOSSY if < 1: token-wise acceptance uniform from U[0, B) (default 1, exact)
   --repeat R            compare: run both R times, report min and median (default 1)
   --stream              print text as it is generated
   --verbose             per-round trace on stderr: drafts with q and p, accepted or not, emitted
@@ -117,7 +120,13 @@ cli parse(int argc, char** argv) {
       if (c.mode != "speculative" && c.mode != "autoregressive" && c.mode != "compare") {
         usage_error(fmt::format("--mode must be speculative, autoregressive or compare, got '{}'", c.mode));
       }
-    } else if (a == "--repeat") {
+    } else if (a == "--verify") {
+      const std::string_view v = value();
+      if (v == "tokenwise") c.params.verify = specsample::verification::token_wise;
+      else if (v == "block") c.params.verify = specsample::verification::block;
+      else usage_error(fmt::format("--verify must be tokenwise or block, got '{}'", v));
+    } else if (a == "--leniency") c.params.leniency = parse_number<double>(a, value());
+    else if (a == "--repeat") {
       c.repeat = parse_number<std::size_t>(a, value());
       if (c.repeat == 0) usage_error("--repeat must be >= 1");
     } else if (a == "--stream") c.stream = true;
@@ -251,6 +260,7 @@ nlohmann::json stats_json(const run_record& r) {
           {"corrections", s.corrections},
           {"bonus", s.bonus},
           {"acceptance_rate", s.acceptance_rate()},
+          {"alpha", s.estimated_alpha()},
           {"tokens_per_target_call", s.tokens_per_target_call()},
           {"accepted_histogram", s.accepted_histogram},
           {"prefill_seconds", s.prefill_seconds},
@@ -336,6 +346,8 @@ int run(int argc, char** argv) {
                      {"top_p", c.params.sampling.top_p},
                      {"min_p", c.params.sampling.min_p},
                      {"seed", c.seed},
+                     {"verify", c.params.verify == specsample::verification::block ? "block" : "tokenwise"},
+                     {"leniency", c.params.leniency},
                      {"threads", target.threads()},
                      {"load_seconds", load_seconds}};
     if (need_draft) j["draft"] = draft_dir.string();
@@ -368,10 +380,13 @@ int run(int argc, char** argv) {
 
   if (!spec_runs.empty()) {
     const auto& s = spec_runs.front().result.stats;
-    fmt::print("speculative:    {} tokens in {:.3f} s ({:.1f} tokens/s); K = {}, {} rounds, acceptance {:.3f}, "
-               "{:.2f} tokens per target call\n",
+    fmt::print("speculative:    {} tokens in {:.3f} s ({:.1f} tokens/s); K = {}, {} rounds, acceptance {:.3f} "
+               "(alpha {:.3f}), {:.2f} tokens per target call\n",
                s.tokens, median(spec_s), static_cast<double>(s.tokens) / median(spec_s), c.params.draft_length,
-               s.rounds, s.acceptance_rate(), s.tokens_per_target_call());
+               s.rounds, s.acceptance_rate(), s.estimated_alpha(), s.tokens_per_target_call());
+    if (c.params.leniency < 1.0) {
+      fmt::print("note: leniency {} < 1 is lossy: this output is NOT distributed as the target's\n", c.params.leniency);
+    }
   }
   if (!ar_runs.empty()) {
     const auto& s = ar_runs.front().result.stats;

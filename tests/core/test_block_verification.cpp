@@ -1,0 +1,201 @@
+// Block verification (Sun et al. 2025): exact like token-wise, identical to it at temperature 0
+// and for K = 1, and never fewer accepted tokens per round. Each exactness check also runs a
+// broken variant built from a pitfall others hit, which the same statistic must reject.
+
+#include <specsample/specsample.hpp>
+#include <specsample/testing/distribution.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <random>
+#include <vector>
+
+using namespace specsample;
+
+namespace {
+
+constexpr double pass_threshold = 1e-3;
+constexpr double fail_threshold = 1e-6;
+
+// A configurable copy of block_verifier with one defect switched on.
+struct broken_block_verifier {
+  bool stop_at_first_failure = false;  // τ = the last i before the first η_i >= h_i
+  bool skip_clip = false;              // w_i = w_{i-1} p/q without min(1, ·)
+  bool residual_weight_ahead = false;  // residual weighted by w_{τ+1} instead of w_τ
+
+  template <class Rng>
+  verify_result operator()(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
+                           const Eigen::Ref<const Eigen::MatrixXf>& p, Rng& rng) const {
+    const auto k = static_cast<Eigen::Index>(drafts.size());
+    double w = 1.0, w_tau = 1.0;
+    Eigen::Index tau = 0;
+    std::vector<double> ws{1.0};
+    for (Eigen::Index i = 1; i <= k; ++i) {
+      const token x = drafts[static_cast<std::size_t>(i - 1)];
+      w = w * double(p(x, i - 1)) / double(q(x, i - 1));
+      if (!skip_clip) w = std::min(1.0, w);
+      ws.push_back(std::min(1.0, w));
+      double h = std::min(1.0, w);
+      if (i < k) {
+        double z = 0.0, den = 0.0;
+        for (Eigen::Index t = 0; t < p.rows(); ++t) {
+          const double d = w * double(p(t, i)) - double(q(t, i));
+          if (d > 0.0) z += d;
+          else den -= d;
+        }
+        h = den > 0.0 ? z / den : 1.0;
+      }
+      if (uniform_01(rng) < h) {
+        tau = i;
+        w_tau = std::min(1.0, w);
+      } else if (stop_at_first_failure) {
+        break;
+      }
+    }
+    if (tau == k) return {static_cast<std::size_t>(k), sample_categorical(p.col(k), rng), true};
+    if (residual_weight_ahead) w_tau = ws[static_cast<std::size_t>(tau) + 1];
+    return {static_cast<std::size_t>(tau), sample_residual(p.col(tau), q.col(tau), rng, w_tau), false};
+  }
+};
+
+template <class Verifier>
+testing::fit_result fit(toy::markov& draft, toy::markov& target, std::size_t k, std::size_t length,
+                        const sampling_params& sampling, Verifier v, std::size_t samples = 100'000) {
+  speculative_params params;
+  params.max_new_tokens = length;
+  params.draft_length = k;
+  params.sampling = sampling;
+  std::mt19937_64 rng(2025);
+  return testing::speculative_fit(draft, target, std::vector<token>{0}, params, samples, rng, v);
+}
+
+template <class Broken>
+void check_exact_and_broken(toy::markov draft, toy::markov target, std::size_t k, std::size_t length,
+                            const sampling_params& sampling, Broken broken) {
+  const auto good = fit(draft, target, k, length, sampling, block_verifier{});
+  INFO("block:  G = " << good.statistic << ", dof = " << good.dof << ", p = " << good.p_value);
+  CHECK(good.impossible == 0);
+  CHECK(good.p_value > pass_threshold);
+  const auto bad = fit(draft, target, k, length, sampling, broken);
+  INFO("broken: G = " << bad.statistic << ", dof = " << bad.dof << ", p = " << bad.p_value);
+  CHECK(bad.p_value < fail_threshold);
+}
+
+}  // namespace
+
+TEST_CASE("block verification matches the target's exact distribution for every draft length",
+          "[block][exactness]") {
+  struct cell { std::size_t k, vocab, length; };
+  for (const cell c : {cell{1, 4, 4}, cell{2, 4, 4}, cell{3, 4, 4}, cell{5, 3, 6}, cell{8, 3, 9}}) {
+    DYNAMIC_SECTION("K = " << c.k) {
+      auto target = toy::markov::random(c.vocab, 2, 7, 0.8f);
+      auto draft = toy::markov::similar_to(target, 0.3, 99, 0.8f);
+      // Stopping at the first failure is only wrong when there is a later position to select.
+      const broken_block_verifier broken = c.k == 1 ? broken_block_verifier{.residual_weight_ahead = true}
+                                                    : broken_block_verifier{.stop_at_first_failure = true};
+      check_exact_and_broken(draft, target, c.k, c.length, {}, broken);
+    }
+  }
+}
+
+TEST_CASE("block verification is exact across temperatures and filters", "[block][exactness]") {
+  auto target = toy::markov::random(5, 1, 17, 0.8f);
+  auto draft = toy::markov::similar_to(target, 0.4, 18, 0.8f);
+  const broken_block_verifier unclipped{.skip_clip = true};
+  SECTION("T = 0.5") { check_exact_and_broken(draft, target, 3, 3, {.temperature = 0.5f}, unclipped); }
+  SECTION("T = 2") { check_exact_and_broken(draft, target, 3, 3, {.temperature = 2.0f}, unclipped); }
+  SECTION("top-k = 2") { check_exact_and_broken(draft, target, 3, 3, {.top_k = 2}, unclipped); }
+  SECTION("top-p = 0.7") { check_exact_and_broken(draft, target, 3, 3, {.top_p = 0.7f}, unclipped); }
+  SECTION("min-p = 0.2") { check_exact_and_broken(draft, target, 3, 3, {.min_p = 0.2f}, unclipped); }
+}
+
+TEST_CASE("block verification is exact with drafts that put zero mass where the target has mass and the reverse",
+          "[block][exactness][zeros]") {
+  auto target = toy::markov::random(4, 1, 5, 0.8f);
+  Eigen::MatrixXf d = target.transitions();
+  d.row(0).setZero();
+  check_exact_and_broken(toy::markov(d, 1), target, 3, 3, {}, broken_block_verifier{.stop_at_first_failure = true});
+  Eigen::MatrixXf t = target.transitions();
+  t.row(3).setZero();
+  Eigen::MatrixXf d2 = Eigen::MatrixXf::Constant(4, 5, 0.1f);
+  d2.row(3).setConstant(0.7f);
+  check_exact_and_broken(toy::markov(d2, 1), toy::markov(t, 1), 3, 3, {},
+                         broken_block_verifier{.stop_at_first_failure = true});
+}
+
+TEST_CASE("block verification equals token-wise at temperature 0, token for token", "[block][greedy]") {
+  for (std::uint64_t seed = 1; seed <= 10; ++seed) {
+    auto target = toy::markov::random(8, 2, seed, 0.5f);
+    auto draft = toy::markov::similar_to(target, 0.5, seed + 50, 0.5f);
+    speculative_params params;
+    params.max_new_tokens = 40;
+    params.draft_length = 4;
+    params.sampling.temperature = 0.0f;
+    std::mt19937_64 rng(seed);
+    const auto tokenwise = speculative_sample(draft, target, std::vector<token>{1}, params, rng);
+    params.verify = verification::block;
+    const auto block = speculative_sample(draft, target, std::vector<token>{1}, params, rng);
+    CHECK(block.tokens == tokenwise.tokens);
+    CHECK(block.stats.accepted_histogram == tokenwise.stats.accepted_histogram);
+  }
+}
+
+TEST_CASE("with one draft token block verification accepts exactly as token-wise does", "[block]") {
+  // K = 1: h_1 = w_1 = min(1, p/q), the residual has weight w_0 = 1.
+  Eigen::MatrixXf q(3, 1), p(3, 2);
+  q << 0.6f, 0.3f, 0.1f;
+  p << 0.2f, 0.5f, 0.3f, 0.3f, 0.3f, 0.4f;
+  const token x = 0;
+  std::mt19937_64 a(9), b(9);
+  int accepted_block = 0, accepted_token = 0;
+  for (int i = 0; i < 20000; ++i) {
+    accepted_block += static_cast<int>(block_verifier{}(std::span<const token>(&x, 1), q, p, a).accepted);
+    accepted_token += static_cast<int>(tokenwise_verifier{}(std::span<const token>(&x, 1), q, p, b).accepted);
+  }
+  CHECK(accepted_block == accepted_token);  // same uniforms, same rule: identical decisions
+  CHECK(std::abs(accepted_block / 20000.0 - 0.2 / 0.6) < 0.015);
+}
+
+TEST_CASE("block verification accepts at least as many tokens per round as token-wise", "[block]") {
+  auto target = toy::markov::random(6, 1, 31, 0.6f);
+  auto draft = toy::markov::similar_to(target, 0.5, 32, 0.6f);
+  speculative_params params;
+  params.max_new_tokens = 200;
+  params.draft_length = 4;
+  std::mt19937_64 rng(4);
+  double tokenwise_accepted = 0, block_accepted = 0, rounds_t = 0, rounds_b = 0;
+  for (int i = 0; i < 300; ++i) {
+    params.verify = verification::token_wise;
+    const auto t = speculative_sample(draft, target, std::vector<token>{0}, params, rng);
+    params.verify = verification::block;
+    const auto b = speculative_sample(draft, target, std::vector<token>{0}, params, rng);
+    tokenwise_accepted += double(t.stats.tokens);
+    rounds_t += double(t.stats.rounds);
+    block_accepted += double(b.stats.tokens);
+    rounds_b += double(b.stats.rounds);
+  }
+  const double per_round_t = tokenwise_accepted / rounds_t, per_round_b = block_accepted / rounds_b;
+  INFO("tokens per round: token-wise " << per_round_t << ", block " << per_round_b);
+  CHECK(per_round_b > per_round_t);
+}
+
+TEST_CASE("leniency below 1 is validated and drifts toward the draft", "[leniency]") {
+  auto target = toy::markov::random(4, 1, 41, 0.8f);
+  auto draft = toy::markov::similar_to(target, 0.2, 42, 0.8f);
+  speculative_params params;
+  params.max_new_tokens = 3;
+  params.draft_length = 2;
+  std::mt19937_64 rng(1);
+  using Catch::Matchers::Contains;
+  params.leniency = 0.0;
+  CHECK_THROWS_WITH(speculative_sample(draft, target, std::vector<token>{0}, params, rng), Contains("leniency"));
+  params.leniency = 0.5;
+  params.verify = verification::block;
+  CHECK_THROWS_WITH(speculative_sample(draft, target, std::vector<token>{0}, params, rng),
+                    Contains("token-wise verification only"));
+  // b = 0.5 is lossy: the G-test must reject it against the exact target distribution.
+  const auto lossy = fit(draft, target, 2, 3, {}, tokenwise_verifier{.leniency = 0.5});
+  CHECK(lossy.p_value < fail_threshold);
+  const auto exact = fit(draft, target, 2, 3, {}, tokenwise_verifier{.leniency = 1.0});
+  CHECK(exact.p_value > pass_threshold);
+}
