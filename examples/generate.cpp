@@ -1,12 +1,14 @@
 // specsample-generate: speculative (or plain) generation with GPT-2 checkpoints.
 //
 //   specsample-generate [--target DIR] [--draft DIR] [--prompt TEXT | --prompt-file F]
-//                       [-n N] [-k K] [--temperature T] [--top-k N] [--top-p P] [--min-p P]
+//                       [-n N] [-k K|auto] [--p-min P] [--adaptive] [--temperature T] [--top-k N] [--top-p P] [--min-p P]
 //                       [--seed S] [--threads N] [--mode speculative|autoregressive|compare]
 //                       [--verify tokenwise|block] [--leniency B] [--repeat R] [--stream]
 //                       [--verbose] [--json]
 //
 // Defaults: the bundled Tiny Shakespeare pair (models/shakespeare-target, -draft), compare mode.
+// --draft ngram drafts by prompt lookup (no draft model); --draft a,b,c measures each candidate on
+// a warm-up and keeps the one with the best predicted speedup; -k auto picks K the same way.
 // Before generating it checks that the draft's and target's tokenizers are identical.
 
 #include <specsample/gpt2.hpp>
@@ -38,7 +40,9 @@ namespace {
 constexpr std::string_view default_prompt = "BAPTISTA:\nHow now, my friend! why dost thou look so pale?\n\nHORTENSIO:\n";
 
 struct cli {
-  std::optional<fs::path> target, draft;
+  std::optional<fs::path> target;
+  std::optional<std::string> draft;  // a directory, "ngram", or a comma-separated list to choose from
+  bool auto_k = false;
   std::string prompt{default_prompt};
   specsample::speculative_params params{};
   std::uint64_t seed = 42;
@@ -72,11 +76,15 @@ std::string read_text_file(const fs::path& path) {
 
 constexpr std::string_view help = R"(usage: specsample-generate [options]
   --target DIR          target checkpoint (config.json, model.safetensors, vocab.json, merges.txt)
-  --draft DIR           draft checkpoint with the same tokenizer
+  --draft DIR           draft checkpoint with the same tokenizer; "ngram" for prompt-lookup drafting
+                        (no model); DIR1,DIR2,... to measure each and keep the best predicted
+  -k auto               pick K from a warm-up (acceptance by position, cost ratio c)
+  --p-min P             stop drafting a round when the draft's top probability is below P
+  --adaptive            adapt K between rounds (+2 after a full acceptance, -1 after a rejection)
   --prompt TEXT         prompt text (default: a held-out Tiny Shakespeare line)
   --prompt-file F       read the prompt from a file
   -n, --max-new-tokens  tokens to generate (default 128)
-  -k, --draft-length    K, tokens drafted per round (default 4)
+  -k, --draft-length    K, tokens drafted per round (default 4), or auto
   --temperature T       0 = greedy (default 0)
   --top-k N, --top-p P, --min-p P   filters (default off)
   --seed S              random seed (default 42)
@@ -104,11 +112,16 @@ cli parse(int argc, char** argv) {
       std::fputs(help.data(), stdout);
       std::exit(0);
     } else if (a == "--target") c.target = fs::path(value());
-    else if (a == "--draft") c.draft = fs::path(value());
+    else if (a == "--draft") c.draft = std::string(value());
     else if (a == "--prompt") c.prompt = value();
     else if (a == "--prompt-file") c.prompt = read_text_file(value());
     else if (a == "-n" || a == "--max-new-tokens") c.params.max_new_tokens = parse_number<std::size_t>(a, value());
-    else if (a == "-k" || a == "--draft-length") c.params.draft_length = parse_number<std::size_t>(a, value());
+    else if (a == "-k" || a == "--draft-length") {
+      const std::string_view v = value();
+      c.auto_k = v == "auto";
+      if (!c.auto_k) c.params.draft_length = parse_number<std::size_t>(a, v);
+    } else if (a == "--p-min") c.params.draft_min_probability = parse_number<float>(a, value());
+    else if (a == "--adaptive") c.params.adaptive_draft_length = true;
     else if (a == "--temperature") c.params.sampling.temperature = parse_number<float>(a, value());
     else if (a == "--top-k") c.params.sampling.top_k = parse_number<int>(a, value());
     else if (a == "--top-p") c.params.sampling.top_p = parse_number<float>(a, value());
@@ -206,9 +219,11 @@ class reporter {
  private:
   void trace(const specsample::round_event& e) {
     std::string line = fmt::format("[{} round {}]", label_, e.round);
+    bool rejected = false;  // drafts after the first rejection are discarded untested
     for (const auto& d : e.drafts) {
       line += fmt::format(" \"{}\" q={:.3f} p={:.3f} {}", printable(tok_.decode(std::span<const token>(&d.id, 1))),
-                          d.q, d.p, d.accepted ? "accepted" : "REJECTED");
+                          d.q, d.p, d.accepted ? "accepted" : rejected ? "discarded" : "REJECTED");
+      rejected = rejected || !d.accepted;
     }
     const token last = e.emitted.back();
     line += fmt::format(" -> emit \"{}\" ({}){}", printable(tok_.decode(std::span<const token>(&last, 1))),
@@ -278,12 +293,22 @@ double median(std::vector<double> v) {
 int run(int argc, char** argv) {
   const cli c = parse(argc, argv);
   const bool need_draft = c.mode != "autoregressive";
+  const bool ngram = c.draft && *c.draft == "ngram";
   const fs::path models = (c.target && (c.draft || !need_draft)) ? fs::path() : bundled_models(argv[0]);
   const fs::path target_dir = c.target.value_or(models / "shakespeare-target");
-  const fs::path draft_dir = c.draft.value_or(models / "shakespeare-draft");
+  std::vector<fs::path> candidates;
+  if (need_draft && !ngram) {
+    std::string list = c.draft.value_or((models / "shakespeare-draft").string());
+    for (std::size_t start = 0; start <= list.size();) {
+      const std::size_t comma = std::min(list.find(',', start), list.size());
+      if (comma > start) candidates.emplace_back(list.substr(start, comma - start));
+      start = comma + 1;
+    }
+    if (candidates.empty()) usage_error("--draft needs a directory, a comma-separated list or ngram");
+  }
 
   const auto load_start = std::chrono::steady_clock::now();
-  if (!c.json) fmt::print(stderr, "loading {}{}...\n", target_dir.string(), need_draft ? " and " + draft_dir.string() : "");
+  if (!c.json) fmt::print(stderr, "loading {}...\n", target_dir.string());
   const auto tok = specsample::bpe_tokenizer::load(target_dir);
   specsample::gpt2::options opts;
   opts.threads = c.threads;
@@ -292,25 +317,50 @@ int run(int argc, char** argv) {
     throw specsample::error(fmt::format("{}: the model has {} tokens but its tokenizer has {}", target_dir.string(),
                                         target.vocab_size(), tok.vocab_size()));
   }
-  std::optional<specsample::gpt2::model> draft;
-  if (need_draft) {
-    const auto draft_tok = specsample::bpe_tokenizer::load(draft_dir);
+  std::vector<specsample::gpt2::model> drafts;
+  for (const auto& dir : candidates) {
+    const auto draft_tok = specsample::bpe_tokenizer::load(dir);
     if (const auto diff = specsample::vocabulary_difference(draft_tok, tok)) {
       throw specsample::error(fmt::format("the draft ({}) and target ({}) tokenizers differ: {}; speculative "
                                           "sampling needs identical vocabularies",
-                                          draft_dir.string(), target_dir.string(), *diff));
+                                          dir.string(), target_dir.string(), *diff));
     }
-    draft.emplace(specsample::gpt2::model::load(draft_dir, opts));
-    if (draft->vocab_size() != target.vocab_size()) {
-      throw specsample::error(fmt::format("the draft model has {} tokens, the target {}", draft->vocab_size(),
-                                          target.vocab_size()));
-    }
+    drafts.push_back(specsample::gpt2::model::load(dir, opts));
   }
   const double load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
-
   const std::vector<token> prompt = tok.encode(c.prompt);
   if (prompt.empty()) throw specsample::error("the prompt encodes to no tokens");
+
+  // Several candidates or -k auto: measure each on a warm-up and keep the best predicted speedup.
+  cli run_cli = c;
+  std::size_t chosen = 0;
+  nlohmann::json calibrations = nlohmann::json::array();
+  if (!drafts.empty() && (drafts.size() > 1 || c.auto_k)) {
+    const std::size_t k_max = 8;
+    std::vector<specsample::calibration> cal;
+    for (std::size_t d = 0; d < drafts.size(); ++d) {
+      std::mt19937_64 rng(c.seed);
+      cal.push_back(specsample::calibrate(drafts[d], target, prompt, c.params, rng, k_max, 64));
+    }
+    for (std::size_t d = 1; d < drafts.size(); ++d) {
+      if (cal[d].predicted > cal[chosen].predicted) chosen = d;
+    }
+    std::FILE* out = c.json ? stderr : stdout;
+    fmt::print(out, "draft choice (warm-up of 64 tokens at K = {}; predicted = E[tokens per round] / (cK + 1)):\n", k_max);
+    fmt::print(out, "  {:<40} {:>8} {:>8} {:>7} {:>3} {:>10}\n", "draft", "alpha_0", "alpha_3", "c", "K", "predicted");
+    for (std::size_t d = 0; d < drafts.size(); ++d) {
+      fmt::print(out, "  {:<40} {:>8.3f} {:>8.3f} {:>7.4f} {:>3} {:>9.2f}x{}\n", candidates[d].string(),
+                 cal[d].acceptance[0], cal[d].acceptance[3], cal[d].cost_ratio, cal[d].best_k, cal[d].predicted,
+                 d == chosen ? "  <- chosen" : "");
+      calibrations.push_back({{"draft", candidates[d].string()}, {"acceptance_by_position", cal[d].acceptance},
+                              {"cost_ratio", cal[d].cost_ratio}, {"best_k", cal[d].best_k},
+                              {"predicted_speedup", cal[d].predicted}});
+    }
+    if (c.auto_k) run_cli.params.draft_length = cal[chosen].best_k;
+  }
+  const fs::path draft_dir = drafts.empty() ? fs::path(ngram ? "ngram" : "") : candidates[chosen];
+  specsample::drafters::ngram lookup(target.vocab_size());
 
   std::vector<run_record> spec_runs, ar_runs;
   for (std::size_t r = 0; r < (c.mode == "compare" ? c.repeat : 1); ++r) {
@@ -323,7 +373,8 @@ int run(int argc, char** argv) {
     if (c.mode != "autoregressive") {
       std::mt19937_64 rng(c.seed);
       spec_runs.push_back(timed(c, tok, "speculative", [&](reporter& rep) {
-        return specsample::speculative_sample(*draft, target, prompt, c.params, rng, rep);
+        if (ngram) return specsample::speculative_sample(lookup, target, prompt, run_cli.params, rng, rep);
+        return specsample::speculative_sample(drafts[chosen], target, prompt, run_cli.params, rng, rep);
       }));
     }
   }
@@ -340,7 +391,7 @@ int run(int argc, char** argv) {
                      {"mode", c.mode},
                      {"prompt_tokens", prompt.size()},
                      {"max_new_tokens", c.params.max_new_tokens},
-                     {"draft_length", c.params.draft_length},
+                     {"draft_length", run_cli.params.draft_length},
                      {"temperature", c.params.sampling.temperature},
                      {"top_k", c.params.sampling.top_k},
                      {"top_p", c.params.sampling.top_p},
@@ -351,6 +402,7 @@ int run(int argc, char** argv) {
                      {"threads", target.threads()},
                      {"load_seconds", load_seconds}};
     if (need_draft) j["draft"] = draft_dir.string();
+    if (!calibrations.empty()) j["draft_choice"] = calibrations;
     if (!spec_runs.empty()) {
       j["speculative"] = stats_json(spec_runs.front());
       j["speculative"]["text"] = tok.decode(spec_runs.front().result.tokens);
@@ -382,7 +434,7 @@ int run(int argc, char** argv) {
     const auto& s = spec_runs.front().result.stats;
     fmt::print("speculative:    {} tokens in {:.3f} s ({:.1f} tokens/s); K = {}, {} rounds, acceptance {:.3f} "
                "(alpha {:.3f}), {:.2f} tokens per target call\n",
-               s.tokens, median(spec_s), static_cast<double>(s.tokens) / median(spec_s), c.params.draft_length,
+               s.tokens, median(spec_s), static_cast<double>(s.tokens) / median(spec_s), run_cli.params.draft_length,
                s.rounds, s.acceptance_rate(), s.estimated_alpha(), s.tokens_per_target_call());
     if (c.params.leniency < 1.0) {
       fmt::print("note: leniency {} < 1 is lossy: this output is NOT distributed as the target's\n", c.params.leniency);

@@ -2,7 +2,9 @@
 // and for K = 1, and never fewer accepted tokens per round. Each exactness check also runs a
 // broken variant built from a pitfall others hit, which the same statistic must reject.
 
-#include <specsample/specsample.hpp>
+#include <specsample/drafters/ngram.hpp>
+#include <specsample/sampling/loop.hpp>
+#include <specsample/toy.hpp>
 #include <specsample/testing/distribution.hpp>
 
 #include <catch2/catch.hpp>

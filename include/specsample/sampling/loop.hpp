@@ -4,6 +4,7 @@
 
 #include <specsample/concepts.hpp>
 #include <specsample/error.hpp>
+#include <specsample/sampling/drafter.hpp>
 #include <specsample/sampling/params.hpp>
 #include <specsample/sampling/random.hpp>
 #include <specsample/sampling/stats.hpp>
@@ -56,66 +57,21 @@ void check_fits(const M& m, const char* role, std::size_t prompt, std::size_t ma
   }
 }
 
-// Calls m.append(t) and hands the (V, t.size()) logits to `use`, after checking that the model
-// kept its side of the contract (shape, and size() growing by t.size()).
-template <class M, class F>
-void forward(M& m, std::span<const token> t, std::size_t vocab, const char* role, F&& use) {
-  const auto before = static_cast<std::size_t>(m.size());
-  auto&& out = m.append(t);
-  const auto after = static_cast<std::size_t>(m.size());
-  if (after != before + t.size()) {
-    throw error(fmt::format("{} model reports size() = {} after appending {} tokens to a context of {}",
-                            role, after, t.size(), before));
-  }
-  auto checked = [&](const auto& logits) {
-    if (static_cast<std::size_t>(logits.rows()) != vocab ||
-        static_cast<std::size_t>(logits.cols()) != t.size()) {
-      throw error(fmt::format("{} model returned logits of shape ({}, {}) for {} tokens; expected ({}, {})",
-                              role, logits.rows(), logits.cols(), t.size(), vocab, t.size()));
-    }
-    use(logits);
-  };
-  using R = std::remove_cvref_t<decltype(out)>;
-  if constexpr (std::is_base_of_v<Eigen::DenseBase<R>, R>) {
-    checked(out);  // Eigen matrices, maps and expressions are used in place
-  } else {
-    const Eigen::MatrixXf converted = out;
-    checked(converted);
-  }
-}
-
-// The tokens of `ctx[0, end)` that `m` does not hold yet.
-template <class M>
-std::span<const token> missing(const M& m, const std::vector<token>& ctx, std::size_t end, const char* role) {
-  const auto held = static_cast<std::size_t>(m.size());
-  if (held >= end) {
-    throw error(fmt::format("{} model reports size() = {} but the loop expected at most {} tokens in its context",
-                            role, held, end - 1));
-  }
-  return std::span<const token>(ctx).subspan(held, end - held);
-}
-
-template <class M>
-void prefill(M& m, const std::vector<token>& ctx, std::size_t vocab, const char* role) {
-  m.truncate(0);
-  if (ctx.size() > 1) forward(m, std::span<const token>(ctx).first(ctx.size() - 1), vocab, role, [](const auto&) {});
-}
-
-// Stands in for the draft in autoregressive sampling.
+// Stands in for the drafter in autoregressive sampling.
 struct no_draft {};
 
-// The one loop. With Draft = no_draft it is autoregressive sampling: every round verifies zero
+// The one loop. With Drafter = no_draft it is autoregressive sampling: every round verifies zero
 // drafts, so its single token is drawn from p directly.
-template <class Draft, class Target, class Rng, class Observer, class Verifier>
-generation_result generate(Draft& draft, Target& target, std::span<const token> prompt,
+template <class Drafter, class Target, class Rng, class Observer, class Verifier>
+generation_result generate(Drafter& drafter, Target& target, std::span<const token> prompt,
                            const speculative_params& params, Rng& rng, Observer& observer, Verifier& verify) {
   const auto t_start = clock::now();
-  constexpr bool has_draft = !std::is_same_v<Draft, no_draft>;
+  constexpr bool has_draft = !std::is_same_v<Drafter, no_draft>;
   const auto vocab = static_cast<std::size_t>(target.vocab_size());
   if constexpr (has_draft) {
-    if (static_cast<std::size_t>(draft.vocab_size()) != vocab) {
+    if (static_cast<std::size_t>(drafter.vocab_size()) != vocab) {
       throw error(fmt::format("draft and target vocabularies differ: the draft has {} tokens, the target has {}",
-                              draft.vocab_size(), vocab));
+                              drafter.vocab_size(), vocab));
     }
     validate(params, vocab);
   } else {
@@ -125,7 +81,6 @@ generation_result generate(Draft& draft, Target& target, std::span<const token> 
   }
   check_prompt(prompt, vocab);
   check_fits(target, "target", prompt.size(), params.max_new_tokens);
-  if constexpr (has_draft) check_fits(draft, "draft", prompt.size(), params.max_new_tokens);
 
   const std::size_t max_k = has_draft ? params.draft_length : 0;
   const auto max_new = params.max_new_tokens;
@@ -140,31 +95,33 @@ generation_result generate(Draft& draft, Target& target, std::span<const token> 
   const auto v = static_cast<Eigen::Index>(vocab);
   Eigen::MatrixXf q(v, static_cast<Eigen::Index>(max_k));      // q: (V, K) draft distributions
   Eigen::MatrixXf p(v, static_cast<Eigen::Index>(max_k) + 1);  // p: (V, K+1) target distributions
+  std::vector<token> drafts(max_k);
   std::vector<draft_event> events;
   events.reserve(max_k);
+  std::size_t k_cap = max_k;  // the adaptive schedule's current draft length
 
   {
     const auto t0 = clock::now();
     prefill(target, ctx, vocab, "target");
-    if constexpr (has_draft) prefill(draft, ctx, vocab, "draft");
+    if constexpr (has_draft) drafter.begin(ctx);
     stats.prefill_seconds = seconds_since(t0);
   }
 
   while (result.tokens.size() < max_new) {
     const std::size_t remaining = max_new - result.tokens.size();
-    const std::size_t k = std::min(max_k, remaining - 1);  // never draft past max_new_tokens
+    std::size_t k = std::min(k_cap, remaining - 1);  // never draft past max_new_tokens
     const std::size_t len = ctx.size();
 
-    // Draft k tokens one at a time; each call first catches the draft up on what it lacks.
     if constexpr (has_draft) {
-      for (std::size_t i = 0; i < k; ++i) {
+      if (k > 0) {
         const auto t0 = clock::now();
-        forward(draft, missing(draft, ctx, len + i, "draft"), vocab, "draft", [&](const auto& logits) {
-          warp(logits.col(logits.cols() - 1), q.col(static_cast<Eigen::Index>(i)));
-        });
+        const proposal made = drafter.propose(std::span<const token>(ctx), k, q.leftCols(static_cast<Eigen::Index>(k)),
+                                              std::span<token>(drafts).first(k), rng);
         stats.draft_seconds += seconds_since(t0);
-        ++stats.draft_calls;
-        ctx.push_back(sample_categorical(q.col(static_cast<Eigen::Index>(i)), rng));
+        stats.draft_calls += made.forward_calls;
+        if (made.tokens > k) throw error(fmt::format("drafter proposed {} tokens when asked for {}", made.tokens, k));
+        k = made.tokens;
+        ctx.insert(ctx.end(), drafts.begin(), drafts.begin() + static_cast<std::ptrdiff_t>(k));
       }
     }
 
@@ -179,9 +136,9 @@ generation_result generate(Draft& draft, Target& target, std::span<const token> 
       ++stats.target_calls;
     }
 
-    const auto drafts = std::span<const token>(ctx).subspan(len, k);
+    const auto proposed = std::span<const token>(ctx).subspan(len, k);
     const auto ki = static_cast<Eigen::Index>(k);
-    const verify_result outcome = verify(drafts, q.leftCols(ki), p.leftCols(ki + 1), rng);
+    const verify_result outcome = verify(proposed, q.leftCols(ki), p.leftCols(ki + 1), rng);
     if (outcome.accepted > k || outcome.next < 0 || static_cast<std::size_t>(outcome.next) >= vocab) {
       throw error(fmt::format("verifier returned {} accepted of {} drafts and next token {}",
                               outcome.accepted, k, outcome.next));
@@ -190,7 +147,7 @@ generation_result generate(Draft& draft, Target& target, std::span<const token> 
       events.clear();
       for (std::size_t i = 0; i < k; ++i) {
         const auto ii = static_cast<Eigen::Index>(i);
-        events.push_back({drafts[i], q(drafts[i], ii), p(drafts[i], ii), i < outcome.accepted});
+        events.push_back({proposed[i], q(proposed[i], ii), p(proposed[i], ii), i < outcome.accepted});
       }
     }
     ctx.resize(len + outcome.accepted);
@@ -218,8 +175,11 @@ generation_result generate(Draft& draft, Target& target, std::span<const token> 
 
     // Restore the invariant: every model holds a prefix of ctx, the target all but the last token.
     target.truncate(ctx.size() - 1);
-    if constexpr (has_draft) {
-      if (static_cast<std::size_t>(draft.size()) > ctx.size() - 1) draft.truncate(ctx.size() - 1);
+    if constexpr (has_draft) drafter.sync(std::span<const token>(ctx));
+    // Adaptive draft length (transformers' heuristic): +2 after a fully accepted round, -1 after a
+    // rejection. It depends only on past rounds, so sampling stays exact.
+    if (params.adaptive_draft_length && k > 0) {
+      k_cap = outcome.accepted == k ? std::min(max_k, k_cap + 2) : std::max<std::size_t>(1, k_cap - 1);
     }
 
     if constexpr (!std::is_same_v<std::remove_cvref_t<Observer>, no_observer>) {
@@ -230,6 +190,18 @@ generation_result generate(Draft& draft, Target& target, std::span<const token> 
   }
   stats.total_seconds = seconds_since(t_start);
   return result;
+}
+
+// The verifier `params` selects.
+template <class Drafter, class Target, class Rng, class Observer>
+generation_result generate_with(Drafter& drafter, Target& target, std::span<const token> prompt,
+                                const speculative_params& params, Rng& rng, Observer& observer) {
+  if (params.verify == verification::block) {
+    block_verifier verifier;
+    return generate(drafter, target, prompt, params, rng, observer, verifier);
+  }
+  tokenwise_verifier verifier{params.leniency};
+  return generate(drafter, target, prompt, params, rng, observer, verifier);
 }
 
 }  // namespace detail
@@ -252,7 +224,9 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
 generation_result speculative_sample(Draft& draft, Target& target, std::span<const token> prompt,
                                      const speculative_params& params, Rng& rng, Observer&& observer,
                                      Verifier&& verifier) {
-  return detail::generate(draft, target, prompt, params, rng, observer, verifier);
+  detail::check_fits(draft, "draft", prompt.size(), params.max_new_tokens);
+  model_drafter<Draft> drafter(draft, params.sampling, params.draft_min_probability);
+  return detail::generate(drafter, target, prompt, params, rng, observer, verifier);
 }
 
 /// Speculative sampling with the verification rule `params.verify` (token-wise by default),
@@ -260,12 +234,9 @@ generation_result speculative_sample(Draft& draft, Target& target, std::span<con
 template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng, class Observer>
 generation_result speculative_sample(Draft& draft, Target& target, std::span<const token> prompt,
                                      const speculative_params& params, Rng& rng, Observer&& observer) {
-  if (params.verify == verification::block) {
-    block_verifier verifier;
-    return detail::generate(draft, target, prompt, params, rng, observer, verifier);
-  }
-  tokenwise_verifier verifier{params.leniency};
-  return detail::generate(draft, target, prompt, params, rng, observer, verifier);
+  detail::check_fits(draft, "draft", prompt.size(), params.max_new_tokens);
+  model_drafter<Draft> drafter(draft, params.sampling, params.draft_min_probability);
+  return detail::generate_with(drafter, target, prompt, params, rng, observer);
 }
 
 /// Speculative sampling with the verification rule `params.verify` (token-wise by default).
@@ -273,6 +244,15 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
 generation_result speculative_sample(Draft& draft, Target& target, std::span<const token> prompt,
                                      const speculative_params& params, Rng& rng) {
   return speculative_sample(draft, target, prompt, params, rng, no_observer{});
+}
+
+/// Speculative sampling with a model-free (or any custom) `drafter`, e.g.
+/// `drafters::ngram`: exact for any drafter that honours the `drafter` contract.
+template <drafter Drafter, language_model Target, std::uniform_random_bit_generator Rng, class Observer = no_observer>
+  requires(!language_model<Drafter>)
+generation_result speculative_sample(Drafter& drafter, Target& target, std::span<const token> prompt,
+                                     const speculative_params& params, Rng& rng, Observer&& observer = {}) {
+  return detail::generate_with(drafter, target, prompt, params, rng, observer);
 }
 
 /// Plain autoregressive sampling from `target` with the same warping: the reference distribution
@@ -295,7 +275,7 @@ generation_result autoregressive_sample(Target& target, std::span<const token> p
 /// Readable diagnostics for a type that is not a `language_model`: one static_assert per missing
 /// requirement instead of a page of unsatisfied constraints.
 template <class Draft, class Target, class Rng, class... Rest>
-  requires(!language_model<Draft> || !language_model<Target>)
+  requires((!language_model<Draft> && !drafter<Draft>) || !language_model<Target>)
 generation_result speculative_sample(Draft&, Target&, std::span<const token>, const speculative_params&, Rng&,
                                      Rest&&...) {
   SPECSAMPLE_CHECK_MODEL(Draft, "Draft");

@@ -36,6 +36,12 @@ struct speculative_params {
   sampling_params sampling{};        ///< warping shared by draft and target.
   std::optional<token> eos{};        ///< stop right after emitting this token.
   verification verify = verification::token_wise;  ///< the verification rule.
+  /// Stop drafting a round early when the draft model's most probable token has probability
+  /// below this (llama.cpp's p_min); 0 = off. In [0, 1). Exact: a draft-side decision.
+  float draft_min_probability = 0.0f;
+  /// Adapt the draft length between rounds (transformers' heuristic): +2 after a fully accepted
+  /// round, -1 after a rejection, within [1, draft_length]. Exact: it depends on past rounds only.
+  bool adaptive_draft_length = false;
   /// LOSSY when below 1: token-wise acceptance draws its uniform from U[0, leniency), so more
   /// drafts pass and the output drifts toward the draft. 1 (the default) is exact. In (0, 1].
   double leniency = 1.0;
@@ -64,6 +70,10 @@ inline void validate(const speculative_params& s, std::size_t vocab) {
   validate(s.sampling);
   if (s.draft_length == 0) {
     throw error("speculative_params.draft_length must be >= 1 (the draft proposes K >= 1 tokens per round)");
+  }
+  if (!(s.draft_min_probability >= 0.0f && s.draft_min_probability < 1.0f)) {
+    throw error(fmt::format("speculative_params.draft_min_probability must be in [0, 1) (0 = off), got {}",
+                            s.draft_min_probability));
   }
   if (!(s.leniency > 0.0 && s.leniency <= 1.0)) {
     throw error(fmt::format("speculative_params.leniency must be in (0, 1] (1 = exact), got {}", s.leniency));

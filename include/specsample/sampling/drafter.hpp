@@ -1,0 +1,147 @@
+#pragma once
+/// @file drafter.hpp
+/// The drafter concept (what proposes tokens in a round) and the adapter that makes any
+/// `language_model` a drafter. Drafters need not be language models: see drafters/ngram.hpp.
+
+#include <specsample/concepts.hpp>
+#include <specsample/error.hpp>
+#include <specsample/sampling/params.hpp>
+#include <specsample/sampling/random.hpp>
+#include <specsample/sampling/warp.hpp>
+
+#include <Eigen/Core>
+#include <fmt/format.h>
+
+#include <cstddef>
+#include <random>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+namespace specsample {
+
+/// What a drafter did in one `propose` call.
+struct proposal {
+  std::size_t tokens = 0;         ///< drafts written (<= the requested count; 0 is allowed)
+  std::size_t forward_calls = 0;  ///< model forward calls spent (0 for model-free drafters)
+};
+
+/// A source of draft tokens for `speculative_sample`.
+///
+/// A type `D` models `drafter` when, for `D& d`, `const D& cd`, the context
+/// `std::span<const token> ctx` (prompt + emitted so far), a count `k`, `Eigen::Ref<Eigen::MatrixXf> q`
+/// of shape (V, k) and `std::span<token> out` of size k, and a uniform random bit generator `rng`:
+///  1. `cd.vocab_size()` returns V;
+///  2. `d.begin(ctx)` prepares for a generation from prompt `ctx`;
+///  3. `d.propose(ctx, k, q, out, rng)` writes n <= k drafts to out[0..n) and, in q.col(i), the full
+///     distribution draft i was drawn from (one-hot for deterministic proposals), conditioned on
+///     ctx + out[0..i), and returns `proposal{n, forward_calls}`. The choice of n and of the drafts
+///     may depend on anything but the target's output for this round: that keeps sampling exact;
+///  4. `d.sync(ctx)` is told the context after each round (for KV-cache rollback and the like).
+template <class D>
+concept drafter = requires(D& d, const D& cd, std::span<const token> ctx, std::size_t k, Eigen::Ref<Eigen::MatrixXf> q,
+                           std::span<token> out, std::mt19937_64& rng) {
+  { cd.vocab_size() } -> std::convertible_to<std::size_t>;
+  d.begin(ctx);
+  { d.propose(ctx, k, q, out, rng) } -> std::same_as<proposal>;
+  d.sync(ctx);
+};
+
+namespace detail {
+
+// Calls m.append(t) and hands the (V, t.size()) logits to `use`, after checking that the model
+// kept its side of the contract (shape, and size() growing by t.size()).
+template <class M, class F>
+void forward(M& m, std::span<const token> t, std::size_t vocab, const char* role, F&& use) {
+  const auto before = static_cast<std::size_t>(m.size());
+  auto&& out = m.append(t);
+  const auto after = static_cast<std::size_t>(m.size());
+  if (after != before + t.size()) {
+    throw error(fmt::format("{} model reports size() = {} after appending {} tokens to a context of {}",
+                            role, after, t.size(), before));
+  }
+  auto checked = [&](const auto& logits) {
+    if (static_cast<std::size_t>(logits.rows()) != vocab ||
+        static_cast<std::size_t>(logits.cols()) != t.size()) {
+      throw error(fmt::format("{} model returned logits of shape ({}, {}) for {} tokens; expected ({}, {})",
+                              role, logits.rows(), logits.cols(), t.size(), vocab, t.size()));
+    }
+    use(logits);
+  };
+  using R = std::remove_cvref_t<decltype(out)>;
+  if constexpr (std::is_base_of_v<Eigen::DenseBase<R>, R>) {
+    checked(out);  // Eigen matrices, maps and expressions are used in place
+  } else {
+    const Eigen::MatrixXf converted = out;
+    checked(converted);
+  }
+}
+
+// The tokens of ctx[0, end) that `m` does not hold yet.
+template <class M>
+std::span<const token> missing(const M& m, std::span<const token> ctx, std::size_t end, const char* role) {
+  const auto held = static_cast<std::size_t>(m.size());
+  if (held >= end) {
+    throw error(fmt::format("{} model reports size() = {} but the loop expected at most {} tokens in its context",
+                            role, held, end - 1));
+  }
+  return ctx.subspan(held, end - held);
+}
+
+// Resets `m` to hold all of ctx but its last token.
+template <class M>
+void prefill(M& m, std::span<const token> ctx, std::size_t vocab, const char* role) {
+  m.truncate(0);
+  if (ctx.size() > 1) forward(m, ctx.first(ctx.size() - 1), vocab, role, [](const auto&) {});
+}
+
+}  // namespace detail
+
+/// Makes a `language_model` a drafter: samples each draft from the model's warped distribution,
+/// one forward call per draft (the first call of a round also catches the model up on the
+/// tokens it lacks). Optionally stops early when the draft's most probable token falls below
+/// `min_probability` (llama.cpp's p_min): a draft-side decision, so sampling stays exact.
+template <language_model M>
+class model_drafter {
+ public:
+  model_drafter(M& model, const sampling_params& sampling, float min_probability = 0.0f)
+      : model_(&model), warp_(sampling, static_cast<std::size_t>(model.vocab_size())), min_probability_(min_probability) {
+    if (!(min_probability >= 0.0f && min_probability < 1.0f)) {
+      throw error(fmt::format("draft min_probability must be in [0, 1), got {}", min_probability));
+    }
+  }
+
+  [[nodiscard]] std::size_t vocab_size() const { return static_cast<std::size_t>(model_->vocab_size()); }
+  [[nodiscard]] M& model() noexcept { return *model_; }
+
+  void begin(std::span<const token> ctx) { detail::prefill(*model_, ctx, vocab_size(), "draft"); }
+
+  template <std::uniform_random_bit_generator Rng>
+  proposal propose(std::span<const token> ctx, std::size_t k, Eigen::Ref<Eigen::MatrixXf> q, std::span<token> out,
+                   Rng& rng) {
+    proposal made;
+    for (std::size_t i = 0; i < k; ++i) {
+      const auto col = static_cast<Eigen::Index>(i);
+      const std::span<const token> input =
+          i == 0 ? detail::missing(*model_, ctx, ctx.size(), "draft") : std::span<const token>(&out[i - 1], 1);
+      detail::forward(*model_, input, vocab_size(), "draft",
+                      [&](const auto& logits) { warp_(logits.col(logits.cols() - 1), q.col(col)); });
+      ++made.forward_calls;
+      if (min_probability_ > 0.0f && q.col(col).maxCoeff() < min_probability_) break;
+      out[i] = sample_categorical(q.col(col), rng);
+      made.tokens = i + 1;
+    }
+    return made;
+  }
+
+  void sync(std::span<const token> ctx) {
+    if (static_cast<std::size_t>(model_->size()) > ctx.size() - 1) model_->truncate(ctx.size() - 1);
+  }
+
+ private:
+  M* model_;
+  logit_warper warp_;
+  float min_probability_;
+};
+
+}  // namespace specsample

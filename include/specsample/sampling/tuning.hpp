@@ -1,0 +1,131 @@
+#pragma once
+/// @file tuning.hpp
+/// Choosing the draft length (and the draft) from measurements: the performance model,
+/// per-position acceptance, the draft/target cost ratio, and a short warm-up that measures both.
+
+#include <specsample/concepts.hpp>
+#include <specsample/error.hpp>
+#include <specsample/sampling/drafter.hpp>
+#include <specsample/sampling/loop.hpp>
+#include <specsample/sampling/params.hpp>
+#include <specsample/sampling/stats.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+namespace specsample {
+
+/// Expected tokens per round with K drafts when draft i passes with probability a[i] given that
+/// drafts 0..i-1 passed: 1 + Σ_{j=1..K} Π_{i<j} a[i]. With a constant α this is
+/// (1 - α^(K+1)) / (1 - α).
+[[nodiscard]] inline double expected_tokens_per_round(std::span<const double> acceptance, std::size_t k) {
+  double expected = 1.0, reach = 1.0;
+  for (std::size_t i = 0; i < k; ++i) {
+    reach *= i < acceptance.size() ? acceptance[i] : (acceptance.empty() ? 0.0 : acceptance.back());
+    expected += reach;
+  }
+  return expected;
+}
+
+/// The speedup the performance model predicts: expected tokens per round / (c·K + 1), where c is
+/// the cost of one draft call relative to one target call (Leviathan et al., Theorem 3.8).
+[[nodiscard]] inline double predicted_speedup(std::span<const double> acceptance, double c, std::size_t k) {
+  return expected_tokens_per_round(acceptance, k) / (c * static_cast<double>(k) + 1.0);
+}
+
+/// The same with one acceptance probability α for every position: (1 - α^(K+1)) / ((1 - α)(cK + 1)).
+[[nodiscard]] inline double predicted_speedup(double alpha, double c, std::size_t k) {
+  const std::vector<double> a(k, alpha);
+  return predicted_speedup(std::span<const double>(a), c, k);
+}
+
+/// The K in [1, k_max] with the highest predicted speedup (the smaller K on ties).
+[[nodiscard]] inline std::size_t best_draft_length(std::span<const double> acceptance, double c, std::size_t k_max) {
+  std::size_t best = 1;
+  for (std::size_t k = 2; k <= k_max; ++k) {
+    if (predicted_speedup(acceptance, c, k) > predicted_speedup(acceptance, c, best) + 1e-12) best = k;
+  }
+  return best;
+}
+
+/// Acceptance by draft position, accumulated from round events: rate(i) = P(draft i accepted |
+/// drafts 0..i-1 accepted). Use it as an observer.
+class position_acceptance {
+ public:
+  explicit position_acceptance(std::size_t k_max) : reached_(k_max, 0), accepted_(k_max, 0) {}
+  void operator()(const round_event& e) {
+    for (std::size_t i = 0; i < e.drafts.size() && i < reached_.size(); ++i) {
+      ++reached_[i];
+      if (!e.drafts[i].accepted) break;
+      ++accepted_[i];
+    }
+  }
+  /// Rates per position; a position never reached borrows the previous rate (or 0).
+  [[nodiscard]] std::vector<double> rates() const {
+    std::vector<double> r(reached_.size(), 0.0);
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      r[i] = reached_[i] > 0 ? static_cast<double>(accepted_[i]) / static_cast<double>(reached_[i])
+                             : (i > 0 ? r[i - 1] : 0.0);
+    }
+    return r;
+  }
+  [[nodiscard]] std::size_t reached(std::size_t i) const { return reached_.at(i); }
+
+ private:
+  std::vector<std::size_t> reached_, accepted_;
+};
+
+/// Seconds of a single-token `append` (then `truncate` back) on `m` after `context`: the minimum
+/// over `reps` calls, the least disturbed by other load on a shared machine.
+template <language_model M>
+[[nodiscard]] double single_token_seconds(M& m, std::span<const token> context, std::size_t reps = 15) {
+  if (context.empty()) throw error("single_token_seconds: the context must not be empty");
+  detail::prefill(m, context, static_cast<std::size_t>(m.vocab_size()), "timed");
+  const std::span<const token> last = context.last(1);
+  std::vector<double> s;
+  for (std::size_t r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    (void)m.append(last);
+    s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    m.truncate(context.size() - 1);
+  }
+  return *std::min_element(s.begin(), s.end());
+}
+
+/// What a warm-up measured for one draft.
+struct calibration {
+  std::vector<double> acceptance;  ///< per draft position, see position_acceptance
+  double cost_ratio = 0.0;         ///< c: single-token draft call / single-token target call
+  std::size_t best_k = 1;          ///< argmax of the predicted speedup over K in [1, k_max]
+  double predicted = 1.0;          ///< the predicted speedup at best_k
+};
+
+/// Runs a short speculative generation with K = k_max from `prompt` (`warmup_tokens` tokens,
+/// the caller's sampling parameters) to measure acceptance by position, times single-token calls
+/// of both models for c, and picks the K that maximises the predicted speedup.
+template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng>
+[[nodiscard]] calibration calibrate(Draft& draft, Target& target, std::span<const token> prompt,
+                                    const speculative_params& params, Rng& rng, std::size_t k_max = 8,
+                                    std::size_t warmup_tokens = 64) {
+  if (k_max == 0) throw error("calibrate: k_max must be >= 1");
+  speculative_params warm = params;
+  warm.draft_length = k_max;
+  warm.max_new_tokens = warmup_tokens;
+  warm.adaptive_draft_length = false;
+  position_acceptance positions(k_max);
+  (void)speculative_sample(draft, target, prompt, warm, rng, positions);
+  calibration c;
+  c.acceptance = positions.rates();
+  c.cost_ratio = single_token_seconds(draft, prompt) / single_token_seconds(target, prompt);
+  c.best_k = best_draft_length(c.acceptance, c.cost_ratio, k_max);
+  c.predicted = predicted_speedup(c.acceptance, c.cost_ratio, c.best_k);
+  return c;
+}
+
+}  // namespace specsample

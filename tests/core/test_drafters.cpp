@@ -1,0 +1,165 @@
+// Drafters beyond a second model: n-gram prompt lookup, early stopping (p_min) and the adaptive
+// draft length. Each is exact: G-tests against the target's exact distribution, with a broken
+// counterpart the same statistic rejects, and greedy identity.
+
+#include <specsample/drafters/ngram.hpp>
+#include <specsample/sampling/loop.hpp>
+#include <specsample/toy.hpp>
+#include <specsample/testing/distribution.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <random>
+#include <memory>
+#include <set>
+#include <vector>
+
+using namespace specsample;
+
+namespace {
+
+constexpr double pass_threshold = 1e-3;
+constexpr double fail_threshold = 1e-6;
+
+// On rejection draws from p instead of the residual: with one-hot proposals that re-proposes the
+// rejected token too often.
+struct resample_from_target {
+  template <class Rng>
+  verify_result operator()(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
+                           const Eigen::Ref<const Eigen::MatrixXf>& p, Rng& rng) const {
+    const auto k = static_cast<Eigen::Index>(drafts.size());
+    for (Eigen::Index i = 0; i < k; ++i) {
+      const token x = drafts[static_cast<std::size_t>(i)];
+      if (p(x, i) >= q(x, i) || uniform_01(rng) < double(p(x, i)) / double(q(x, i))) continue;
+      return {static_cast<std::size_t>(i), sample_categorical(p.col(i), rng), false};
+    }
+    return {static_cast<std::size_t>(k), sample_categorical(p.col(k), rng), true};
+  }
+};
+
+template <class Drafter, class Verifier>
+testing::fit_result fit_drafter(Drafter& drafter, toy::markov& target, const std::vector<token>& prompt,
+                                const speculative_params& params, Verifier verifier, std::size_t samples = 100'000) {
+  const auto exact = testing::exact_sequence_distribution(target, prompt, params.max_new_tokens, params.sampling);
+  testing::sequence_histogram hist(target.vocab_size(), params.max_new_tokens);
+  std::mt19937_64 rng(77);
+  for (std::size_t i = 0; i < samples; ++i) {
+    hist.add(detail::generate(drafter, target, prompt, params, rng, *std::make_unique<no_observer>(), verifier).tokens);
+  }
+  return testing::g_test(hist.counts(), exact);
+}
+
+}  // namespace
+
+static_assert(drafter<drafters::ngram>);
+static_assert(drafter<model_drafter<toy::markov>>);
+static_assert(!drafter<toy::markov>);
+
+TEST_CASE("the n-gram drafter proposes the continuation of the longest earlier suffix match", "[drafters][ngram]") {
+  drafters::ngram d(10, 3);
+  Eigen::MatrixXf q(10, 4);
+  std::vector<token> out(4);
+  std::mt19937 rng(1);
+  // ... 1 2 3 [4 5 6 7] ... 1 2 3 -> proposes 4 5 6 7
+  const std::vector<token> ctx{9, 1, 2, 3, 4, 5, 6, 7, 8, 2, 3, 1, 2, 3};
+  const proposal made = d.propose(ctx, 4, q, out, rng);
+  REQUIRE(made.tokens == 4);
+  CHECK(made.forward_calls == 0);
+  CHECK(out == std::vector<token>{4, 5, 6, 7});
+  CHECK(q.col(0).sum() == 1.0f);
+  CHECK(q(4, 0) == 1.0f);
+  // Only a 1-gram matches: the most recent earlier 8 is followed by 2 5 8, and the copy runs on
+  // into its own output (2 5 8 2).
+  const std::vector<token> ctx2{8, 2, 5, 8};
+  REQUIRE(d.propose(ctx2, 4, q, out, rng).tokens == 4);
+  CHECK(out == std::vector<token>{2, 5, 8, 2});
+  // No match at all: no proposal.
+  const std::vector<token> ctx3{1, 2, 3};
+  CHECK(d.propose(ctx3, 4, q, out, rng).tokens == 0);
+  CHECK_THROWS_AS(drafters::ngram(10, 1, 2), error);
+}
+
+TEST_CASE("n-gram drafting is exact on a self-repeating context", "[drafters][ngram][exactness]") {
+  auto target = toy::markov::random(4, 1, 12, 0.7f);
+  drafters::ngram d(4, 3);
+  const std::vector<token> prompt{0, 1, 2, 0, 1, 2, 0, 1};  // repeats: the drafter always proposes
+  speculative_params params;
+  params.max_new_tokens = 4;
+  params.draft_length = 3;
+  const auto good = fit_drafter(d, target, prompt, params, tokenwise_verifier{});
+  INFO("exact: G = " << good.statistic << ", p = " << good.p_value);
+  CHECK(good.p_value > pass_threshold);
+  const auto block = fit_drafter(d, target, prompt, params, block_verifier{});
+  INFO("block: G = " << block.statistic << ", p = " << block.p_value);
+  CHECK(block.p_value > pass_threshold);
+  const auto bad = fit_drafter(d, target, prompt, params, resample_from_target{});
+  INFO("broken: G = " << bad.statistic << ", p = " << bad.p_value);
+  CHECK(bad.p_value < fail_threshold);
+}
+
+TEST_CASE("n-gram drafting at temperature 0 equals greedy decoding and accepts repeated text", "[drafters][ngram]") {
+  // A deterministic cycle 0 -> 1 -> 2 -> 0: the drafter predicts it perfectly after one period.
+  Eigen::MatrixXf t = Eigen::MatrixXf::Constant(3, 4, 0.01f);
+  t(1, 0) = t(2, 1) = t(0, 2) = t(0, 3) = 1.0f;
+  toy::markov target(t, 1);
+  drafters::ngram d(3);
+  speculative_params params;
+  params.max_new_tokens = 30;
+  params.draft_length = 5;
+  params.sampling.temperature = 0.0f;
+  std::mt19937_64 rng(1);
+  const std::vector<token> prompt{0, 1, 2};
+  const auto spec = speculative_sample(d, target, prompt, params, rng);
+  const auto ar = autoregressive_sample(target, prompt, params, rng);
+  CHECK(spec.tokens == ar.tokens);
+  CHECK(spec.stats.draft_calls == 0);
+  CHECK(spec.stats.tokens_per_target_call() > 4.5);  // K + 1 = 6 once the cycle is in context
+}
+
+TEST_CASE("stopping the draft early below a probability threshold stays exact", "[drafters][p_min][exactness]") {
+  auto target = toy::markov::random(4, 2, 3, 0.8f);
+  auto draft_model = toy::markov::similar_to(target, 0.4, 4, 0.5f);
+  speculative_params params;
+  params.max_new_tokens = 4;
+  params.draft_length = 3;
+  params.draft_min_probability = 0.5f;
+  model_drafter<toy::markov> d(draft_model, params.sampling, params.draft_min_probability);
+  const auto good = fit_drafter(d, target, {0}, params, tokenwise_verifier{});
+  INFO("exact: G = " << good.statistic << ", p = " << good.p_value);
+  CHECK(good.p_value > pass_threshold);
+  const auto bad = fit_drafter(d, target, {0}, params, resample_from_target{});
+  CHECK(bad.p_value < fail_threshold);
+  // It does stop early: fewer drafts than K per round on average.
+  std::mt19937_64 rng(2);
+  params.max_new_tokens = 200;
+  const auto r = speculative_sample(draft_model, target, std::vector<token>{0}, params, rng);
+  CHECK(r.stats.drafted < 3 * r.stats.rounds);
+  CHECK(r.tokens.size() == 200);
+}
+
+TEST_CASE("the adaptive draft length stays exact and follows acceptance", "[drafters][adaptive][exactness]") {
+  auto target = toy::markov::random(4, 2, 8, 0.8f);
+  auto draft_model = toy::markov::similar_to(target, 0.2, 9, 0.8f);
+  speculative_params params;
+  params.max_new_tokens = 5;
+  params.draft_length = 4;
+  params.adaptive_draft_length = true;
+  model_drafter<toy::markov> d(draft_model, params.sampling);
+  const auto good = fit_drafter(d, target, {0}, params, tokenwise_verifier{});
+  INFO("exact: G = " << good.statistic << ", p = " << good.p_value);
+  CHECK(good.p_value > pass_threshold);
+  const auto bad = fit_drafter(d, target, {0}, params, resample_from_target{});
+  CHECK(bad.p_value < fail_threshold);
+
+  // The schedule really changes K (sampled), and greedy identity holds with it on.
+  params.max_new_tokens = 100;
+  std::vector<std::size_t> lengths;
+  std::mt19937_64 rng(5);
+  (void)speculative_sample(draft_model, target, std::vector<token>{0}, params, rng,
+                           [&](const round_event& e) { lengths.push_back(e.drafts.size()); });
+  params.sampling.temperature = 0.0f;
+  auto far = toy::markov::random(4, 2, 99, 0.8f);
+  const auto spec = speculative_sample(far, target, std::vector<token>{0}, params, rng);
+  CHECK(spec.tokens == autoregressive_sample(target, std::vector<token>{0}, params, rng).tokens);
+  CHECK(std::set<std::size_t>(lengths.begin(), lengths.end()).size() > 1);
+}

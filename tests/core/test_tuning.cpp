@@ -1,0 +1,57 @@
+#include <specsample/sampling/tuning.hpp>
+#include <specsample/toy.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <random>
+
+using namespace specsample;
+
+TEST_CASE("the performance model matches its closed form", "[tuning]") {
+  // (1 - a^(K+1)) / ((1 - a)(cK + 1))
+  for (const double a : {0.3, 0.64, 0.9}) {
+    for (const std::size_t k : {1u, 4u, 8u}) {
+      const double closed = (1 - std::pow(a, double(k) + 1)) / ((1 - a) * (0.075 * double(k) + 1));
+      CHECK(predicted_speedup(a, 0.075, k) == Approx(closed));
+    }
+  }
+  // The reference figures: alpha 0.637 (greedy) with c = 0.075 predicts 1.90 at K = 4.
+  CHECK(predicted_speedup(0.637, 0.075, 4) == Approx(1.90).margin(0.01));
+  const std::vector<double> a(8, 0.637);
+  CHECK(best_draft_length(a, 0.075, 8) == 4);
+  const std::vector<double> perfect(8, 1.0);
+  CHECK(best_draft_length(perfect, 0.0, 8) == 8);
+  const std::vector<double> hopeless(8, 0.0);
+  CHECK(best_draft_length(hopeless, 0.1, 8) == 1);
+}
+
+TEST_CASE("position acceptance counts each position only when it was reached", "[tuning]") {
+  position_acceptance pa(3);
+  const std::vector<draft_event> round1{{1, 0.5f, 0.5f, true}, {2, 0.5f, 0.1f, false}, {3, 0.5f, 0.5f, false}};
+  const std::vector<draft_event> round2{{1, 0.5f, 0.5f, true}, {2, 0.5f, 0.5f, true}, {3, 0.5f, 0.5f, true}};
+  pa(round_event{0, round1, {}, false, false});
+  pa(round_event{1, round2, {}, true, false});
+  const auto r = pa.rates();
+  CHECK(r[0] == 1.0);
+  CHECK(r[1] == 0.5);
+  CHECK(r[2] == 1.0);
+  CHECK(pa.reached(2) == 1);
+}
+
+TEST_CASE("calibration picks a longer draft for a better draft model", "[tuning]") {
+  auto target = toy::markov::random(8, 1, 1, 0.3f);
+  auto good = toy::markov::similar_to(target, 0.95, 2, 0.3f);
+  auto poor = toy::markov::similar_to(target, 0.05, 3, 0.3f);
+  const std::vector<token> prompt{0, 1};
+  speculative_params params;
+  std::mt19937_64 rng(1);
+  const auto g = calibrate(good, target, prompt, params, rng, 8, 400);
+  const auto p = calibrate(poor, target, prompt, params, rng, 8, 400);
+  INFO("good: alpha0 " << g.acceptance[0] << " K " << g.best_k << "; poor: alpha0 " << p.acceptance[0] << " K "
+                       << p.best_k);
+  CHECK(g.acceptance[0] > p.acceptance[0]);
+  CHECK(g.cost_ratio > 0.0);  // toy models cost about the same, so c is near 1 and K = 1 wins here
+  CHECK(g.best_k == best_draft_length(g.acceptance, g.cost_ratio, 8));
+  // With a cheap draft (c = 0.05), the measured acceptance asks for a longer K from the good draft.
+  CHECK(best_draft_length(g.acceptance, 0.05, 8) > best_draft_length(p.acceptance, 0.05, 8));
+}
