@@ -9,6 +9,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "../support/sanitizer.hpp"
+
 #include <random>
 #include <vector>
 
@@ -62,7 +64,8 @@ struct broken_block_verifier {
 
 template <class Verifier>
 testing::fit_result fit(toy::markov& draft, toy::markov& target, std::size_t k, std::size_t length,
-                        const sampling_params& sampling, Verifier v, std::size_t samples = 100'000) {
+                        const sampling_params& sampling, Verifier v,
+                        std::size_t samples = specsample::test::samples(100'000)) {
   speculative_params params;
   params.max_new_tokens = length;
   params.draft_length = k;

@@ -1,0 +1,942 @@
+// specsample-bench: the speculative-sampling sweep behind docs/benchmarks.md.
+//
+//   specsample-bench [--target DIR] [--draft DIR] [--prompts FILE] [-n N] [--reps R] [--k-max K]
+//                    [--temperatures 0,0.7,1] [--threads N] [--seed S] [--cost-samples N]
+//                    [--out DIR] [--quick]
+//
+// For every temperature T and draft length K = 1..k-max it generates -n tokens from each prompt,
+// --reps times, with plain autoregressive decoding and with speculative sampling, the two runs of
+// a (prompt, seed) pair back to back (alternating which goes first) so machine drift hits both.
+// Per cell it reports tokens/s, the paired speedup, acceptance (overall, α, per draft position),
+// tokens per target call, the cost ratio c and the predicted speedup
+// (1 − α^(K+1)) / ((1 − α)(cK + 1)); per temperature the best K and the time outside the models.
+// It also measures the cost ratio directly (single-token appends, interleaved), the target's cost of
+// verifying j tokens in one call, and a streaming-read memory-bandwidth probe.
+//
+// At temperature 0 every speculative output must equal the autoregressive one (same prompt): the
+// harness checks it for every run and exits with status 1 if any differs.
+//
+// Output: a markdown report on stdout; with --out DIR also DIR/sweep.md, DIR/sweep.json (every
+// figure and every run) and DIR/speedup.dat, DIR/acceptance.dat (read by benchmarks/plot.gp).
+// Progress goes to stderr. scripts/bench.sh builds Release, runs this and draws the plots.
+
+#include <specsample/gpt2.hpp>
+#include <specsample/specsample.hpp>
+#include <specsample/tokenizer.hpp>
+
+#include <Eigen/Core>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace fs = std::filesystem;
+using specsample::token;
+using json = nlohmann::json;
+
+namespace {
+
+using steady = std::chrono::steady_clock;
+
+double seconds_since(steady::time_point t0) { return std::chrono::duration<double>(steady::now() - t0).count(); }
+
+// ---------------------------------------------------------------------------------------------
+// Command line
+
+struct cli {
+  std::optional<fs::path> target, draft, prompts, out;
+  std::size_t n = 128, reps = 2, k_max = 8, threads = 1, cost_samples = 200, probe_reps = 9;
+  std::size_t max_prompts = 0;  // 0 = all
+  std::vector<double> temperatures{0.0, 0.7, 1.0};
+  std::uint64_t seed = 20240601;
+  bool quick = false;
+};
+
+[[noreturn]] void usage_error(const std::string& message) {
+  throw specsample::error(message + " (see --help)");
+}
+
+template <class T>
+T parse_number(std::string_view flag, std::string_view text) {
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc{} || end != text.data() + text.size()) {
+    usage_error(fmt::format("{} expects a number, got '{}'", flag, text));
+  }
+  return value;
+}
+
+constexpr std::string_view help = R"(usage: specsample-bench [options]
+  --target DIR          target checkpoint (default: the bundled models/shakespeare-target)
+  --draft DIR           draft checkpoint (default: models/shakespeare-draft; try
+                        models/shakespeare-draft-distilled)
+  --prompts FILE        prompt file (default: benchmarks/prompts.txt of the source tree)
+  -n N                  tokens generated per run (default 128)
+  --reps R              repetitions of every (prompt, K, temperature) (default 2)
+  --k-max K             sweep K = 1..K (default 8)
+  --temperatures LIST   comma-separated temperatures (default 0,0.7,1)
+  --threads N           kernel threads per model (default 1; 0 = all cores)
+  --seed S              base random seed (default 20240601)
+  --cost-samples N      single-append timings for the cost ratio (default 200)
+  --max-prompts N       use only the first N prompts (default: all)
+  --out DIR             also write DIR/sweep.md, sweep.json, speedup.dat, acceptance.dat
+  --quick               smoke test: -n 32, 1 rep, K <= 3, 2 prompts, few timing samples
+                        (explicit options still win)
+)";
+
+cli parse(int argc, char** argv) {
+  cli c;
+  std::vector<std::string> given;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto value = [&]() -> std::string_view {
+      if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", a));
+      return argv[++i];
+    };
+    given.emplace_back(a);
+    if (a == "--help" || a == "-h") {
+      std::fputs(help.data(), stdout);
+      std::exit(0);
+    } else if (a == "--target") c.target = fs::path(value());
+    else if (a == "--draft") c.draft = fs::path(value());
+    else if (a == "--prompts") c.prompts = fs::path(value());
+    else if (a == "--out") c.out = fs::path(value());
+    else if (a == "-n") c.n = parse_number<std::size_t>(a, value());
+    else if (a == "--reps") c.reps = parse_number<std::size_t>(a, value());
+    else if (a == "--k-max") c.k_max = parse_number<std::size_t>(a, value());
+    else if (a == "--threads") c.threads = parse_number<std::size_t>(a, value());
+    else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
+    else if (a == "--cost-samples") c.cost_samples = parse_number<std::size_t>(a, value());
+    else if (a == "--max-prompts") c.max_prompts = parse_number<std::size_t>(a, value());
+    else if (a == "--temperatures") {
+      c.temperatures.clear();
+      std::string_view list = value();
+      while (!list.empty()) {
+        const auto comma = list.find(',');
+        const auto item = list.substr(0, comma);
+        const double t = parse_number<double>("--temperatures", item);
+        if (!(t >= 0.0) || !std::isfinite(t)) usage_error(fmt::format("temperature {} must be finite and >= 0", item));
+        c.temperatures.push_back(t);
+        list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
+      }
+      if (c.temperatures.empty()) usage_error("--temperatures needs at least one value");
+    } else if (a == "--quick") c.quick = true;
+    else usage_error(fmt::format("unknown argument '{}'", a));
+  }
+  if (c.quick) {
+    const auto set = [&](std::string_view flag) { return std::find(given.begin(), given.end(), flag) != given.end(); };
+    if (!set("-n")) c.n = 32;
+    if (!set("--reps")) c.reps = 1;
+    if (!set("--k-max")) c.k_max = 3;
+    if (!set("--max-prompts")) c.max_prompts = 2;
+    if (!set("--cost-samples")) c.cost_samples = 20;
+    c.probe_reps = 3;
+  }
+  if (c.n == 0) usage_error("-n must be >= 1");
+  if (c.reps == 0) usage_error("--reps must be >= 1");
+  if (c.k_max == 0) usage_error("--k-max must be >= 1");
+  if (c.cost_samples == 0) usage_error("--cost-samples must be >= 1");
+  return c;
+}
+
+// The bundled models: $SPECSAMPLE_MODELS, next to an installed binary, or the source tree.
+fs::path bundled_models() {
+  std::vector<fs::path> candidates;
+  if (const char* env = std::getenv("SPECSAMPLE_MODELS")) candidates.emplace_back(env);
+  std::error_code ec;
+  const fs::path exe = fs::canonical("/proc/self/exe", ec);
+  if (!ec) {
+    candidates.push_back(exe.parent_path() / "../share/specsample/models");
+    candidates.push_back(exe.parent_path() / "../../models");
+  }
+#ifdef SPECSAMPLE_SOURCE_MODELS
+  candidates.emplace_back(SPECSAMPLE_SOURCE_MODELS);
+#endif
+  for (const auto& c : candidates) {
+    if (fs::exists(c / "shakespeare-target" / "config.json", ec)) return fs::weakly_canonical(c);
+  }
+  throw specsample::error("cannot find the bundled models (looked in $SPECSAMPLE_MODELS, next to the binary and "
+                          "in the source tree); pass --target and --draft");
+}
+
+fs::path default_prompts() {
+#ifdef SPECSAMPLE_BENCH_PROMPTS
+  return fs::path(SPECSAMPLE_BENCH_PROMPTS);
+#else
+  throw specsample::error("no default prompt file compiled in; pass --prompts FILE");
+#endif
+}
+
+// One prompt per line; "\n" and "\\" escapes; '#' comments and blank lines skipped.
+std::vector<std::string> load_prompts(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw specsample::error(fmt::format("{}: cannot open the prompt file", path.string()));
+  std::vector<std::string> prompts;
+  std::string line;
+  std::size_t number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (line.empty() || line.front() == '#') continue;
+    std::string p;
+    for (std::size_t i = 0; i < line.size(); ++i) {
+      if (line[i] != '\\') {
+        p += line[i];
+        continue;
+      }
+      if (i + 1 == line.size()) throw specsample::error(fmt::format("{}:{}: dangling backslash", path.string(), number));
+      const char e = line[++i];
+      if (e == 'n') p += '\n';
+      else if (e == 't') p += '\t';
+      else if (e == '\\') p += '\\';
+      else throw specsample::error(fmt::format("{}:{}: unknown escape \\{}", path.string(), number, e));
+    }
+    prompts.push_back(std::move(p));
+  }
+  if (prompts.empty()) throw specsample::error(fmt::format("{}: no prompts", path.string()));
+  return prompts;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small statistics
+
+struct summary {
+  double median = 0.0, min = 0.0, max = 0.0;
+};
+
+summary summarize(std::vector<double> v) {
+  if (v.empty()) return {};
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return {n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v.front(), v.back()};
+}
+
+json to_json(const summary& s) { return {{"median", s.median}, {"min", s.min}, {"max", s.max}}; }
+
+/// (1 − α^(K+1)) / (1 − α): expected tokens per round when each draft passes independently with
+/// probability α.
+double expected_tokens_per_round(double alpha, std::size_t k) {
+  if (alpha >= 1.0) return static_cast<double>(k + 1);
+  return (1.0 - std::pow(alpha, static_cast<double>(k + 1))) / (1.0 - alpha);
+}
+
+double predicted_speedup(double alpha, double c, std::size_t k) {
+  return expected_tokens_per_round(alpha, k) / (c * static_cast<double>(k) + 1.0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sweep
+
+// P(draft i accepted | drafts 0..i-1 accepted), counted from the per-round trace.
+struct position_counter {
+  std::vector<std::size_t> tested, accepted;
+  explicit position_counter(std::size_t k) : tested(k, 0), accepted(k, 0) {}
+  void operator()(const specsample::round_event& e) {
+    for (std::size_t i = 0; i < e.drafts.size() && i < tested.size(); ++i) {
+      if (i > 0 && !e.drafts[i - 1].accepted) break;  // never tested
+      ++tested[i];
+      if (e.drafts[i].accepted) ++accepted[i];
+    }
+  }
+};
+
+struct run_pair {
+  std::size_t prompt = 0, rep = 0;
+  std::uint64_t seed = 0;
+  bool ar_first = true;
+  specsample::generation_stats ar, spec;
+  bool identical = false;
+  [[nodiscard]] double ar_tps() const { return static_cast<double>(ar.tokens) / ar.total_seconds; }
+  [[nodiscard]] double spec_tps() const { return static_cast<double>(spec.tokens) / spec.total_seconds; }
+};
+
+struct cell {
+  double temperature = 0.0;
+  std::size_t k = 0;
+  std::vector<run_pair> runs;
+  std::vector<std::size_t> pos_tested, pos_accepted;
+  std::vector<std::size_t> histogram;
+
+  // Derived figures (filled by finish()).
+  summary ar_tps, spec_tps, speedup;
+  double speedup_of_medians = 0.0;
+  double acceptance = 0.0, alpha = 0.0, tokens_per_call = 0.0;
+  double c_stats = 0.0, verify_ratio_stats = 0.0;
+  double predicted = 0.0, predicted_verify = 0.0;
+  double overhead_spec = 0.0, overhead_ar = 0.0;
+  std::size_t identical = 0;
+  std::vector<double> position_acceptance;
+
+  void finish(double c_micro, double verify_ratio_micro) {
+    std::vector<double> a, s, r;
+    std::size_t drafted = 0, accepted = 0, corrections = 0, tokens = 0, tcalls = 0, dcalls = 0, ar_calls = 0;
+    double dsec = 0, tsec = 0, ar_tsec = 0, spec_over = 0, spec_total = 0, ar_over = 0, ar_total = 0;
+    histogram.assign(k + 1, 0);
+    for (const auto& p : runs) {
+      a.push_back(p.ar_tps());
+      s.push_back(p.spec_tps());
+      r.push_back(p.ar.total_seconds / p.spec.total_seconds);
+      drafted += p.spec.drafted;
+      accepted += p.spec.accepted;
+      corrections += p.spec.corrections;
+      tokens += p.spec.tokens;
+      tcalls += p.spec.target_calls;
+      dcalls += p.spec.draft_calls;
+      dsec += p.spec.draft_seconds;
+      tsec += p.spec.target_seconds;
+      ar_tsec += p.ar.target_seconds;
+      ar_calls += p.ar.target_calls;
+      spec_over += p.spec.overhead_seconds();
+      spec_total += p.spec.total_seconds;
+      ar_over += p.ar.overhead_seconds();
+      ar_total += p.ar.total_seconds;
+      for (std::size_t i = 0; i < p.spec.accepted_histogram.size() && i <= k; ++i) histogram[i] += p.spec.accepted_histogram[i];
+      identical += p.identical ? 1 : 0;
+    }
+    ar_tps = summarize(a);
+    spec_tps = summarize(s);
+    speedup = summarize(r);
+    speedup_of_medians = spec_tps.median / ar_tps.median;
+    acceptance = drafted ? static_cast<double>(accepted) / static_cast<double>(drafted) : 0.0;
+    alpha = accepted + corrections ? static_cast<double>(accepted) / static_cast<double>(accepted + corrections) : 0.0;
+    tokens_per_call = tcalls ? static_cast<double>(tokens) / static_cast<double>(tcalls) : 0.0;
+    const double t_ar_call = ar_tsec / static_cast<double>(ar_calls);
+    c_stats = (dsec / static_cast<double>(dcalls)) / t_ar_call;
+    verify_ratio_stats = (tsec / static_cast<double>(tcalls)) / t_ar_call;
+    predicted = predicted_speedup(alpha, c_micro, k);
+    predicted_verify = expected_tokens_per_round(alpha, k) / (c_micro * static_cast<double>(k) + verify_ratio_micro);
+    overhead_spec = spec_over / spec_total;
+    overhead_ar = ar_over / ar_total;
+    position_acceptance.clear();
+    for (std::size_t i = 0; i < pos_tested.size(); ++i) {
+      position_acceptance.push_back(pos_tested[i] ? static_cast<double>(pos_accepted[i]) / static_cast<double>(pos_tested[i])
+                                                  : std::nan(""));
+    }
+  }
+};
+
+json stats_json(const specsample::generation_stats& s) {
+  return {{"tokens", s.tokens},
+          {"rounds", s.rounds},
+          {"target_calls", s.target_calls},
+          {"draft_calls", s.draft_calls},
+          {"drafted", s.drafted},
+          {"accepted", s.accepted},
+          {"corrections", s.corrections},
+          {"bonus", s.bonus},
+          {"accepted_histogram", s.accepted_histogram},
+          {"prefill_seconds", s.prefill_seconds},
+          {"draft_seconds", s.draft_seconds},
+          {"target_seconds", s.target_seconds},
+          {"total_seconds", s.total_seconds},
+          {"overhead_seconds", s.overhead_seconds()},
+          {"tokens_per_second", static_cast<double>(s.tokens) / s.total_seconds}};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cost ratio: single-token appends of each model at the same context length, interleaved, and the
+// target's cost of scoring j tokens in one call (what a verification round costs).
+
+struct cost_result {
+  std::size_t context = 0, samples = 0;
+  summary draft_1;                  // seconds per single-token draft append
+  std::vector<summary> target_j;    // target_j[j-1]: seconds per j-token target append, j = 1..k_max+1
+  [[nodiscard]] double c() const { return draft_1.median / target_j.front().median; }
+  [[nodiscard]] double verify_ratio(std::size_t j) const { return target_j[j - 1].median / target_j.front().median; }
+};
+
+template <class Model>
+double time_append(Model& m, std::span<const token> t, std::size_t keep) {
+  const auto t0 = steady::now();
+  const auto logits = m.append(t);
+  const double s = seconds_since(t0);
+  volatile float sink = logits(0, 0);
+  (void)sink;
+  m.truncate(keep);
+  return s;
+}
+
+cost_result measure_costs(specsample::gpt2::model& draft, specsample::gpt2::model& target,
+                          const std::vector<token>& stream, std::size_t context, std::size_t k_max,
+                          std::size_t samples) {
+  cost_result r;
+  r.context = context;
+  r.samples = samples;
+  const std::span<const token> ctx(stream.data(), context);
+  const std::span<const token> next(stream.data() + context, k_max + 1);
+  draft.truncate(0);
+  target.truncate(0);
+  (void)draft.append(ctx);
+  (void)target.append(ctx);
+  std::vector<double> d;
+  std::vector<std::vector<double>> t(k_max + 1);
+  for (std::size_t s = 0; s < samples + 2; ++s) {  // the first two are warm-up
+    const double ds = time_append(draft, next.first(1), context);
+    std::vector<double> ts(k_max + 1);
+    for (std::size_t j = 1; j <= k_max + 1; ++j) ts[j - 1] = time_append(target, next.first(j), context);
+    if (s < 2) continue;
+    d.push_back(ds);
+    for (std::size_t j = 0; j <= k_max; ++j) t[j].push_back(ts[j]);
+  }
+  r.draft_1 = summarize(d);
+  for (auto& v : t) r.target_j.push_back(summarize(v));
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory bandwidth probe: vectorised sums of floats over a buffer, repeated until a sample takes
+// ~30 ms, split across `threads` threads; GB/s = bytes read / seconds (1 GB = 1e9 bytes).
+
+struct probe_result {
+  std::string label;
+  std::size_t bytes = 0, threads = 0;
+  summary gbs;
+};
+
+// 64 independent lanes: the compiler turns the inner loop into packed adds (SSE2 by default, wider
+// with -march flags) without needing -ffast-math to reassociate a single accumulator.
+float sum_floats(const float* p, std::size_t n) {
+  constexpr std::size_t lanes = 64;
+  float acc[lanes] = {};
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    for (std::size_t j = 0; j < lanes; ++j) acc[j] += p[i + j];
+  }
+  float s = 0.0f;
+  for (; i < n; ++i) s += p[i];
+  for (const float a : acc) s += a;
+  return s;
+}
+
+probe_result probe_bandwidth(std::string label, std::size_t bytes, std::size_t threads, std::size_t reps) {
+  const std::size_t n = std::max<std::size_t>(bytes / sizeof(float), 1024);
+  const std::size_t align = 64;
+  std::unique_ptr<float[], decltype(&std::free)> buf(
+      static_cast<float*>(std::aligned_alloc(align, (n * sizeof(float) + align - 1) / align * align)), &std::free);
+  std::fill(buf.get(), buf.get() + n, 1.0f);
+  const std::size_t chunk = (n + threads - 1) / threads;
+  std::vector<float> sinks(threads * 16, 0.0f);
+  auto pass = [&](std::size_t passes) {
+    const auto t0 = steady::now();
+    auto work = [&](std::size_t w) {
+      const std::size_t lo = std::min(n, w * chunk), hi = std::min(n, lo + chunk);
+      float acc = 0.0f;
+      for (std::size_t p = 0; p < passes; ++p) acc += sum_floats(buf.get() + lo, hi - lo);
+      sinks[w * 16] = acc;
+    };
+    std::vector<std::thread> pool;
+    for (std::size_t w = 1; w < threads; ++w) pool.emplace_back(work, w);
+    work(0);
+    for (auto& th : pool) th.join();
+    return seconds_since(t0);
+  };
+  (void)pass(1);  // warm caches and pages
+  double one = pass(1);
+  const std::size_t passes = std::max<std::size_t>(1, static_cast<std::size_t>(0.03 / std::max(one, 1e-7)));
+  std::vector<double> gbs;
+  for (std::size_t r = 0; r < reps; ++r) {
+    const double s = pass(passes);
+    gbs.push_back(static_cast<double>(n * sizeof(float)) * static_cast<double>(passes) / s / 1e9);
+  }
+  volatile float sink = std::accumulate(sinks.begin(), sinks.end(), 0.0f);
+  (void)sink;
+  return {std::move(label), n * sizeof(float), threads, summarize(gbs)};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Machine description
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "unknown";
+}
+
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return in ? a + " " + b + " " + c : "unknown";
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&t));
+  return buf;
+}
+
+std::string compile_flags() {
+  std::string s;
+#ifdef __OPTIMIZE__
+  s += "optimised";
+#else
+  s += "NOT optimised";
+#endif
+#ifdef NDEBUG
+  s += ", NDEBUG";
+#endif
+#ifdef __AVX512F__
+  s += ", AVX-512F";
+#endif
+#ifdef __AVX2__
+  s += ", AVX2";
+#endif
+#ifdef __FMA__
+  s += ", FMA";
+#endif
+#ifdef __F16C__
+  s += ", F16C";
+#endif
+#if !defined(__AVX2__) && !defined(__AVX__)
+  s += ", baseline x86-64 ISA (SSE2)";
+#endif
+  return s;
+}
+
+// The source revision, as scripts/bench.sh passes it (git commit, "+dirty" for local changes).
+std::string revision() {
+  const char* r = std::getenv("SPECSAMPLE_BENCH_REVISION");
+  return r && *r ? r : "unknown";
+}
+
+std::string fmt_t(double t) { return fmt::format("{:g}", t); }
+
+std::string fmt_range(const summary& s, int precision = 0) {
+  return fmt::format("{:.{}f} ({:.{}f}–{:.{}f})", s.median, precision, s.min, precision, s.max, precision);
+}
+
+std::string fmt_duration(double s) {
+  const auto m = static_cast<int>(s / 60.0);
+  return m > 0 ? fmt::format("{}m{:02d}s", m, static_cast<int>(s) % 60) : fmt::format("{:.1f}s", s);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+int run(int argc, char** argv) {
+  const auto t_start = steady::now();
+  const cli c = parse(argc, argv);
+  const std::string load_start = load_average();
+  const std::string date = utc_now();
+
+  const fs::path models = (c.target && c.draft) ? fs::path() : bundled_models();
+  const fs::path target_dir = c.target.value_or(models / "shakespeare-target");
+  const fs::path draft_dir = c.draft.value_or(models / "shakespeare-draft");
+  const fs::path prompts_file = c.prompts.value_or(default_prompts());
+
+  fmt::print(stderr, "specsample-bench: loading {} and {}\n", target_dir.string(), draft_dir.string());
+  const auto tok = specsample::bpe_tokenizer::load(target_dir);
+  if (const auto diff = specsample::vocabulary_difference(specsample::bpe_tokenizer::load(draft_dir), tok)) {
+    throw specsample::error(fmt::format("the draft and target tokenizers differ: {}", *diff));
+  }
+  specsample::gpt2::options opts;
+  opts.threads = c.threads;
+  opts.batch_capacity = std::max<std::size_t>(16, c.k_max + 2);
+  auto target = specsample::gpt2::model::load(target_dir, opts);
+  auto draft = specsample::gpt2::model::load(draft_dir, opts);
+
+  std::vector<std::string> prompt_text = load_prompts(prompts_file);
+  if (c.max_prompts != 0 && prompt_text.size() > c.max_prompts) prompt_text.resize(c.max_prompts);
+  std::vector<std::vector<token>> prompts;
+  const std::size_t limit = std::min(target.max_size(), draft.max_size());
+  for (std::size_t i = 0; i < prompt_text.size(); ++i) {
+    prompts.push_back(tok.encode(prompt_text[i]));
+    if (prompts.back().empty()) throw specsample::error(fmt::format("prompt {} encodes to no tokens", i));
+    if (prompts.back().size() + c.n - 1 > limit) {
+      throw specsample::error(fmt::format("prompt {} has {} tokens: with -n {} the models need a context of {} > {}; "
+                                          "lower -n", i, prompts.back().size(), c.n, prompts.back().size() + c.n - 1, limit));
+    }
+  }
+  std::vector<double> prompt_lengths;
+  for (const auto& p : prompts) prompt_lengths.push_back(static_cast<double>(p.size()));
+
+  // Warm-up: one generation of each kind, untimed.
+  {
+    specsample::speculative_params params;
+    params.max_new_tokens = c.n;
+    params.draft_length = std::min<std::size_t>(4, c.k_max);
+    params.sampling.temperature = 0.0f;
+    std::mt19937_64 rng(c.seed);
+    (void)specsample::autoregressive_sample(target, prompts[0], params, rng);
+    (void)specsample::speculative_sample(draft, target, prompts[0], params, rng);
+  }
+
+  // Cost ratio at a typical mid-generation context length: the median prompt plus n/2 tokens.
+  std::vector<token> stream;
+  for (const auto& p : prompts) stream.insert(stream.end(), p.begin(), p.end());
+  while (stream.size() < limit) stream.insert(stream.end(), prompts[0].begin(), prompts[0].end());
+  const std::size_t context = std::min(static_cast<std::size_t>(summarize(prompt_lengths).median) + c.n / 2,
+                                       limit - c.k_max - 1);
+  fmt::print(stderr, "specsample-bench: cost ratio ({} samples at context {})\n", c.cost_samples, context);
+  const cost_result costs_before = measure_costs(draft, target, stream, context, c.k_max, c.cost_samples);
+
+  // The sweep.
+  std::vector<cell> cells;
+  const std::size_t total_pairs = c.temperatures.size() * c.k_max * c.reps * prompts.size();
+  std::size_t done = 0;
+  const auto sweep_start = steady::now();
+  for (std::size_t ti = 0; ti < c.temperatures.size(); ++ti) {
+    const double temp = c.temperatures[ti];
+    for (std::size_t k = 1; k <= c.k_max; ++k) {
+      cell cl;
+      cl.temperature = temp;
+      cl.k = k;
+      position_counter positions(k);
+      specsample::speculative_params params;
+      params.max_new_tokens = c.n;
+      params.draft_length = k;
+      params.sampling.temperature = static_cast<float>(temp);
+      for (std::size_t rep = 0; rep < c.reps; ++rep) {
+        for (std::size_t pi = 0; pi < prompts.size(); ++pi) {
+          run_pair p;
+          p.prompt = pi;
+          p.rep = rep;
+          p.seed = c.seed + 1000003ULL * ti + 1009ULL * rep + pi;
+          p.ar_first = (rep + pi + k) % 2 == 0;
+          std::vector<token> ar_tokens, spec_tokens;
+          auto run_ar = [&] {
+            std::mt19937_64 rng(p.seed);
+            auto r = specsample::autoregressive_sample(target, prompts[pi], params, rng);
+            p.ar = r.stats;
+            ar_tokens = std::move(r.tokens);
+          };
+          auto run_spec = [&] {
+            std::mt19937_64 rng(p.seed);
+            auto r = specsample::speculative_sample(draft, target, prompts[pi], params, rng, positions);
+            p.spec = r.stats;
+            spec_tokens = std::move(r.tokens);
+          };
+          if (p.ar_first) {
+            run_ar();
+            run_spec();
+          } else {
+            run_spec();
+            run_ar();
+          }
+          p.identical = ar_tokens == spec_tokens;
+          if (temp == 0.0 && !p.identical) {
+            fmt::print(stderr, "specsample-bench: GUARD FAILED: T=0 K={} prompt {} rep {}: speculative output differs "
+                               "from autoregressive\n", k, pi, rep);
+          }
+          cl.runs.push_back(std::move(p));
+          ++done;
+        }
+      }
+      cl.pos_tested = positions.tested;
+      cl.pos_accepted = positions.accepted;
+      cl.finish(costs_before.c(), costs_before.verify_ratio(k + 1));
+      const double elapsed = seconds_since(sweep_start);
+      fmt::print(stderr,
+                 "[T={} K={}] AR {:.0f} tok/s, speculative {:.0f} tok/s, speedup {:.2f}x (predicted {:.2f}x), "
+                 "alpha {:.3f} | {}/{} pairs, {} elapsed, ~{} left\n",
+                 fmt_t(temp), k, cl.ar_tps.median, cl.spec_tps.median, cl.speedup.median, cl.predicted, cl.alpha,
+                 done, total_pairs, fmt_duration(elapsed),
+                 fmt_duration(elapsed / static_cast<double>(done) * static_cast<double>(total_pairs - done)));
+      cells.push_back(std::move(cl));
+    }
+  }
+
+  fmt::print(stderr, "specsample-bench: cost ratio again (drift check) and memory bandwidth probe\n");
+  const cost_result costs_after = measure_costs(draft, target, stream, context, c.k_max, c.cost_samples);
+
+  const auto file_size = [](const fs::path& p) { return static_cast<std::size_t>(fs::file_size(p)); };
+  const std::size_t target_bytes = file_size(target_dir / "model.safetensors");
+  const std::size_t draft_bytes = file_size(draft_dir / "model.safetensors");
+  const std::size_t threads = target.threads();
+  std::vector<probe_result> probes;
+  const std::vector<std::pair<std::string, std::size_t>> sizes{
+      {"draft weights (file size)", draft_bytes},
+      {"target weights (file size)", target_bytes},
+      {"target weights × 2 (as float32)", 2 * target_bytes},
+      {"256 MiB (> last-level cache)", std::size_t{256} << 20}};
+  std::vector<std::size_t> thread_counts{1};
+  if (threads > 1) thread_counts.push_back(threads);
+  for (const auto& [label, bytes] : sizes) {
+    for (const std::size_t th : thread_counts) probes.push_back(probe_bandwidth(label, bytes, th, c.probe_reps));
+  }
+  const auto probe_at = [&](std::size_t bytes) {
+    for (const auto& p : probes) {
+      if (p.threads == threads && p.bytes == bytes / sizeof(float) * sizeof(float)) return p.gbs.median;
+    }
+    return std::nan("");
+  };
+  const double t_target_1 = costs_before.target_j.front().median;
+  const double t_draft_1 = costs_before.draft_1.median;
+  const double target_eff = static_cast<double>(target_bytes) / t_target_1 / 1e9;
+  const double draft_eff = static_cast<double>(draft_bytes) / t_draft_1 / 1e9;
+
+  // Summaries per temperature.
+  struct best {
+    double temperature;
+    const cell* measured;
+    const cell* predicted;
+  };
+  std::vector<best> bests;
+  for (const double temp : c.temperatures) {
+    best b{temp, nullptr, nullptr};
+    for (const auto& cl : cells) {
+      if (cl.temperature != temp) continue;
+      if (!b.measured || cl.speedup.median > b.measured->speedup.median) b.measured = &cl;
+      if (!b.predicted || cl.predicted > b.predicted->predicted) b.predicted = &cl;
+    }
+    bests.push_back(b);
+  }
+  std::size_t greedy_runs = 0, greedy_identical = 0;
+  for (const auto& cl : cells) {
+    if (cl.temperature != 0.0) continue;
+    greedy_runs += cl.runs.size();
+    greedy_identical += cl.identical;
+  }
+  const bool guard_ok = greedy_runs == greedy_identical;
+  const double total_seconds = seconds_since(t_start);
+  const std::string load_end = load_average();
+
+  // ---- markdown report --------------------------------------------------------------------------
+  std::string md;
+  auto out = [&md]<class... A>(fmt::format_string<A...> f, A&&... args) {
+    md += fmt::format(f, std::forward<A>(args)...);
+  };
+  std::string command = "specsample-bench";
+  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+  out("### Sweep: {} drafting for {}\n\n", draft_dir.filename().string(), target_dir.filename().string());
+  out("`{}` — {} prompts × {} reps × {} tokens, K = 1..{}, T ∈ {{{}}}, {} thread(s) per model; {}; "
+      "{} cores; {}; {}; source {}; {}; load average {} at start, {} at end; run time {}.\n\n",
+      command, prompts.size(), c.reps, c.n, c.k_max, fmt::join(c.temperatures, ", "), threads, cpu_model(),
+      std::thread::hardware_concurrency(), "g++ " __VERSION__, compile_flags(), revision(), date, load_start,
+      load_end, fmt_duration(total_seconds));
+  out("Correctness guard (T = 0): speculative == autoregressive tokens in {}/{} runs: **{}**\n\n", greedy_identical,
+      greedy_runs, greedy_runs == 0 ? "not run (no T = 0)" : guard_ok ? "PASS" : "FAIL");
+  out("| T | K | AR tok/s med (min–max) | spec tok/s med (min–max) | speedup med (min–max) | accept | α | tok/call "
+      "| c | c stats | verify | predicted | meas/pred | pred. w/ verify | overhead |\n");
+  out("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const auto& cl : cells) {
+    out("| {} | {} | {} | {} | {} | {:.3f} | {:.3f} | {:.2f} | {:.3f} | {:.3f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | "
+        "{:.1f}% |\n",
+        fmt_t(cl.temperature), cl.k, fmt_range(cl.ar_tps), fmt_range(cl.spec_tps), fmt_range(cl.speedup, 2),
+        cl.acceptance, cl.alpha, cl.tokens_per_call, costs_before.c(), cl.c_stats, cl.verify_ratio_stats, cl.predicted,
+        cl.speedup.median / cl.predicted, cl.predicted_verify, 100.0 * cl.overhead_spec);
+  }
+  out("\n#### Per temperature\n\n");
+  out("| T | best K (measured) | speedup there | predicted there | best K (predicted) | predicted max "
+      "| overhead, spec at best K | overhead, AR |\n|---|---|---|---|---|---|---|---|\n");
+  for (const auto& b : bests) {
+    out("| {} | {} | {:.2f}x | {:.2f}x | {} | {:.2f}x | {:.1f}% | {:.1f}% |\n", fmt_t(b.temperature), b.measured->k,
+        b.measured->speedup.median, b.measured->predicted, b.predicted->k, b.predicted->predicted,
+        100.0 * b.measured->overhead_spec, 100.0 * b.measured->overhead_ar);
+  }
+  out("\n#### Acceptance by draft position: P(draft i accepted | drafts 1..i−1 accepted)\n\n| T | K |");
+  for (std::size_t i = 1; i <= c.k_max; ++i) out(" {} |", i);
+  out("\n|---|---|");
+  for (std::size_t i = 1; i <= c.k_max; ++i) out("---|");
+  out("\n");
+  for (const auto& cl : cells) {
+    out("| {} | {} |", fmt_t(cl.temperature), cl.k);
+    for (std::size_t i = 0; i < c.k_max; ++i) {
+      if (i < cl.position_acceptance.size() && !std::isnan(cl.position_acceptance[i])) {
+        out(" {:.3f} |", cl.position_acceptance[i]);
+      } else {
+        out("  |");
+      }
+    }
+    out("\n");
+  }
+  out("\n#### Cost of one forward call (context {} tokens, median of {} interleaved samples)\n\n", context,
+      c.cost_samples);
+  out("| call | before sweep, ms (min–max) | after sweep, ms | ratio to target 1-token |\n|---|---|---|---|\n");
+  out("| draft, 1 token | {} | {:.3f} | c = {:.3f} (after: {:.3f}) |\n", fmt_range({costs_before.draft_1.median * 1e3,
+      costs_before.draft_1.min * 1e3, costs_before.draft_1.max * 1e3}, 3), costs_after.draft_1.median * 1e3,
+      costs_before.c(), costs_after.c());
+  for (std::size_t j = 1; j <= c.k_max + 1; ++j) {
+    const auto& s = costs_before.target_j[j - 1];
+    out("| target, {} token{} | {} | {:.3f} | {:.2f} |\n", j, j == 1 ? "" : "s",
+        fmt_range({s.median * 1e3, s.min * 1e3, s.max * 1e3}, 3), costs_after.target_j[j - 1].median * 1e3,
+        costs_before.verify_ratio(j));
+  }
+  out("\n#### Memory bandwidth (streaming float sums, median of {} reps)\n\n", c.probe_reps);
+  out("| working set | bytes | threads | GB/s med (min–max) |\n|---|---|---|---|\n");
+  for (const auto& p : probes) out("| {} | {} | {} | {} |\n", p.label, p.bytes, p.threads, fmt_range(p.gbs, 1));
+  out("\n| model | weight bytes (file) | 1-token append | effective GB/s | probe GB/s at that size | fraction |\n"
+      "|---|---|---|---|---|---|\n");
+  out("| target | {} | {:.3f} ms | {:.2f} | {:.1f} | {:.1f}% |\n", target_bytes, t_target_1 * 1e3, target_eff,
+      probe_at(target_bytes), 100.0 * target_eff / probe_at(target_bytes));
+  out("| draft | {} | {:.3f} ms | {:.2f} | {:.1f} | {:.1f}% |\n", draft_bytes, t_draft_1 * 1e3, draft_eff,
+      probe_at(draft_bytes), 100.0 * draft_eff / probe_at(draft_bytes));
+  fmt::print("{}", md);
+
+  // ---- files ----------------------------------------------------------------------------------
+  if (c.out) {
+    fs::create_directories(*c.out);
+    {
+      std::ofstream f(*c.out / "sweep.md");
+      f << md;
+    }
+    json j;
+    j["command"] = command;
+    j["machine"] = {{"cpu", cpu_model()},
+                    {"hardware_threads", std::thread::hardware_concurrency()},
+                    {"compiler", "g++ " __VERSION__},
+                    {"build", compile_flags()},
+                    {"date", date},
+                    {"revision", revision()},
+                    {"load_average_start", load_start},
+                    {"load_average_end", load_end},
+                    {"run_seconds", total_seconds}};
+    j["config"] = {{"target", target_dir.string()},
+                   {"draft", draft_dir.string()},
+                   {"prompts_file", prompts_file.string()},
+                   {"prompt_tokens", prompt_lengths},
+                   {"n", c.n},
+                   {"reps", c.reps},
+                   {"k_max", c.k_max},
+                   {"temperatures", c.temperatures},
+                   {"threads", threads},
+                   {"seed", c.seed},
+                   {"quick", c.quick}};
+    const auto cost_json = [](const cost_result& r) {
+      json t = json::array();
+      for (std::size_t jj = 0; jj < r.target_j.size(); ++jj) {
+        t.push_back({{"tokens", jj + 1}, {"seconds", to_json(r.target_j[jj])}, {"ratio_to_1", r.verify_ratio(jj + 1)}});
+      }
+      return json{{"context", r.context},
+                  {"samples", r.samples},
+                  {"draft_1_seconds", to_json(r.draft_1)},
+                  {"target_seconds", t},
+                  {"c", r.c()}};
+    };
+    j["cost"] = {{"before_sweep", cost_json(costs_before)}, {"after_sweep", cost_json(costs_after)}};
+    json pj = json::array();
+    for (const auto& p : probes) {
+      pj.push_back({{"label", p.label}, {"bytes", p.bytes}, {"threads", p.threads}, {"gb_per_s", to_json(p.gbs)}});
+    }
+    j["bandwidth"] = {
+        {"probe", pj},
+        {"note", "weight bytes = model.safetensors file size (a proxy for the bytes a decode step reads)"},
+        {"target", {{"weight_bytes", target_bytes}, {"seconds_per_token", t_target_1}, {"effective_gb_per_s", target_eff},
+                    {"probe_gb_per_s", probe_at(target_bytes)}, {"fraction", target_eff / probe_at(target_bytes)}}},
+        {"draft", {{"weight_bytes", draft_bytes}, {"seconds_per_token", t_draft_1}, {"effective_gb_per_s", draft_eff},
+                   {"probe_gb_per_s", probe_at(draft_bytes)}, {"fraction", draft_eff / probe_at(draft_bytes)}}}};
+    j["guard"] = {{"greedy_runs", greedy_runs}, {"identical", greedy_identical}, {"pass", guard_ok}};
+    json cj = json::array();
+    for (const auto& cl : cells) {
+      json runs = json::array();
+      for (const auto& p : cl.runs) {
+        runs.push_back({{"prompt", p.prompt}, {"rep", p.rep}, {"seed", p.seed}, {"ar_first", p.ar_first},
+                        {"identical", p.identical}, {"speedup", p.ar.total_seconds / p.spec.total_seconds},
+                        {"autoregressive", stats_json(p.ar)}, {"speculative", stats_json(p.spec)}});
+      }
+      json pos = json::array();
+      for (const double v : cl.position_acceptance) pos.push_back(std::isnan(v) ? json(nullptr) : json(v));
+      cj.push_back({{"temperature", cl.temperature},
+                    {"k", cl.k},
+                    {"ar_tokens_per_second", to_json(cl.ar_tps)},
+                    {"spec_tokens_per_second", to_json(cl.spec_tps)},
+                    {"speedup_paired", to_json(cl.speedup)},
+                    {"speedup_of_medians", cl.speedup_of_medians},
+                    {"acceptance_rate", cl.acceptance},
+                    {"alpha", cl.alpha},
+                    {"tokens_per_target_call", cl.tokens_per_call},
+                    {"accepted_histogram", cl.histogram},
+                    {"position_tested", cl.pos_tested},
+                    {"position_accepted", cl.pos_accepted},
+                    {"position_acceptance", pos},
+                    {"c_micro", costs_before.c()},
+                    {"c_stats", cl.c_stats},
+                    {"verify_ratio_micro", costs_before.verify_ratio(cl.k + 1)},
+                    {"verify_ratio_stats", cl.verify_ratio_stats},
+                    {"predicted_speedup", cl.predicted},
+                    {"measured_over_predicted", cl.speedup.median / cl.predicted},
+                    {"predicted_speedup_with_verify_cost", cl.predicted_verify},
+                    {"overhead_fraction_speculative", cl.overhead_spec},
+                    {"overhead_fraction_autoregressive", cl.overhead_ar},
+                    {"identical_runs", cl.identical},
+                    {"runs", runs}});
+    }
+    j["cells"] = cj;
+    json bj = json::array();
+    for (const auto& b : bests) {
+      bj.push_back({{"temperature", b.temperature}, {"best_k_measured", b.measured->k},
+                    {"speedup", b.measured->speedup.median}, {"best_k_predicted", b.predicted->k},
+                    {"predicted", b.predicted->predicted}, {"overhead_fraction_speculative", b.measured->overhead_spec},
+                    {"overhead_fraction_autoregressive", b.measured->overhead_ar}});
+    }
+    j["per_temperature"] = bj;
+    {
+      std::ofstream f(*c.out / "sweep.json");
+      f << j.dump(1) << '\n';
+    }
+    // gnuplot data: one index block per temperature, its first line a column header.
+    {
+      std::ofstream f(*c.out / "speedup.dat");
+      f << "# K measured_median measured_min measured_max predicted predicted_with_verify_cost\n";
+      for (const double temp : c.temperatures) {
+        const std::string t = fmt_t(temp);
+        f << fmt::format("K \"T={0} measured\" min max \"T={0} predicted\" \"T={0} pred., verify cost\"\n", t);
+        for (const auto& cl : cells) {
+          if (cl.temperature != temp) continue;
+          f << fmt::format("{} {:.4f} {:.4f} {:.4f} {:.4f} {:.4f}\n", cl.k, cl.speedup.median, cl.speedup.min,
+                           cl.speedup.max, cl.predicted, cl.predicted_verify);
+        }
+        f << "\n\n";
+      }
+    }
+    {
+      std::ofstream f(*c.out / "acceptance.dat");
+      f << fmt::format("# draft position i (1-based), P(draft i accepted | drafts 1..i-1 accepted), at K = {}; "
+                       "last column: the cell's alpha\n", c.k_max);
+      for (const double temp : c.temperatures) {
+        f << fmt::format("i \"T={0}\" \"T={0} α (pooled)\"\n", fmt_t(temp));
+        for (const auto& cl : cells) {
+          if (cl.temperature != temp || cl.k != c.k_max) continue;
+          for (std::size_t i = 0; i < cl.position_acceptance.size(); ++i) {
+            if (!std::isnan(cl.position_acceptance[i])) {
+              f << fmt::format("{} {:.4f} {:.4f}\n", i + 1, cl.position_acceptance[i], cl.alpha);
+            }
+          }
+        }
+        f << "\n\n";
+      }
+    }
+    fmt::print(stderr, "specsample-bench: wrote {}/sweep.md, sweep.json, speedup.dat, acceptance.dat\n",
+               c.out->string());
+  }
+  fmt::print(stderr, "specsample-bench: done in {}\n", fmt_duration(total_seconds));
+  if (!guard_ok) {
+    fmt::print(stderr, "specsample-bench: FAILED: at temperature 0, {} of {} speculative runs differ from "
+                       "autoregressive decoding\n", greedy_runs - greedy_identical, greedy_runs);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "specsample-bench: error: {}\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The speculative-sampling benchmark (docs/benchmarks.md): builds specsample-bench in Release, runs
+# the sweep and draws the plots with gnuplot.
+#
+#   scripts/bench.sh            both bundled drafts, the full default sweep:
+#                               docs/benchmarks/ (shakespeare-draft) and
+#                               docs/benchmarks/distilled/ (shakespeare-draft-distilled)
+#   scripts/bench.sh ARGS...    one run of specsample-bench with ARGS (see specsample-bench --help);
+#                               results go to docs/benchmarks/ unless ARGS has --out DIR
+#   scripts/bench.sh --quick --out /tmp/b   smoke test (< 30 s)
+#
+# Runs writing into docs/benchmarks/ or docs/benchmarks/distilled/ also refresh the generated
+# tables inside docs/benchmarks.md (between its <!-- generated:... --> markers).
+# Builds in build/bench. If the project's benchmarks/CMakeLists.txt does not define specsample-bench
+# (it should include benchmarks/bench.cmake), a scratch project in build/bench-scratch does.
+# Plots need gnuplot (Debian: gnuplot-nox); without it the tables and JSON are still written.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+SPECSAMPLE_EXTRA_PACKAGES="gnuplot-nox ${SPECSAMPLE_EXTRA_PACKAGES:-}" "$root/scripts/deps.sh"
+jobs=${SPECSAMPLE_JOBS:-$(nproc)}
+
+build_main() {
+  local dir="$root/build/bench"
+  cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DSPECSAMPLE_BUILD_TESTS=OFF \
+    -DSPECSAMPLE_BUILD_EXAMPLES=OFF -DSPECSAMPLE_BUILD_BENCHMARKS=ON >/dev/null || return 1
+  cmake --build "$dir" --target help | grep -q 'specsample-bench' || return 1
+  cmake --build "$dir" -j "$jobs" --target specsample-bench >/dev/null
+  exe="$dir/benchmarks/specsample-bench"
+}
+
+build_scratch() {
+  local dir="$root/build/bench-scratch"
+  mkdir -p "$dir/src"
+  cat >"$dir/src/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.21)
+project(specsample_bench_scratch LANGUAGES CXX)
+add_subdirectory("$root" specsample)
+include("$root/cmake/specsampleWarnings.cmake")
+include("$root/benchmarks/bench.cmake")
+CMAKE
+  cmake -S "$dir/src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build "$dir/build" -j "$jobs" --target specsample-bench >/dev/null
+  exe="$dir/build/specsample-bench"
+}
+
+# Recorded in the report: the commit, "+dirty" when the working tree differs from it.
+if rev=$(git -C "$root" rev-parse --short HEAD 2>/dev/null); then
+  git -C "$root" diff --quiet HEAD 2>/dev/null || rev="$rev+dirty"
+  export SPECSAMPLE_BENCH_REVISION=$rev
+fi
+
+exe=
+if ! build_main; then
+  echo "specsample: benchmarks/CMakeLists.txt does not build specsample-bench yet; using a scratch project" >&2
+  build_scratch
+fi
+
+run() {  # args for specsample-bench (the last --out wins)
+  local out="$root/docs/benchmarks" draft="shakespeare-draft" prev=
+  for a in "$@"; do
+    [ "$prev" = "--out" ] && out=$a
+    [ "$prev" = "--draft" ] && draft=$(basename "$a")
+    prev=$a
+  done
+  mkdir -p "$out"
+  echo "== specsample-bench $* (results in $out) ==" >&2
+  local status=0
+  local args=("$@")
+  case " $* " in *" --out "*) ;; *) args=(--out "$out" "$@") ;; esac
+  "$exe" "${args[@]}" || status=$?
+  if [ "$status" -le 1 ] && [ -f "$out/speedup.dat" ]; then
+    if command -v gnuplot >/dev/null; then
+      gnuplot -e "dir='$out'; label='$draft → shakespeare-target'" "$root/benchmarks/plot.gp"
+      echo "specsample: wrote $out/speedup.png and $out/acceptance.png" >&2
+    else
+      echo "specsample: gnuplot not found (apt-get install gnuplot-nox): no plots" >&2
+    fi
+  fi
+  splice "$out"
+  return "$status"
+}
+
+# Copies $out/sweep.md into docs/benchmarks.md between the markers
+#   <!-- generated:begin benchmarks/.../sweep.md --> ... <!-- generated:end benchmarks/.../sweep.md -->
+# (only for result directories under docs/ that the page has markers for).
+splice() {
+  local out=$1 doc="$root/docs/benchmarks.md"
+  local rel="${out#"$root/docs/"}/sweep.md"
+  [ -f "$out/sweep.md" ] && [ -f "$doc" ] || return 0
+  grep -qxF "<!-- generated:begin $rel -->" "$doc" || return 0
+  awk -v f="$out/sweep.md" -v b="<!-- generated:begin $rel -->" -v e="<!-- generated:end $rel -->" '
+    $0 == b { print; while ((getline line < f) > 0) print line; skip = 1; next }
+    $0 == e { skip = 0 }
+    !skip { print }' "$doc" >"$doc.tmp"
+  mv "$doc.tmp" "$doc"
+  echo "specsample: updated the $rel section of docs/benchmarks.md" >&2
+}
+
+start=$(date +%s)
+if [ $# -eq 0 ]; then
+  run
+  run --draft "$root/models/shakespeare-draft-distilled" --out "$root/docs/benchmarks/distilled"
+else
+  run "$@"
+fi
+echo "specsample: bench.sh took $(( $(date +%s) - start )) s" >&2
