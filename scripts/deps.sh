@@ -3,7 +3,7 @@
 # missing with apt-get; otherwise it prints the exact apt-get line to run and fails.
 set -euo pipefail
 packages=(cmake make g++ pkg-config libeigen3-dev xtensor-dev nlohmann-json3-dev libfmt-dev
-          libpcre2-dev catch2 ${SPECSAMPLE_EXTRA_PACKAGES:-})
+          libpcre2-dev catch2 libbenchmark-dev ${SPECSAMPLE_EXTRA_PACKAGES:-})
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "../support/broken_verifiers.hpp"
 #include "../support/sanitizer.hpp"
 
 #include <random>
@@ -18,8 +19,8 @@ using namespace specsample;
 
 namespace {
 
-constexpr double pass_threshold = 1e-3;
-constexpr double fail_threshold = 1e-6;
+using specsample::test::fail_threshold;
+using specsample::test::pass_threshold;
 
 // A configurable copy of block_verifier with one defect switched on.
 struct broken_block_verifier {

@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "../support/broken_verifiers.hpp"
 #include "../support/sanitizer.hpp"
 
 #include <random>
@@ -20,24 +21,7 @@ using namespace specsample;
 
 namespace {
 
-constexpr double pass_threshold = 1e-3;
-constexpr double fail_threshold = 1e-6;
-
-// On rejection draws from p instead of the residual: with one-hot proposals that re-proposes the
-// rejected token too often.
-struct resample_from_target {
-  template <class Rng>
-  verify_result operator()(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
-                           const Eigen::Ref<const Eigen::MatrixXf>& p, Rng& rng) const {
-    const auto k = static_cast<Eigen::Index>(drafts.size());
-    for (Eigen::Index i = 0; i < k; ++i) {
-      const token x = drafts[static_cast<std::size_t>(i)];
-      if (p(x, i) >= q(x, i) || uniform_01(rng) < double(p(x, i)) / double(q(x, i))) continue;
-      return {static_cast<std::size_t>(i), sample_categorical(p.col(i), rng), false};
-    }
-    return {static_cast<std::size_t>(k), sample_categorical(p.col(k), rng), true};
-  }
-};
+using namespace specsample::test;
 
 template <class Drafter, class Verifier>
 testing::fit_result fit_drafter(Drafter& drafter, toy::markov& target, const std::vector<token>& prompt,
