@@ -1,15 +1,23 @@
+#include <specsample/io/safetensors.hpp>
 #include <specsample/models/gpt2/kernels.hpp>
+#include <specsample/models/gpt2/weights.hpp>
 
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
 namespace k = specsample::gpt2::kernels;
+namespace gpt2 = specsample::gpt2;
+using specsample::gpt2::isa;
 using specsample::gpt2::thread_pool;
+using specsample::gpt2::weight_format;
 
 namespace {
 
@@ -34,6 +42,24 @@ bool bitwise_equal(const float* a, const float* b, std::size_t n) {
   return std::memcmp(a, b, n * sizeof(float)) == 0;
 }
 
+/// Every kernel level this CPU can run (the generic fallback always; AVX2 and AVX-512 when
+/// present), so the fallbacks are tested on every machine that has them.
+std::vector<isa> levels() {
+  std::vector<isa> out = {isa::generic};
+  if (gpt2::simd::resolve(isa::avx2) == isa::avx2) out.push_back(isa::avx2);
+  if (gpt2::simd::resolve(isa::avx512) == isa::avx512) out.push_back(isa::avx512);
+  return out;
+}
+
+/// Values exactly representable in `f` (so the F32 reference sees the very same weights).
+std::vector<float> rounded(std::vector<float> v, weight_format f) {
+  for (float& x : v) {
+    if (f == weight_format::f16) x = specsample::io::f16_to_float(specsample::io::float_to_f16(x));
+    if (f == weight_format::bf16) x = specsample::io::bf16_to_float(specsample::io::float_to_bf16(x));
+  }
+  return v;
+}
+
 }  // namespace
 
 TEST_CASE("the thread pool covers every index exactly once for any size", "[gpt2][kernels]") {
@@ -52,6 +78,66 @@ TEST_CASE("the thread pool covers every index exactly once for any size", "[gpt2
   }
   thread_pool all(0);
   REQUIRE(all.size() >= 1);
+}
+
+TEST_CASE("the thread pool survives rapid and sleepy back-to-back tasks", "[gpt2][kernels]") {
+  // Rapid calls hit spinning workers; the pauses let them fall asleep on the futex first.
+  thread_pool pool(3, std::chrono::microseconds(20));
+  std::vector<long> hits(64, 0);
+  for (int round = 0; round < 3000; ++round) {
+    if (round % 500 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    pool.parallel_for(hits.size(), [&](std::size_t b, std::size_t e, std::size_t) {
+      for (std::size_t i = b; i < e; ++i) ++hits[i];
+    });
+  }
+  REQUIRE(std::all_of(hits.begin(), hits.end(), [](long h) { return h == 3000; }));
+}
+
+TEST_CASE("the kernel level is detected, capped and named", "[gpt2][kernels]") {
+  REQUIRE(gpt2::simd::resolve(isa::generic) == isa::generic);
+  REQUIRE(gpt2::simd::resolve(isa::best) == gpt2::simd::detected());
+  REQUIRE(static_cast<int>(gpt2::simd::resolve(isa::avx512)) <=
+          static_cast<int>(gpt2::simd::detected()));
+  REQUIRE(std::string(gpt2::isa_name(isa::avx2)) == "avx2");
+  INFO("detected: " << gpt2::isa_name(gpt2::simd::detected()));
+  SUCCEED();
+}
+
+TEST_CASE("weight matrices pack rows and HF columns alike and convert exactly",
+          "[gpt2][kernels]") {
+  std::mt19937 rng(11);
+  for (const weight_format f : {weight_format::f32, weight_format::f16, weight_format::bf16}) {
+    for (const std::size_t rows : {1u, 13u, 64u, 130u}) {
+      const std::size_t cols = 7;
+      const auto v = rounded(random_vector(rows * cols, rng), f);
+      const auto a = gpt2::weight_matrix::from_floats(f, rows, cols, v.data());
+      REQUIRE(a.format() == f);
+      REQUIRE(a.rows() == rows);
+      REQUIRE(a.cols() == cols);
+      REQUIRE(a.size() == rows * cols);
+      REQUIRE(a.bytes() == (rows + 63) / 64 * 64 * cols * gpt2::format_bytes(f));
+      REQUIRE(a.to_float() == v);
+      // The same matrix given as HF Conv1D [in = cols, out = rows] (transposed storage).
+      std::vector<float> t(rows * cols);
+      for (std::size_t r = 0; r < rows; ++r) {
+        for (std::size_t c = 0; c < cols; ++c) t[c * rows + r] = v[r * cols + c];
+      }
+      const auto raw = [&](const std::vector<float>& x) {
+        std::vector<std::uint16_t> h(x.size());
+        for (std::size_t i = 0; i < x.size(); ++i) {
+          h[i] = f == weight_format::f16 ? specsample::io::float_to_f16(x[i])
+                                         : specsample::io::float_to_bf16(x[i]);
+        }
+        return h;
+      };
+      const auto b = f == weight_format::f32
+                         ? gpt2::weight_matrix::from_columns(f, rows, cols, t.data())
+                         : gpt2::weight_matrix::from_columns(f, rows, cols, raw(t).data());
+      REQUIRE(b.to_float() == v);
+      const gpt2::weight_matrix copy = b;
+      REQUIRE(copy.to_float() == v);
+    }
+  }
 }
 
 TEST_CASE("dot and sum agree with the sequential double reference", "[gpt2][kernels]") {
@@ -85,27 +171,48 @@ TEST_CASE("layer_norm matches its reference twin", "[gpt2][kernels]") {
 
 TEST_CASE("matmul matches its reference twin and is bitwise batch- and thread-invariant",
           "[gpt2][kernels]") {
+  // For every kernel level this CPU has (the generic fallback included) and every weight format:
+  // close to the double reference, and bitwise equal across thread counts and batch sizes.
   std::mt19937 rng(3);
   thread_pool pool2(2), pool3(3);
-  for (const std::size_t C : {1u, 5u, 8u, 67u, 128u}) {
-    for (const std::size_t OC : {1u, 13u, 64u}) {
-      for (const bool with_bias : {false, true}) {
-        const std::size_t T = 9;
-        const auto inp = random_vector(T * C, rng);
-        const auto w = random_vector(OC * C, rng, 0.2f);
-        const auto bias = with_bias ? random_vector(OC, rng) : std::vector<float>{};
-        std::vector<float> out(T * OC), ref(T * OC), out2(T * OC), out3(T * OC), row(OC);
-        k::matmul(out, inp, w, bias, T, C, OC);
-        k::matmul_reference(ref, inp, w, bias, T, C, OC);
-        INFO("C = " << C << ", OC = " << OC << ", bias = " << with_bias);
-        REQUIRE(max_rel_diff(out, ref) < 1e-5);
-        k::matmul(out2, inp, w, bias, T, C, OC, &pool2);
-        k::matmul(out3, inp, w, bias, T, C, OC, &pool3);
-        REQUIRE(bitwise_equal(out.data(), out2.data(), out.size()));
-        REQUIRE(bitwise_equal(out.data(), out3.data(), out.size()));
-        for (std::size_t t = 0; t < T; ++t) {  // one row alone == the same row in the batch
-          k::matmul(row, std::span<const float>(inp).subspan(t * C, C), w, bias, 1, C, OC, &pool2);
-          REQUIRE(bitwise_equal(row.data(), out.data() + t * OC, OC));
+  for (const isa level : levels()) {
+    for (const weight_format f : {weight_format::f32, weight_format::f16, weight_format::bf16}) {
+      for (const std::size_t C : {1u, 5u, 8u, 67u, 128u}) {
+        for (const std::size_t OC : {1u, 13u, 64u, 100u}) {
+          for (const bool with_bias : {false, true}) {
+            const std::size_t T = 9;
+            const auto inp = random_vector(T * C, rng);
+            const auto w = rounded(random_vector(OC * C, rng, 0.2f), f);
+            const auto packed = gpt2::weight_matrix::from_floats(f, OC, C, w.data());
+            const auto bias = with_bias ? random_vector(OC, rng) : std::vector<float>{};
+            std::vector<float> out(T * OC), ref(T * OC), out2(T * OC), out3(T * OC), row(OC);
+            k::matmul(out, inp, packed.view(), bias, T, C, OC, nullptr, level);
+            k::matmul_reference(ref, inp, w, bias, T, C, OC);
+            INFO(gpt2::isa_name(level) << ", format " << static_cast<int>(f) << ", C = " << C
+                                       << ", OC = " << OC << ", bias = " << with_bias);
+            REQUIRE(max_rel_diff(out, ref) < 1e-5);
+            k::matmul(out2, inp, packed.view(), bias, T, C, OC, &pool2, level);
+            k::matmul(out3, inp, packed.view(), bias, T, C, OC, &pool3, level);
+            REQUIRE(bitwise_equal(out.data(), out2.data(), out.size()));
+            REQUIRE(bitwise_equal(out.data(), out3.data(), out.size()));
+            for (std::size_t t = 0; t < T; ++t) {  // one row alone == the same row in the batch
+              k::matmul(row, std::span<const float>(inp).subspan(t * C, C), packed.view(), bias, 1,
+                        C, OC, &pool2, level);
+              REQUIRE(bitwise_equal(row.data(), out.data() + t * OC, OC));
+            }
+            for (std::size_t T2 = 2; T2 <= 8; ++T2) {  // every batch size and offset
+              const std::size_t t0 = T - T2;
+              std::vector<float> part(T2 * OC);
+              k::matmul(part, std::span<const float>(inp).subspan(t0 * C, T2 * C), packed.view(),
+                        bias, T2, C, OC, nullptr, level);
+              REQUIRE(bitwise_equal(part.data(), out.data() + t0 * OC, T2 * OC));
+            }
+            if (f == weight_format::f32) {  // the row-major span overload agrees bit for bit
+              std::vector<float> viaspan(T * OC);
+              k::matmul(viaspan, inp, std::span<const float>(w), bias, T, C, OC, nullptr, level);
+              REQUIRE(bitwise_equal(viaspan.data(), out.data(), out.size()));
+            }
+          }
         }
       }
     }
@@ -115,15 +222,25 @@ TEST_CASE("matmul matches its reference twin and is bitwise batch- and thread-in
 TEST_CASE("gelu matches its reference twin from -60 to 60", "[gpt2][kernels]") {
   std::vector<float> x;
   for (int i = -6000; i <= 6000; ++i) x.push_back(static_cast<float>(i) * 0.01f);
-  std::vector<float> out(x.size()), ref(x.size());
-  k::gelu(out, x);
+  std::vector<float> ref(x.size());
   k::gelu_reference(ref, x);
-  REQUIRE(max_rel_diff(out, ref) < 1e-6);
-  REQUIRE(out[6000] == 0.0f);                 // gelu(0) = 0
-  REQUIRE(std::abs(out[6100] - 0.841192f) < 1e-5);  // gelu_new(1)
-  std::vector<float> in_place = x;
-  k::gelu(in_place, in_place);
-  REQUIRE(in_place == out);
+  for (const isa level : levels()) {
+    INFO(gpt2::isa_name(level));
+    std::vector<float> out(x.size());
+    k::gelu(out, x, level);
+    REQUIRE(max_rel_diff(out, ref) < 1e-6);
+    REQUIRE(out[6000] == 0.0f);                       // gelu(0) = 0
+    REQUIRE(std::abs(out[6100] - 0.841192f) < 1e-5);  // gelu_new(1)
+    std::vector<float> in_place = x;
+    k::gelu(in_place, in_place, level);
+    REQUIRE(in_place == out);
+    for (std::size_t n = 1; n <= 40; ++n) {  // an element's value does not depend on where it is
+      std::vector<float> part(n);
+      const std::size_t at = 5000 + 3 * n;
+      k::gelu(part, std::span<const float>(x).subspan(at, n), level);
+      REQUIRE(bitwise_equal(part.data(), out.data() + at, n));
+    }
+  }
 }
 
 TEST_CASE("softmax matches its reference twin and is stable for large inputs",
@@ -159,35 +276,46 @@ TEST_CASE("residual_add and embed match their reference twins exactly", "[gpt2][
   k::embed(out, tokens, wte, wpe, 2, C);
   k::embed_reference(ref, tokens, wte, wpe, 2, C);
   REQUIRE(out == ref);
+  for (const weight_format f : {weight_format::f32, weight_format::f16, weight_format::bf16}) {
+    const auto w = rounded(wte, f);
+    const auto packed = gpt2::weight_matrix::from_floats(f, V, C, w.data());
+    k::embed(out, tokens, packed.view(), wpe, 2, C);
+    k::embed_reference(ref, tokens, w, wpe, 2, C);
+    REQUIRE(out == ref);
+  }
 }
 
 TEST_CASE("attention over the KV cache matches its reference twin and is batch-invariant",
           "[gpt2][kernels]") {
   std::mt19937 rng(6);
-  for (const std::size_t NH : {1u, 4u}) {
-    const std::size_t C = 16, P = 24, pos0 = 7, T = 5;
-    const auto qkv = random_vector(T * 3 * C, rng, 2.0f);
-    auto k_cache = random_vector(P * C, rng);
-    auto v_cache = random_vector(P * C, rng);
-    for (std::size_t t = 0; t < T; ++t) {  // the new keys/values are in the cache already
-      std::copy_n(qkv.begin() + static_cast<std::ptrdiff_t>(t * 3 * C + C), C,
-                  k_cache.begin() + static_cast<std::ptrdiff_t>((pos0 + t) * C));
-      std::copy_n(qkv.begin() + static_cast<std::ptrdiff_t>(t * 3 * C + 2 * C), C,
-                  v_cache.begin() + static_cast<std::ptrdiff_t>((pos0 + t) * C));
-    }
-    std::vector<float> out(T * C), ref(T * C), out2(T * C), one(C);
-    std::vector<float> scratch(P), scratch2(2 * P);
-    k::attention(out, qkv, k_cache, v_cache, scratch, pos0, T, C, NH);
-    k::attention_reference(ref, qkv, k_cache, v_cache, pos0, T, C, NH);
-    INFO("NH = " << NH);
-    REQUIRE(max_rel_diff(out, ref) < 1e-5);
-    thread_pool pool(2);
-    k::attention(out2, qkv, k_cache, v_cache, scratch2, pos0, T, C, NH, &pool);
-    REQUIRE(bitwise_equal(out.data(), out2.data(), out.size()));
-    for (std::size_t t = 0; t < T; ++t) {
-      k::attention(one, std::span<const float>(qkv).subspan(t * 3 * C, 3 * C), k_cache, v_cache,
-                   scratch, pos0 + t, 1, C, NH);
-      REQUIRE(bitwise_equal(one.data(), out.data() + t * C, C));
+  for (const isa level : levels()) {
+    for (const std::size_t NH : {1u, 4u}) {
+      for (const std::size_t C : {16u, 40u, 136u}) {  // head sizes 16, 40, 136, 4, 10, 34
+        const std::size_t P = 24, pos0 = 7, T = 5;
+        const auto qkv = random_vector(T * 3 * C, rng, 2.0f);
+        auto k_cache = random_vector(P * C, rng);
+        auto v_cache = random_vector(P * C, rng);
+        for (std::size_t t = 0; t < T; ++t) {  // the new keys/values are in the cache already
+          std::copy_n(qkv.begin() + static_cast<std::ptrdiff_t>(t * 3 * C + C), C,
+                      k_cache.begin() + static_cast<std::ptrdiff_t>((pos0 + t) * C));
+          std::copy_n(qkv.begin() + static_cast<std::ptrdiff_t>(t * 3 * C + 2 * C), C,
+                      v_cache.begin() + static_cast<std::ptrdiff_t>((pos0 + t) * C));
+        }
+        std::vector<float> out(T * C), ref(T * C), out2(T * C), one(C);
+        std::vector<float> scratch(P), scratch2(2 * P);
+        k::attention(out, qkv, k_cache, v_cache, scratch, pos0, T, C, NH, nullptr, level);
+        k::attention_reference(ref, qkv, k_cache, v_cache, pos0, T, C, NH);
+        INFO(gpt2::isa_name(level) << ", NH = " << NH << ", C = " << C);
+        REQUIRE(max_rel_diff(out, ref) < 1e-5);
+        thread_pool pool(2);
+        k::attention(out2, qkv, k_cache, v_cache, scratch2, pos0, T, C, NH, &pool, level);
+        REQUIRE(bitwise_equal(out.data(), out2.data(), out.size()));
+        for (std::size_t t = 0; t < T; ++t) {
+          k::attention(one, std::span<const float>(qkv).subspan(t * 3 * C, 3 * C), k_cache,
+                       v_cache, scratch, pos0 + t, 1, C, NH, nullptr, level);
+          REQUIRE(bitwise_equal(one.data(), out.data() + t * C, C));
+        }
+      }
     }
   }
 }

@@ -252,7 +252,7 @@ TEST_CASE("appending in random chunks with truncate-and-reappend reproduces one 
   }
 }
 
-TEST_CASE("a position's logits are bitwise identical alone, in batches of 1..9, for 1 and 2 "
+TEST_CASE("a position's logits are bitwise identical alone, in batches of 1..9, for 1, 2 and 3 "
           "threads",
           "[gpt2][model][invariance]") {
   for (const auto& [c, n] : {std::pair{all_checkpoints()[0], std::size_t{24}},
@@ -262,8 +262,10 @@ TEST_CASE("a position's logits are bitwise identical alone, in batches of 1..9, 
       const std::span<const token> tokens = std::span<const token>(ref.tokens.back()).first(n);
       gpt2::model one = gpt2::model::load(c.dir, gpt2::options{.threads = 1});
       const Eigen::MatrixXf alone = append_chunked(one, tokens, 1);
-      for (const std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
-        gpt2::model m = gpt2::model::load(c.dir, gpt2::options{.threads = threads});
+      for (const std::size_t threads : {std::size_t{1}, std::size_t{2}, std::size_t{3}}) {
+        // min_parallel_work = 1: every op is split whenever there is more than one thread.
+        gpt2::model m = gpt2::model::load(
+            c.dir, gpt2::options{.threads = threads, .min_parallel_work = threads == 3 ? 1u : 65536u});
         for (std::size_t batch = 1; batch <= 9; ++batch) {
           if (sanitized && m.config().n_layer > 2 && batch % 4 != 1) continue;  // 1, 5, 9
           m.truncate(0);
@@ -271,10 +273,76 @@ TEST_CASE("a position's logits are bitwise identical alone, in batches of 1..9, 
           INFO(c.name << ", threads " << threads << ", batch " << batch);
           REQUIRE(std::memcmp(batched.data(), alone.data(),
                               static_cast<std::size_t>(alone.size()) * sizeof(float)) == 0);
+          // After a rollback and re-append of the last 5 positions, still the same bits.
+          m.truncate(n - 5);
+          const Eigen::MatrixXf again = m.append(tokens.subspan(n - 5));
+          REQUIRE(std::memcmp(again.data(), alone.col(static_cast<Eigen::Index>(n - 5)).data(),
+                              5 * static_cast<std::size_t>(alone.rows()) * sizeof(float)) == 0);
         }
       }
     }
   }
+}
+
+TEST_CASE("the fallback kernels (generic, AVX2) reproduce the reference logits and are "
+          "batch-invariant",
+          "[gpt2][model][fallback]") {
+  // The golden test above runs the best level of this CPU; here every lower level this CPU can
+  // run is forced through options::kernels.
+  std::vector<gpt2::isa> lower = {gpt2::isa::generic};
+  if (gpt2::simd::detected() == gpt2::isa::avx512) lower.push_back(gpt2::isa::avx2);
+  for (const gpt2::isa level : lower) {
+    for (const checkpoint& c : all_checkpoints()) {
+      DYNAMIC_SECTION(gpt2::isa_name(level) << " " << c.name) {
+        gpt2::model m = gpt2::model::load(c.dir, gpt2::options{.threads = 2, .kernels = level});
+        REQUIRE(m.kernels() == level);
+        const reference ref = load_reference(c.dir);
+        double max_diff = 0;
+        for (std::size_t i = 0; i < ref.tokens.size(); ++i) {
+          if (sanitized && m.config().n_layer > 2) break;
+          m.truncate(0);
+          const auto logits = m.append(ref.tokens[i]);
+          const std::size_t mcols = ref.vocab_ids.size();
+          for (std::size_t t = 0; t < ref.tokens[i].size(); ++t) {
+            for (std::size_t j = 0; j < mcols; ++j) {
+              max_diff = std::max(
+                  max_diff,
+                  std::abs(static_cast<double>(logits(ref.vocab_ids[j], static_cast<Eigen::Index>(t))) -
+                           ref.logits[i][t * mcols + j]));
+            }
+          }
+        }
+        INFO(gpt2::isa_name(level) << " " << c.name << ": max abs difference " << max_diff);
+        CHECK(max_diff <= 1e-3);
+        if (m.config().n_layer <= 2 && m.vocab_size() == 4096) {  // invariance on a draft
+          const std::span<const token> tokens = std::span<const token>(ref.tokens.back()).first(16);
+          gpt2::model one = gpt2::model::load(c.dir, gpt2::options{.threads = 1, .kernels = level});
+          const Eigen::MatrixXf alone = append_chunked(one, tokens, 1);
+          for (const std::size_t batch : {std::size_t{3}, std::size_t{5}, std::size_t{9}}) {
+            m.truncate(0);
+            const Eigen::MatrixXf batched = append_chunked(m, tokens, batch);
+            REQUIRE(std::memcmp(batched.data(), alone.data(),
+                                static_cast<std::size_t>(alone.size()) * sizeof(float)) == 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("weights stay in the checkpoint's precision", "[gpt2][model]") {
+  const auto target = gpt2::model::load(models_dir / "shakespeare-target", {.threads = 1});
+  REQUIRE(target.weights().wte.format() == gpt2::weight_format::f16);
+  REQUIRE(target.weights().layers[0].mlp_fc_weight.format() == gpt2::weight_format::f16);
+  // 2 bytes per matmul parameter (no padding: every OC is a multiple of 64).
+  REQUIRE(target.weights().matmul_bytes() ==
+          2 * (4096u * 384u + 6u * (3u * 384u * 384u + 384u * 384u + 2u * 4u * 384u * 384u)));
+  const auto f32 = gpt2::model::load(test_models_dir / "tiny-random-gpt2", {.threads = 1});
+  REQUIRE(f32.weights().wte.format() == gpt2::weight_format::f32);
+  const auto bf16 = gpt2::model::load(test_models_dir / "tiny-random-gpt2-bf16", {.threads = 1});
+  REQUIRE(bf16.weights().wte.format() == gpt2::weight_format::bf16);
+  REQUIRE(bf16.weights().layers[1].attn_qkv_weight.format() == gpt2::weight_format::bf16);
+  REQUIRE(target.kernels() == gpt2::simd::detected());
 }
 
 TEST_CASE("the model reports its shape and handles empty appends, truncation and growth",

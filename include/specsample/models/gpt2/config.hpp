@@ -3,6 +3,7 @@
 /// GPT-2 hyper-parameters (Hugging Face `config.json`) and load options.
 
 #include <specsample/error.hpp>
+#include <specsample/models/gpt2/simd.hpp>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -24,6 +25,13 @@ struct options {
   /// Positions per `append` the scratch buffers are sized for at load; a bigger batch grows them
   /// once (an allocation), after which appends up to that size allocate nothing.
   std::size_t batch_capacity = 16;
+  /// Kernel instruction set: `isa::best` (default) picks the best the CPU supports (AVX-512,
+  /// AVX2 or the generic C++ path); a lower level forces it (a higher one is capped).
+  isa kernels = isa::best;
+  /// An op is split over the threads only when it touches at least this many weight elements
+  /// (matmuls: OC × C; attention: positions × C per new row, times T): smaller ones run on the
+  /// calling thread, where the wake-up and join of the pool would cost more than they save.
+  std::size_t min_parallel_work = std::size_t{1} << 16;
 };
 
 /// GPT-2 hyper-parameters, as in a Hugging Face `config.json`.

@@ -1,7 +1,8 @@
 #pragma once
 /// @file kernels.hpp
-/// GPT-2 forward kernels for CPU (llm.c style free functions) with plain `*_reference` twins, and
-/// the small persistent thread pool the kernels split their work over.
+/// GPT-2 forward kernels for CPU (llm.c style free functions) with plain `*_reference` twins. The
+/// matmuls run the run-time dispatched micro-kernels of simd.hpp (generic / AVX2 / AVX-512, F32,
+/// F16 or BF16 weights); work is split over the persistent pool of thread_pool.hpp.
 ///
 /// Legend used in the shape comments:
 ///   T   positions processed in this call (the batch)     C   channels (n_embd)
@@ -16,108 +17,21 @@
 /// or in a batch, and for every thread count. Keep it so when optimising (no -ffast-math).
 
 #include <specsample/concepts.hpp>
+#include <specsample/models/gpt2/simd.hpp>
+#include <specsample/models/gpt2/thread_pool.hpp>
 
 #include <Eigen/Core>
 
 #include <algorithm>
 #include <cassert>
 #include <cmath>
-#include <condition_variable>
 #include <cstddef>
 #include <memory>
-#include <mutex>
 #include <span>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
 namespace specsample::gpt2 {
-
-/// A fixed set of worker threads (the caller is worker 0) that split a loop into contiguous
-/// chunks. Persistent: no thread creation and no allocation per `parallel_for`.
-class thread_pool {
- public:
-  /// `threads` workers in total including the calling thread; 0 = hardware concurrency.
-  explicit thread_pool(std::size_t threads) {
-    if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
-    workers_.reserve(threads - 1);
-    for (std::size_t id = 1; id < threads; ++id) {
-      workers_.emplace_back([this, id] { run(id); });
-    }
-  }
-  thread_pool(const thread_pool&) = delete;
-  thread_pool& operator=(const thread_pool&) = delete;
-  ~thread_pool() {
-    {
-      const std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    for (std::thread& t : workers_) t.join();
-  }
-
-  /// Number of workers, the calling thread included.
-  [[nodiscard]] std::size_t size() const noexcept { return workers_.size() + 1; }
-
-  /// Calls `f(begin, end, worker)` on disjoint contiguous chunks covering [0, n), one chunk per
-  /// worker (fewer when n < size()), and returns when all are done. `f` must not throw.
-  template <class F>
-  void parallel_for(std::size_t n, F&& f) {
-    const std::size_t w = std::min(size(), n);
-    if (w <= 1) {
-      if (n != 0) f(std::size_t{0}, n, std::size_t{0});
-      return;
-    }
-    using fn_t = std::remove_reference_t<F>;
-    {
-      const std::lock_guard lock(mutex_);
-      ctx_ = const_cast<void*>(static_cast<const void*>(std::addressof(f)));
-      call_ = [](void* ctx, std::size_t b, std::size_t e, std::size_t id) {
-        (*static_cast<fn_t*>(ctx))(b, e, id);
-      };
-      n_ = n;
-      active_ = w;
-      remaining_ = w - 1;
-      ++generation_;
-    }
-    wake_.notify_all();
-    f(std::size_t{0}, n / w, std::size_t{0});
-    std::unique_lock lock(mutex_);
-    done_.wait(lock, [&] { return remaining_ == 0; });
-  }
-
- private:
-  void run(std::size_t id) {
-    std::size_t seen = 0;
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      if (id >= active_) continue;
-      void* const ctx = ctx_;
-      const auto call = call_;
-      const std::size_t b = n_ * id / active_;
-      const std::size_t e = n_ * (id + 1) / active_;
-      lock.unlock();
-      call(ctx, b, e, id);
-      lock.lock();
-      if (--remaining_ == 0) done_.notify_one();
-    }
-  }
-
-  std::vector<std::thread> workers_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::condition_variable done_;
-  bool stop_ = false;
-  std::size_t generation_ = 0;
-  std::size_t n_ = 0;
-  std::size_t active_ = 0;
-  std::size_t remaining_ = 0;
-  void* ctx_ = nullptr;
-  void (*call_)(void*, std::size_t, std::size_t, std::size_t) = nullptr;
-};
 
 namespace kernels {
 
@@ -189,6 +103,26 @@ inline void embed(std::span<float> out,             // (T, C)
   }
 }
 
+/// `embed` with the token embedding packed in its storage precision (converted exactly).
+inline void embed(std::span<float> out,             // (T, C)
+                  std::span<const token> tokens,    // (T)
+                  const weight_view& wte,           // (V, C)
+                  std::span<const float> wpe,       // (P, C)
+                  std::size_t pos0, std::size_t C) {
+  const std::size_t T = tokens.size();
+  assert(out.size() >= T * C && wpe.size() >= (pos0 + T) * C && wte.cols == C);
+  for (std::size_t t = 0; t < T; ++t) {
+    const auto id = static_cast<std::size_t>(tokens[t]);
+    assert(id < wte.rows);
+    float* y = out.data() + t * C;
+    for (std::size_t c = 0; c < C; ++c) {
+      simd::convert(wte.format, wte.data, simd::packed_index(id, c, C), 1, y + c);
+    }
+    const float* p = wpe.data() + (pos0 + t) * C;
+    for (std::size_t c = 0; c < C; ++c) y[c] += p[c];
+  }
+}
+
 /// Plain twin of `embed`.
 inline void embed_reference(std::span<float> out, std::span<const token> tokens,
                             std::span<const float> wte, std::span<const float> wpe,
@@ -255,28 +189,42 @@ inline void layer_norm_reference(std::span<float> out, std::span<const float> in
 
 // --- matmul -----------------------------------------------------------------------------------
 
-/// out[t, o] = inp[t] · weight[o] + bias[o] (no bias when `bias` is empty). The weight is stored
-/// (OC, C): each output is one contiguous dot product (HF Conv1D's [C, OC] is transposed at load,
-/// wte (V, C) is used as is for the logits). Output channels are split across the pool; every
-/// element is one `dot`, so neither T nor the split changes any result bit.
-inline void matmul(std::span<float> out,           // (T, OC)
-                   std::span<const float> inp,     // (T, C)
-                   std::span<const float> weight,  // (OC, C)
-                   std::span<const float> bias,    // (OC) or empty
-                   std::size_t T, std::size_t C, std::size_t OC, thread_pool* pool = nullptr) {
-  assert(out.size() >= T * OC && inp.size() >= T * C && weight.size() >= OC * C);
+/// out[t, o] = inp[t] · weight[o] + bias[o] (no bias when `bias` is empty). The weight is
+/// (OC, C) in F32, F16 or BF16, packed in panels of 64 output channels (simd.hpp; HF Conv1D's
+/// [C, OC] and wte (V, C) are packed at load). A kernel streams one panel and applies every
+/// weight vector to a register tile of up to 6 rows (AVX-512), so the weights are read from
+/// memory once per call whatever T. Panels are split across the pool; every output element is
+/// accumulated sequentially in k in one vector lane, so neither T, the row's place in the batch
+/// nor the split changes any result bit. `level` picks the kernels (capped at the CPU's).
+inline void matmul(std::span<float> out,          // (T, OC)
+                   std::span<const float> inp,    // (T, C)
+                   const weight_view& weight,     // (OC, C) packed
+                   std::span<const float> bias,   // (OC) or empty
+                   std::size_t T, std::size_t C, std::size_t OC, thread_pool* pool = nullptr,
+                   isa level = isa::best) {
+  assert(out.size() >= T * OC && inp.size() >= T * C);
+  assert(weight.rows == OC && weight.cols == C);
   assert(bias.empty() || bias.size() >= OC);
-  const bool has_bias = !bias.empty();
-  detail::split(pool, OC, [&](std::size_t begin, std::size_t end, std::size_t) {
-    for (std::size_t o = begin; o < end; ++o) {
-      const float* w = weight.data() + o * C;  // stays in L1 across the T rows
-      const float b = has_bias ? bias[o] : 0.0f;
-      for (std::size_t t = 0; t < T; ++t) {
-        const float d = dot(inp.data() + t * C, w, C);
-        out[t * OC + o] = has_bias ? d + b : d;
-      }
-    }
+  if (T == 0 || OC == 0) return;
+  const isa lv = simd::resolve(level);
+  const simd::matmul_args a{out.data(), OC, inp.data(), C, T, C, OC, weight.data,
+                            bias.empty() ? nullptr : bias.data()};
+  detail::split(pool, simd::panels(OC), [&](std::size_t begin, std::size_t end, std::size_t) {
+    simd::matmul_panels(lv, weight.format, a, begin, end);
   });
+}
+
+/// `matmul` with F32 weights given row-major (OC, C) as a span: packs them into a temporary
+/// first (allocates; for tests and tools, the model keeps its weights packed).
+inline void matmul(std::span<float> out, std::span<const float> inp,
+                   std::span<const float> weight,  // (OC, C) row-major
+                   std::span<const float> bias, std::size_t T, std::size_t C, std::size_t OC,
+                   thread_pool* pool = nullptr, isa level = isa::best) {
+  assert(weight.size() >= OC * C);
+  std::vector<float> packed(simd::panels(OC) * C * simd::panel);
+  simd::pack_rows(weight.data(), packed.data(), OC, C, sizeof(float));
+  matmul(out, inp, weight_view{packed.data(), weight_format::f32, OC, C}, bias, T, C, OC, pool,
+         level);
 }
 
 /// Plain twin of `matmul` (double accumulation, no threads).
@@ -297,14 +245,11 @@ inline void matmul_reference(std::span<float> out, std::span<const float> inp,
 // --- activations ------------------------------------------------------------------------------
 
 /// Tanh GELU ("gelu_new"): 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³))), elementwise; out may
-/// alias inp.
-inline void gelu(std::span<float> out, std::span<const float> inp) {
+/// alias inp. The SIMD paths evaluate the same function as x / (1 + exp(−2u)) with a vector exp
+/// (simd.hpp); every element goes through the same instructions wherever it is in the buffer.
+inline void gelu(std::span<float> out, std::span<const float> inp, isa level = isa::best) {
   assert(out.size() >= inp.size());
-  constexpr float k = 0.7978845608028654f;  // sqrt(2 / pi)
-  for (std::size_t i = 0; i < inp.size(); ++i) {
-    const float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
-  }
+  simd::gelu(simd::resolve(level), out.data(), inp.data(), inp.size());
 }
 
 /// Plain twin of `gelu` (double).
@@ -353,38 +298,30 @@ inline void residual_add_reference(std::span<float> x, std::span<const float> y)
 /// Causal multi-head attention of T new positions over the KV cache. Position pos0 + t attends
 /// to cache rows [0, pos0 + t]; the caller has already stored the new keys and values in rows
 /// [pos0, pos0 + T). Scores are scaled by 1/√HS. `scratch` holds one row of P floats per pool
-/// worker. (t, head) pairs are split across the pool.
+/// worker. (t, head) pairs are split across the pool; each pair is computed by one fixed-order
+/// routine (simd::attend), so results do not depend on T or the split.
 inline void attention(std::span<float> out,             // (T, C)
                       std::span<const float> qkv,       // (T, 3C): q | k | v per row
                       std::span<const float> k_cache,   // (P, C)
                       std::span<const float> v_cache,   // (P, C)
                       std::span<float> scratch,         // (workers, P)
                       std::size_t pos0, std::size_t T, std::size_t C, std::size_t NH,
-                      thread_pool* pool = nullptr) {
+                      thread_pool* pool = nullptr, isa level = isa::best) {
   const std::size_t HS = C / NH;
   const std::size_t workers = pool != nullptr ? pool->size() : 1;
   const std::size_t stride = scratch.size() / workers;
   assert(stride >= pos0 + T && out.size() >= T * C && qkv.size() >= T * 3 * C);
   assert(k_cache.size() >= (pos0 + T) * C && v_cache.size() >= (pos0 + T) * C);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const isa lv = simd::resolve(level);
   detail::split(pool, T * NH, [&](std::size_t begin, std::size_t end, std::size_t worker) {
     float* att = scratch.data() + worker * stride;
     for (std::size_t task = begin; task < end; ++task) {
       const std::size_t t = task / NH;
       const std::size_t h = task % NH;
-      const std::size_t len = pos0 + t + 1;
-      const float* q = qkv.data() + t * 3 * C + h * HS;
-      for (std::size_t p = 0; p < len; ++p) {
-        att[p] = dot(q, k_cache.data() + p * C + h * HS, HS) * scale;
-      }
-      softmax(std::span<float>(att, len));
-      float* o = out.data() + t * C + h * HS;
-      std::fill(o, o + HS, 0.0f);
-      for (std::size_t p = 0; p < len; ++p) {
-        const float a = att[p];
-        const float* v = v_cache.data() + p * C + h * HS;
-        for (std::size_t d = 0; d < HS; ++d) o[d] += a * v[d];
-      }
+      simd::attend(lv, qkv.data() + t * 3 * C + h * HS, k_cache.data() + h * HS,
+                   v_cache.data() + h * HS, C, pos0 + t + 1, HS, scale, att,
+                   out.data() + t * C + h * HS);
     }
   });
 }

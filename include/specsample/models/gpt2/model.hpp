@@ -46,8 +46,9 @@ struct kv_cache {
 
 /// A GPT-2 model with a KV cache on CPU.
 ///
-/// Storage: weights and the KV cache live in xtensor containers (F32); the kernels work on spans
-/// and Eigen maps over that same memory, so nothing is copied between the two views.
+/// Storage: weights live in their checkpoint precision (F16/BF16/F32 `weight_matrix`es, small
+/// tensors F32) and the KV cache in xtensor containers (F32); the kernels work on spans, weight
+/// views and Eigen maps over that same memory, so nothing is copied between the views.
 /// `append` runs all new positions in one batched pass; the logits of a position are bitwise
 /// identical whether it is appended alone or in a batch, and for every thread count.
 class model {
@@ -68,10 +69,24 @@ class model {
       : cfg_(validated(cfg)),
         w_(std::move(w)),
         pool_(std::make_unique<thread_pool>(opts.threads)),
+        isa_(simd::resolve(opts.kernels)),
+        min_parallel_work_(opts.min_parallel_work),
         cache_(cfg.n_layer, cfg.n_positions, cfg.n_embd) {
     const std::size_t L = cfg_.n_layer, P = cfg_.n_positions, C = cfg_.n_embd;
     if (w_.layers.size() != L || w_.wte.shape(0) != cfg_.vocab_size || w_.wte.shape(1) != C ||
         w_.wpe.shape(0) != P || w_.wpe.shape(1) != C) {
+      throw error("gpt2::model: weights do not match the config");
+    }
+    const auto shaped = [](const weight_matrix& m, std::size_t r, std::size_t c) {
+      return m.rows() == r && m.cols() == c;
+    };
+    for (const layer_weights& lw : w_.layers) {
+      if (!shaped(lw.attn_qkv_weight, 3 * C, C) || !shaped(lw.attn_proj_weight, C, C) ||
+          !shaped(lw.mlp_fc_weight, cfg_.n_inner, C) || !shaped(lw.mlp_proj_weight, C, cfg_.n_inner)) {
+        throw error("gpt2::model: weights do not match the config");
+      }
+    }
+    if (!shaped(w_.output_embedding(), cfg_.vocab_size, C)) {
       throw error("gpt2::model: weights do not match the config");
     }
     att_ = xt::xtensor<float, 2>::from_shape({pool_->size(), P});
@@ -86,7 +101,7 @@ class model {
 
   /// The hyper-parameters.
   [[nodiscard]] const gpt2::config& config() const noexcept { return cfg_; }
-  /// The parameters (F32).
+  /// The parameters (matmul weights in the checkpoint's precision).
   [[nodiscard]] const gpt2::weights& weights() const noexcept { return w_; }
   /// Vocabulary size V.
   [[nodiscard]] std::size_t vocab_size() const noexcept { return cfg_.vocab_size; }
@@ -96,6 +111,8 @@ class model {
   [[nodiscard]] std::size_t max_size() const noexcept { return cfg_.n_positions; }
   /// Worker threads used by the kernels (the caller included).
   [[nodiscard]] std::size_t threads() const noexcept { return pool_->size(); }
+  /// The kernel instruction set in use (`options::kernels` capped at what the CPU supports).
+  [[nodiscard]] isa kernels() const noexcept { return isa_; }
 
   /// Grows the scratch buffers so that appends of up to `batch` tokens allocate nothing.
   void reserve(std::size_t batch) {
@@ -121,7 +138,7 @@ class model {
   Eigen::Map<const Eigen::MatrixXf> append(std::span<const token> tokens) {
     const std::size_t T = tokens.size();
     const std::size_t V = cfg_.vocab_size, C = cfg_.n_embd, P = cfg_.n_positions;
-    const std::size_t NH = cfg_.n_head, I = cfg_.n_inner;
+    const std::size_t NH = cfg_.n_head;
     if (T > P - cache_.length) {
       throw error(fmt::format("gpt2: cannot append {} tokens to a context of {}: that would "
                               "exceed the model's n_positions = {}",
@@ -147,34 +164,40 @@ class model {
     };
     const auto vec = [](const auto& a) { return std::span<const float>(a.data(), a.size()); };
 
-    kernels::embed(buf(x_), tokens, vec(w_.wte), vec(w_.wpe), pos0, C);
+    // The pool for an op touching `work` weight elements per row (nullptr: run inline).
+    const auto pool_for = [&](std::size_t work) {
+      return work * T >= min_parallel_work_ ? pool : nullptr;
+    };
+    const auto mm = [&](xt::xtensor<float, 2>& out, const xt::xtensor<float, 2>& in,
+                        const weight_matrix& w, std::span<const float> bias) {
+      const std::size_t OC = w.rows(), K = w.cols();
+      kernels::matmul(buf(out), cbuf(in), w.view(), bias, T, K, OC, pool_for(OC * K), isa_);
+    };
+
+    kernels::embed(buf(x_), tokens, w_.wte.view(), vec(w_.wpe), pos0, C);
     for (std::size_t l = 0; l < cfg_.n_layer; ++l) {
       const layer_weights& lw = w_.layers[l];
       const std::span<float> k_layer = cache_.keys(l);    // (P, C)
       const std::span<float> v_layer = cache_.values(l);  // (P, C)
       kernels::layer_norm(buf(ln_), cbuf(x_), vec(lw.ln_1_weight), vec(lw.ln_1_bias), T, C,
                           cfg_.layer_norm_epsilon);
-      kernels::matmul(buf(qkv_), cbuf(ln_), vec(lw.attn_qkv_weight), vec(lw.attn_qkv_bias), T, C,
-                      3 * C, pool);
+      mm(qkv_, ln_, lw.attn_qkv_weight, vec(lw.attn_qkv_bias));
       store_kv(k_layer, v_layer, pos0, T);
-      kernels::attention(buf(atty_), cbuf(qkv_), k_layer, v_layer,
-                         {att_.data(), att_.size()}, pos0, T, C, NH, pool);
-      kernels::matmul(buf(proj_), cbuf(atty_), vec(lw.attn_proj_weight), vec(lw.attn_proj_bias),
-                      T, C, C, pool);
+      kernels::attention(buf(atty_), cbuf(qkv_), k_layer, v_layer, {att_.data(), att_.size()},
+                         pos0, T, C, NH, pool_for(2 * (pos0 + T) * C), isa_);
+      mm(proj_, atty_, lw.attn_proj_weight, vec(lw.attn_proj_bias));
       kernels::residual_add(buf(x_), cbuf(proj_));
       kernels::layer_norm(buf(ln_), cbuf(x_), vec(lw.ln_2_weight), vec(lw.ln_2_bias), T, C,
                           cfg_.layer_norm_epsilon);
-      kernels::matmul(buf(fc_), cbuf(ln_), vec(lw.mlp_fc_weight), vec(lw.mlp_fc_bias), T, C, I,
-                      pool);
-      kernels::gelu(buf(fc_), cbuf(fc_));
-      kernels::matmul(buf(proj_), cbuf(fc_), vec(lw.mlp_proj_weight), vec(lw.mlp_proj_bias), T, I,
-                      C, pool);
+      mm(fc_, ln_, lw.mlp_fc_weight, vec(lw.mlp_fc_bias));
+      kernels::gelu(buf(fc_), cbuf(fc_), isa_);
+      mm(proj_, fc_, lw.mlp_proj_weight, vec(lw.mlp_proj_bias));
       kernels::residual_add(buf(x_), cbuf(proj_));
     }
     kernels::layer_norm(buf(ln_), cbuf(x_), vec(w_.ln_f_weight), vec(w_.ln_f_bias), T, C,
                         cfg_.layer_norm_epsilon);
     // logits (T, V) row-major == (V, T) column-major.
-    kernels::matmul(buf(logits_), cbuf(ln_), vec(w_.output_embedding()), {}, T, C, V, pool);
+    mm(logits_, ln_, w_.output_embedding(), {});
     cache_.length += T;
     return {logits_.data(), rows, static_cast<Eigen::Index>(T)};
   }
@@ -212,6 +235,8 @@ class model {
   gpt2::config cfg_;
   gpt2::weights w_;
   std::unique_ptr<thread_pool> pool_;
+  isa isa_ = isa::generic;
+  std::size_t min_parallel_work_ = 0;
   std::size_t capacity_ = 0;
   kv_cache cache_;                 // (L, P, C) keys and values + length
   xt::xtensor<float, 2> att_;      // (workers, P) attention scores scratch

@@ -1,18 +1,28 @@
 #pragma once
 /// @file weights.hpp
-/// GPT-2 parameters in memory (F32 xtensor containers) and their loader from a Hugging Face
-/// `model.safetensors` (F32, F16 or BF16; with or without the `transformer.` prefix).
+/// GPT-2 parameters in memory and their loader from a Hugging Face `model.safetensors` (F32, F16
+/// or BF16; with or without the `transformer.` prefix).
+///
+/// Storage: the big matrices (the four matmul weights of every block and wte / lm_head) are
+/// `weight_matrix`es kept in the checkpoint's precision — F16 stays F16 and BF16 stays BF16 (2
+/// bytes per parameter, converted to F32 exactly inside the matmul kernels), F32 stays F32 —
+/// packed in the panel layout the kernels stream. The small tensors (layer-norm parameters,
+/// biases, wpe) are F32 `xt::xtensor`s.
 
 #include <specsample/error.hpp>
 #include <specsample/io/safetensors.hpp>
 #include <specsample/models/gpt2/config.hpp>
+#include <specsample/models/gpt2/simd.hpp>
 
 #include <fmt/format.h>
 #include <xtensor/xtensor.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <span>
 #include <string>
 #include <string_view>
@@ -20,31 +30,128 @@
 
 namespace specsample::gpt2 {
 
+/// A (rows, cols) weight matrix in its storage precision (F32, or F16 / BF16 as raw 16-bit
+/// patterns), packed in panels of 64 rows — [ceil(rows/64)][cols][64], padding rows zero — in
+/// one 64-byte aligned buffer (the layout the matmul kernels stream; see simd.hpp). Row o is
+/// output channel o.
+class weight_matrix {
+ public:
+  weight_matrix() = default;
+
+  /// A zeroed (rows, cols) matrix of `format`.
+  weight_matrix(weight_format format, std::size_t rows, std::size_t cols)
+      : format_(format), rows_(rows), cols_(cols) {
+    const std::size_t n = storage_bytes();
+    if (n != 0) {
+      data_.reset(static_cast<unsigned char*>(::operator new[](n, std::align_val_t{64})));
+      std::memset(data_.get(), 0, n);
+    }
+  }
+
+  /// Packs a row-major (rows, cols) matrix whose elements are in `format` (row o = output o).
+  [[nodiscard]] static weight_matrix from_rows(weight_format format, std::size_t rows,
+                                               std::size_t cols, const void* src) {
+    weight_matrix m(format, rows, cols);
+    if (m.data_) simd::pack_rows(src, m.data_.get(), rows, cols, format_bytes(format));
+    return m;
+  }
+  /// Packs a row-major (cols, rows) matrix — HF Conv1D's [in, out] — whose column o is output o.
+  [[nodiscard]] static weight_matrix from_columns(weight_format format, std::size_t rows,
+                                                  std::size_t cols, const void* src) {
+    weight_matrix m(format, rows, cols);
+    if (m.data_) simd::pack_columns(src, m.data_.get(), rows, cols, format_bytes(format));
+    return m;
+  }
+  /// Packs row-major F32 values, stored as `format` (F16 rounds to nearest even; BF16 too).
+  [[nodiscard]] static weight_matrix from_floats(weight_format format, std::size_t rows,
+                                                 std::size_t cols, const float* src) {
+    if (format == weight_format::f32) return from_rows(format, rows, cols, src);
+    std::vector<std::uint16_t> h(rows * cols);
+    for (std::size_t i = 0; i < h.size(); ++i) {
+      h[i] = format == weight_format::f16 ? io::float_to_f16(src[i]) : io::float_to_bf16(src[i]);
+    }
+    return from_rows(format, rows, cols, h.data());
+  }
+
+  weight_matrix(weight_matrix&&) noexcept = default;
+  weight_matrix& operator=(weight_matrix&&) noexcept = default;
+  weight_matrix(const weight_matrix& o) : weight_matrix(o.format_, o.rows_, o.cols_) {
+    if (data_) std::memcpy(data_.get(), o.data_.get(), storage_bytes());
+  }
+  weight_matrix& operator=(const weight_matrix& o) {
+    if (this != &o) *this = weight_matrix(o);
+    return *this;
+  }
+  ~weight_matrix() = default;
+
+  /// Storage precision.
+  [[nodiscard]] weight_format format() const noexcept { return format_; }
+  [[nodiscard]] std::size_t rows() const noexcept { return rows_; }
+  [[nodiscard]] std::size_t cols() const noexcept { return cols_; }
+  /// Extent of dimension `i` (0: rows, 1: cols).
+  [[nodiscard]] std::size_t shape(std::size_t i) const noexcept { return i == 0 ? rows_ : cols_; }
+  /// Number of parameters (rows × cols; 0 when empty).
+  [[nodiscard]] std::size_t size() const noexcept { return rows_ * cols_; }
+  /// Bytes of packed storage (padding rows included): what one pass of a matmul streams.
+  [[nodiscard]] std::size_t bytes() const noexcept { return storage_bytes(); }
+  /// The packed storage.
+  [[nodiscard]] const void* data() const noexcept { return data_.get(); }
+  /// The view the kernels take.
+  [[nodiscard]] weight_view view() const noexcept { return {data(), format_, rows_, cols_}; }
+  /// Element (r, c) as float (exact).
+  [[nodiscard]] float at(std::size_t r, std::size_t c) const noexcept {
+    float v = 0;
+    simd::convert(format_, data(), simd::packed_index(r, c, cols_), 1, &v);
+    return v;
+  }
+  /// The whole matrix as F32, row-major (rows, cols): for tests and tools.
+  [[nodiscard]] std::vector<float> to_float() const {
+    std::vector<float> out(size());
+    for (std::size_t r = 0; r < rows_; ++r) {
+      for (std::size_t c = 0; c < cols_; ++c) out[r * cols_ + c] = at(r, c);
+    }
+    return out;
+  }
+
+ private:
+  struct aligned_delete {
+    void operator()(unsigned char* p) const noexcept { ::operator delete[](p, std::align_val_t{64}); }
+  };
+  [[nodiscard]] std::size_t storage_bytes() const noexcept {
+    return simd::panels(rows_) * cols_ * simd::panel * format_bytes(format_);
+  }
+
+  weight_format format_ = weight_format::f32;
+  std::size_t rows_ = 0;
+  std::size_t cols_ = 0;
+  std::unique_ptr<unsigned char[], aligned_delete> data_;
+};
+
 /// One transformer block. Matmul weights are stored (OC, C) — transposed from HF Conv1D's
 /// [C, OC] — so every output channel is one contiguous dot product.
 struct layer_weights {
   xt::xtensor<float, 1> ln_1_weight, ln_1_bias;  // (C)
-  xt::xtensor<float, 2> attn_qkv_weight;         // (3C, C)   HF attn.c_attn.weight [C, 3C]
+  weight_matrix attn_qkv_weight;                 // (3C, C)   HF attn.c_attn.weight [C, 3C]
   xt::xtensor<float, 1> attn_qkv_bias;           // (3C)
-  xt::xtensor<float, 2> attn_proj_weight;        // (C, C)    HF attn.c_proj.weight [C, C]
+  weight_matrix attn_proj_weight;                // (C, C)    HF attn.c_proj.weight [C, C]
   xt::xtensor<float, 1> attn_proj_bias;          // (C)
   xt::xtensor<float, 1> ln_2_weight, ln_2_bias;  // (C)
-  xt::xtensor<float, 2> mlp_fc_weight;           // (I, C)    HF mlp.c_fc.weight [C, I], I = n_inner
+  weight_matrix mlp_fc_weight;                   // (I, C)    HF mlp.c_fc.weight [C, I], I = n_inner
   xt::xtensor<float, 1> mlp_fc_bias;             // (I)
-  xt::xtensor<float, 2> mlp_proj_weight;         // (C, I)    HF mlp.c_proj.weight [I, C]
+  weight_matrix mlp_proj_weight;                 // (C, I)    HF mlp.c_proj.weight [I, C]
   xt::xtensor<float, 1> mlp_proj_bias;           // (C)
 };
 
-/// All GPT-2 parameters as F32.
+/// All GPT-2 parameters.
 struct weights {
-  xt::xtensor<float, 2> wte;  // (V, C) token embedding, also the tied output projection
-  xt::xtensor<float, 2> wpe;  // (P, C) position embedding
+  weight_matrix wte;          // (V, C) token embedding, also the tied output projection
+  xt::xtensor<float, 2> wpe;  // (P, C) position embedding (F32)
   std::vector<layer_weights> layers;
   xt::xtensor<float, 1> ln_f_weight, ln_f_bias;  // (C)
-  xt::xtensor<float, 2> lm_head;                 // (V, C) when the file has lm_head.weight, else empty
+  weight_matrix lm_head;                         // (V, C) when the file has lm_head.weight, else empty
 
   /// The (V, C) matrix the logits are computed with: lm_head when present, else wte (tied).
-  [[nodiscard]] const xt::xtensor<float, 2>& output_embedding() const noexcept {
+  [[nodiscard]] const weight_matrix& output_embedding() const noexcept {
     return lm_head.size() != 0 ? lm_head : wte;
   }
 
@@ -56,6 +163,17 @@ struct weights {
            l.attn_qkv_bias.size() + l.attn_proj_weight.size() + l.attn_proj_bias.size() +
            l.ln_2_weight.size() + l.ln_2_bias.size() + l.mlp_fc_weight.size() + l.mlp_fc_bias.size() +
            l.mlp_proj_weight.size() + l.mlp_proj_bias.size();
+    }
+    return n;
+  }
+
+  /// Bytes a single-token forward pass streams through the matmuls: every block's four matmul
+  /// weights plus the output embedding.
+  [[nodiscard]] std::size_t matmul_bytes() const noexcept {
+    std::size_t n = output_embedding().bytes();
+    for (const layer_weights& l : layers) {
+      n += l.attn_qkv_weight.bytes() + l.attn_proj_weight.bytes() + l.mlp_fc_weight.bytes() +
+           l.mlp_proj_weight.bytes();
     }
     return n;
   }
@@ -147,17 +265,18 @@ class tensor_loader {
     convert_floats(t, 0, t.numel(), dst.data());
   }
 
-  /// Loads an HF Conv1D weight [in, out] transposed to (out, in).
-  void load_transposed(xt::xtensor<float, 2>& dst, const std::string& name, std::size_t in,
-                       std::size_t out) const {
+  /// Loads a (rows, cols) matrix (row o = output o), keeping F32 / F16 / BF16, packed.
+  void load_matrix(weight_matrix& dst, const std::string& name, std::size_t rows, std::size_t cols,
+                   bool top_level = false) const {
+    const io::tensor_view& t = get(name, {rows, cols}, top_level);
+    dst = weight_matrix::from_rows(format_of(t.dtype), rows, cols, t.data.data());
+  }
+
+  /// Loads an HF Conv1D weight [in, out] as the (out, in) matrix, keeping its precision, packed.
+  void load_matrix_transposed(weight_matrix& dst, const std::string& name, std::size_t in,
+                              std::size_t out) const {
     const io::tensor_view& t = get(name, {in, out});
-    dst = xt::xtensor<float, 2>::from_shape({out, in});
-    std::vector<float> row(out);
-    float* d = dst.data();
-    for (std::size_t i = 0; i < in; ++i) {
-      convert_floats(t, i * out, out, row.data());
-      for (std::size_t o = 0; o < out; ++o) d[o * in + i] = row[o];
-    }
+    dst = weight_matrix::from_columns(format_of(t.dtype), out, in, t.data.data());
   }
 
   /// Throws if the file has blocks beyond n_layer (the config disagrees with the tensors).
@@ -184,6 +303,11 @@ class tensor_loader {
   [[nodiscard]] const io::safetensors_file& file() const noexcept { return file_; }
 
  private:
+  static weight_format format_of(io::dtype d) noexcept {
+    return d == io::dtype::f16 ? weight_format::f16
+                               : (d == io::dtype::bf16 ? weight_format::bf16 : weight_format::f32);
+  }
+
   const io::safetensors_file& file_;
   const config& cfg_;
   std::string config_name_;
@@ -223,7 +347,7 @@ inline weights weights::load(const io::safetensors_file& file, const config& cfg
 
   // Pass 2: convert.
   weights w;
-  ld.load(w.wte, "wte.weight", {V, C});
+  ld.load_matrix(w.wte, "wte.weight", V, C);
   ld.load(w.wpe, "wpe.weight", {P, C});
   w.layers.resize(cfg.n_layer);
   for (std::size_t l = 0; l < cfg.n_layer; ++l) {
@@ -231,20 +355,20 @@ inline weights weights::load(const io::safetensors_file& file, const config& cfg
     layer_weights& lw = w.layers[l];
     ld.load(lw.ln_1_weight, h + "ln_1.weight", {C});
     ld.load(lw.ln_1_bias, h + "ln_1.bias", {C});
-    ld.load_transposed(lw.attn_qkv_weight, h + "attn.c_attn.weight", C, 3 * C);
+    ld.load_matrix_transposed(lw.attn_qkv_weight, h + "attn.c_attn.weight", C, 3 * C);
     ld.load(lw.attn_qkv_bias, h + "attn.c_attn.bias", {3 * C});
-    ld.load_transposed(lw.attn_proj_weight, h + "attn.c_proj.weight", C, C);
+    ld.load_matrix_transposed(lw.attn_proj_weight, h + "attn.c_proj.weight", C, C);
     ld.load(lw.attn_proj_bias, h + "attn.c_proj.bias", {C});
     ld.load(lw.ln_2_weight, h + "ln_2.weight", {C});
     ld.load(lw.ln_2_bias, h + "ln_2.bias", {C});
-    ld.load_transposed(lw.mlp_fc_weight, h + "mlp.c_fc.weight", C, I);
+    ld.load_matrix_transposed(lw.mlp_fc_weight, h + "mlp.c_fc.weight", C, I);
     ld.load(lw.mlp_fc_bias, h + "mlp.c_fc.bias", {I});
-    ld.load_transposed(lw.mlp_proj_weight, h + "mlp.c_proj.weight", I, C);
+    ld.load_matrix_transposed(lw.mlp_proj_weight, h + "mlp.c_proj.weight", I, C);
     ld.load(lw.mlp_proj_bias, h + "mlp.c_proj.bias", {C});
   }
   ld.load(w.ln_f_weight, "ln_f.weight", {C});
   ld.load(w.ln_f_bias, "ln_f.bias", {C});
-  if (has_lm_head) ld.load(w.lm_head, "lm_head.weight", {V, C}, /*top_level=*/true);
+  if (has_lm_head) ld.load_matrix(w.lm_head, "lm_head.weight", V, C, /*top_level=*/true);
   return w;
 }
 

@@ -1,0 +1,348 @@
+// Micro-benchmarks of the GPT-2 kernels and of the sampling primitives (Google Benchmark).
+//
+//   build/h3/benchmarks/specsample_micro --benchmark_filter=append --benchmark_repetitions=5
+//
+// Shapes are shakespeare-target's (C = 384, 4C = 1536, V = 4096, 6 heads) unless stated. Matmul
+// weights are F16 like the bundled checkpoints. Counters: `weight_GB/s` = weight bytes streamed per
+// second (one pass over the weights per call, whatever T), `tok/s` = positions per second. The
+// stream-read probe reads a buffer with the widest vector loads the CPU has: its GB/s is the
+// machine's bandwidth for that many bytes, the ceiling for a single-token decode.
+
+#include <specsample/gpt2.hpp>
+#include <specsample/specsample.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace gpt2 = specsample::gpt2;
+using specsample::token;
+
+namespace {
+
+const std::filesystem::path models_dir = std::filesystem::path(SPECSAMPLE_SOURCE_DIR) / "models";
+
+std::vector<float> random_floats(std::size_t n, float scale, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+/// A random F16 (rows, cols) weight matrix.
+gpt2::weight_matrix random_f16(std::size_t rows, std::size_t cols, unsigned seed) {
+  const auto v = random_floats(rows * cols, 0.05f, seed);
+  return gpt2::weight_matrix::from_floats(gpt2::weight_format::f16, rows, cols, v.data());
+}
+
+/// One pool per thread count, shared by the benchmarks (threads = 1: no pool).
+gpt2::thread_pool* pool_for(std::size_t threads) {
+  static std::map<std::size_t, std::unique_ptr<gpt2::thread_pool>> pools;
+  if (threads <= 1) return nullptr;
+  auto& p = pools[threads];
+  if (!p) p = std::make_unique<gpt2::thread_pool>(threads);
+  return p.get();
+}
+
+// --- stream-read probe ---------------------------------------------------------------------------
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) float stream_sum_avx512(const float* p, std::size_t n) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  for (std::size_t i = 0; i + 64 <= n; i += 64) {
+    s0 = _mm512_add_ps(s0, _mm512_load_ps(p + i));
+    s1 = _mm512_add_ps(s1, _mm512_load_ps(p + i + 16));
+    s2 = _mm512_add_ps(s2, _mm512_load_ps(p + i + 32));
+    s3 = _mm512_add_ps(s3, _mm512_load_ps(p + i + 48));
+  }
+  const __m512 s = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
+  alignas(64) float out[16];
+  _mm512_store_ps(out, s);
+  return out[0];
+}
+__attribute__((target("avx2"))) float stream_sum_avx2(const float* p, std::size_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  for (std::size_t i = 0; i + 32 <= n; i += 32) {
+    s0 = _mm256_add_ps(s0, _mm256_load_ps(p + i));
+    s1 = _mm256_add_ps(s1, _mm256_load_ps(p + i + 8));
+    s2 = _mm256_add_ps(s2, _mm256_load_ps(p + i + 16));
+    s3 = _mm256_add_ps(s3, _mm256_load_ps(p + i + 24));
+  }
+  const __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+  alignas(32) float out[8];
+  _mm256_store_ps(out, s);
+  return out[0];
+}
+#endif
+
+float stream_sum(const float* p, std::size_t n) {
+#if defined(__x86_64__)
+  if (gpt2::simd::detected() == gpt2::isa::avx512) return stream_sum_avx512(p, n);
+  if (gpt2::simd::detected() == gpt2::isa::avx2) return stream_sum_avx2(p, n);
+#endif
+  float s[8] = {};
+  for (std::size_t i = 0; i + 8 <= n; i += 8) {
+    for (std::size_t j = 0; j < 8; ++j) s[j] += p[i + j];
+  }
+  return s[0];
+}
+
+/// Reads a buffer of range(0) bytes (range(1) threads, each a contiguous share) per iteration.
+void BM_stream_read(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  const auto threads = static_cast<std::size_t>(state.range(1));
+  const std::size_t n = bytes / sizeof(float) / 64 * 64;
+  struct free_deleter {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float[], free_deleter> buf(
+      static_cast<float*>(std::aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64)));
+  std::fill_n(buf.get(), n, 1.0f);
+  gpt2::thread_pool* pool = pool_for(threads);
+  const std::size_t chunks = n / 64;
+  for (auto _ : state) {
+    float total[8] = {};
+    const auto body = [&](std::size_t b, std::size_t e, std::size_t w) {
+      total[w] = stream_sum(buf.get() + b * 64, (e - b) * 64);
+    };
+    if (pool != nullptr) {
+      pool->parallel_for(chunks, body);
+    } else {
+      body(0, chunks, 0);
+    }
+    benchmark::DoNotOptimize(total);
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(n * sizeof(float)));
+  state.counters["MB"] = static_cast<double>(n * sizeof(float)) / 1e6;
+}
+
+/// Weight bytes of a single-token forward pass of a bundled model (the matmuls' weights).
+std::int64_t model_weight_bytes(const char* name) {
+  static std::map<std::string, std::int64_t> cache;
+  auto it = cache.find(name);
+  if (it == cache.end()) {
+    const auto m = gpt2::model::load(models_dir / name, gpt2::options{.threads = 1});
+    it = cache.emplace(name, static_cast<std::int64_t>(m.weights().matmul_bytes())).first;
+  }
+  return it->second;
+}
+
+void stream_read_args(benchmark::internal::Benchmark* b) {
+  for (const std::int64_t bytes : {model_weight_bytes("shakespeare-draft"),
+                                   model_weight_bytes("shakespeare-target"),
+                                   std::int64_t{256} << 20}) {
+    for (const std::int64_t threads : {1, 2}) b->Args({bytes, threads});
+  }
+}
+BENCHMARK(BM_stream_read)->Apply(stream_read_args)->UseRealTime()->MinTime(0.3);
+
+// --- kernels -------------------------------------------------------------------------------------
+
+void BM_layer_norm(benchmark::State& state) {
+  const auto T = static_cast<std::size_t>(state.range(0));
+  const auto C = static_cast<std::size_t>(state.range(1));
+  const auto x = random_floats(T * C, 1.0f, 1);
+  const auto w = random_floats(C, 1.0f, 2);
+  const auto b = random_floats(C, 1.0f, 3);
+  std::vector<float> y(T * C);
+  for (auto _ : state) {
+    gpt2::kernels::layer_norm(y, x, w, b, T, C, 1e-5f);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * T));
+}
+BENCHMARK(BM_layer_norm)->ArgNames({"T", "C"})->ArgsProduct({{1, 5, 9}, {384}});
+
+/// range: C, OC, T, threads, isa (0 generic, 1 avx2, 2 avx512 — capped at the CPU's).
+void BM_matmul(benchmark::State& state) {
+  const auto C = static_cast<std::size_t>(state.range(0));
+  const auto OC = static_cast<std::size_t>(state.range(1));
+  const auto T = static_cast<std::size_t>(state.range(2));
+  const auto threads = static_cast<std::size_t>(state.range(3));
+  const auto level = gpt2::simd::resolve(static_cast<gpt2::isa>(state.range(4)));
+  const gpt2::weight_matrix w = random_f16(OC, C, 4);
+  const auto x = random_floats(T * C, 1.0f, 5);
+  const auto bias = random_floats(OC, 0.1f, 6);
+  std::vector<float> out(T * OC);
+  gpt2::thread_pool* pool = pool_for(threads);
+  for (auto _ : state) {
+    gpt2::kernels::matmul(out, x, w.view(), bias, T, C, OC, pool, level);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetLabel(gpt2::isa_name(level));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(w.bytes()));
+  state.counters["GMAC/s"] = benchmark::Counter(static_cast<double>(T * C * OC) * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void matmul_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"C", "OC", "T", "threads", "isa"});
+  const std::int64_t C = 384;
+  for (const auto& [in, out] : {std::pair{C, 3 * C}, std::pair{C, 4 * C}, std::pair{4 * C, C},
+                                std::pair{C, std::int64_t{4096}}}) {
+    for (const std::int64_t T : {1, 5, 9}) {
+      for (const std::int64_t threads : {1, 2}) b->Args({in, out, T, threads, 2});
+    }
+  }
+  // The fallbacks at one shape (lm_head), single-threaded.
+  for (const std::int64_t T : {1, 5}) {
+    b->Args({C, 4096, T, 1, 1});
+    b->Args({C, 4096, T, 1, 0});
+  }
+}
+BENCHMARK(BM_matmul)->Apply(matmul_args)->UseRealTime();
+
+/// range: context length, threads. One new position (T = 1) over a KV cache of that length.
+void BM_attention(benchmark::State& state) {
+  const auto len = static_cast<std::size_t>(state.range(0));
+  const auto threads = static_cast<std::size_t>(state.range(1));
+  const std::size_t C = 384, NH = 6, P = 256;
+  const auto qkv = random_floats(3 * C, 1.0f, 7);
+  const auto k = random_floats(P * C, 1.0f, 8);
+  const auto v = random_floats(P * C, 1.0f, 9);
+  std::vector<float> out(C), scratch(threads * P);
+  gpt2::thread_pool* pool = pool_for(threads);
+  for (auto _ : state) {
+    gpt2::kernels::attention(out, qkv, k, v, scratch, len - 1, 1, C, NH, pool);
+    benchmark::DoNotOptimize(out.data());
+  }
+}
+BENCHMARK(BM_attention)
+    ->ArgNames({"ctx", "threads"})
+    ->ArgsProduct({{16, 128, 256}, {1, 2}})
+    ->UseRealTime();
+
+void BM_gelu(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  auto x = random_floats(n, 2.0f, 10);
+  std::vector<float> y(n);
+  for (auto _ : state) {
+    gpt2::kernels::gelu(y, x);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * n));
+}
+BENCHMARK(BM_gelu)->Arg(1536)->Arg(5 * 1536);
+
+// --- the model -----------------------------------------------------------------------------------
+
+/// range: model (0 target, 1 draft, 2 distilled draft), n tokens, threads. The context holds a
+/// 64-token prefix; each iteration appends n tokens and truncates back.
+void BM_append(benchmark::State& state) {
+  static const char* names[] = {"shakespeare-target", "shakespeare-draft",
+                                "shakespeare-draft-distilled"};
+  const char* name = names[state.range(0)];
+  const auto n = static_cast<std::size_t>(state.range(1));
+  const auto threads = static_cast<std::size_t>(state.range(2));
+  gpt2::model m = gpt2::model::load(models_dir / name, gpt2::options{.threads = threads});
+  std::vector<token> tokens(64 + n);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<token>(i * 37 % 4096);
+  const std::size_t prefix = 64;
+  (void)m.append(std::span<const token>(tokens).first(prefix));
+  const auto next = std::span<const token>(tokens).subspan(prefix, n);
+  for (auto _ : state) {
+    const auto logits = m.append(next);
+    benchmark::DoNotOptimize(logits.data());
+    m.truncate(prefix);
+  }
+  state.SetLabel(fmt::format("{} {}", name, gpt2::isa_name(m.kernels())));
+  state.counters["tok/s"] = benchmark::Counter(static_cast<double>(n),
+                                               benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["weight_GB/s"] =
+      benchmark::Counter(static_cast<double>(m.weights().matmul_bytes()) * 1e-9,
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_append)
+    ->ArgNames({"model", "n", "threads"})
+    ->ArgsProduct({{0, 1, 2}, {1, 2, 5, 9}, {1, 2}})
+    ->UseRealTime()
+    ->MinTime(0.3);
+
+// --- sampling primitives -------------------------------------------------------------------------
+
+/// range: vocabulary, temperature ×100, top_k.
+void BM_warp(benchmark::State& state) {
+  const auto V = static_cast<std::size_t>(state.range(0));
+  specsample::sampling_params p;
+  p.temperature = static_cast<float>(state.range(1)) / 100.0f;
+  p.top_k = static_cast<int>(state.range(2));
+  p.top_p = state.range(2) > 0 ? 0.95f : 1.0f;
+  specsample::logit_warper warp(p, V);
+  const auto v = random_floats(V, 3.0f, 11);
+  const Eigen::Map<const Eigen::VectorXf> logits(v.data(), static_cast<Eigen::Index>(V));
+  Eigen::VectorXf probs(static_cast<Eigen::Index>(V));
+  for (auto _ : state) {
+    warp(logits, probs);
+    benchmark::DoNotOptimize(probs.data());
+  }
+}
+BENCHMARK(BM_warp)
+    ->ArgNames({"V", "temp100", "top_k"})
+    ->Args({4096, 0, 0})
+    ->Args({4096, 100, 0})
+    ->Args({4096, 80, 50})
+    ->Args({50257, 0, 0})
+    ->Args({50257, 100, 0})
+    ->Args({50257, 80, 50});
+
+/// Random distributions q (V, K) and p (V, K + 1), columns summing to 1.
+struct verify_inputs {
+  Eigen::MatrixXf q, p;
+  std::vector<token> drafts;
+  verify_inputs(std::size_t V, std::size_t K) {
+    std::mt19937 rng(12);
+    std::exponential_distribution<float> e(1.0f);
+    const auto fill = [&](Eigen::MatrixXf& m, std::size_t cols) {
+      m.resize(static_cast<Eigen::Index>(V), static_cast<Eigen::Index>(cols));
+      for (Eigen::Index j = 0; j < m.cols(); ++j) {
+        for (Eigen::Index i = 0; i < m.rows(); ++i) m(i, j) = std::pow(e(rng), 4.0f);
+        m.col(j) /= m.col(j).sum();
+      }
+    };
+    fill(q, K);
+    fill(p, K + 1);
+    std::uniform_int_distribution<token> pick(0, static_cast<token>(V - 1));
+    for (std::size_t i = 0; i < K; ++i) drafts.push_back(pick(rng));
+  }
+};
+
+void BM_verify_tokenwise(benchmark::State& state) {
+  const auto V = static_cast<std::size_t>(state.range(0));
+  const verify_inputs in(V, 4);
+  std::mt19937_64 rng(13);
+  for (auto _ : state) {
+    const auto r = specsample::verify_tokenwise(in.drafts, in.q, in.p, rng);
+    benchmark::DoNotOptimize(r);
+  }
+}
+BENCHMARK(BM_verify_tokenwise)->ArgName("V")->Arg(4096)->Arg(50257);
+
+void BM_sample_residual(benchmark::State& state) {
+  const auto V = static_cast<std::size_t>(state.range(0));
+  const verify_inputs in(V, 1);
+  std::mt19937_64 rng(14);
+  for (auto _ : state) {
+    const token t = specsample::sample_residual(in.p.col(0), in.q.col(0), rng);
+    benchmark::DoNotOptimize(t);
+  }
+}
+BENCHMARK(BM_sample_residual)->ArgName("V")->Arg(4096)->Arg(50257);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,697 @@
+#pragma once
+/// @file simd.hpp
+/// Run-time dispatched matmul micro-kernels for the GPT-2 reference model: a portable generic
+/// path, an AVX2 + FMA + F16C path and an AVX-512 (F, BW, VL) path, for F32, F16 and BF16
+/// weights. The library is compiled for generic x86-64 (no -march): the fast paths are functions
+/// with `__attribute__((target(...)))` selected once from `__builtin_cpu_supports`.
+///
+/// Weight layout: matmul weights are packed in panels of `panel` (64) output channels,
+/// [OC/64][K][64]: for every input channel k the 64 weights of a panel's outputs are contiguous,
+/// so a kernel streams one panel front to back and each weight vector feeds the outputs of every
+/// row of the batch (the weights are read from memory once per call, whatever T). OC is padded
+/// with zero rows to a multiple of 64.
+///
+/// Numerics (what batch invariance rests on): an output element out[t, o] = Σ_k x[t, k]·w[o, k]
+/// lives in one vector lane and is accumulated sequentially in k (k = 0, 1, …, K−1; fused
+/// multiply-add on the SIMD paths, multiply then add on the generic one), then the bias is
+/// added. There is no horizontal reduction: which rows t or outputs o share a register tile, how
+/// many rows the batch has and how panels are split over threads never changes that sequence,
+/// so a position's result does not depend on T, on its place in the batch or on the thread
+/// count. Different ISAs give (slightly) different bits; a model uses one ISA.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SPECSAMPLE_GPT2_X86 1
+#include <immintrin.h>
+#else
+#define SPECSAMPLE_GPT2_X86 0
+#endif
+
+namespace specsample::gpt2 {
+
+/// Instruction-set level of the kernels, in increasing order.
+enum class isa : std::uint8_t {
+  generic = 0,  ///< portable C++ (whatever the compiler flags allow)
+  avx2 = 1,     ///< AVX2 + FMA + F16C
+  avx512 = 2,   ///< AVX-512 F + BW + VL + DQ (+ FMA, F16C)
+  best = 255,   ///< as a request: the best level this CPU supports
+};
+
+/// Name of an ISA level ("generic", "avx2", "avx512").
+[[nodiscard]] constexpr const char* isa_name(isa i) noexcept {
+  switch (i) {
+    case isa::generic: return "generic";
+    case isa::avx2: return "avx2";
+    case isa::avx512: return "avx512";
+    case isa::best: return "best";
+  }
+  return "?";
+}
+
+/// Storage precision of a weight matrix.
+enum class weight_format : std::uint8_t { f32, f16, bf16 };
+
+/// Bytes per element of a weight format.
+[[nodiscard]] constexpr std::size_t format_bytes(weight_format f) noexcept {
+  return f == weight_format::f32 ? 4 : 2;
+}
+
+/// A read-only view of a (rows, cols) weight matrix in its storage precision, packed in panels
+/// of 64 rows ([ceil(rows/64)][cols][64], zero-padded rows; see simd.hpp).
+struct weight_view {
+  const void* data = nullptr;
+  weight_format format = weight_format::f32;
+  std::size_t rows = 0;
+  std::size_t cols = 0;
+};
+
+namespace simd {
+
+/// The best ISA level the running CPU supports (detected once).
+[[nodiscard]] inline isa detected() noexcept {
+#if SPECSAMPLE_GPT2_X86
+  static const isa level = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+      return isa::avx512;
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c")) {
+      return isa::avx2;
+    }
+    return isa::generic;
+  }();
+  return level;
+#else
+  return isa::generic;
+#endif
+}
+
+/// The level actually used for a request: `requested` capped at what the CPU supports.
+[[nodiscard]] inline isa resolve(isa requested) noexcept {
+  const isa d = detected();
+  if (requested == isa::best) return d;
+  return static_cast<std::uint8_t>(requested) <= static_cast<std::uint8_t>(d) ? requested : d;
+}
+
+inline constexpr float gelu_k = 0.7978845608028654f;  // sqrt(2 / pi), for the GELU
+inline constexpr float gelu_c = 0.044715f;
+
+// --- scalar conversion ---------------------------------------------------------------------------
+
+/// IEEE binary16 -> float, exact.
+[[nodiscard]] inline float half_to_float(std::uint16_t h) noexcept {
+  const std::uint32_t sign = (static_cast<std::uint32_t>(h) & 0x8000u) << 16;
+  const std::uint32_t exp = (static_cast<std::uint32_t>(h) >> 10) & 0x1fu;
+  const std::uint32_t mant = static_cast<std::uint32_t>(h) & 0x3ffu;
+  std::uint32_t bits = 0;
+  if (exp == 0) {
+    const float v = static_cast<float>(mant) * 0x1p-24f;
+    return sign != 0 ? -v : v;
+  }
+  if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 112u) << 23) | (mant << 13);
+  }
+  float f = 0;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+/// bfloat16 -> float, exact.
+[[nodiscard]] inline float bfloat_to_float(std::uint16_t h) noexcept {
+  const std::uint32_t bits = static_cast<std::uint32_t>(h) << 16;
+  float f = 0;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+/// Element i of a weight buffer as float.
+template <weight_format F>
+[[nodiscard]] inline float load_scalar(const void* w, std::size_t i) noexcept {
+  if constexpr (F == weight_format::f32) {
+    return static_cast<const float*>(w)[i];
+  } else if constexpr (F == weight_format::f16) {
+    return half_to_float(static_cast<const std::uint16_t*>(w)[i]);
+  } else {
+    return bfloat_to_float(static_cast<const std::uint16_t*>(w)[i]);
+  }
+}
+
+/// dst[i] = float(src[first + i]) for i < n (exact for every format).
+inline void convert(weight_format f, const void* src, std::size_t first, std::size_t n,
+                    float* dst) noexcept {
+  switch (f) {
+    case weight_format::f32:
+      std::memcpy(dst, static_cast<const float*>(src) + first, n * sizeof(float));
+      return;
+    case weight_format::f16:
+      for (std::size_t i = 0; i < n; ++i) dst[i] = load_scalar<weight_format::f16>(src, first + i);
+      return;
+    case weight_format::bf16:
+      for (std::size_t i = 0; i < n; ++i) dst[i] = load_scalar<weight_format::bf16>(src, first + i);
+      return;
+  }
+}
+
+// --- packed panels ---------------------------------------------------------------------------------
+
+/// Output channels per packed panel.
+inline constexpr std::size_t panel = 64;
+
+/// Panels for OC output channels.
+[[nodiscard]] constexpr std::size_t panels(std::size_t OC) noexcept {
+  return (OC + panel - 1) / panel;
+}
+
+/// Index of weight (o, k) in the packed layout of a K-column matrix.
+[[nodiscard]] constexpr std::size_t packed_index(std::size_t o, std::size_t k,
+                                                 std::size_t K) noexcept {
+  return (o / panel) * K * panel + k * panel + o % panel;
+}
+
+/// Packs a row-major (rows, cols) matrix `src` of `elem`-byte elements (the weight of output o
+/// is row o) into the panel layout at `dst` (panels(rows)·cols·64 elements, padding zeroed).
+inline void pack_rows(const void* src, void* dst, std::size_t rows, std::size_t cols,
+                      std::size_t elem) noexcept {
+  const auto* s = static_cast<const unsigned char*>(src);
+  auto* d = static_cast<unsigned char*>(dst);
+  std::memset(d, 0, panels(rows) * cols * panel * elem);
+  for (std::size_t o = 0; o < rows; ++o) {
+    for (std::size_t k = 0; k < cols; ++k) {
+      std::memcpy(d + packed_index(o, k, cols) * elem, s + (o * cols + k) * elem, elem);
+    }
+  }
+}
+
+/// Packs a (cols, rows) row-major matrix — HF Conv1D's [in, out], the weight of output o is
+/// column o — into the panel layout (runs of 64 outputs are contiguous in both layouts).
+inline void pack_columns(const void* src, void* dst, std::size_t rows, std::size_t cols,
+                         std::size_t elem) noexcept {
+  const auto* s = static_cast<const unsigned char*>(src);
+  auto* d = static_cast<unsigned char*>(dst);
+  std::memset(d, 0, panels(rows) * cols * panel * elem);
+  for (std::size_t p = 0; p < panels(rows); ++p) {
+    const std::size_t n = std::min(panel, rows - p * panel);
+    for (std::size_t k = 0; k < cols; ++k) {
+      std::memcpy(d + packed_index(p * panel, k, cols) * elem, s + (k * rows + p * panel) * elem,
+                  n * elem);
+    }
+  }
+}
+
+/// out[t·ldo + o] = Σ_k x[t·ldx + k]·w(o, k) (+ bias[o]) for t < T, o < OC; w packed.
+struct matmul_args {
+  float* out;
+  std::size_t ldo;
+  const float* x;
+  std::size_t ldx;
+  std::size_t T;
+  std::size_t K;      ///< reduction length (input channels)
+  std::size_t OC;     ///< output channels (the packed matrix has panels(OC) panels)
+  const void* w;      ///< packed [panels][K][64], in the format the kernel is instantiated for
+  const float* bias;  ///< (OC) or nullptr
+};
+
+// --- generic -------------------------------------------------------------------------------------
+
+/// Panels [p_begin, p_end): per k the panel's 64 weights are converted once and applied to a
+/// tile of up to 8 rows; every output is acc = acc + w·x in increasing k.
+template <weight_format F>
+inline void matmul_generic(const matmul_args& a, std::size_t p_begin, std::size_t p_end) noexcept {
+  constexpr std::size_t TT = 8;
+  float wbuf[panel];
+  float acc[TT][panel];
+  for (std::size_t p = p_begin; p < p_end; ++p) {
+    const std::size_t base = p * a.K * panel;
+    const std::size_t o0 = p * panel;
+    const std::size_t valid = std::min(panel, a.OC - o0);
+    for (std::size_t t0 = 0; t0 < a.T; t0 += TT) {
+      const std::size_t tn = std::min(TT, a.T - t0);
+      for (std::size_t t = 0; t < tn; ++t) std::fill_n(acc[t], panel, 0.0f);
+      for (std::size_t k = 0; k < a.K; ++k) {
+        for (std::size_t j = 0; j < panel; ++j) wbuf[j] = load_scalar<F>(a.w, base + k * panel + j);
+        for (std::size_t t = 0; t < tn; ++t) {
+          const float xv = a.x[(t0 + t) * a.ldx + k];
+          for (std::size_t j = 0; j < panel; ++j) acc[t][j] += wbuf[j] * xv;
+        }
+      }
+      for (std::size_t t = 0; t < tn; ++t) {
+        float* out = a.out + (t0 + t) * a.ldo + o0;
+        for (std::size_t j = 0; j < valid; ++j) {
+          out[j] = a.bias != nullptr ? acc[t][j] + a.bias[o0 + j] : acc[t][j];
+        }
+      }
+    }
+  }
+}
+
+/// x = exp(x − max x) / Σ exp(x − max x) over one row of n (the sum in the 8-lane order).
+inline void softmax_row(float* x, std::size_t n) noexcept {
+  if (n == 0) return;
+  float mx = x[0];
+  for (std::size_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
+  for (std::size_t i = 0; i < n; ++i) x[i] = std::exp(x[i] - mx);
+  float l[8] = {};
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (std::size_t j = 0; j < 8; ++j) l[j] += x[i + j];
+  }
+  float tail = 0;
+  for (; i < n; ++i) tail += x[i];
+  const float inv =
+      1.0f / ((((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]))) + tail);
+  for (i = 0; i < n; ++i) x[i] *= inv;
+}
+
+/// One attention head for one query: att[p] = (q · k_p)·scale for p < len, softmax, then
+/// out = Σ_p att[p]·v_p (p increasing for every output channel). k_p = k + p·ld, v_p = v + p·ld.
+/// Generic path: the dot has the 8-lane pattern of `matmul_generic`.
+inline void attend_generic(const float* q, const float* k, const float* v, std::size_t ld,
+                           std::size_t len, std::size_t HS, float scale, float* att,
+                           float* out) noexcept {
+  for (std::size_t p = 0; p < len; ++p) {
+    const float* kp = k + p * ld;
+    float l[8] = {};
+    std::size_t i = 0;
+    for (; i + 8 <= HS; i += 8) {
+      for (std::size_t j = 0; j < 8; ++j) l[j] += q[i + j] * kp[i + j];
+    }
+    for (std::size_t j = 0; i + j < HS; ++j) l[j] += q[i + j] * kp[i + j];
+    att[p] = (((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]))) * scale;
+  }
+  softmax_row(att, len);
+  std::fill(out, out + HS, 0.0f);
+  for (std::size_t p = 0; p < len; ++p) {
+    const float a = att[p];
+    const float* vp = v + p * ld;
+    for (std::size_t d = 0; d < HS; ++d) out[d] += a * vp[d];
+  }
+}
+
+#if SPECSAMPLE_GPT2_X86
+
+#define SPECSAMPLE_GPT2_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define SPECSAMPLE_GPT2_AVX512 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define SPECSAMPLE_GPT2_INLINE inline __attribute__((always_inline))
+
+// --- AVX2: a panel as two halves of 32 outputs (4 × 8 lanes) × up to 2 rows ----------------------
+
+template <weight_format F>
+SPECSAMPLE_GPT2_AVX2 SPECSAMPLE_GPT2_INLINE __m256 avx2_load_w(const void* w, std::size_t i) {
+  if constexpr (F == weight_format::f32) {
+    return _mm256_loadu_ps(static_cast<const float*>(w) + i);
+  } else {
+    const __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(w) + i));
+    if constexpr (F == weight_format::f16) {
+      return _mm256_cvtph_ps(h);
+    } else {
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+  }
+}
+
+/// Lanes l0..l7 -> ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
+SPECSAMPLE_GPT2_AVX2 SPECSAMPLE_GPT2_INLINE float avx2_hsum(__m256 v) {
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+
+/// Rows [t0, t0 + TT) × outputs [o0 + 32·half, +32) of panel p.
+template <weight_format F, int TT>
+SPECSAMPLE_GPT2_AVX2 void avx2_panel(const matmul_args& a, std::size_t p, std::size_t half,
+                                     std::size_t t0) {
+  using wt = std::conditional_t<F == weight_format::f32, float, std::uint16_t>;
+  const wt* w = static_cast<const wt*>(a.w) + p * a.K * panel + half * 32;
+  const float* x = a.x + t0 * a.ldx;
+  __m256 acc[TT][4];
+#pragma GCC unroll 8
+  for (int t = 0; t < TT; ++t) {
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) acc[t][j] = _mm256_setzero_ps();
+  }
+  for (std::size_t k = 0; k < a.K; ++k) {
+    const wt* wk = w + k * panel;
+    __m256 wv[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) wv[j] = avx2_load_w<F>(wk, static_cast<std::size_t>(8 * j));
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; ++t) {
+      const __m256 xb = _mm256_broadcast_ss(x + static_cast<std::size_t>(t) * a.ldx + k);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) acc[t][j] = _mm256_fmadd_ps(wv[j], xb, acc[t][j]);
+    }
+  }
+  const std::size_t o0 = p * panel + half * 32;
+  const std::size_t valid = o0 < a.OC ? std::min<std::size_t>(32, a.OC - o0) : 0;
+  for (int t = 0; t < TT; ++t) {
+    float* out = a.out + (t0 + static_cast<std::size_t>(t)) * a.ldo + o0;
+    alignas(32) float buf[32];
+    for (int j = 0; j < 4; ++j) _mm256_store_ps(buf + 8 * j, acc[t][j]);
+    for (std::size_t j = 0; j < valid; ++j) {
+      out[j] = a.bias != nullptr ? buf[j] + a.bias[o0 + j] : buf[j];
+    }
+  }
+}
+
+template <weight_format F>
+SPECSAMPLE_GPT2_AVX2 void matmul_avx2(const matmul_args& a, std::size_t p_begin,
+                                      std::size_t p_end) {
+  for (std::size_t p = p_begin; p < p_end; ++p) {
+    for (std::size_t half = 0; half < 2; ++half) {
+      if (p * panel + half * 32 >= a.OC) break;
+      std::size_t t = 0;
+      for (; t + 2 <= a.T; t += 2) avx2_panel<F, 2>(a, p, half, t);
+      if (t < a.T) avx2_panel<F, 1>(a, p, half, t);
+    }
+  }
+}
+
+// --- AVX-512: a panel of 64 outputs (4 × 16 lanes) × up to 6 rows ---------------------------------
+
+template <weight_format F>
+SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE __m512 avx512_load_w(const void* w, std::size_t i) {
+  if constexpr (F == weight_format::f32) {
+    return _mm512_loadu_ps(static_cast<const float*>(w) + i);
+  } else {
+    const __m256i h = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(w) + i));
+    if constexpr (F == weight_format::f16) {
+      return _mm512_mask_cvtph_ps(_mm512_setzero_ps(), 0xFFFF, h);  // (no _undefined: GCC 12 warns)
+    } else {
+      return _mm512_castsi512_ps(
+          _mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
+    }
+  }
+}
+
+/// Lanes folded in halves: 16 -> 8 -> 4 -> 2 -> 1, always in this order.
+SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE float avx512_hsum(__m512 v) {
+  // Whole-register shuffles with an explicit pass-through (GCC 12 warns on the intrinsics that
+  // start from _mm512_undefined_*): lane j of each step holds
+  // the sum of lanes j and j + 8, then j + 4, then j + 2, then j + 1.
+  const __m512 a = _mm512_add_ps(v, _mm512_mask_shuffle_f32x4(v, 0xFFFF, v, v, 0x4E));
+  const __m512 b = _mm512_add_ps(a, _mm512_mask_shuffle_f32x4(a, 0xFFFF, a, a, 0xB1));
+  const __m512 c = _mm512_add_ps(b, _mm512_mask_permute_ps(b, 0xFFFF, b, 0x4E));
+  const __m512 d = _mm512_add_ps(c, _mm512_mask_permute_ps(c, 0xFFFF, c, 0xB1));
+  return _mm512_cvtss_f32(d);
+}
+
+/// Rows [t0, t0 + TT) × the 64 outputs of panel p.
+template <weight_format F, int TT>
+SPECSAMPLE_GPT2_AVX512 void avx512_panel(const matmul_args& a, std::size_t p, std::size_t t0) {
+  using wt = std::conditional_t<F == weight_format::f32, float, std::uint16_t>;
+  const wt* w = static_cast<const wt*>(a.w) + p * a.K * panel;
+  const float* x = a.x + t0 * a.ldx;
+  __m512 acc[TT][4];
+#pragma GCC unroll 8
+  for (int t = 0; t < TT; ++t) {
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) acc[t][j] = _mm512_setzero_ps();
+  }
+  for (std::size_t k = 0; k < a.K; ++k) {
+    const wt* wk = w + k * panel;
+    _mm_prefetch(reinterpret_cast<const char*>(wk + 16 * panel), _MM_HINT_T0);
+    __m512 wv[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) wv[j] = avx512_load_w<F>(wk, static_cast<std::size_t>(16 * j));
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; ++t) {
+      const __m512 xb = _mm512_set1_ps(x[static_cast<std::size_t>(t) * a.ldx + k]);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) acc[t][j] = _mm512_fmadd_ps(wv[j], xb, acc[t][j]);
+    }
+  }
+  const std::size_t o0 = p * panel;
+  const std::size_t valid = std::min(panel, a.OC - o0);
+  for (int j = 0; j < 4; ++j) {
+    const std::size_t lo = 16 * static_cast<std::size_t>(j);
+    if (lo >= valid) break;
+    const auto m = valid - lo >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                    : static_cast<__mmask16>((1u << (valid - lo)) - 1u);
+    const __m512 b = a.bias != nullptr ? _mm512_maskz_loadu_ps(m, a.bias + o0 + lo)
+                                       : _mm512_setzero_ps();
+    for (int t = 0; t < TT; ++t) {
+      float* out = a.out + (t0 + static_cast<std::size_t>(t)) * a.ldo + o0 + lo;
+      const __m512 v = a.bias != nullptr ? _mm512_add_ps(acc[t][j], b) : acc[t][j];
+      _mm512_mask_storeu_ps(out, m, v);
+    }
+  }
+}
+
+template <weight_format F>
+SPECSAMPLE_GPT2_AVX512 void matmul_avx512(const matmul_args& a, std::size_t p_begin,
+                                          std::size_t p_end) {
+  for (std::size_t p = p_begin; p < p_end; ++p) {
+    std::size_t t = 0;
+    for (; t + 6 <= a.T; t += 6) avx512_panel<F, 6>(a, p, t);
+    switch (a.T - t) {
+      case 1: avx512_panel<F, 1>(a, p, t); break;
+      case 2: avx512_panel<F, 2>(a, p, t); break;
+      case 3: avx512_panel<F, 3>(a, p, t); break;
+      case 4: avx512_panel<F, 4>(a, p, t); break;
+      case 5: avx512_panel<F, 5>(a, p, t); break;
+      default: break;
+    }
+  }
+}
+
+// --- attention heads (vectorised dots over the head channels, 4 keys at a time) -------------------
+
+inline SPECSAMPLE_GPT2_AVX2 void attend_avx2(const float* q, const float* k, const float* v,
+                                      std::size_t ld, std::size_t len, std::size_t HS, float scale,
+                                      float* att, float* out) {
+  // Scores: one 8-lane accumulator per key (lane j takes channels ≡ j mod 8), zero-padded tail.
+  const std::size_t HS8 = HS / 8 * 8;
+  alignas(32) float qt[8] = {};
+  std::memcpy(qt, q + HS8, (HS - HS8) * sizeof(float));
+  for (std::size_t p = 0; p < len; ++p) {
+    const float* kp = k + p * ld;
+    __m256 acc = _mm256_setzero_ps();
+    for (std::size_t i = 0; i < HS8; i += 8) {
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kp + i), acc);
+    }
+    if (HS8 < HS) {
+      alignas(32) float kt[8] = {};
+      std::memcpy(kt, kp + HS8, (HS - HS8) * sizeof(float));
+      acc = _mm256_fmadd_ps(_mm256_load_ps(qt), _mm256_load_ps(kt), acc);
+    }
+    att[p] = avx2_hsum(acc) * scale;
+  }
+  softmax_row(att, len);
+  // out[d] = Σ_p att[p]·v_p[d], p increasing (fused multiply-add), per channel.
+  std::size_t d = 0;
+  for (; d + 8 <= HS; d += 8) {
+    __m256 o = _mm256_setzero_ps();
+    for (std::size_t p = 0; p < len; ++p) {
+      o = _mm256_fmadd_ps(_mm256_set1_ps(att[p]), _mm256_loadu_ps(v + p * ld + d), o);
+    }
+    _mm256_storeu_ps(out + d, o);
+  }
+  for (; d < HS; ++d) {
+    float o = 0;
+    for (std::size_t p = 0; p < len; ++p) o = std::fma(att[p], v[p * ld + d], o);
+    out[d] = o;
+  }
+}
+
+inline SPECSAMPLE_GPT2_AVX512 void attend_avx512(const float* q, const float* k, const float* v,
+                                          std::size_t ld, std::size_t len, std::size_t HS,
+                                          float scale, float* att, float* out) {
+  const std::size_t HS16 = HS / 16 * 16;
+  const auto tail = static_cast<__mmask16>((1u << (HS - HS16)) - 1u);
+  std::size_t p = 0;
+  for (; p + 4 <= len; p += 4) {  // 4 independent keys per step (each its own fixed order)
+    const float* k0 = k + p * ld;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (std::size_t i = 0; i < HS16; i += 16) {
+      const __m512 qv = _mm512_loadu_ps(q + i);
+      a0 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + i), a0);
+      a1 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + ld + i), a1);
+      a2 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + 2 * ld + i), a2);
+      a3 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + 3 * ld + i), a3);
+    }
+    if (HS16 < HS) {
+      const __m512 qv = _mm512_maskz_loadu_ps(tail, q + HS16);
+      a0 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, k0 + HS16), a0);
+      a1 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, k0 + ld + HS16), a1);
+      a2 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, k0 + 2 * ld + HS16), a2);
+      a3 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, k0 + 3 * ld + HS16), a3);
+    }
+    att[p] = avx512_hsum(a0) * scale;
+    att[p + 1] = avx512_hsum(a1) * scale;
+    att[p + 2] = avx512_hsum(a2) * scale;
+    att[p + 3] = avx512_hsum(a3) * scale;
+  }
+  for (; p < len; ++p) {
+    const float* k0 = k + p * ld;
+    __m512 a0 = _mm512_setzero_ps();
+    for (std::size_t i = 0; i < HS16; i += 16) {
+      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k0 + i), a0);
+    }
+    if (HS16 < HS) {
+      a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, q + HS16),
+                           _mm512_maskz_loadu_ps(tail, k0 + HS16), a0);
+    }
+    att[p] = avx512_hsum(a0) * scale;
+  }
+  softmax_row(att, len);
+  for (std::size_t d = 0; d < HS; d += 16) {
+    const auto m = HS - d >= 16 ? static_cast<__mmask16>(0xffffu)
+                                : static_cast<__mmask16>((1u << (HS - d)) - 1u);
+    __m512 o = _mm512_setzero_ps();
+    for (std::size_t pp = 0; pp < len; ++pp) {
+      o = _mm512_fmadd_ps(_mm512_set1_ps(att[pp]), _mm512_maskz_loadu_ps(m, v + pp * ld + d), o);
+    }
+    _mm512_mask_storeu_ps(out + d, m, o);
+  }
+}
+
+// --- GELU (tanh form) as x·sigmoid(2u) = x / (1 + exp(−2u)), u = √(2/π)(x + 0.044715 x³) ------
+// A Cephes-style exp (range reduction by ln 2, degree-5 polynomial, ~1 ulp). Elementwise with
+// the tail masked (AVX-512) or zero-padded (AVX2), so every element gets the same instructions
+// wherever it sits in the buffer.
+
+SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE __m512 avx512_exp(__m512 x) {
+  x = _mm512_maskz_max_ps(0xFFFF, _mm512_maskz_min_ps(0xFFFF, x, _mm512_set1_ps(88.3762626647949f)),
+                          _mm512_set1_ps(-87.3365447505531f));
+  const __m512 n = _mm512_maskz_roundscale_ps(
+      0xFFFF, _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(0xFFFF, y, n);
+}
+
+SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE __m512 avx512_gelu(__m512 x) {
+  const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+  const __m512 u2 = _mm512_mul_ps(_mm512_fmadd_ps(_mm512_set1_ps(gelu_c), x3, x),
+                                  _mm512_set1_ps(-2.0f * gelu_k));
+  return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), avx512_exp(u2)));
+}
+
+inline SPECSAMPLE_GPT2_AVX512 void gelu_avx512(float* out, const float* in, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, avx512_gelu(_mm512_loadu_ps(in + i)));
+  if (i < n) {
+    const auto m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(out + i, m, avx512_gelu(_mm512_maskz_loadu_ps(m, in + i)));
+  }
+}
+
+SPECSAMPLE_GPT2_AVX2 SPECSAMPLE_GPT2_INLINE __m256 avx2_exp(__m256 x) {
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)),
+                    _mm256_set1_ps(-87.3365447505531f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  // 2^n for n in [-126, 127] (guaranteed by the clamp), built in the exponent field.
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+SPECSAMPLE_GPT2_AVX2 SPECSAMPLE_GPT2_INLINE __m256 avx2_gelu(__m256 x) {
+  const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+  const __m256 u2 = _mm256_mul_ps(_mm256_fmadd_ps(_mm256_set1_ps(gelu_c), x3, x),
+                                  _mm256_set1_ps(-2.0f * gelu_k));
+  return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), avx2_exp(u2)));
+}
+
+inline SPECSAMPLE_GPT2_AVX2 void gelu_avx2(float* out, const float* in, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, avx2_gelu(_mm256_loadu_ps(in + i)));
+  if (i < n) {
+    alignas(32) float buf[8] = {};
+    std::memcpy(buf, in + i, (n - i) * sizeof(float));
+    _mm256_store_ps(buf, avx2_gelu(_mm256_load_ps(buf)));
+    std::memcpy(out + i, buf, (n - i) * sizeof(float));
+  }
+}
+
+#endif  // SPECSAMPLE_GPT2_X86
+
+/// One attention head for one query with the kernels of `level` (see `attend_generic`).
+inline void attend(isa level, const float* q, const float* k, const float* v, std::size_t ld,
+                   std::size_t len, std::size_t HS, float scale, float* att, float* out) noexcept {
+#if SPECSAMPLE_GPT2_X86
+  if (level == isa::avx512) return attend_avx512(q, k, v, ld, len, HS, scale, att, out);
+  if (level == isa::avx2) return attend_avx2(q, k, v, ld, len, HS, scale, att, out);
+#else
+  (void)level;
+#endif
+  attend_generic(q, k, v, ld, len, HS, scale, att, out);
+}
+
+/// Computes the outputs of panels [p_begin, p_end) of `a` for all T rows with the kernels of
+/// `level` (already resolved: `resolve(...)`).
+inline void matmul_panels(isa level, weight_format f, const matmul_args& a, std::size_t p_begin,
+                          std::size_t p_end) noexcept {
+#if SPECSAMPLE_GPT2_X86
+  if (level == isa::avx512) {
+    switch (f) {
+      case weight_format::f32: return matmul_avx512<weight_format::f32>(a, p_begin, p_end);
+      case weight_format::f16: return matmul_avx512<weight_format::f16>(a, p_begin, p_end);
+      case weight_format::bf16: return matmul_avx512<weight_format::bf16>(a, p_begin, p_end);
+    }
+  }
+  if (level == isa::avx2) {
+    switch (f) {
+      case weight_format::f32: return matmul_avx2<weight_format::f32>(a, p_begin, p_end);
+      case weight_format::f16: return matmul_avx2<weight_format::f16>(a, p_begin, p_end);
+      case weight_format::bf16: return matmul_avx2<weight_format::bf16>(a, p_begin, p_end);
+    }
+  }
+#else
+  (void)level;
+#endif
+  switch (f) {
+    case weight_format::f32: return matmul_generic<weight_format::f32>(a, p_begin, p_end);
+    case weight_format::f16: return matmul_generic<weight_format::f16>(a, p_begin, p_end);
+    case weight_format::bf16: return matmul_generic<weight_format::bf16>(a, p_begin, p_end);
+  }
+}
+
+/// out = gelu(in) elementwise (may alias) with the kernels of `level`; the generic path is the
+/// scalar tanh formula.
+inline void gelu(isa level, float* out, const float* in, std::size_t n) noexcept {
+#if SPECSAMPLE_GPT2_X86
+  if (level == isa::avx512) return gelu_avx512(out, in, n);
+  if (level == isa::avx2) return gelu_avx2(out, in, n);
+#else
+  (void)level;
+#endif
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = in[i];
+    out[i] = 0.5f * x * (1.0f + std::tanh(gelu_k * (x + gelu_c * x * x * x)));
+  }
+}
+
+}  // namespace simd
+}  // namespace specsample::gpt2

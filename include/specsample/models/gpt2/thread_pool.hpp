@@ -1,0 +1,170 @@
+#pragma once
+/// @file thread_pool.hpp
+/// A small persistent thread pool with low wake latency for the GPT-2 kernels.
+///
+/// Workers spin briefly (`spin`, 50 µs by default) after their last task, then sleep on a futex
+/// (`std::atomic::wait`). A `parallel_for` issued while the workers still spin starts within
+/// nanoseconds and costs no system call; one issued later pays one `notify_all`. The caller
+/// runs chunks too and takes over any chunk no worker has claimed yet, so a sleeping or
+/// descheduled worker delays nothing (the model only splits ops that are big enough:
+/// `options::min_parallel_work`). No allocation and no lock per `parallel_for`.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace specsample::gpt2 {
+
+namespace detail {
+/// A polite busy-wait hint (PAUSE on x86).
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+}  // namespace detail
+
+/// A fixed set of worker threads (the caller is worker 0) that split a loop into contiguous
+/// chunks. Persistent: no thread creation, no lock and no allocation per `parallel_for`.
+///
+/// Chunks are claimed, not assigned: the caller runs chunk 0, then claims any chunk no worker
+/// has started yet (a worker that is asleep or descheduled on a busy machine never holds the
+/// caller up), then waits only for chunks already being run. Chunk c covers [n·c/w, n·(c+1)/w)
+/// and is passed `c` as its worker index whoever runs it, so results and per-chunk scratch do
+/// not depend on which thread ran what.
+class thread_pool {
+ public:
+  /// How long an idle worker spins before it sleeps.
+  static constexpr std::chrono::microseconds default_spin{50};
+
+  /// `threads` workers in total including the calling thread; 0 = hardware concurrency.
+  explicit thread_pool(std::size_t threads, std::chrono::microseconds spin = default_spin)
+      : spin_(spin) {
+    if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+    threads = std::min<std::size_t>(threads, max_threads);
+    workers_.reserve(threads - 1);
+    for (std::size_t id = 1; id < threads; ++id) workers_.emplace_back([this] { run(); });
+  }
+  thread_pool(const thread_pool&) = delete;
+  thread_pool& operator=(const thread_pool&) = delete;
+  ~thread_pool() {
+    stop_.store(true, std::memory_order_seq_cst);
+    generation_.fetch_add(1, std::memory_order_seq_cst);
+    generation_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+
+  /// Most threads a pool runs.
+  static constexpr std::size_t max_threads = 1024;
+
+  /// Number of workers, the calling thread included.
+  [[nodiscard]] std::size_t size() const noexcept { return workers_.size() + 1; }
+
+  /// Calls `f(begin, end, chunk)` on disjoint contiguous chunks covering [0, n), w = min(size(),
+  /// n) chunks, chunk c = [n·c/w, n·(c+1)/w), and returns when all are done. `f` must not throw.
+  /// Not reentrant: call from one thread at a time.
+  template <class F>
+  void parallel_for(std::size_t n, F&& f) {
+    const std::size_t w = std::min(size(), n);
+    if (w <= 1) {
+      if (n != 0) f(std::size_t{0}, n, std::size_t{0});
+      return;
+    }
+    using fn_t = std::remove_reference_t<F>;
+    // The task fields are published by the release store of ticket_ and read only by a thread
+    // that then claims a chunk of this task with an acquire CAS; the caller rewrites them only
+    // after every claimed chunk reported done, so they never race.
+    ctx_ = const_cast<void*>(static_cast<const void*>(std::addressof(f)));
+    call_ = [](void* ctx, std::size_t b, std::size_t e, std::size_t id) {
+      (*static_cast<fn_t*>(ctx))(b, e, id);
+    };
+    n_ = n;
+    done_.store(0, std::memory_order_relaxed);
+    const std::uint32_t gen = generation_.load(std::memory_order_relaxed) + 1;
+    ticket_.store(make_ticket(gen, w, 1), std::memory_order_release);
+    generation_.store(gen, std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) != 0) generation_.notify_all();
+    f(std::size_t{0}, n / w, std::size_t{0});
+    while (claim_and_run(gen)) {
+    }
+    for (unsigned spins = 0; done_.load(std::memory_order_acquire) != w - 1; ++spins) {
+      if (spins < 1024) {
+        detail::cpu_relax();
+      } else {
+        std::this_thread::yield();  // a worker holding a chunk was descheduled
+      }
+    }
+  }
+
+ private:
+  // ticket_: generation (bits 63..32) | chunks of the task (31..16) | next unclaimed chunk (15..0)
+  static constexpr std::uint64_t make_ticket(std::uint32_t gen, std::size_t chunks,
+                                             std::size_t next) noexcept {
+    return (std::uint64_t{gen} << 32) | (std::uint64_t{chunks} << 16) | std::uint64_t{next};
+  }
+
+  /// Claims and runs one chunk of task `gen`; false when none is left (or the task is over).
+  bool claim_and_run(std::uint32_t gen) {
+    std::uint64_t t = ticket_.load(std::memory_order_acquire);
+    for (;;) {
+      const auto chunks = static_cast<std::size_t>((t >> 16) & 0xffffu);
+      const auto next = static_cast<std::size_t>(t & 0xffffu);
+      if (static_cast<std::uint32_t>(t >> 32) != gen || next >= chunks) return false;
+      if (ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel,
+                                        std::memory_order_acquire)) {
+        call_(ctx_, n_ * next / chunks, n_ * (next + 1) / chunks, next);
+        done_.fetch_add(1, std::memory_order_release);
+        return true;
+      }
+    }
+  }
+
+  void run() {
+    using clock = std::chrono::steady_clock;
+    std::uint32_t seen = 0;
+    for (;;) {
+      std::uint32_t g = generation_.load(std::memory_order_acquire);
+      if (g == seen) {
+        const auto deadline = clock::now() + spin_;
+        for (unsigned i = 1; (g = generation_.load(std::memory_order_acquire)) == seen; ++i) {
+          detail::cpu_relax();
+          if (i % 64 == 0 && clock::now() >= deadline) {
+            sleepers_.fetch_add(1, std::memory_order_seq_cst);
+            generation_.wait(seen, std::memory_order_seq_cst);
+            sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+          }
+        }
+      }
+      seen = g;
+      if (stop_.load(std::memory_order_acquire)) return;
+      while (claim_and_run(g)) {
+      }
+    }
+  }
+
+  std::vector<std::thread> workers_;
+  std::chrono::microseconds spin_;
+  alignas(64) std::atomic<std::uint32_t> generation_{0};
+  std::atomic<bool> stop_{false};
+  alignas(64) std::atomic<std::uint64_t> ticket_{0};
+  alignas(64) std::atomic<std::size_t> done_{0};
+  alignas(64) std::atomic<int> sleepers_{0};
+  // The task (written by the caller only while no other thread reads it).
+  alignas(64) std::size_t n_ = 0;
+  void* ctx_ = nullptr;
+  void (*call_)(void*, std::size_t, std::size_t, std::size_t) = nullptr;
+};
+
+}  // namespace specsample::gpt2

@@ -1,0 +1,98 @@
+// Speculative sampling with the bundled GPT-2 pair allocates nothing per round in the steady
+// state: the loop allocates its buffers once per call, the models only inside `load` (and when a
+// batch outgrows the reserved capacity, which a round of K + 1 <= 16 tokens never does). Every
+// malloc/calloc/realloc of this executable is counted (-Wl,--wrap), which also catches Eigen's
+// allocations (they bypass operator new); operator new is routed through the wrapped malloc.
+
+#include <specsample/gpt2.hpp>
+#include <specsample/specsample.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <new>
+#include <random>
+#include <vector>
+
+namespace {
+std::atomic<std::size_t> allocations{0};
+}
+
+extern "C" {
+void* __real_malloc(std::size_t);
+void* __real_calloc(std::size_t, std::size_t);
+void* __real_realloc(void*, std::size_t);
+void* __wrap_malloc(std::size_t n) {
+  ++allocations;
+  return __real_malloc(n);
+}
+void* __wrap_calloc(std::size_t n, std::size_t m) {
+  ++allocations;
+  return __real_calloc(n, m);
+}
+void* __wrap_realloc(void* p, std::size_t n) {
+  ++allocations;
+  return __real_realloc(p, n);
+}
+}
+
+// Every replaceable non-aligned form, so that new and delete always pair up (ASan checks it).
+// (The aligned forms, used for the packed weights at load, stay the library's.)
+void* operator new(std::size_t n) {
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return operator new(n); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return std::malloc(n == 0 ? 1 : n); }
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return std::malloc(n == 0 ? 1 : n); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+
+namespace {
+const std::filesystem::path models = std::filesystem::path(SPECSAMPLE_SOURCE_DIR) / "models";
+}
+
+TEST_CASE("the allocation counter sees std and Eigen allocations", "[gpt2][allocations]") {
+  const auto before = allocations.load();
+  auto v = std::make_unique<std::vector<int>>(100);
+  Eigen::MatrixXf m(50, 50);
+  m.setZero();
+  CHECK(allocations.load() >= before + 3);
+}
+
+TEST_CASE("speculative sampling with the GPT-2 pair allocates nothing per round in the steady "
+          "state",
+          "[gpt2][allocations]") {
+  for (const std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
+    auto target = specsample::gpt2::model::load(models / "shakespeare-target", {.threads = threads});
+    auto draft = specsample::gpt2::model::load(models / "shakespeare-draft", {.threads = threads});
+    const std::vector<specsample::token> prompt = {10, 20, 30, 40};
+    for (const float temperature : {0.0f, 0.8f}) {
+      specsample::speculative_params params;
+      params.max_new_tokens = 120;
+      params.draft_length = 4;
+      params.sampling.temperature = temperature;
+      params.sampling.top_k = temperature > 0 ? 50 : 0;
+      params.sampling.top_p = temperature > 0 ? 0.95f : 1.0f;
+      std::mt19937_64 rng(1);
+      std::size_t at_round_1 = 0, at_last = 0, rounds = 0;
+      const auto r = specsample::speculative_sample(draft, target, prompt, params, rng,
+                                                    [&](const specsample::round_event& e) {
+                                                      if (e.round == 1) at_round_1 = allocations.load();
+                                                      at_last = allocations.load();
+                                                      ++rounds;
+                                                    });
+      REQUIRE(r.tokens.size() == 120);
+      REQUIRE(rounds > 10);
+      INFO("threads " << threads << ", T = " << temperature << ": " << (at_last - at_round_1)
+                      << " allocations over " << rounds - 2 << " rounds");
+      CHECK(at_last == at_round_1);
+    }
+  }
+}
