@@ -11,3 +11,11 @@ target_compile_definitions(specsample-bench PRIVATE
   SPECSAMPLE_SOURCE_MODELS="${_specsample_bench_root}/models"
   SPECSAMPLE_BENCH_PROMPTS="${CMAKE_CURRENT_LIST_DIR}/prompts.txt")
 unset(_specsample_bench_root)
+
+# specsample-leniency: the lossy leniency trade-off on an enumerable toy Markov pair
+# (benchmarks/leniency.cpp; docs/benchmarks.md, "Leniency trade-off").
+add_executable(specsample-leniency "${CMAKE_CURRENT_LIST_DIR}/leniency.cpp")
+target_link_libraries(specsample-leniency PRIVATE specsample::specsample)
+if(TARGET specsample_dev_flags)
+  target_link_libraries(specsample-leniency PRIVATE specsample_dev_flags)
+endif()

@@ -19,10 +19,18 @@
 // Output: a markdown report on stdout; with --out DIR also DIR/sweep.md, DIR/sweep.json (every
 // figure and every run) and DIR/speedup.dat, DIR/acceptance.dat (read by benchmarks/plot.gp).
 // Progress goes to stderr. scripts/bench.sh builds Release, runs this and draws the plots.
+//
+// With --strategies it runs the strategy comparison instead of the sweep: autoregressive,
+// token-wise, block verification, adaptive draft length, p_min early stop, auto-K (calibrate,
+// then generate) and n-gram drafting on the same prompts and seeds, interleaved per prompt, then
+// n-gram drafting on prompts that repeat their own text; DIR/strategies.md and strategies.json.
 
+#include <specsample/drafters/ngram.hpp>
 #include <specsample/gpt2.hpp>
 #include <specsample/specsample.hpp>
 #include <specsample/tokenizer.hpp>
+
+#include "bench_util.hpp"
 
 #include <Eigen/Core>
 #include <fmt/format.h>
@@ -67,21 +75,16 @@ struct cli {
   std::vector<double> temperatures{0.0, 0.7, 1.0};
   std::uint64_t seed = 20240601;
   bool quick = false;
+  // --strategies
+  bool strategies = false;
+  std::optional<fs::path> best_k_from;  // a sweep.json whose per-temperature best K is also run
+  std::size_t warmup_tokens = 64;       // auto-K: the calibration's warm-up generation
+  std::vector<double> repetitive_temperatures{0.0, 0.7};
 };
 
-[[noreturn]] void usage_error(const std::string& message) {
-  throw specsample::error(message + " (see --help)");
-}
-
-template <class T>
-T parse_number(std::string_view flag, std::string_view text) {
-  T value{};
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc{} || end != text.data() + text.size()) {
-    usage_error(fmt::format("{} expects a number, got '{}'", flag, text));
-  }
-  return value;
-}
+using specsample_bench::load_average;
+using specsample_bench::parse_number;
+using specsample_bench::usage_error;
 
 constexpr std::string_view help = R"(usage: specsample-bench [options]
   --target DIR          target checkpoint (default: the bundled models/shakespeare-target)
@@ -99,7 +102,26 @@ constexpr std::string_view help = R"(usage: specsample-bench [options]
   --out DIR             also write DIR/sweep.md, sweep.json, speedup.dat, acceptance.dat
   --quick               smoke test: -n 32, 1 rep, K <= 3, 2 prompts, few timing samples
                         (explicit options still win)
+
+strategy comparison (instead of the sweep):
+  --strategies          on the same prompts and seeds, interleaved per prompt: autoregressive,
+                        token-wise K=4, block verification K=4, adaptive draft length (from K=8),
+                        p_min=0.5 early stop (K=8), auto-K (calibrate on a warm-up, then generate),
+                        n-gram drafting (no model); then a repetitive-input suite (each prompt
+                        followed by its own first lines) for n-gram drafting. Writes
+                        strategies.md / strategies.json to --out
+  --best-k-from FILE    a sweep.json: also run token-wise at its best measured K per temperature
+  --warmup-tokens N     auto-K warm-up generation length (default 64; --quick: 16)
+  --repetitive-temperatures LIST   temperatures of the repetitive suite (default 0,0.7)
 )";
+
+std::vector<double> parse_temperatures(std::string_view flag, std::string_view list) {
+  auto ts = specsample_bench::parse_list<double>(flag, list);
+  for (const double t : ts) {
+    if (!(t >= 0.0) || !std::isfinite(t)) usage_error(fmt::format("temperature {} must be finite and >= 0", t));
+  }
+  return ts;
+}
 
 cli parse(int argc, char** argv) {
   cli c;
@@ -125,19 +147,12 @@ cli parse(int argc, char** argv) {
     else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
     else if (a == "--cost-samples") c.cost_samples = parse_number<std::size_t>(a, value());
     else if (a == "--max-prompts") c.max_prompts = parse_number<std::size_t>(a, value());
-    else if (a == "--temperatures") {
-      c.temperatures.clear();
-      std::string_view list = value();
-      while (!list.empty()) {
-        const auto comma = list.find(',');
-        const auto item = list.substr(0, comma);
-        const double t = parse_number<double>("--temperatures", item);
-        if (!(t >= 0.0) || !std::isfinite(t)) usage_error(fmt::format("temperature {} must be finite and >= 0", item));
-        c.temperatures.push_back(t);
-        list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
-      }
-      if (c.temperatures.empty()) usage_error("--temperatures needs at least one value");
-    } else if (a == "--quick") c.quick = true;
+    else if (a == "--temperatures") c.temperatures = parse_temperatures(a, value());
+    else if (a == "--repetitive-temperatures") c.repetitive_temperatures = parse_temperatures(a, value());
+    else if (a == "--strategies") c.strategies = true;
+    else if (a == "--best-k-from") c.best_k_from = fs::path(value());
+    else if (a == "--warmup-tokens") c.warmup_tokens = parse_number<std::size_t>(a, value());
+    else if (a == "--quick") c.quick = true;
     else usage_error(fmt::format("unknown argument '{}'", a));
   }
   if (c.quick) {
@@ -147,12 +162,14 @@ cli parse(int argc, char** argv) {
     if (!set("--k-max")) c.k_max = 3;
     if (!set("--max-prompts")) c.max_prompts = 2;
     if (!set("--cost-samples")) c.cost_samples = 20;
+    if (!set("--warmup-tokens")) c.warmup_tokens = 16;
     c.probe_reps = 3;
   }
   if (c.n == 0) usage_error("-n must be >= 1");
   if (c.reps == 0) usage_error("--reps must be >= 1");
   if (c.k_max == 0) usage_error("--k-max must be >= 1");
   if (c.cost_samples == 0) usage_error("--cost-samples must be >= 1");
+  if (c.warmup_tokens == 0) usage_error("--warmup-tokens must be >= 1");
   return c;
 }
 
@@ -229,32 +246,8 @@ summary summarize(std::vector<double> v) {
 
 json to_json(const summary& s) { return {{"median", s.median}, {"min", s.min}, {"max", s.max}}; }
 
-/// (1 − α^(K+1)) / (1 − α): expected tokens per round when each draft passes independently with
-/// probability α.
-double expected_tokens_per_round(double alpha, std::size_t k) {
-  if (alpha >= 1.0) return static_cast<double>(k + 1);
-  return (1.0 - std::pow(alpha, static_cast<double>(k + 1))) / (1.0 - alpha);
-}
-
-double predicted_speedup(double alpha, double c, std::size_t k) {
-  return expected_tokens_per_round(alpha, k) / (c * static_cast<double>(k) + 1.0);
-}
-
 // ---------------------------------------------------------------------------------------------
 // The sweep
-
-// P(draft i accepted | drafts 0..i-1 accepted), counted from the per-round trace.
-struct position_counter {
-  std::vector<std::size_t> tested, accepted;
-  explicit position_counter(std::size_t k) : tested(k, 0), accepted(k, 0) {}
-  void operator()(const specsample::round_event& e) {
-    for (std::size_t i = 0; i < e.drafts.size() && i < tested.size(); ++i) {
-      if (i > 0 && !e.drafts[i - 1].accepted) break;  // never tested
-      ++tested[i];
-      if (e.drafts[i].accepted) ++accepted[i];
-    }
-  }
-};
 
 struct run_pair {
   std::size_t prompt = 0, rep = 0;
@@ -319,8 +312,10 @@ struct cell {
     const double t_ar_call = ar_tsec / static_cast<double>(ar_calls);
     c_stats = (dsec / static_cast<double>(dcalls)) / t_ar_call;
     verify_ratio_stats = (tsec / static_cast<double>(tcalls)) / t_ar_call;
-    predicted = predicted_speedup(alpha, c_micro, k);
-    predicted_verify = expected_tokens_per_round(alpha, k) / (c_micro * static_cast<double>(k) + verify_ratio_micro);
+    predicted = specsample::predicted_speedup(alpha, c_micro, k);
+    const std::vector<double> constant_alpha(k, alpha);
+    predicted_verify = specsample::expected_tokens_per_round(constant_alpha, k) /
+                       (c_micro * static_cast<double>(k) + verify_ratio_micro);
     overhead_spec = spec_over / spec_total;
     overhead_ar = ar_over / ar_total;
     position_acceptance.clear();
@@ -474,13 +469,6 @@ std::string cpu_model() {
   return "unknown";
 }
 
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return in ? a + " " + b + " " + c : "unknown";
-}
-
 std::string utc_now() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
@@ -522,6 +510,19 @@ std::string revision() {
   return r && *r ? r : "unknown";
 }
 
+json machine_json(const std::string& date, const std::string& load_start, const std::string& load_end,
+                  double run_seconds) {
+  return {{"cpu", cpu_model()},
+          {"hardware_threads", std::thread::hardware_concurrency()},
+          {"compiler", "g++ " __VERSION__},
+          {"build", compile_flags()},
+          {"date", date},
+          {"revision", revision()},
+          {"load_average_start", load_start},
+          {"load_average_end", load_end},
+          {"run_seconds", run_seconds}};
+}
+
 std::string fmt_t(double t) { return fmt::format("{:g}", t); }
 
 std::string fmt_range(const summary& s, int precision = 0) {
@@ -531,6 +532,407 @@ std::string fmt_range(const summary& s, int precision = 0) {
 std::string fmt_duration(double s) {
   const auto m = static_cast<int>(s / 60.0);
   return m > 0 ? fmt::format("{}m{:02d}s", m, static_cast<int>(s) % 60) : fmt::format("{:.1f}s", s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Strategy comparison (--strategies): the same prompts and seeds through every strategy,
+// interleaved per prompt (the order rotates from one prompt to the next), so drift hits all.
+
+enum class method { autoregressive, token_wise, block, adaptive, p_min, auto_k, ngram };
+
+struct strategy {
+  std::string name;
+  method how = method::autoregressive;
+  std::size_t k = 0;  // K; the maximum for adaptive and p_min, k_max for auto-K
+  std::size_t min_n = 1;  // n-gram: the shortest suffix match that proposes
+};
+
+struct strategy_run {
+  std::size_t prompt = 0, rep = 0, position = 0;  // position: when it ran within its group
+  std::uint64_t seed = 0;
+  specsample::generation_stats stats;
+  double warmup_seconds = 0.0;  // auto-K: calibrate() (warm-up generation + single-call timing)
+  std::size_t chosen_k = 0;     // auto-K: the K calibrate() picked
+  double predicted = 0.0;       // auto-K: its predicted speedup
+  bool identical = false;       // same tokens as the autoregressive run of the group
+  double speedup = 0.0;         // AR seconds / these seconds (same prompt and seed)
+  double speedup_with_warmup = 0.0;
+  [[nodiscard]] double tps() const { return static_cast<double>(stats.tokens) / stats.total_seconds; }
+};
+
+struct strategy_cell {
+  std::string suite;
+  double temperature = 0.0;
+  strategy s;
+  std::vector<strategy_run> runs;
+  summary tps, speedup, speedup_with_warmup, warmup, chosen_k;
+  std::vector<std::size_t> chosen_k_counts;
+  double tokens_per_round = 0.0, acceptance = 0.0, alpha = 0.0, drafted_per_round = 0.0;
+  std::size_t identical = 0;
+
+  void finish() {
+    std::vector<double> t, sp, spw, w, ks;
+    std::size_t tokens = 0, rounds = 0, drafted = 0, accepted = 0, corrections = 0;
+    for (const auto& r : runs) {
+      t.push_back(r.tps());
+      sp.push_back(r.speedup);
+      spw.push_back(r.speedup_with_warmup);
+      w.push_back(r.warmup_seconds);
+      ks.push_back(static_cast<double>(r.chosen_k));
+      if (r.chosen_k > 0) {
+        if (chosen_k_counts.size() <= r.chosen_k) chosen_k_counts.resize(r.chosen_k + 1, 0);
+        ++chosen_k_counts[r.chosen_k];
+      }
+      tokens += r.stats.tokens;
+      rounds += r.stats.rounds;
+      drafted += r.stats.drafted;
+      accepted += r.stats.accepted;
+      corrections += r.stats.corrections;
+      identical += r.identical ? 1 : 0;
+    }
+    tps = summarize(t);
+    speedup = summarize(sp);
+    speedup_with_warmup = summarize(spw);
+    warmup = summarize(w);
+    chosen_k = summarize(ks);
+    const auto ratio = [](std::size_t a, std::size_t b) { return b ? static_cast<double>(a) / static_cast<double>(b) : 0.0; };
+    tokens_per_round = ratio(tokens, rounds);
+    drafted_per_round = ratio(drafted, rounds);
+    acceptance = ratio(accepted, drafted);
+    alpha = ratio(accepted, accepted + corrections);
+  }
+};
+
+// One generation with strategy `s`; the tokens go to `tokens`.
+strategy_run run_strategy(const strategy& s, specsample::gpt2::model& draft, specsample::gpt2::model& target,
+                          std::span<const token> prompt, specsample::speculative_params params, std::uint64_t seed,
+                          std::size_t warmup_tokens, std::vector<token>& tokens) {
+  strategy_run r;
+  r.seed = seed;
+  std::mt19937_64 rng(seed);
+  params.draft_length = std::max<std::size_t>(s.k, 1);
+  specsample::generation_result g;
+  switch (s.how) {
+    case method::autoregressive: g = specsample::autoregressive_sample(target, prompt, params, rng); break;
+    case method::token_wise: g = specsample::speculative_sample(draft, target, prompt, params, rng); break;
+    case method::block:
+      params.verify = specsample::verification::block;
+      g = specsample::speculative_sample(draft, target, prompt, params, rng);
+      break;
+    case method::adaptive:
+      params.adaptive_draft_length = true;
+      g = specsample::speculative_sample(draft, target, prompt, params, rng);
+      break;
+    case method::p_min:
+      params.draft_min_probability = 0.5f;
+      g = specsample::speculative_sample(draft, target, prompt, params, rng);
+      break;
+    case method::auto_k: {
+      std::mt19937_64 warm_rng(seed ^ 0x9e3779b97f4a7c15ULL);  // the generation itself uses `seed`
+      const auto t0 = steady::now();
+      const auto cal = specsample::calibrate(draft, target, prompt, params, warm_rng, s.k, warmup_tokens);
+      r.warmup_seconds = seconds_since(t0);
+      r.chosen_k = cal.best_k;
+      r.predicted = cal.predicted;
+      params.draft_length = cal.best_k;
+      g = specsample::speculative_sample(draft, target, prompt, params, rng);
+      break;
+    }
+    case method::ngram: {
+      specsample::drafters::ngram ngram(static_cast<std::size_t>(target.vocab_size()), std::max<std::size_t>(4, s.min_n),
+                                        s.min_n);
+      g = specsample::speculative_sample(ngram, target, prompt, params, rng);
+      break;
+    }
+  }
+  r.stats = g.stats;
+  tokens = std::move(g.tokens);
+  return r;
+}
+
+// The best measured K per temperature from a sweep.json (specsample-bench --out DIR).
+struct sweep_best {
+  double temperature = 0.0;
+  std::size_t k = 0;
+  double speedup = 0.0;
+};
+
+std::vector<sweep_best> read_sweep_best(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) throw specsample::error(fmt::format("{}: cannot open", path.string()));
+  const json j = json::parse(in);
+  std::vector<sweep_best> b;
+  for (const auto& e : j.at("per_temperature")) {
+    b.push_back({e.at("temperature").get<double>(), e.at("best_k_measured").get<std::size_t>(), e.at("speedup").get<double>()});
+  }
+  return b;
+}
+
+// A prompt that repeats itself: the passage, a blank line, then its own first two lines again
+// (the speaker line and the first verse line), so a faithful continuation copies the passage.
+std::string repeating_prompt(const std::string& passage) {
+  std::size_t end = passage.find('\n');
+  if (end != std::string::npos) end = passage.find('\n', end + 1);
+  const std::string head = end == std::string::npos ? passage : passage.substr(0, end + 1);
+  std::string p = passage;
+  if (p.empty() || p.back() != '\n') p += '\n';
+  return p + '\n' + head;
+}
+
+struct suite {
+  std::string name, description;
+  std::vector<std::vector<token>> prompts;
+  std::vector<double> temperatures;
+  std::vector<strategy> strategies;  // the first is autoregressive
+};
+
+struct bench_setup {
+  const cli& c;
+  specsample::gpt2::model& target;
+  specsample::gpt2::model& draft;
+  const specsample::bpe_tokenizer& tok;
+  const std::vector<std::string>& prompt_text;
+  const std::vector<std::vector<token>>& prompts;
+  fs::path target_dir, draft_dir, prompts_file;
+  std::string load_start, date, command;
+  steady::time_point t_start;
+};
+
+std::string fmt_k_counts(const std::vector<std::size_t>& counts) {
+  std::vector<std::string> parts;
+  for (std::size_t k = 0; k < counts.size(); ++k) {
+    if (counts[k] > 0) parts.push_back(fmt::format("K={}: {}", k, counts[k]));
+  }
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+int run_strategies(const bench_setup& b) {
+  const cli& c = b.c;
+  const std::size_t limit = std::min(b.target.max_size(), b.draft.max_size());
+  std::vector<sweep_best> sweep;
+  if (c.best_k_from) sweep = read_sweep_best(*c.best_k_from);
+  const auto sweep_at = [&](double t) -> const sweep_best* {
+    for (const auto& s : sweep) {
+      if (s.temperature == t) return &s;
+    }
+    return nullptr;
+  };
+
+  // Suite 1: the held-out prompts.
+  suite held;
+  held.name = "held-out";
+  held.description = "benchmarks/prompts.txt";
+  held.prompts = b.prompts;
+  held.temperatures = c.temperatures;
+  held.strategies = {{"autoregressive", method::autoregressive, 0},
+                     {"token-wise K=4", method::token_wise, 4},
+                     {"block K=4", method::block, 4},
+                     {"adaptive K≤8", method::adaptive, 8},
+                     {"p_min=0.5 K≤8", method::p_min, 8},
+                     {"auto-K (≤8)", method::auto_k, 8},
+                     {"n-gram K=4", method::ngram, 4},
+                     {"n-gram K=4, min_n=3", method::ngram, 4, 3}};
+  // Suite 2: prompts that repeat their own text.
+  suite rep;
+  rep.name = "repetitive";
+  rep.description = "each held-out prompt, a blank line, then its own first two lines again";
+  for (std::size_t i = 0; i < b.prompt_text.size(); ++i) {
+    auto p = b.tok.encode(repeating_prompt(b.prompt_text[i]));
+    if (p.size() + c.n - 1 > limit) {
+      fmt::print(stderr, "specsample-bench: repetitive prompt {} has {} tokens, too long for -n {}: skipped\n", i,
+                 p.size(), c.n);
+      continue;
+    }
+    rep.prompts.push_back(std::move(p));
+  }
+  rep.temperatures = c.repetitive_temperatures;
+  rep.strategies = {{"autoregressive", method::autoregressive, 0},
+                    {"n-gram K=4", method::ngram, 4},
+                    {"n-gram K=8", method::ngram, 8},
+                    {"n-gram K=4, min_n=3", method::ngram, 4, 3},
+                    {"token-wise K=4 (draft model)", method::token_wise, 4}};
+
+  std::vector<suite> suites{held, rep};
+  std::size_t total_groups = 0;
+  for (const auto& s : suites) total_groups += s.temperatures.size() * c.reps * s.prompts.size();
+  std::size_t done = 0;
+  std::vector<strategy_cell> cells;
+  std::size_t greedy_runs = 0, greedy_identical = 0;
+  const auto start = steady::now();
+
+  for (const auto& su : suites) {
+    for (std::size_t ti = 0; ti < su.temperatures.size(); ++ti) {
+      const double temp = su.temperatures[ti];
+      std::vector<strategy> strategies = su.strategies;
+      if (su.name == "held-out") {
+        if (const auto* best = sweep_at(temp); best && best->k != 4) {
+          strategies.insert(strategies.begin() + 2, {fmt::format("token-wise K={} (sweep's best)", best->k),
+                                                     method::token_wise, best->k});
+        }
+      }
+      std::vector<strategy_cell> group(strategies.size());
+      for (std::size_t si = 0; si < strategies.size(); ++si) {
+        group[si].suite = su.name;
+        group[si].temperature = temp;
+        group[si].s = strategies[si];
+      }
+      specsample::speculative_params params;
+      params.max_new_tokens = c.n;
+      params.sampling.temperature = static_cast<float>(temp);
+      for (std::size_t r = 0; r < c.reps; ++r) {
+        for (std::size_t pi = 0; pi < su.prompts.size(); ++pi) {
+          const std::uint64_t seed = c.seed + 1000003ULL * ti + 1009ULL * r + pi;
+          const std::size_t shift = (pi + r * su.prompts.size()) % strategies.size();
+          std::vector<strategy_run> runs(strategies.size());
+          std::vector<std::vector<token>> outputs(strategies.size());
+          for (std::size_t o = 0; o < strategies.size(); ++o) {
+            const std::size_t si = (o + shift) % strategies.size();
+            runs[si] = run_strategy(strategies[si], b.draft, b.target, su.prompts[pi], params, seed, c.warmup_tokens,
+                                    outputs[si]);
+            runs[si].prompt = pi;
+            runs[si].rep = r;
+            runs[si].position = o;
+          }
+          const double ar_seconds = runs[0].stats.total_seconds;
+          for (std::size_t si = 0; si < strategies.size(); ++si) {
+            auto& run = runs[si];
+            run.identical = outputs[si] == outputs[0];
+            run.speedup = ar_seconds / run.stats.total_seconds;
+            run.speedup_with_warmup = ar_seconds / (run.stats.total_seconds + run.warmup_seconds);
+            if (temp == 0.0 && si > 0) {
+              ++greedy_runs;
+              greedy_identical += run.identical ? 1 : 0;
+              if (!run.identical) {
+                fmt::print(stderr, "specsample-bench: GUARD FAILED: {} suite, T=0, {}, prompt {} rep {}: output differs "
+                                   "from autoregressive\n", su.name, strategies[si].name, pi, r);
+              }
+            }
+            group[si].runs.push_back(std::move(run));
+          }
+          ++done;
+        }
+      }
+      for (auto& g : group) g.finish();
+      const double elapsed = seconds_since(start);
+      fmt::print(stderr, "[{} T={}] ", su.name, fmt_t(temp));
+      for (std::size_t si = 1; si < group.size(); ++si) {
+        fmt::print(stderr, "{} {:.2f}x{}", group[si].s.name, group[si].speedup.median, si + 1 < group.size() ? ", " : "");
+      }
+      fmt::print(stderr, " | {}/{} groups, {} elapsed, ~{} left\n", done, total_groups, fmt_duration(elapsed),
+                 fmt_duration(elapsed / static_cast<double>(done) * static_cast<double>(total_groups - done)));
+      for (auto& g : group) cells.push_back(std::move(g));
+    }
+  }
+  const bool guard_ok = greedy_runs == greedy_identical;
+  const double total_seconds = seconds_since(b.t_start);
+  const std::string load_end = load_average();
+
+  const auto find = [&](const std::string& su, double t, method how, std::size_t k) -> const strategy_cell* {
+    for (const auto& cl : cells) {
+      if (cl.suite == su && cl.temperature == t && cl.s.how == how && cl.s.k == k && cl.s.min_n == 1) return &cl;
+    }
+    return nullptr;
+  };
+
+  // ---- markdown report ------------------------------------------------------------------------
+  std::string md;
+  auto out = [&md]<class... A>(fmt::format_string<A...> f, A&&... args) {
+    md += fmt::format(f, std::forward<A>(args)...);
+  };
+  out("### Strategies: {} drafting for {}\n\n", b.draft_dir.filename().string(), b.target_dir.filename().string());
+  out("`{}` — {} tokens per run, {} rep(s), {} thread(s) per model, seed {}; {}; {} cores; {}; {}; source {}; {}; "
+      "load average {} at start, {} at end; run time {}.\n\n",
+      b.command, c.n, c.reps, b.target.threads(), c.seed, cpu_model(), std::thread::hardware_concurrency(),
+      "g++ " __VERSION__, compile_flags(), revision(), b.date, b.load_start, load_end, fmt_duration(total_seconds));
+  out("Correctness guard (T = 0): every strategy's tokens == autoregressive tokens in {}/{} runs: **{}**\n\n",
+      greedy_identical, greedy_runs, greedy_runs == 0 ? "not run (no T = 0)" : guard_ok ? "PASS" : "FAIL");
+  for (const auto& su : suites) {
+    out("#### {} prompts ({} prompts: {})\n\n", su.name, su.prompts.size(), su.description);
+    out("| T | strategy | tok/s med (min–max) | speedup vs AR med (min–max) | tokens/round | drafted/round | accept | α "
+        "| auto-K: chosen K (runs) · warm-up s med · speedup incl. warm-up |\n|---|---|---|---|---|---|---|---|---|\n");
+    for (const auto& cl : cells) {
+      if (cl.suite != su.name) continue;
+      const bool ar = cl.s.how == method::autoregressive;
+      const std::string extra = cl.s.how == method::auto_k
+                                    ? fmt::format("{} · {:.2f} · {:.2f}x", fmt_k_counts(cl.chosen_k_counts),
+                                                  cl.warmup.median, cl.speedup_with_warmup.median)
+                                    : "";
+      out("| {} | {} | {} | {} | {:.2f} | {:.2f} | {} | {} | {} |\n", fmt_t(cl.temperature), cl.s.name, fmt_range(cl.tps),
+          ar ? std::string("1 (reference)") : fmt_range(cl.speedup, 2), cl.tokens_per_round, cl.drafted_per_round,
+          ar ? std::string("–") : fmt::format("{:.3f}", cl.acceptance), ar ? std::string("–") : fmt::format("{:.3f}", cl.alpha),
+          extra);
+    }
+    out("\n");
+  }
+  out("#### Block vs token-wise verification (K = 4, held-out prompts)\n\n");
+  out("| T | tokens/round token-wise | tokens/round block | block gain | speedup token-wise | speedup block "
+      "| paired time, token-wise / block, med (min–max) |\n|---|---|---|---|---|---|---|\n");
+  for (const double t : c.temperatures) {
+    const auto* tw = find("held-out", t, method::token_wise, 4);
+    const auto* bl = find("held-out", t, method::block, 4);
+    if (!tw || !bl) continue;
+    std::vector<double> ratio;
+    for (std::size_t i = 0; i < tw->runs.size(); ++i) ratio.push_back(tw->runs[i].stats.total_seconds / bl->runs[i].stats.total_seconds);
+    out("| {} | {:.3f} | {:.3f} | {:+.1f}% | {:.2f}x | {:.2f}x | {} |\n", fmt_t(t), tw->tokens_per_round,
+        bl->tokens_per_round, 100.0 * (bl->tokens_per_round / tw->tokens_per_round - 1.0), tw->speedup.median,
+        bl->speedup.median, fmt_range(summarize(ratio), 3));
+  }
+  out("\n#### Auto-K vs the best fixed K (held-out prompts)\n\n");
+  out("| T | best fixed K (source) | its speedup here | sweep's speedup there | auto-K chosen K (runs) | auto-K speedup "
+      "| auto / best fixed | incl. warm-up | auto / best fixed, incl. warm-up |\n|---|---|---|---|---|---|---|---|---|\n");
+  for (const double t : c.temperatures) {
+    const auto* best_s = sweep_at(t);
+    const std::size_t k = best_s ? best_s->k : 4;
+    const auto* fixed = find("held-out", t, method::token_wise, k);
+    const auto* au = find("held-out", t, method::auto_k, 8);
+    if (!fixed || !au) continue;
+    out("| {} | {} ({}) | {:.2f}x | {} | {} | {:.2f}x | {:.3f} | {:.2f}x | {:.3f} |\n", fmt_t(t), k,
+        best_s ? "sweep.json" : "no sweep: K = 4", fixed->speedup.median,
+        best_s ? fmt::format("{:.2f}x", best_s->speedup) : std::string("–"), fmt_k_counts(au->chosen_k_counts),
+        au->speedup.median, au->speedup.median / fixed->speedup.median, au->speedup_with_warmup.median,
+        au->speedup_with_warmup.median / fixed->speedup.median);
+  }
+  out("\n");
+  fmt::print("{}", md);
+
+  if (c.out) {
+    specsample_bench::write_file(*c.out, "strategies.md", md);
+    json j;
+    j["command"] = b.command;
+    j["machine"] = machine_json(b.date, b.load_start, load_end, total_seconds);
+    j["config"] = {{"target", b.target_dir.string()}, {"draft", b.draft_dir.string()},
+                   {"prompts_file", b.prompts_file.string()}, {"n", c.n}, {"reps", c.reps},
+                   {"threads", b.target.threads()}, {"seed", c.seed}, {"warmup_tokens", c.warmup_tokens},
+                   {"best_k_from", c.best_k_from ? c.best_k_from->string() : std::string()}, {"quick", c.quick}};
+    j["guard"] = {{"greedy_runs", greedy_runs}, {"identical", greedy_identical}, {"pass", guard_ok}};
+    json cj = json::array();
+    for (const auto& cl : cells) {
+      json runs = json::array();
+      for (const auto& r : cl.runs) {
+        runs.push_back({{"prompt", r.prompt}, {"rep", r.rep}, {"seed", r.seed}, {"position", r.position},
+                        {"identical_to_autoregressive", r.identical}, {"speedup", r.speedup},
+                        {"speedup_with_warmup", r.speedup_with_warmup}, {"warmup_seconds", r.warmup_seconds},
+                        {"chosen_k", r.chosen_k}, {"predicted", r.predicted}, {"stats", stats_json(r.stats)}});
+      }
+      cj.push_back({{"suite", cl.suite}, {"temperature", cl.temperature}, {"strategy", cl.s.name}, {"k", cl.s.k},
+                    {"tokens_per_second", to_json(cl.tps)}, {"speedup_paired", to_json(cl.speedup)},
+                    {"speedup_paired_with_warmup", to_json(cl.speedup_with_warmup)},
+                    {"warmup_seconds", to_json(cl.warmup)}, {"chosen_k_counts", cl.chosen_k_counts},
+                    {"tokens_per_round", cl.tokens_per_round}, {"drafted_per_round", cl.drafted_per_round},
+                    {"acceptance_rate", cl.acceptance}, {"alpha", cl.alpha}, {"identical_runs", cl.identical},
+                    {"runs", runs}});
+    }
+    j["cells"] = cj;
+    specsample_bench::write_file(*c.out, "strategies.json", j.dump(1) + '\n');
+    fmt::print(stderr, "specsample-bench: wrote {}/strategies.md, strategies.json\n", c.out->string());
+  }
+  fmt::print(stderr, "specsample-bench: done in {}\n", fmt_duration(total_seconds));
+  if (!guard_ok) {
+    fmt::print(stderr, "specsample-bench: FAILED: at temperature 0, {} of {} runs differ from autoregressive decoding\n",
+               greedy_runs - greedy_identical, greedy_runs);
+    return 1;
+  }
+  return 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -583,6 +985,13 @@ int run(int argc, char** argv) {
     (void)specsample::speculative_sample(draft, target, prompts[0], params, rng);
   }
 
+  std::string command = "specsample-bench";
+  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+  if (c.strategies) {
+    return run_strategies({c, target, draft, tok, prompt_text, prompts, target_dir, draft_dir, prompts_file, load_start,
+                           date, command, t_start});
+  }
+
   // Cost ratio at a typical mid-generation context length: the median prompt plus n/2 tokens.
   std::vector<token> stream;
   for (const auto& p : prompts) stream.insert(stream.end(), p.begin(), p.end());
@@ -603,7 +1012,7 @@ int run(int argc, char** argv) {
       cell cl;
       cl.temperature = temp;
       cl.k = k;
-      position_counter positions(k);
+      specsample::position_acceptance positions(k);
       specsample::speculative_params params;
       params.max_new_tokens = c.n;
       params.draft_length = k;
@@ -644,8 +1053,11 @@ int run(int argc, char** argv) {
           ++done;
         }
       }
-      cl.pos_tested = positions.tested;
-      cl.pos_accepted = positions.accepted;
+      const std::vector<double> rates = positions.rates();
+      for (std::size_t i = 0; i < k; ++i) {
+        cl.pos_tested.push_back(positions.reached(i));
+        cl.pos_accepted.push_back(static_cast<std::size_t>(std::llround(rates[i] * static_cast<double>(positions.reached(i)))));
+      }
       cl.finish(costs_before.c(), costs_before.verify_ratio(k + 1));
       const double elapsed = seconds_since(sweep_start);
       fmt::print(stderr,
@@ -718,8 +1130,6 @@ int run(int argc, char** argv) {
   auto out = [&md]<class... A>(fmt::format_string<A...> f, A&&... args) {
     md += fmt::format(f, std::forward<A>(args)...);
   };
-  std::string command = "specsample-bench";
-  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
   out("### Sweep: {} drafting for {}\n\n", draft_dir.filename().string(), target_dir.filename().string());
   out("`{}` — {} prompts × {} reps × {} tokens, K = 1..{}, T ∈ {{{}}}, {} thread(s) per model; {}; "
       "{} cores; {}; {}; source {}; {}; load average {} at start, {} at end; run time {}.\n\n",
@@ -787,22 +1197,10 @@ int run(int argc, char** argv) {
 
   // ---- files ----------------------------------------------------------------------------------
   if (c.out) {
-    fs::create_directories(*c.out);
-    {
-      std::ofstream f(*c.out / "sweep.md");
-      f << md;
-    }
+    specsample_bench::write_file(*c.out, "sweep.md", md);
     json j;
     j["command"] = command;
-    j["machine"] = {{"cpu", cpu_model()},
-                    {"hardware_threads", std::thread::hardware_concurrency()},
-                    {"compiler", "g++ " __VERSION__},
-                    {"build", compile_flags()},
-                    {"date", date},
-                    {"revision", revision()},
-                    {"load_average_start", load_start},
-                    {"load_average_end", load_end},
-                    {"run_seconds", total_seconds}};
+    j["machine"] = machine_json(date, load_start, load_end, total_seconds);
     j["config"] = {{"target", target_dir.string()},
                    {"draft", draft_dir.string()},
                    {"prompts_file", prompts_file.string()},
@@ -882,10 +1280,7 @@ int run(int argc, char** argv) {
                     {"overhead_fraction_autoregressive", b.measured->overhead_ar}});
     }
     j["per_temperature"] = bj;
-    {
-      std::ofstream f(*c.out / "sweep.json");
-      f << j.dump(1) << '\n';
-    }
+    specsample_bench::write_file(*c.out, "sweep.json", j.dump(1) + '\n');
     // gnuplot data: one index block per temperature, its first line a column header.
     {
       std::ofstream f(*c.out / "speedup.dat");
@@ -933,10 +1328,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "specsample-bench: error: {}\n", e.what());
-    return 2;
-  }
+  return specsample_bench::guarded_main("specsample-bench", [&] { return run(argc, argv); });
 }

@@ -347,7 +347,8 @@ int run(int argc, char** argv) {
       if (cal[d].predicted > cal[chosen].predicted) chosen = d;
     }
     std::FILE* out = c.json ? stderr : stdout;
-    fmt::print(out, "draft choice (warm-up of 64 tokens at K = {}; predicted = E[tokens per round] / (cK + 1)):\n", k_max);
+    fmt::print(out, "draft choice (warm-up of 64 tokens at K = {}; predicted = E[tokens per round] / (cK + v[K]), v[K] = "
+                    "measured cost of a (K+1)-token target call over a 1-token call):\n", k_max);
     fmt::print(out, "  {:<40} {:>8} {:>8} {:>7} {:>3} {:>10}\n", "draft", "alpha_0", "alpha_3", "c", "K", "predicted");
     for (std::size_t d = 0; d < drafts.size(); ++d) {
       fmt::print(out, "  {:<40} {:>8.3f} {:>8.3f} {:>7.4f} {:>3} {:>9.2f}x{}\n", candidates[d].string(),

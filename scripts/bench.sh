@@ -8,6 +8,12 @@
 #   scripts/bench.sh ARGS...    one run of specsample-bench with ARGS (see specsample-bench --help);
 #                               results go to docs/benchmarks/ unless ARGS has --out DIR
 #   scripts/bench.sh --quick --out /tmp/b   smoke test (< 30 s)
+#   scripts/bench.sh --strategies [ARGS...] the strategy comparison (specsample-bench --strategies;
+#                               ~3 min): strategies.md/.json in docs/benchmarks/ (or --out DIR),
+#                               with token-wise at the best K of that directory's sweep.json
+#   scripts/bench.sh --strategies --quick --out /tmp/s   its smoke test (< 30 s)
+#   scripts/bench.sh --leniency [ARGS...]   the lossy leniency trade-off on a toy Markov pair
+#                               (specsample-leniency; seconds): docs/benchmarks/leniency.md
 #
 # Runs writing into docs/benchmarks/ or docs/benchmarks/distilled/ also refresh the generated
 # tables inside docs/benchmarks.md (between its <!-- generated:... --> markers).
@@ -23,8 +29,10 @@ build_main() {
   local dir="$root/build/bench"
   cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DSPECSAMPLE_BUILD_TESTS=OFF \
     -DSPECSAMPLE_BUILD_EXAMPLES=OFF -DSPECSAMPLE_BUILD_BENCHMARKS=ON >/dev/null || return 1
-  cmake --build "$dir" --target help | grep -q 'specsample-bench' || return 1
-  cmake --build "$dir" -j "$jobs" --target specsample-bench >/dev/null
+  # (not `| grep -q`: with pipefail, make's SIGPIPE after an early match would read as failure)
+  cmake --build "$dir" --target help >"$dir/targets.txt" 2>/dev/null || return 1
+  grep -q 'specsample-bench' "$dir/targets.txt" || return 1
+  cmake --build "$dir" -j "$jobs" --target specsample-bench specsample-leniency >/dev/null
   exe="$dir/benchmarks/specsample-bench"
 }
 
@@ -39,7 +47,7 @@ include("$root/cmake/specsampleWarnings.cmake")
 include("$root/benchmarks/bench.cmake")
 CMAKE
   cmake -S "$dir/src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-  cmake --build "$dir/build" -j "$jobs" --target specsample-bench >/dev/null
+  cmake --build "$dir/build" -j "$jobs" --target specsample-bench specsample-leniency >/dev/null
   exe="$dir/build/specsample-bench"
 }
 
@@ -56,19 +64,24 @@ if ! build_main; then
 fi
 
 run() {  # args for specsample-bench (the last --out wins)
-  local out="$root/docs/benchmarks" draft="shakespeare-draft" prev=
+  local out="$root/docs/benchmarks" draft="shakespeare-draft" prev= report=sweep.md
   for a in "$@"; do
     [ "$prev" = "--out" ] && out=$a
     [ "$prev" = "--draft" ] && draft=$(basename "$a")
+    [ "$a" = "--strategies" ] && report=strategies.md
     prev=$a
   done
   mkdir -p "$out"
   echo "== specsample-bench $* (results in $out) ==" >&2
   local status=0
   local args=("$@")
-  case " $* " in *" --out "*) ;; *) args=(--out "$out" "$@") ;; esac
+  case " $* " in *" --out "*) ;; *) args=(--out "$out" "${args[@]}") ;; esac
+  # The strategy comparison also runs token-wise at the best K of the sweep in the same directory.
+  if [ "$report" = strategies.md ] && [ -f "$out/sweep.json" ]; then
+    case " $* " in *" --best-k-from "*) ;; *) args+=(--best-k-from "$out/sweep.json") ;; esac
+  fi
   "$exe" "${args[@]}" || status=$?
-  if [ "$status" -le 1 ] && [ -f "$out/speedup.dat" ]; then
+  if [ "$report" = sweep.md ] && [ "$status" -le 1 ] && [ -f "$out/speedup.dat" ]; then
     if command -v gnuplot >/dev/null; then
       gnuplot -e "dir='$out'; label='$draft → shakespeare-target'" "$root/benchmarks/plot.gp"
       echo "specsample: wrote $out/speedup.png and $out/acceptance.png" >&2
@@ -76,19 +89,30 @@ run() {  # args for specsample-bench (the last --out wins)
       echo "specsample: gnuplot not found (apt-get install gnuplot-nox): no plots" >&2
     fi
   fi
-  splice "$out"
+  splice "$out" "$report"
   return "$status"
 }
 
-# Copies $out/sweep.md into docs/benchmarks.md between the markers
+# specsample-leniency ARGS: its markdown table to docs/benchmarks/leniency.md (spliced into the page).
+run_leniency() {
+  local out="$root/docs/benchmarks" status=0
+  mkdir -p "$out"
+  echo "== specsample-leniency $* (results in $out/leniency.md) ==" >&2
+  "$(dirname "$exe")/specsample-leniency" "$@" >"$out/leniency.md.tmp" || status=$?
+  [ "$status" -eq 0 ] && mv "$out/leniency.md.tmp" "$out/leniency.md" && splice "$out" leniency.md
+  rm -f "$out/leniency.md.tmp"
+  return "$status"
+}
+
+# Copies $out/$report (sweep.md, strategies.md, leniency.md) into docs/benchmarks.md between the markers
 #   <!-- generated:begin benchmarks/.../sweep.md --> ... <!-- generated:end benchmarks/.../sweep.md -->
 # (only for result directories under docs/ that the page has markers for).
 splice() {
-  local out=$1 doc="$root/docs/benchmarks.md"
-  local rel="${out#"$root/docs/"}/sweep.md"
-  [ -f "$out/sweep.md" ] && [ -f "$doc" ] || return 0
+  local out=$1 report=${2:-sweep.md} doc="$root/docs/benchmarks.md"
+  local rel="${out#"$root/docs/"}/$report"
+  [ -f "$out/$report" ] && [ -f "$doc" ] || return 0
   grep -qxF "<!-- generated:begin $rel -->" "$doc" || return 0
-  awk -v f="$out/sweep.md" -v b="<!-- generated:begin $rel -->" -v e="<!-- generated:end $rel -->" '
+  awk -v f="$out/$report" -v b="<!-- generated:begin $rel -->" -v e="<!-- generated:end $rel -->" '
     $0 == b { print; while ((getline line < f) > 0) print line; skip = 1; next }
     $0 == e { skip = 0 }
     !skip { print }' "$doc" >"$doc.tmp"
@@ -100,6 +124,9 @@ start=$(date +%s)
 if [ $# -eq 0 ]; then
   run
   run --draft "$root/models/shakespeare-draft-distilled" --out "$root/docs/benchmarks/distilled"
+elif [ "$1" = --leniency ]; then
+  shift
+  run_leniency "$@"
 else
   run "$@"
 fi

@@ -23,6 +23,11 @@ TEST_CASE("the performance model matches its closed form", "[tuning]") {
   CHECK(best_draft_length(perfect, 0.0, 8) == 8);
   const std::vector<double> hopeless(8, 0.0);
   CHECK(best_draft_length(hopeless, 0.1, 8) == 1);
+  // A compute-bound target whose (K+1)-token call costs 1 + 0.4 K: shorter drafts win.
+  std::vector<double> verify{1.0};
+  for (int k = 1; k <= 8; ++k) verify.push_back(1.0 + 0.4 * k);
+  CHECK(best_draft_length(a, 0.075, 8, verify) < 4);
+  CHECK(predicted_speedup(a, 0.075, 4, verify) == Approx(expected_tokens_per_round(a, 4) / (0.3 + 2.6)));
 }
 
 TEST_CASE("position acceptance counts each position only when it was reached", "[tuning]") {
@@ -51,7 +56,10 @@ TEST_CASE("calibration picks a longer draft for a better draft model", "[tuning]
                        << p.best_k);
   CHECK(g.acceptance[0] > p.acceptance[0]);
   CHECK(g.cost_ratio > 0.0);  // toy models cost about the same, so c is near 1 and K = 1 wins here
-  CHECK(g.best_k == best_draft_length(g.acceptance, g.cost_ratio, 8));
+  CHECK(g.best_k == best_draft_length(g.acceptance, g.cost_ratio, 8, g.verify_cost));
+  REQUIRE(g.verify_cost.size() == 9);
+  CHECK(g.verify_cost[0] == 1.0);
+  CHECK(g.verify_cost[8] > 1.0);  // the toy model computes one column per appended token
   // With a cheap draft (c = 0.05), the measured acceptance asks for a longer K from the good draft.
   CHECK(best_draft_length(g.acceptance, 0.05, 8) > best_draft_length(p.acceptance, 0.05, 8));
 }

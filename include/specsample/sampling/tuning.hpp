@@ -45,11 +45,26 @@ namespace specsample {
   return predicted_speedup(std::span<const double>(a), c, k);
 }
 
-/// The K in [1, k_max] with the highest predicted speedup (the smaller K on ties).
-[[nodiscard]] inline std::size_t best_draft_length(std::span<const double> acceptance, double c, std::size_t k_max) {
+/// The speedup with the measured cost of verification: expected tokens per round /
+/// (c·K + v[K]), where v[K] = time of a (K+1)-token target call / time of a 1-token call (the
+/// classic formula takes v = 1: "verifying K+1 positions costs one forward pass", true when a
+/// forward pass is bound by reading the weights, not on a CPU whose batched matmul is
+/// compute-bound).
+[[nodiscard]] inline double predicted_speedup(std::span<const double> acceptance, double c, std::size_t k,
+                                              std::span<const double> verify_cost) {
+  const double v = k < verify_cost.size() ? verify_cost[k] : 1.0;
+  return expected_tokens_per_round(acceptance, k) / (c * static_cast<double>(k) + v);
+}
+
+/// The K in [1, k_max] with the highest predicted speedup (the smaller K on ties); with
+/// `verify_cost` (indexed by K, see above) the cost of the batched target call is included.
+[[nodiscard]] inline std::size_t best_draft_length(std::span<const double> acceptance, double c, std::size_t k_max,
+                                                   std::span<const double> verify_cost = {}) {
   std::size_t best = 1;
   for (std::size_t k = 2; k <= k_max; ++k) {
-    if (predicted_speedup(acceptance, c, k) > predicted_speedup(acceptance, c, best) + 1e-12) best = k;
+    if (predicted_speedup(acceptance, c, k, verify_cost) > predicted_speedup(acceptance, c, best, verify_cost) + 1e-12) {
+      best = k;
+    }
   }
   return best;
 }
@@ -81,34 +96,44 @@ class position_acceptance {
   std::vector<std::size_t> reached_, accepted_;
 };
 
-/// Seconds of a single-token `append` (then `truncate` back) on `m` after `context`: the minimum
-/// over `reps` calls, the least disturbed by other load on a shared machine.
+/// Seconds of an `append` of `n` tokens (then `truncate` back) on `m` after all but the last
+/// token of `context`: the minimum over `reps` calls, the least disturbed by other load on a
+/// shared machine. The appended tokens repeat the context's last token (cost does not depend on
+/// token identity).
 template <language_model M>
-[[nodiscard]] double single_token_seconds(M& m, std::span<const token> context, std::size_t reps = 15) {
-  if (context.empty()) throw error("single_token_seconds: the context must not be empty");
+[[nodiscard]] double append_seconds(M& m, std::span<const token> context, std::size_t n = 1, std::size_t reps = 15) {
+  if (context.empty()) throw error("append_seconds: the context must not be empty");
+  if (n == 0) throw error("append_seconds: n must be >= 1");
+  if (context.size() - 1 + n > max_context(m)) {
+    throw error(fmt::format("append_seconds: {} tokens after a context of {} exceed the model's {}", n,
+                            context.size() - 1, max_context(m)));
+  }
   detail::prefill(m, context, static_cast<std::size_t>(m.vocab_size()), "timed");
-  const std::span<const token> last = context.last(1);
-  std::vector<double> s;
+  const std::vector<token> batch(n, context.back());
+  double best = 0.0;
   for (std::size_t r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    (void)m.append(last);
-    s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    (void)m.append(batch);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = r == 0 ? s : std::min(best, s);
     m.truncate(context.size() - 1);
   }
-  return *std::min_element(s.begin(), s.end());
+  return best;
 }
 
 /// What a warm-up measured for one draft.
 struct calibration {
-  std::vector<double> acceptance;  ///< per draft position, see position_acceptance
-  double cost_ratio = 0.0;         ///< c: single-token draft call / single-token target call
-  std::size_t best_k = 1;          ///< argmax of the predicted speedup over K in [1, k_max]
-  double predicted = 1.0;          ///< the predicted speedup at best_k
+  std::vector<double> acceptance;   ///< per draft position, see position_acceptance
+  double cost_ratio = 0.0;          ///< c: single-token draft call / single-token target call
+  std::vector<double> verify_cost;  ///< [K] = (K+1)-token target call / 1-token call, K = 0..k_max
+  std::size_t best_k = 1;           ///< argmax of the predicted speedup over K in [1, k_max]
+  double predicted = 1.0;           ///< the predicted speedup at best_k, verification cost included
 };
 
 /// Runs a short speculative generation with K = k_max from `prompt` (`warmup_tokens` tokens,
 /// the caller's sampling parameters) to measure acceptance by position, times single-token calls
-/// of both models for c, and picks the K that maximises the predicted speedup.
+/// of both models for c and the target's (K+1)-token calls for the verification cost, and picks
+/// the K that maximises the predicted speedup.
 template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng>
 [[nodiscard]] calibration calibrate(Draft& draft, Target& target, std::span<const token> prompt,
                                     const speculative_params& params, Rng& rng, std::size_t k_max = 8,
@@ -122,9 +147,15 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   (void)speculative_sample(draft, target, prompt, warm, rng, positions);
   calibration c;
   c.acceptance = positions.rates();
-  c.cost_ratio = single_token_seconds(draft, prompt) / single_token_seconds(target, prompt);
-  c.best_k = best_draft_length(c.acceptance, c.cost_ratio, k_max);
-  c.predicted = predicted_speedup(c.acceptance, c.cost_ratio, c.best_k);
+  const double target_one = append_seconds(target, prompt, 1);
+  c.cost_ratio = append_seconds(draft, prompt, 1) / target_one;
+  c.verify_cost.push_back(1.0);
+  for (std::size_t k = 1; k <= k_max; ++k) {
+    const bool fits = prompt.size() + k <= max_context(target);
+    c.verify_cost.push_back(fits ? append_seconds(target, prompt, k + 1) / target_one : c.verify_cost.back());
+  }
+  c.best_k = best_draft_length(c.acceptance, c.cost_ratio, k_max, c.verify_cost);
+  c.predicted = predicted_speedup(c.acceptance, c.cost_ratio, c.best_k, c.verify_cost);
   return c;
 }
 

@@ -1,0 +1,197 @@
+// specsample-leniency: what lenient (lossy) verification costs in exactness and buys in speed, on
+// a toy Markov pair small enough to enumerate (docs/benchmarks.md, "Leniency trade-off").
+//
+//   specsample-leniency [--vocab V] [--order N] [--length L] [--similarity S] [-k K]
+//                       [--samples N] [--leniency 1,0.8,0.5] [--c C] [--long-tokens N]
+//                       [--long-runs N] [--seed S] [--quick]
+//
+// Target: toy::markov::random(V, N); draft: toy::markov::similar_to(target, S). For each leniency
+// b it enumerates the target's exact distribution over the L-token continuations of a one-token
+// prompt, draws --samples speculative sequences with speculative_params::leniency = b, and reports
+// the total-variation distance between the empirical and the exact distribution. At b = 1 the
+// sampler is exact, so that TV is pure sampling noise: the floor to read the others against.
+// For speed it runs --long-runs generations of --long-tokens tokens (where the round structure is
+// not cut short by L) and reports the mean tokens per round, α and the speedup the performance
+// model implies, tokens per round / (cK + 1), with the given cost ratio c.
+
+#include <specsample/specsample.hpp>
+#include <specsample/testing/distribution.hpp>
+
+#include "bench_util.hpp"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+using specsample::token;
+
+struct cli {
+  std::size_t vocab = 5, order = 2, length = 4, k = 4, samples = 500000, long_tokens = 64, long_runs = 2000;
+  double similarity = 0.3, c = 0.05;
+  std::vector<double> leniency{1.0, 0.8, 0.5};
+  std::uint64_t seed = 20240601;
+};
+
+using specsample_bench::load_average;
+using specsample_bench::parse_number;
+using specsample_bench::usage_error;
+
+constexpr std::string_view help = R"(usage: specsample-leniency [options]
+  --vocab V          toy vocabulary size (default 5)
+  --order N          Markov order of both models (default 2)
+  --length L         sequence length enumerated (default 4; V^L cells)
+  --similarity S     draft = S * target + (1 - S) * random (default 0.3: α ≈ 0.7 at b = 1,
+                     like the bundled GPT-2 pair at T = 0.7-1)
+  -k K               draft length (default 4)
+  --samples N        sampled sequences per leniency (default 500000)
+  --leniency LIST    comma-separated b values in (0, 1] (default 1,0.8,0.5)
+  --c C              cost ratio for the implied speedup (default 0.05)
+  --long-tokens N    tokens per speed run (default 64)
+  --long-runs N      speed runs per leniency (default 2000)
+  --seed S           seed of the models and the sampler (default 20240601)
+  --quick            smoke test: 20000 samples, 200 speed runs
+)";
+
+cli parse(int argc, char** argv) {
+  cli c;
+  bool quick = false, samples_set = false, runs_set = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto value = [&]() -> std::string_view {
+      if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", a));
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::fputs(help.data(), stdout);
+      std::exit(0);
+    } else if (a == "--vocab") c.vocab = parse_number<std::size_t>(a, value());
+    else if (a == "--order") c.order = parse_number<std::size_t>(a, value());
+    else if (a == "--length") c.length = parse_number<std::size_t>(a, value());
+    else if (a == "--similarity") c.similarity = parse_number<double>(a, value());
+    else if (a == "-k") c.k = parse_number<std::size_t>(a, value());
+    else if (a == "--samples") {
+      c.samples = parse_number<std::size_t>(a, value());
+      samples_set = true;
+    }
+    else if (a == "--c") c.c = parse_number<double>(a, value());
+    else if (a == "--long-tokens") c.long_tokens = parse_number<std::size_t>(a, value());
+    else if (a == "--long-runs") {
+      c.long_runs = parse_number<std::size_t>(a, value());
+      runs_set = true;
+    }
+    else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
+    else if (a == "--quick") quick = true;
+    else if (a == "--leniency") c.leniency = specsample_bench::parse_list<double>(a, value());
+    else usage_error(fmt::format("unknown argument '{}'", a));
+  }
+  if (quick) {
+    if (!samples_set) c.samples = 20000;
+    if (!runs_set) c.long_runs = 200;
+  }
+  if (c.samples == 0 || c.long_runs == 0 || c.long_tokens == 0 || c.length == 0 || c.k == 0) {
+    usage_error("--samples, --long-runs, --long-tokens, --length and -k must be >= 1");
+  }
+  return c;
+}
+
+int run(int argc, char** argv) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const cli c = parse(argc, argv);
+  std::string command = "specsample-leniency";
+  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+
+  auto target = specsample::toy::markov::random(c.vocab, c.order, c.seed);
+  auto draft = specsample::toy::markov::similar_to(target, c.similarity, c.seed + 1);
+  const std::vector<token> prompt{0};
+  specsample::speculative_params params;
+  params.max_new_tokens = c.length;
+  params.draft_length = c.k;
+  params.sampling.temperature = 1.0f;
+
+  const auto exact = specsample::testing::exact_sequence_distribution(target, prompt, c.length, params.sampling);
+  const auto draft_exact = specsample::testing::exact_sequence_distribution(draft, prompt, c.length, params.sampling);
+  const double tv_draft = specsample::testing::total_variation(draft_exact, exact);
+
+  struct row {
+    double b, tv, p_value, tokens_per_round_short, tokens_per_round, alpha, speedup, formula;
+  };
+  std::vector<row> rows;
+  std::mt19937_64 rng(c.seed + 2);
+  for (const double b : c.leniency) {
+    specsample::speculative_params p = params;
+    p.leniency = b;
+    specsample::testing::sequence_histogram hist(c.vocab, c.length);
+    std::size_t tokens = 0, rounds = 0;
+    for (std::size_t i = 0; i < c.samples; ++i) {
+      const auto r = specsample::speculative_sample(draft, target, prompt, p, rng);
+      hist.add(r.tokens);
+      tokens += r.stats.tokens;
+      rounds += r.stats.rounds;
+    }
+    const auto n = static_cast<double>(hist.samples());
+    const xt::xarray<double> empirical = hist.counts() / n;
+    const double tv = specsample::testing::total_variation(empirical, exact);
+    const auto fit = specsample::testing::g_test(hist.counts(), exact);
+
+    specsample::speculative_params long_p = p;
+    long_p.max_new_tokens = c.long_tokens;
+    std::size_t l_tokens = 0, l_rounds = 0, accepted = 0, corrections = 0;
+    for (std::size_t i = 0; i < c.long_runs; ++i) {
+      const auto r = specsample::speculative_sample(draft, target, prompt, long_p, rng);
+      l_tokens += r.stats.tokens;
+      l_rounds += r.stats.rounds;
+      accepted += r.stats.accepted;
+      corrections += r.stats.corrections;
+    }
+    const double tpr = static_cast<double>(l_tokens) / static_cast<double>(l_rounds);
+    rows.push_back({b, tv, fit.p_value, static_cast<double>(tokens) / static_cast<double>(rounds), tpr,
+                    static_cast<double>(accepted) / static_cast<double>(accepted + corrections),
+                    tpr / (c.c * static_cast<double>(c.k) + 1.0), 0.0});
+    rows.back().formula = specsample::predicted_speedup(rows.back().alpha, c.c, c.k);
+    fmt::print(stderr, "b = {}: TV {:.4f}, tokens/round {:.3f}\n", b, tv, tpr);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  const double noise = [&] {
+    for (const auto& r : rows) {
+      if (r.b == 1.0) return r.tv;
+    }
+    return std::nan("");
+  }();
+  fmt::print("### Leniency trade-off (toy Markov pair)\n\n");
+  fmt::print("`{}` — target toy::markov::random(V = {}, order {}), draft similar_to(target, {}), prompt {{0}}, "
+             "T = 1, K = {}; {} sampled sequences of L = {} tokens per b against the exact distribution over the "
+             "{} sequences; speed from {} runs of {} tokens; c = {} for the implied speedup; run time {:.1f} s, "
+             "load average {}.\n\n",
+             command, c.vocab, c.order, c.similarity, c.k, c.samples, c.length, exact.size(), c.long_runs,
+             c.long_tokens, c.c, seconds, load_average());
+  fmt::print("TV(draft, target), exact: {:.4f} — how far the output could drift if every draft were accepted.\n\n",
+             tv_draft);
+  fmt::print("| b | TV(empirical, exact target) | TV − TV at b = 1 (noise floor) | G-test p | tokens/round (L = {}) "
+             "| tokens/round ({} tokens) | α | implied speedup (c = {}) | vs b = 1 | formula from α |\n"
+             "|---|---|---|---|---|---|---|---|---|---|\n",
+             c.length, c.long_tokens, c.c);
+  const double base = rows.front().speedup;
+  for (const auto& r : rows) {
+    fmt::print("| {:g}{} | {:.4f} | {:+.4f} | {:.3g} | {:.3f} | {:.3f} | {:.3f} | {:.2f}x | {:+.1f}% | {:.2f}x |\n", r.b,
+               r.b == 1.0 ? " (exact)" : "", r.tv, r.tv - noise, r.p_value, r.tokens_per_round_short, r.tokens_per_round,
+               r.alpha, r.speedup, 100.0 * (r.speedup / base - 1.0), r.formula);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return specsample_bench::guarded_main("specsample-leniency", [&] { return run(argc, argv); });
+}
