@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: speculative GPT-2 generation on the bundled Tiny Shakespeare pair, side by side
-# with plain autoregressive decoding (greedy, so both must print the same text).
+# The main job: speculative GPT-2 generation on the bundled Tiny Shakespeare pair (the target
+# drafted by the distilled draft, K = 3, one thread per model: the setting docs/benchmarks.md
+# measures), side by side with plain autoregressive decoding (greedy, so both print the same text).
 # Extra arguments go to specsample-generate (see --help), e.g. scripts/demo.sh --temperature 0.8
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -9,4 +10,5 @@ dir="$root/build/demo"
 cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DSPECSAMPLE_BUILD_TESTS=OFF \
   -DSPECSAMPLE_BUILD_BENCHMARKS=OFF >/dev/null
 cmake --build "$dir" -j "${SPECSAMPLE_JOBS:-$(nproc)}" --target specsample-generate >/dev/null
-"$dir/examples/specsample-generate" --mode compare --temperature 0 -k 4 -n 200 --repeat 3 "$@"
+"$dir/examples/specsample-generate" --mode compare --temperature 0 -n 200 --repeat 5 \
+  --draft "$root/models/shakespeare-draft-distilled" -k 3 --threads 1 "$@"
