@@ -36,3 +36,12 @@ function(specsample_add_test name)
   endif()
   catch_discover_tests(${name} PROPERTIES TIMEOUT 600)
 endfunction()
+
+# specsample_add_allocation_test(name SOURCE): a test counting every heap allocation
+# (tests/support/counting_allocator.hpp wraps malloc and replaces the global operator new, so it
+# lives in its own executable).
+function(specsample_add_allocation_test name source)
+  specsample_add_test(${name} NO_PCH ${source})
+  target_link_options(${name} PRIVATE -Wl,--wrap=malloc -Wl,--wrap=calloc -Wl,--wrap=realloc)
+  target_compile_options(${name} PRIVATE -Wno-mismatched-new-delete)
+endfunction()

@@ -9,6 +9,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "../support/counting_allocator.hpp"
+
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
@@ -16,54 +18,18 @@
 #include <random>
 #include <vector>
 
-namespace {
-std::atomic<std::size_t> allocations{0};
-}
-
-extern "C" {
-void* __real_malloc(std::size_t);
-void* __real_calloc(std::size_t, std::size_t);
-void* __real_realloc(void*, std::size_t);
-void* __wrap_malloc(std::size_t n) {
-  ++allocations;
-  return __real_malloc(n);
-}
-void* __wrap_calloc(std::size_t n, std::size_t m) {
-  ++allocations;
-  return __real_calloc(n, m);
-}
-void* __wrap_realloc(void* p, std::size_t n) {
-  ++allocations;
-  return __real_realloc(p, n);
-}
-}
-
-// Every replaceable non-aligned form, so that new and delete always pair up (ASan checks it).
-// (The aligned forms, used for the packed weights at load, stay the library's.)
-void* operator new(std::size_t n) {
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) { return operator new(n); }
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return std::malloc(n == 0 ? 1 : n); }
-void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return std::malloc(n == 0 ? 1 : n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+using specsample::test::allocation_count;
 
 namespace {
 const std::filesystem::path models = std::filesystem::path(SPECSAMPLE_SOURCE_DIR) / "models";
 }
 
 TEST_CASE("the allocation counter sees std and Eigen allocations", "[gpt2][allocations]") {
-  const auto before = allocations.load();
+  const auto before = allocation_count();
   auto v = std::make_unique<std::vector<int>>(100);
   Eigen::MatrixXf m(50, 50);
   m.setZero();
-  CHECK(allocations.load() >= before + 3);
+  CHECK(allocation_count() >= before + 3);
 }
 
 TEST_CASE("speculative sampling with the GPT-2 pair allocates nothing per round in the steady "
@@ -84,8 +50,8 @@ TEST_CASE("speculative sampling with the GPT-2 pair allocates nothing per round 
       std::size_t at_round_1 = 0, at_last = 0, rounds = 0;
       const auto r = specsample::speculative_sample(draft, target, prompt, params, rng,
                                                     [&](const specsample::round_event& e) {
-                                                      if (e.round == 1) at_round_1 = allocations.load();
-                                                      at_last = allocations.load();
+                                                      if (e.round == 1) at_round_1 = allocation_count();
+                                                      at_last = allocation_count();
                                                       ++rounds;
                                                     });
       REQUIRE(r.tokens.size() == 120);
