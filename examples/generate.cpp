@@ -349,9 +349,12 @@ int run(int argc, char** argv) {
     std::FILE* out = c.json ? stderr : stdout;
     fmt::print(out, "draft choice (warm-up of 64 tokens at K = {}; predicted = E[tokens per round] / (cK + v[K]), v[K] = "
                     "measured cost of a (K+1)-token target call over a 1-token call):\n", k_max);
-    fmt::print(out, "  {:<40} {:>8} {:>8} {:>7} {:>3} {:>10}\n", "draft", "alpha_0", "alpha_3", "c", "K", "predicted");
+    std::size_t width = 5;
+    for (const auto& path : candidates) width = std::max(width, path.string().size());
+    fmt::print(out, "  {:<{}} {:>8} {:>8} {:>7} {:>3} {:>10}\n", "draft", width, "alpha_0", "alpha_3", "c", "K",
+               "predicted");
     for (std::size_t d = 0; d < drafts.size(); ++d) {
-      fmt::print(out, "  {:<40} {:>8.3f} {:>8.3f} {:>7.4f} {:>3} {:>9.2f}x{}\n", candidates[d].string(),
+      fmt::print(out, "  {:<{}} {:>8.3f} {:>8.3f} {:>7.4f} {:>3} {:>9.2f}x{}\n", candidates[d].string(), width,
                  cal[d].acceptance[0], cal[d].acceptance[3], cal[d].cost_ratio, cal[d].best_k, cal[d].predicted,
                  d == chosen ? "  <- chosen" : "");
       calibrations.push_back({{"draft", candidates[d].string()}, {"acceptance_by_position", cal[d].acceptance},
