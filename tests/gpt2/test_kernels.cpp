@@ -291,29 +291,29 @@ TEST_CASE("attention over the KV cache matches its reference twin and is batch-i
   for (const isa level : levels()) {
     for (const std::size_t NH : {1u, 4u}) {
       for (const std::size_t C : {16u, 40u, 136u}) {  // head sizes 16, 40, 136, 4, 10, 34
-        const std::size_t P = 24, pos0 = 7, T = 5;
-        const auto qkv = random_vector(T * 3 * C, rng, 2.0f);
-        auto k_cache = random_vector(P * C, rng);
-        auto v_cache = random_vector(P * C, rng);
-        for (std::size_t t = 0; t < T; ++t) {  // the new keys/values are in the cache already
-          std::copy_n(qkv.begin() + static_cast<std::ptrdiff_t>(t * 3 * C + C), C,
-                      k_cache.begin() + static_cast<std::ptrdiff_t>((pos0 + t) * C));
-          std::copy_n(qkv.begin() + static_cast<std::ptrdiff_t>(t * 3 * C + 2 * C), C,
-                      v_cache.begin() + static_cast<std::ptrdiff_t>((pos0 + t) * C));
-        }
-        std::vector<float> out(T * C), ref(T * C), out2(T * C), one(C);
-        std::vector<float> scratch(P), scratch2(2 * P);
-        k::attention(out, qkv, k_cache, v_cache, scratch, pos0, T, C, NH, nullptr, level);
-        k::attention_reference(ref, qkv, k_cache, v_cache, pos0, T, C, NH);
-        INFO(gpt2::isa_name(level) << ", NH = " << NH << ", C = " << C);
-        REQUIRE(max_rel_diff(out, ref) < 1e-5);
-        thread_pool pool(2);
-        k::attention(out2, qkv, k_cache, v_cache, scratch2, pos0, T, C, NH, &pool, level);
-        REQUIRE(bitwise_equal(out.data(), out2.data(), out.size()));
-        for (std::size_t t = 0; t < T; ++t) {
-          k::attention(one, std::span<const float>(qkv).subspan(t * 3 * C, 3 * C), k_cache,
-                       v_cache, scratch, pos0 + t, 1, C, NH, nullptr, level);
-          REQUIRE(bitwise_equal(one.data(), out.data() + t * C, C));
+        // Contexts within one 16-key block and across several groups of 64 keys.
+        for (const auto& [P, pos0] : {std::pair<std::size_t, std::size_t>{24, 7}, {150, 127}}) {
+          const std::size_t T = 5;
+          const auto qkv = random_vector(T * 3 * C, rng, 2.0f);
+          // Older positions: random keys and values (every layout slot, so also the unused ones);
+          // the new ones stored from qkv as the model does.
+          auto k_cache = random_vector(k::kv_layer_size(P, C, NH), rng);
+          auto v_cache = random_vector(k::kv_layer_size(P, C, NH), rng);
+          k::store_kv(k_cache, v_cache, qkv, pos0, T, C, NH, P);
+          std::vector<float> out(T * C), ref(T * C), out2(T * C), one(C);
+          std::vector<float> scratch(P), scratch2(2 * P);
+          k::attention(out, qkv, k_cache, v_cache, scratch, pos0, T, C, NH, P, nullptr, level);
+          k::attention_reference(ref, qkv, k_cache, v_cache, pos0, T, C, NH, P);
+          INFO(gpt2::isa_name(level) << ", NH = " << NH << ", C = " << C << ", pos0 = " << pos0);
+          REQUIRE(max_rel_diff(out, ref) < 1e-5);
+          thread_pool pool(2);
+          k::attention(out2, qkv, k_cache, v_cache, scratch2, pos0, T, C, NH, P, &pool, level);
+          REQUIRE(bitwise_equal(out.data(), out2.data(), out.size()));
+          for (std::size_t t = 0; t < T; ++t) {
+            k::attention(one, std::span<const float>(qkv).subspan(t * 3 * C, 3 * C), k_cache,
+                         v_cache, scratch, pos0 + t, 1, C, NH, P, nullptr, level);
+            REQUIRE(bitwise_equal(one.data(), out.data() + t * C, C));
+          }
         }
       }
     }

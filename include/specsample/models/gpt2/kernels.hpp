@@ -295,32 +295,59 @@ inline void residual_add_reference(std::span<float> x, std::span<const float> y)
 
 // --- attention --------------------------------------------------------------------------------
 
-/// Causal multi-head attention of T new positions over the KV cache. Position pos0 + t attends
-/// to cache rows [0, pos0 + t]; the caller has already stored the new keys and values in rows
-/// [pos0, pos0 + T). Scores are scaled by 1/√HS. `scratch` holds one row of P floats per pool
-/// worker. (t, head) pairs are split across the pool; each pair is computed by one fixed-order
+/// Floats of one layer's key cache (and of its value cache) for `P` positions: per head,
+/// `simd::key_cache_blocks(P)` blocks of (HS, 16) keys, the layout of `simd::key_offset`.
+[[nodiscard]] constexpr std::size_t kv_layer_size(std::size_t P, std::size_t C, std::size_t NH) noexcept {
+  return NH * simd::key_cache_blocks(P) * simd::key_block * (C / NH);
+}
+
+/// Stores the keys and values of T new positions (columns [C, 2C) and [2C, 3C) of each qkv row)
+/// in rows [pos0, pos0 + T) of one layer's caches.
+inline void store_kv(std::span<float> k_cache,        // kv_layer_size(P, C, NH)
+                     std::span<float> v_cache,        // kv_layer_size(P, C, NH)
+                     std::span<const float> qkv,      // (T, 3C)
+                     std::size_t pos0, std::size_t T, std::size_t C, std::size_t NH, std::size_t P) {
+  const std::size_t HS = C / NH, head = kv_layer_size(P, C, NH) / NH;
+  assert(pos0 + T <= P && k_cache.size() >= NH * head && v_cache.size() >= NH * head);
+  for (std::size_t t = 0; t < T; ++t) {
+    const float* row = qkv.data() + t * 3 * C;
+    for (std::size_t h = 0; h < NH; ++h) {
+      float* kh = k_cache.data() + h * head;
+      for (std::size_t d = 0; d < HS; ++d) kh[simd::key_offset(pos0 + t, d, HS)] = row[C + h * HS + d];
+      std::copy_n(row + 2 * C + h * HS, HS, v_cache.data() + h * head + (pos0 + t) * HS);
+    }
+  }
+}
+
+/// Causal multi-head attention of T new positions over one layer's KV cache (`store_kv` has
+/// already stored the new keys and values). Per head the keys are transposed 16-key blocks and
+/// the values (P, HS) rows (simd.hpp, "attention layout"): one contiguous block per head, a
+/// score per vector lane. Position pos0 + t attends to positions [0, pos0 + t]; scores are
+/// scaled by 1/√HS. `scratch` holds one row of P floats per pool worker. (head, t) pairs are
+/// split across the pool, the T queries of a head next to each other (they read the same
+/// block, warm in cache for all but the first); each pair is computed by one fixed-order
 /// routine (simd::attend), so results do not depend on T or the split.
 inline void attention(std::span<float> out,             // (T, C)
                       std::span<const float> qkv,       // (T, 3C): q | k | v per row
-                      std::span<const float> k_cache,   // (P, C)
-                      std::span<const float> v_cache,   // (P, C)
+                      std::span<const float> k_cache,   // kv_layer_size(P, C, NH)
+                      std::span<const float> v_cache,   // kv_layer_size(P, C, NH)
                       std::span<float> scratch,         // (workers, P)
-                      std::size_t pos0, std::size_t T, std::size_t C, std::size_t NH,
+                      std::size_t pos0, std::size_t T, std::size_t C, std::size_t NH, std::size_t P,
                       thread_pool* pool = nullptr, isa level = isa::best) {
-  const std::size_t HS = C / NH;
+  const std::size_t HS = C / NH, head = kv_layer_size(P, C, NH) / NH;
   const std::size_t workers = pool != nullptr ? pool->size() : 1;
   const std::size_t stride = scratch.size() / workers;
   assert(stride >= pos0 + T && out.size() >= T * C && qkv.size() >= T * 3 * C);
-  assert(k_cache.size() >= (pos0 + T) * C && v_cache.size() >= (pos0 + T) * C);
+  assert(pos0 + T <= P && k_cache.size() >= NH * head && v_cache.size() >= NH * head);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const isa lv = simd::resolve(level);
-  detail::split(pool, T * NH, [&](std::size_t begin, std::size_t end, std::size_t worker) {
+  detail::split(pool, NH * T, [&](std::size_t begin, std::size_t end, std::size_t worker) {
     float* att = scratch.data() + worker * stride;
     for (std::size_t task = begin; task < end; ++task) {
-      const std::size_t t = task / NH;
-      const std::size_t h = task % NH;
-      simd::attend(lv, qkv.data() + t * 3 * C + h * HS, k_cache.data() + h * HS,
-                   v_cache.data() + h * HS, C, pos0 + t + 1, HS, scale, att,
+      const std::size_t h = task / T;
+      const std::size_t t = task % T;
+      simd::attend(lv, qkv.data() + t * 3 * C + h * HS, k_cache.data() + h * head,
+                   v_cache.data() + h * head, pos0 + t + 1, HS, scale, att,
                    out.data() + t * C + h * HS);
     }
   });
@@ -329,8 +356,9 @@ inline void attention(std::span<float> out,             // (T, C)
 /// Plain twin of `attention` (double, no scratch, no threads).
 inline void attention_reference(std::span<float> out, std::span<const float> qkv,
                                 std::span<const float> k_cache, std::span<const float> v_cache,
-                                std::size_t pos0, std::size_t T, std::size_t C, std::size_t NH) {
-  const std::size_t HS = C / NH;
+                                std::size_t pos0, std::size_t T, std::size_t C, std::size_t NH,
+                                std::size_t P) {
+  const std::size_t HS = C / NH, head = kv_layer_size(P, C, NH) / NH;
   const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
   std::vector<double> att(pos0 + T);
   for (std::size_t t = 0; t < T; ++t) {
@@ -341,7 +369,7 @@ inline void attention_reference(std::span<float> out, std::span<const float> qkv
         double s = 0;
         for (std::size_t d = 0; d < HS; ++d) {
           s += static_cast<double>(qkv[t * 3 * C + h * HS + d]) *
-               static_cast<double>(k_cache[p * C + h * HS + d]);
+               static_cast<double>(k_cache[h * head + simd::key_offset(p, d, HS)]);
         }
         att[p] = s * scale;
         mx = std::max(mx, att[p]);
@@ -350,7 +378,7 @@ inline void attention_reference(std::span<float> out, std::span<const float> qkv
       for (std::size_t p = 0; p < len; ++p) z += (att[p] = std::exp(att[p] - mx));
       for (std::size_t d = 0; d < HS; ++d) {
         double o = 0;
-        for (std::size_t p = 0; p < len; ++p) o += att[p] / z * v_cache[p * C + h * HS + d];
+        for (std::size_t p = 0; p < len; ++p) o += att[p] / z * v_cache[h * head + p * HS + d];
         out[t * C + h * HS + d] = static_cast<float>(o);
       }
     }

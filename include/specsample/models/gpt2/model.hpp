@@ -12,6 +12,7 @@
 
 #include <Eigen/Core>
 #include <fmt/format.h>
+#include <xtensor/xbuilder.hpp>
 #include <xtensor/xtensor.hpp>
 
 #include <algorithm>
@@ -23,25 +24,24 @@
 
 namespace specsample::gpt2 {
 
-/// Keys and values of every layer for the positions in the context.
+/// Keys and values of every layer for the positions in the context: per layer
+/// `kernels::kv_layer_size(P, C, NH)` floats each, head-major, keys in transposed 16-key blocks
+/// (the layout the attention kernel reads, simd.hpp "attention layout").
 struct kv_cache {
-  xt::xtensor<float, 3> k;  // (L, P, C)
-  xt::xtensor<float, 3> v;  // (L, P, C)
-  std::size_t length = 0;   ///< valid positions; rows past it are stale and ignored
+  xt::xtensor<float, 2> k;  // (L, kv_layer_size)
+  xt::xtensor<float, 2> v;  // (L, kv_layer_size)
+  std::size_t length = 0;   ///< valid positions; rows past it are stale and never read
 
-  /// Allocates room for `n_layer` × `n_positions` × `n_embd` keys and values (uninitialised).
-  kv_cache(std::size_t n_layer, std::size_t n_positions, std::size_t n_embd)
-      : k(xt::xtensor<float, 3>::from_shape({n_layer, n_positions, n_embd})),
-        v(xt::xtensor<float, 3>::from_shape({n_layer, n_positions, n_embd})) {}
+  /// Allocates room for `n_positions` positions of every layer, zeroed: slots past the length
+  /// that a vector kernel loads (and discards) are never indeterminate.
+  kv_cache(std::size_t n_layer, std::size_t n_head, std::size_t n_positions, std::size_t n_embd)
+      : k(xt::zeros<float>({n_layer, kernels::kv_layer_size(n_positions, n_embd, n_head)})),
+        v(xt::zeros<float>({n_layer, kernels::kv_layer_size(n_positions, n_embd, n_head)})) {}
 
-  /// Layer `l`'s keys, (P, C).
-  [[nodiscard]] std::span<float> keys(std::size_t l) noexcept {
-    return {k.data() + l * k.shape(1) * k.shape(2), k.shape(1) * k.shape(2)};
-  }
-  /// Layer `l`'s values, (P, C).
-  [[nodiscard]] std::span<float> values(std::size_t l) noexcept {
-    return {v.data() + l * v.shape(1) * v.shape(2), v.shape(1) * v.shape(2)};
-  }
+  /// Layer `l`'s keys.
+  [[nodiscard]] std::span<float> keys(std::size_t l) noexcept { return {k.data() + l * k.shape(1), k.shape(1)}; }
+  /// Layer `l`'s values.
+  [[nodiscard]] std::span<float> values(std::size_t l) noexcept { return {v.data() + l * v.shape(1), v.shape(1)}; }
 };
 
 /// A GPT-2 model with a KV cache on CPU.
@@ -71,7 +71,7 @@ class model {
         pool_(std::make_unique<thread_pool>(opts.threads)),
         isa_(simd::resolve(opts.kernels)),
         min_parallel_work_(opts.min_parallel_work),
-        cache_(cfg.n_layer, cfg.n_positions, cfg.n_embd) {
+        cache_(cfg.n_layer, cfg.n_head, cfg.n_positions, cfg.n_embd) {
     const std::size_t L = cfg_.n_layer, P = cfg_.n_positions, C = cfg_.n_embd;
     if (w_.layers.size() != L || w_.wte.shape(0) != cfg_.vocab_size || w_.wte.shape(1) != C ||
         w_.wpe.shape(0) != P || w_.wpe.shape(1) != C) {
@@ -177,14 +177,14 @@ class model {
     kernels::embed(buf(x_), tokens, w_.wte.view(), vec(w_.wpe), pos0, C);
     for (std::size_t l = 0; l < cfg_.n_layer; ++l) {
       const layer_weights& lw = w_.layers[l];
-      const std::span<float> k_layer = cache_.keys(l);    // (P, C)
-      const std::span<float> v_layer = cache_.values(l);  // (P, C)
+      const std::span<float> k_layer = cache_.keys(l);
+      const std::span<float> v_layer = cache_.values(l);
       kernels::layer_norm(buf(ln_), cbuf(x_), vec(lw.ln_1_weight), vec(lw.ln_1_bias), T, C,
                           cfg_.layer_norm_epsilon);
       mm(qkv_, ln_, lw.attn_qkv_weight, vec(lw.attn_qkv_bias));
-      store_kv(k_layer, v_layer, pos0, T);
+      kernels::store_kv(k_layer, v_layer, cbuf(qkv_), pos0, T, C, NH, P);
       kernels::attention(buf(atty_), cbuf(qkv_), k_layer, v_layer, {att_.data(), att_.size()},
-                         pos0, T, C, NH, pool_for(2 * (pos0 + T) * C), isa_);
+                         pos0, T, C, NH, P, pool_for(2 * (pos0 + T) * C), isa_);
       mm(proj_, atty_, lw.attn_proj_weight, vec(lw.attn_proj_bias));
       kernels::residual_add(buf(x_), cbuf(proj_));
       kernels::layer_norm(buf(ln_), cbuf(x_), vec(lw.ln_2_weight), vec(lw.ln_2_bias), T, C,
@@ -218,27 +218,13 @@ class model {
     return cfg;
   }
 
-  using row_major = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
-  /// Copies the new keys and values (columns [C, 3C) of qkv) into cache rows [pos0, pos0 + T).
-  void store_kv(std::span<float> k_layer, std::span<float> v_layer, std::size_t pos0,
-                std::size_t T) {
-    const auto c = static_cast<Eigen::Index>(cfg_.n_embd);
-    const auto t = static_cast<Eigen::Index>(T);
-    using strided = Eigen::Map<const row_major, 0, Eigen::OuterStride<>>;
-    const strided k_new(qkv_.data() + c, t, c, Eigen::OuterStride<>(3 * c));
-    const strided v_new(qkv_.data() + 2 * c, t, c, Eigen::OuterStride<>(3 * c));
-    Eigen::Map<row_major>(k_layer.data() + pos0 * cfg_.n_embd, t, c) = k_new;
-    Eigen::Map<row_major>(v_layer.data() + pos0 * cfg_.n_embd, t, c) = v_new;
-  }
-
   gpt2::config cfg_;
   gpt2::weights w_;
   std::unique_ptr<thread_pool> pool_;
   isa isa_ = isa::generic;
   std::size_t min_parallel_work_ = 0;
   std::size_t capacity_ = 0;
-  kv_cache cache_;                 // (L, P, C) keys and values + length
+  kv_cache cache_;                 // keys and values of every layer + length
   xt::xtensor<float, 2> att_;      // (workers, P) attention scores scratch
   // Activations for up to capacity_ positions (B = capacity_):
   xt::xtensor<float, 2> x_;       // (B, C) residual stream
