@@ -215,7 +215,7 @@ void BM_attention(benchmark::State& state) {
   const auto qkv = random_floats(3 * C, 1.0f, 7);
   const auto k = random_floats(gpt2::kernels::kv_layer_size(P, C, NH), 1.0f, 8);
   const auto v = random_floats(gpt2::kernels::kv_layer_size(P, C, NH), 1.0f, 9);
-  std::vector<float> out(C), scratch(threads * P);
+  std::vector<float> out(C), scratch(threads * gpt2::kernels::attention_scratch(P));
   gpt2::thread_pool* pool = pool_for(threads);
   for (auto _ : state) {
     gpt2::kernels::attention(out, qkv, k, v, scratch, len - 1, 1, C, NH, P, pool);

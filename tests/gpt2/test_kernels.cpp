@@ -11,6 +11,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 namespace k = specsample::gpt2::kernels;
@@ -292,8 +293,9 @@ TEST_CASE("attention over the KV cache matches its reference twin and is batch-i
     for (const std::size_t NH : {1u, 4u}) {
       for (const std::size_t C : {16u, 40u, 136u}) {  // head sizes 16, 40, 136, 4, 10, 34
         // Contexts within one 16-key block and across several groups of 64 keys.
-        for (const auto& [P, pos0] : {std::pair<std::size_t, std::size_t>{24, 7}, {150, 127}}) {
-          const std::size_t T = 5;
+        // T = 5 and 7: a full tile of simd::query_tile queries plus a partial one.
+        using shape = std::tuple<std::size_t, std::size_t, std::size_t>;  // P, pos0, T
+        for (const auto& [P, pos0, T] : {shape{24, 7, 5}, shape{24, 7, 7}, shape{150, 127, 5}, shape{150, 127, 7}}) {
           const auto qkv = random_vector(T * 3 * C, rng, 2.0f);
           // Older positions: random keys and values (every layout slot, so also the unused ones);
           // the new ones stored from qkv as the model does.
@@ -301,10 +303,10 @@ TEST_CASE("attention over the KV cache matches its reference twin and is batch-i
           auto v_cache = random_vector(k::kv_layer_size(P, C, NH), rng);
           k::store_kv(k_cache, v_cache, qkv, pos0, T, C, NH, P);
           std::vector<float> out(T * C), ref(T * C), out2(T * C), one(C);
-          std::vector<float> scratch(P), scratch2(2 * P);
+          std::vector<float> scratch(k::attention_scratch(P)), scratch2(2 * k::attention_scratch(P));
           k::attention(out, qkv, k_cache, v_cache, scratch, pos0, T, C, NH, P, nullptr, level);
           k::attention_reference(ref, qkv, k_cache, v_cache, pos0, T, C, NH, P);
-          INFO(gpt2::isa_name(level) << ", NH = " << NH << ", C = " << C << ", pos0 = " << pos0);
+          INFO(gpt2::isa_name(level) << ", NH = " << NH << ", C = " << C << ", pos0 = " << pos0 << ", T = " << T);
           REQUIRE(max_rel_diff(out, ref) < 1e-5);
           thread_pool pool(2);
           k::attention(out2, qkv, k_cache, v_cache, scratch2, pos0, T, C, NH, P, &pool, level);

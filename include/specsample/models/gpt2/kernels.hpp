@@ -319,36 +319,44 @@ inline void store_kv(std::span<float> k_cache,        // kv_layer_size(P, C, NH)
   }
 }
 
+/// Floats of attention scratch per pool worker: scores of one tile of queries.
+[[nodiscard]] constexpr std::size_t attention_scratch(std::size_t P) noexcept {
+  return simd::query_tile * P;
+}
+
 /// Causal multi-head attention of T new positions over one layer's KV cache (`store_kv` has
 /// already stored the new keys and values). Per head the keys are transposed 16-key blocks and
 /// the values (P, HS) rows (simd.hpp, "attention layout"): one contiguous block per head, a
 /// score per vector lane. Position pos0 + t attends to positions [0, pos0 + t]; scores are
-/// scaled by 1/√HS. `scratch` holds one row of P floats per pool worker. (head, t) pairs are
-/// split across the pool, the T queries of a head next to each other (they read the same
-/// block, warm in cache for all but the first); each pair is computed by one fixed-order
-/// routine (simd::attend), so results do not depend on T or the split.
+/// scaled by 1/√HS. `scratch` holds `attention_scratch(P)` floats per pool worker. The work is
+/// split across the pool in (head, tile of up to `simd::query_tile` queries) tasks: the queries
+/// of a tile share every key and value load, and each query's scores and outputs are computed by
+/// one fixed-order sequence (simd::attend), so results do not depend on T, the tiling or the
+/// split.
 inline void attention(std::span<float> out,             // (T, C)
                       std::span<const float> qkv,       // (T, 3C): q | k | v per row
                       std::span<const float> k_cache,   // kv_layer_size(P, C, NH)
                       std::span<const float> v_cache,   // kv_layer_size(P, C, NH)
-                      std::span<float> scratch,         // (workers, P)
+                      std::span<float> scratch,         // (workers, attention_scratch(P))
                       std::size_t pos0, std::size_t T, std::size_t C, std::size_t NH, std::size_t P,
                       thread_pool* pool = nullptr, isa level = isa::best) {
   const std::size_t HS = C / NH, head = kv_layer_size(P, C, NH) / NH;
   const std::size_t workers = pool != nullptr ? pool->size() : 1;
-  const std::size_t stride = scratch.size() / workers;
-  assert(stride >= pos0 + T && out.size() >= T * C && qkv.size() >= T * 3 * C);
+  const std::size_t stride = scratch.size() / workers, ldatt = stride / simd::query_tile;
+  assert(ldatt >= pos0 + T && out.size() >= T * C && qkv.size() >= T * 3 * C);
   assert(pos0 + T <= P && k_cache.size() >= NH * head && v_cache.size() >= NH * head);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const isa lv = simd::resolve(level);
-  detail::split(pool, NH * T, [&](std::size_t begin, std::size_t end, std::size_t worker) {
+  const std::size_t tiles = (T + simd::query_tile - 1) / simd::query_tile;
+  detail::split(pool, NH * tiles, [&](std::size_t begin, std::size_t end, std::size_t worker) {
     float* att = scratch.data() + worker * stride;
     for (std::size_t task = begin; task < end; ++task) {
-      const std::size_t h = task / T;
-      const std::size_t t = task % T;
-      simd::attend(lv, qkv.data() + t * 3 * C + h * HS, k_cache.data() + h * head,
-                   v_cache.data() + h * head, pos0 + t + 1, HS, scale, att,
-                   out.data() + t * C + h * HS);
+      const std::size_t h = task / tiles;
+      const std::size_t t = (task % tiles) * simd::query_tile;
+      const std::size_t nq = std::min(simd::query_tile, T - t);
+      simd::attend(lv, qkv.data() + t * 3 * C + h * HS, 3 * C, nq, k_cache.data() + h * head,
+                   v_cache.data() + h * head, pos0 + t + 1, HS, scale, att, ldatt,
+                   out.data() + t * C + h * HS, C);
     }
   });
 }

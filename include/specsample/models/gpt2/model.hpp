@@ -89,7 +89,7 @@ class model {
     if (!shaped(w_.output_embedding(), cfg_.vocab_size, C)) {
       throw error("gpt2::model: weights do not match the config");
     }
-    att_ = xt::xtensor<float, 2>::from_shape({pool_->size(), P});
+    att_ = xt::xtensor<float, 2>::from_shape({pool_->size(), kernels::attention_scratch(P)});
     reserve(std::min(std::max<std::size_t>(opts.batch_capacity, 1), P));
   }
 
@@ -225,7 +225,7 @@ class model {
   std::size_t min_parallel_work_ = 0;
   std::size_t capacity_ = 0;
   kv_cache cache_;                 // keys and values of every layer + length
-  xt::xtensor<float, 2> att_;      // (workers, P) attention scores scratch
+  xt::xtensor<float, 2> att_;      // (workers, attention_scratch(P)) attention scores scratch
   // Activations for up to capacity_ positions (B = capacity_):
   xt::xtensor<float, 2> x_;       // (B, C) residual stream
   xt::xtensor<float, 2> ln_;      // (B, C) layer-norm output

@@ -688,82 +688,138 @@ SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE __mmask16 avx512_first(std::size_t
   return n >= 16 ? static_cast<__mmask16>(0xffffu) : static_cast<__mmask16>((1u << n) - 1u);
 }
 
-/// Scores of N (1..4) key blocks from key p0 (a multiple of 16), the last `tail` keys wide.
-template <int N>
-SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE void avx512_scores(const float* q, const float* kb, std::size_t HS,
-                                                                 std::size_t p0, std::size_t tail, float scale,
-                                                                 float* att) {
+/// Scores of NQ (1..4) queries against N (1..4) key blocks from key p0 (a multiple of 16), the
+/// last `tail` keys wide: att_i[p] = scale · Σ_d q_i[d]·k_p[d], d in order (one lane per key).
+/// The queries share every key load; each score is still its own FMA chain.
+template <int NQ, int N>
+SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE void avx512_scores(const float* q, std::size_t ldq, const float* kb,
+                                                                 std::size_t HS, std::size_t p0, std::size_t tail,
+                                                                 float scale, float* att, std::size_t ldatt) {
   const float* b0 = kb + (p0 / key_block) * HS * key_block;
   const std::size_t bs = HS * key_block;
   const __mmask16 last = avx512_first(tail);
-  __m512 acc[N];
-  for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
+  __m512 acc[NQ][N];
+  for (int i = 0; i < NQ; ++i) {
+    for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
+  }
   for (std::size_t d = 0; d < HS; ++d) {
-    const __m512 qd = _mm512_set1_ps(q[d]);
     const float* row = b0 + d * key_block;
-    for (int j = 0; j + 1 < N; ++j) acc[j] = _mm512_fmadd_ps(qd, _mm512_loadu_ps(row + j * bs), acc[j]);
-    acc[N - 1] = _mm512_fmadd_ps(qd, _mm512_maskz_loadu_ps(last, row + (N - 1) * bs), acc[N - 1]);
-  }
-  const __m512 sc = _mm512_set1_ps(scale);
-  for (int j = 0; j + 1 < N; ++j) _mm512_storeu_ps(att + p0 + 16 * static_cast<std::size_t>(j), _mm512_mul_ps(acc[j], sc));
-  _mm512_mask_storeu_ps(att + p0 + 16 * (N - 1), last, _mm512_mul_ps(acc[N - 1], sc));
-}
-
-/// out[d0 + 16j + i] = Σ_p att[p]·v_p[d0 + 16j + i] for N (1..4) vectors of channels, the last
-/// `tail` channels wide, p in order.
-template <int N>
-SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE void avx512_values(const float* att, const float* v, std::size_t len,
-                                                                 std::size_t HS, std::size_t d0, std::size_t tail,
-                                                                 float* out) {
-  const __mmask16 last = avx512_first(tail);
-  __m512 o[N];
-  for (int j = 0; j < N; ++j) o[j] = _mm512_setzero_ps();
-  for (std::size_t p = 0; p < len; ++p) {
-    const __m512 a = _mm512_set1_ps(att[p]);
-    const float* vp = v + p * HS + d0;
-    for (int j = 0; j + 1 < N; ++j) o[j] = _mm512_fmadd_ps(a, _mm512_loadu_ps(vp + 16 * j), o[j]);
-    o[N - 1] = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(last, vp + 16 * (N - 1)), o[N - 1]);
-  }
-  for (int j = 0; j + 1 < N; ++j) _mm512_storeu_ps(out + d0 + 16 * j, o[j]);
-  _mm512_mask_storeu_ps(out + d0 + 16 * (N - 1), last, o[N - 1]);
-}
-
-inline SPECSAMPLE_GPT2_AVX512 void attend_avx512(const float* q, const float* kb, const float* v,
-                                                 std::size_t len, std::size_t HS, float scale,
-                                                 float* att, float* out) {
-  for (std::size_t p0 = 0; p0 < len; p0 += 64) {  // up to 4 key blocks per pass over the channels
-    const std::size_t n = std::min<std::size_t>(64, len - p0), vecs = (n + 15) / 16, tail = n - 16 * (vecs - 1);
-    switch (vecs) {
-      case 1: avx512_scores<1>(q, kb, HS, p0, tail, scale, att); break;
-      case 2: avx512_scores<2>(q, kb, HS, p0, tail, scale, att); break;
-      case 3: avx512_scores<3>(q, kb, HS, p0, tail, scale, att); break;
-      default: avx512_scores<4>(q, kb, HS, p0, tail, scale, att); break;
+    __m512 kv[N];
+    for (int j = 0; j + 1 < N; ++j) kv[j] = _mm512_loadu_ps(row + j * bs);
+    kv[N - 1] = _mm512_maskz_loadu_ps(last, row + (N - 1) * bs);
+    for (int i = 0; i < NQ; ++i) {
+      const __m512 qd = _mm512_set1_ps(q[static_cast<std::size_t>(i) * ldq + d]);
+      for (int j = 0; j < N; ++j) acc[i][j] = _mm512_fmadd_ps(qd, kv[j], acc[i][j]);
     }
   }
-  softmax_row_avx512(att, len);
-  for (std::size_t d = 0; d < HS; d += 64) {  // up to 4 × 16 channels per pass over the values
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int i = 0; i < NQ; ++i) {
+    float* a = att + static_cast<std::size_t>(i) * ldatt + p0;
+    for (int j = 0; j + 1 < N; ++j) _mm512_storeu_ps(a + 16 * j, _mm512_mul_ps(acc[i][j], sc));
+    _mm512_mask_storeu_ps(a + 16 * (N - 1), last, _mm512_mul_ps(acc[i][N - 1], sc));
+  }
+}
+
+/// o_i += att_i[p]·v_p for queries i in [first, NQ) and N vectors of channels from d0 (the
+/// last one masked by `last`): one value row loaded once for all of them.
+template <int NQ, int N>
+SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE void avx512_value_step(__m512 (&o)[NQ][N], const float* att,
+                                                                     std::size_t ldatt, const float* vp,
+                                                                     std::size_t p, __mmask16 last, int first) {
+  __m512 vv[N];
+  for (int j = 0; j + 1 < N; ++j) vv[j] = _mm512_loadu_ps(vp + 16 * j);
+  vv[N - 1] = _mm512_maskz_loadu_ps(last, vp + 16 * (N - 1));
+  for (int i = first; i < NQ; ++i) {
+    const __m512 a = _mm512_set1_ps(att[static_cast<std::size_t>(i) * ldatt + p]);
+    for (int j = 0; j < N; ++j) o[i][j] = _mm512_fmadd_ps(a, vv[j], o[i][j]);
+  }
+}
+
+/// out_i[d0 + 16j + c] = Σ_{p < len0 + i} att_i[p]·v_p[d0 + 16j + c] for NQ (1..4) queries (query i
+/// sees len0 + i positions) and N (1..4) vectors of channels, the last `tail` channels wide; p in
+/// order for every query. The queries share every value load.
+template <int NQ, int N>
+SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE void avx512_values(const float* att, std::size_t ldatt, const float* v,
+                                                                 std::size_t len0, std::size_t HS, std::size_t d0,
+                                                                 std::size_t tail, float* out, std::size_t ldo) {
+  const __mmask16 last = avx512_first(tail);
+  __m512 o[NQ][N];
+  for (int i = 0; i < NQ; ++i) {
+    for (int j = 0; j < N; ++j) o[i][j] = _mm512_setzero_ps();
+  }
+  for (std::size_t p = 0; p < len0; ++p) avx512_value_step<NQ, N>(o, att, ldatt, v + p * HS + d0, p, last, 0);
+  for (int i = 1; i < NQ; ++i) {  // the causal tail: position len0 + i − 1 is seen by queries i..NQ−1
+    const std::size_t p = len0 + static_cast<std::size_t>(i) - 1;
+    avx512_value_step<NQ, N>(o, att, ldatt, v + p * HS + d0, p, last, i);
+  }
+  for (int i = 0; i < NQ; ++i) {
+    float* oi = out + static_cast<std::size_t>(i) * ldo + d0;
+    for (int j = 0; j + 1 < N; ++j) _mm512_storeu_ps(oi + 16 * j, o[i][j]);
+    _mm512_mask_storeu_ps(oi + 16 * (N - 1), last, o[i][N - 1]);
+  }
+}
+
+/// NQ consecutive queries of one head (query i sees len0 + i positions): scores of up to 64 keys
+/// per pass over the channels, per-query softmax, values in passes of up to 64 channels.
+template <int NQ>
+SPECSAMPLE_GPT2_AVX512 void attend_avx512(const float* q, std::size_t ldq, const float* kb, const float* v,
+                                          std::size_t len0, std::size_t HS, float scale, float* att,
+                                          std::size_t ldatt, float* out, std::size_t ldo) {
+  const std::size_t len = len0 + NQ - 1;  // keys scored (the last query's); row i uses len0 + i
+  for (std::size_t p0 = 0; p0 < len; p0 += 64) {
+    const std::size_t n = std::min<std::size_t>(64, len - p0), vecs = (n + 15) / 16, tail = n - 16 * (vecs - 1);
+    switch (vecs) {
+      case 1: avx512_scores<NQ, 1>(q, ldq, kb, HS, p0, tail, scale, att, ldatt); break;
+      case 2: avx512_scores<NQ, 2>(q, ldq, kb, HS, p0, tail, scale, att, ldatt); break;
+      case 3: avx512_scores<NQ, 3>(q, ldq, kb, HS, p0, tail, scale, att, ldatt); break;
+      default: avx512_scores<NQ, 4>(q, ldq, kb, HS, p0, tail, scale, att, ldatt); break;
+    }
+  }
+  for (int i = 0; i < NQ; ++i) softmax_row_avx512(att + static_cast<std::size_t>(i) * ldatt, len0 + static_cast<std::size_t>(i));
+  for (std::size_t d = 0; d < HS; d += 64) {
     const std::size_t n = std::min<std::size_t>(64, HS - d), vecs = (n + 15) / 16, tail = n - 16 * (vecs - 1);
     switch (vecs) {
-      case 1: avx512_values<1>(att, v, len, HS, d, tail, out); break;
-      case 2: avx512_values<2>(att, v, len, HS, d, tail, out); break;
-      case 3: avx512_values<3>(att, v, len, HS, d, tail, out); break;
-      default: avx512_values<4>(att, v, len, HS, d, tail, out); break;
+      case 1: avx512_values<NQ, 1>(att, ldatt, v, len0, HS, d, tail, out, ldo); break;
+      case 2: avx512_values<NQ, 2>(att, ldatt, v, len0, HS, d, tail, out, ldo); break;
+      case 3: avx512_values<NQ, 3>(att, ldatt, v, len0, HS, d, tail, out, ldo); break;
+      default: avx512_values<NQ, 4>(att, ldatt, v, len0, HS, d, tail, out, ldo); break;
     }
   }
 }
 
 #endif  // SPECSAMPLE_GPT2_X86
 
-/// One attention head for one query with the kernels of `level` (see `attend_generic`).
-inline void attend(isa level, const float* q, const float* kb, const float* v, std::size_t len,
-                   std::size_t HS, float scale, float* att, float* out) noexcept {
+/// Queries that one attention call processes together (`attend`): they share every key and
+/// value load.
+inline constexpr std::size_t query_tile = 4;
+
+/// `nq` (1..query_tile) consecutive queries of one attention head with the kernels of `level`:
+/// query i (at q + i·ldq) attends to len0 + i positions; its scores go to att + i·ldatt (room for
+/// len0 + nq − 1 floats), its output to out + i·ldo. Every query's result is exactly that of
+/// `attend_generic`'s fixed order on this level — whether it runs alone or in a tile.
+inline void attend(isa level, const float* q, std::size_t ldq, std::size_t nq, const float* kb,
+                   const float* v, std::size_t len0, std::size_t HS, float scale, float* att,
+                   std::size_t ldatt, float* out, std::size_t ldo) noexcept {
 #if SPECSAMPLE_GPT2_X86
-  if (level == isa::avx512) return attend_avx512(q, kb, v, len, HS, scale, att, out);
-  if (level == isa::avx2) return attend_avx2(q, kb, v, len, HS, scale, att, out);
-#else
-  (void)level;
+  if (level == isa::avx512) {
+    switch (nq) {
+      case 1: return attend_avx512<1>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo);
+      case 2: return attend_avx512<2>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo);
+      case 3: return attend_avx512<3>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo);
+      default: return attend_avx512<4>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo);
+    }
+  }
 #endif
-  attend_generic(q, kb, v, len, HS, scale, att, out);
+  for (std::size_t i = 0; i < nq; ++i) {
+#if SPECSAMPLE_GPT2_X86
+    if (level == isa::avx2) {
+      attend_avx2(q + i * ldq, kb, v, len0 + i, HS, scale, att + i * ldatt, out + i * ldo);
+      continue;
+    }
+#endif
+    attend_generic(q + i * ldq, kb, v, len0 + i, HS, scale, att + i * ldatt, out + i * ldo);
+  }
+  (void)level;
 }
 
 /// Computes the outputs of panels [p_begin, p_end) of `a` for all T rows with the kernels of
