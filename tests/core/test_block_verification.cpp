@@ -10,7 +10,6 @@
 #include <catch2/catch.hpp>
 
 #include "../support/broken_verifiers.hpp"
-#include "../support/sanitizer.hpp"
 
 #include <random>
 #include <vector>
@@ -66,7 +65,7 @@ struct broken_block_verifier {
 template <class Verifier>
 testing::fit_result fit(toy::markov& draft, toy::markov& target, std::size_t k, std::size_t length,
                         const sampling_params& sampling, Verifier v,
-                        std::size_t samples = specsample::test::samples(100'000)) {
+                        std::size_t samples = 100'000) {
   speculative_params params;
   params.max_new_tokens = length;
   params.draft_length = k;
@@ -78,7 +77,7 @@ testing::fit_result fit(toy::markov& draft, toy::markov& target, std::size_t k, 
 template <class Broken>
 void check_exact_and_broken(toy::markov draft, toy::markov target, std::size_t k, std::size_t length,
                             const sampling_params& sampling, Broken broken,
-                            std::size_t samples = specsample::test::samples(100'000)) {
+                            std::size_t samples = 100'000) {
   const auto good = fit(draft, target, k, length, sampling, block_verifier{}, samples);
   INFO("block:  G = " << good.statistic << ", dof = " << good.dof << ", p = " << good.p_value);
   CHECK(good.impossible == 0);

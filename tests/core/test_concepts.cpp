@@ -38,6 +38,25 @@ struct missing_size_model {
   void truncate(std::size_t) {}
 };
 
+struct missing_vocab_size_model {
+  std::size_t size() const { return 0; }
+  Eigen::MatrixXf append(std::span<const token>) { return {}; }
+  void truncate(std::size_t) {}
+};
+
+struct missing_append_model {
+  std::size_t vocab_size() const { return 2; }
+  std::size_t size() const { return 0; }
+  void truncate(std::size_t) {}
+};
+
+struct non_const_size_model {  // size() must be callable on a const model
+  std::size_t vocab_size() const { return 2; }
+  std::size_t size() { return 0; }
+  Eigen::MatrixXf append(std::span<const token>) { return {}; }
+  void truncate(std::size_t) {}
+};
+
 struct non_const_vocab_model {  // vocab_size() must be callable on a const model
   std::size_t vocab_size() { return 2; }
   std::size_t size() const { return 0; }
@@ -68,6 +87,16 @@ static_assert(language_model<toy::callable_model<std::function<Eigen::VectorXf(s
 static_assert(!language_model<missing_truncate_model>);
 static_assert(!language_model<missing_size_model>);
 static_assert(!language_model<non_const_vocab_model>);
+static_assert(!language_model<missing_vocab_size_model>);
+static_assert(!language_model<missing_append_model>);
+static_assert(!language_model<non_const_size_model>);
+// Each of those three fails for its one defect only.
+static_assert(!detail::has_vocab_size<missing_vocab_size_model> && detail::has_context_size<missing_vocab_size_model> &&
+              detail::has_append<missing_vocab_size_model> && detail::has_truncate<missing_vocab_size_model>);
+static_assert(detail::has_vocab_size<missing_append_model> && detail::has_context_size<missing_append_model> &&
+              !detail::has_append<missing_append_model> && detail::has_truncate<missing_append_model>);
+static_assert(detail::has_vocab_size<non_const_size_model> && !detail::has_context_size<non_const_size_model> &&
+              detail::has_append<non_const_size_model> && detail::has_truncate<non_const_size_model>);
 static_assert(!language_model<vector_logits_model>);
 static_assert(!language_model<wrong_token_type_model>);
 static_assert(!language_model<int>);

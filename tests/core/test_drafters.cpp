@@ -10,7 +10,6 @@
 #include <catch2/catch.hpp>
 
 #include "../support/broken_verifiers.hpp"
-#include "../support/sanitizer.hpp"
 
 #include <random>
 #include <memory>
@@ -26,7 +25,7 @@ using namespace specsample::test;
 template <class Drafter, class Verifier>
 testing::fit_result fit_drafter(Drafter& drafter, toy::markov& target, const std::vector<token>& prompt,
                                 const speculative_params& params, Verifier verifier,
-                                std::size_t samples = specsample::test::samples(100'000)) {
+                                std::size_t samples = 100'000) {
   const auto exact = testing::exact_sequence_distribution(target, prompt, params.max_new_tokens, params.sampling);
   testing::sequence_histogram hist(target.vocab_size(), params.max_new_tokens);
   std::mt19937_64 rng(77);

@@ -110,12 +110,13 @@ TEST_CASE("exactly max_new_tokens tokens are emitted", "[loop][length]") {
 TEST_CASE("generation stops right after emitting EOS, even inside an accepted run", "[loop][eos]") {
   // Identical draft and target accept every draft, so EOS often lands inside an accepted run.
   auto target = toy::markov::random(4, 1, 21);
+  auto draft = target;  // a copy: one object cannot be both (see the aliasing test below)
   std::mt19937_64 rng(5);
   auto params = make_params(50, 6);
   params.eos = 2;
   std::size_t stopped = 0;
   for (int i = 0; i < 200; ++i) {
-    const auto r = speculative_sample(target, target, std::vector<token>{0}, params, rng);
+    const auto r = speculative_sample(draft, target, std::vector<token>{0}, params, rng);
     const auto first = std::find(r.tokens.begin(), r.tokens.end(), 2);
     if (first != r.tokens.end()) {
       CHECK(first + 1 == r.tokens.end());
@@ -256,4 +257,38 @@ TEST_CASE("a context that cannot hold the generation is refused up front", "[loo
                     Contains("context overflow") && Contains("at most 8"));
   toy::markov unbounded = toy::markov::random(4, 1, 2);
   CHECK_THROWS_WITH(speculative_sample(unbounded, target, prompt, make_params(7, 4), rng), Contains("target model"));
+}
+
+TEST_CASE("one object as both draft and target is refused, not read out of bounds", "[loop][errors]") {
+  using Catch::Matchers::Contains;
+  auto model = toy::markov::random(4, 1, 21);
+  std::mt19937_64 rng(5);
+  CHECK_THROWS_WITH(speculative_sample(model, model, std::vector<token>{0}, make_params(8, 3), rng),
+                    Contains("same model object"));
+  // The same aliasing hidden inside a custom drafter is caught when the round is scored.
+  model_drafter<toy::markov> shared(model, sampling_params{});
+  CHECK_THROWS_WITH(speculative_sample(shared, model, std::vector<token>{0}, make_params(8, 3), rng),
+                    Contains("does the drafter share the target's model object"));
+  auto copy = model;
+  CHECK(speculative_sample(copy, model, std::vector<token>{0}, make_params(8, 3), rng).tokens.size() == 8);
+}
+
+TEST_CASE("an empty prompt is named as such, before any context check", "[loop][errors][context]") {
+  bounded_model target(toy::markov::random(4, 1, 1));
+  bounded_model draft(toy::markov::random(4, 1, 2));
+  std::mt19937_64 rng(1);
+  using Catch::Matchers::Contains;
+  const std::vector<token> empty;
+  // prompt + max_new_tokens - 1 would wrap to SIZE_MAX here and read as a context overflow.
+  for (const std::size_t max_new : {std::size_t{0}, std::size_t{1}, std::size_t{100}}) {
+    CAPTURE(max_new);
+    CHECK_THROWS_WITH(speculative_sample(draft, target, empty, make_params(max_new, 2), rng),
+                      Contains("prompt is empty"));
+    CHECK_THROWS_WITH(autoregressive_sample(target, empty, make_params(max_new, 2), rng),
+                      Contains("prompt is empty"));
+  }
+  // A max_new_tokens whose sum with the prompt wraps is an overflow, not a fit.
+  const std::vector<token> prompt{0, 1, 2};
+  CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, make_params(std::numeric_limits<std::size_t>::max(), 2), rng),
+                    Contains("context overflow") && Contains("more than"));
 }

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <random>
+#include <stdexcept>
+#include <vector>
 
 using namespace specsample;
 
@@ -83,4 +85,44 @@ TEST_CASE("the callable adapter calls the function with the context so far", "[t
 
   toy::callable_model bad(3, [](std::span<const token>) { return Eigen::VectorXf(Eigen::VectorXf::Zero(2)); });
   CHECK_THROWS_WITH(bad.append(std::vector<token>{0}), Catch::Matchers::Contains("returned 2 logits"));
+}
+
+TEST_CASE("a failed append leaves the callable adapter's context unchanged", "[toy][callable][errors]") {
+  using Catch::Matchers::Contains;
+  std::size_t calls = 0;
+  std::size_t throw_at = 0;      // context length at which the callable throws (0 = never)
+  std::size_t short_at = 0;      // context length at which it returns too few logits (0 = never)
+  auto f = [&](std::span<const token> ctx) {
+    ++calls;
+    if (ctx.size() == throw_at) throw std::runtime_error("model failed");
+    return Eigen::VectorXf(Eigen::VectorXf::Zero(ctx.size() == short_at ? 2 : 3));
+  };
+  toy::callable_model m(3, f);
+  (void)m.append(std::vector<token>{0, 1});
+  const std::vector<token> before{0, 1};
+  const auto context = [&m] { return std::vector<token>(m.context().begin(), m.context().end()); };
+  calls = 0;
+
+  // An out-of-range id anywhere in the batch: rejected before the callable runs or the context grows.
+  CHECK_THROWS_WITH(m.append(std::vector<token>{2, 3}), Contains("token 3 at position 1") && Contains("out of range"));
+  CHECK_THROWS_WITH(m.append(std::vector<token>{-1, 0}), Contains("token -1 at position 0"));
+  CHECK(calls == 0);
+  CHECK(context() == before);
+
+  // The callable throws on the second token of the batch: the first is rolled back too.
+  throw_at = 4;
+  CHECK_THROWS_WITH(m.append(std::vector<token>{2, 2}), Contains("model failed"));
+  CHECK(calls == 2);
+  CHECK(context() == before);
+  throw_at = 0;
+
+  // The callable returns the wrong length on the third token: rolled back as well.
+  short_at = 5;
+  CHECK_THROWS_WITH(m.append(std::vector<token>{2, 0, 1}), Contains("returned 2 logits"));
+  CHECK(context() == before);
+  short_at = 0;
+
+  // Still usable afterwards.
+  CHECK(m.append(std::vector<token>{2, 0, 1}).cols() == 3);
+  CHECK(context() == std::vector<token>{0, 1, 2, 0, 1});
 }

@@ -26,7 +26,7 @@ Eigen::VectorXd first_token_frequencies(const Eigen::VectorXf& q, const Eigen::V
 }
 }  // namespace
 
-TEST_CASE("uniform_01 stays in [0, 1) for 32- and 64-bit generators", "[random]") {
+TEST_CASE("uniform_01 stays in the half-open unit interval for 32- and 64-bit generators", "[random]") {
   std::mt19937 a(1);
   std::mt19937_64 b(1);
   std::minstd_rand c(1);  // range [1, 2^31 - 2]

@@ -45,6 +45,37 @@ TEST_CASE("temperature 0 is one-hot on the argmax with ties to the lower id", "[
   check_close(warp(logits_of({0.1, 0.4, 0.1, 0.4}), s), {0, 1, 0, 0});
 }
 
+TEST_CASE("a subnormal temperature is the T -> 0+ limit, not NaN", "[warp][greedy]") {
+  // 1 / 1e-40f overflows float: the warper must not compute 0 * inf at the maximum.
+  sampling_params tiny, greedy;
+  tiny.temperature = 1e-40f;
+  greedy.temperature = 0.0f;
+  REQUIRE(std::isinf(1.0f / tiny.temperature));
+  const Eigen::VectorXf logits = logits_of({0.1, 0.2, 0.4, 0.3});
+  Eigen::VectorXf got;
+  REQUIRE_NOTHROW(got = warp(logits, tiny));
+  CHECK(got == warp(logits, greedy));
+  check_close(got, {0, 0, 1, 0});
+  tiny.temperature = std::numeric_limits<float>::denorm_min();
+  REQUIRE_NOTHROW(got = warp(logits, tiny));
+  CHECK(got == warp(logits, greedy));
+  // Exactly tied maxima: the limit of the softmax is uniform over them, as for any small normal T.
+  tiny.temperature = 1e-40f;
+  check_close(warp(logits_of({0.1, 0.4, 0.1, 0.4}), tiny), {0, 0.5, 0, 0.5});
+  tiny.temperature = 1e-30f;
+  check_close(warp(logits_of({0.1, 0.4, 0.1, 0.4}), tiny), {0, 0.5, 0, 0.5});
+  // The filters still apply after it, and -inf stays probability zero.
+  tiny.temperature = 1e-40f;
+  tiny.top_k = 1;
+  check_close(warp(logits_of({0.1, 0.4, 0.1, 0.4}), tiny), {0, 1, 0, 0});
+  tiny.top_k = 0;
+  check_close(warp(logits_of({0.0, 0.5, 0.5, 0.0}), tiny), {0, 0.5, 0.5, 0});
+  // Broken logits are still diagnosed precisely.
+  Eigen::VectorXf bad = logits;
+  bad(1) = std::numeric_limits<float>::quiet_NaN();
+  CHECK_THROWS_WITH(warp(bad, tiny), Catch::Matchers::Contains("NaN at token 1"));
+}
+
 TEST_CASE("top-k keeps the k most probable tokens, ties to the lower id", "[warp][top_k]") {
   sampling_params s;
   s.top_k = 2;

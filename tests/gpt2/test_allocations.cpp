@@ -3,6 +3,7 @@
 // batch outgrows the reserved capacity, which a round of K + 1 <= 16 tokens never does). Every
 // malloc/calloc/realloc of this executable is counted (-Wl,--wrap), which also catches Eigen's
 // allocations (they bypass operator new); operator new is routed through the wrapped malloc.
+// The model-level "append allocates nothing" check lives here too, on the same counter.
 
 #include <specsample/gpt2.hpp>
 #include <specsample/specsample.hpp>
@@ -16,6 +17,7 @@
 #include <filesystem>
 #include <new>
 #include <random>
+#include <span>
 #include <vector>
 
 using specsample::test::allocation_count;
@@ -30,6 +32,25 @@ TEST_CASE("the allocation counter sees std and Eigen allocations", "[gpt2][alloc
   Eigen::MatrixXf m(50, 50);
   m.setZero();
   CHECK(allocation_count() >= before + 3);
+}
+
+TEST_CASE("append allocates nothing in steady state", "[gpt2][model][allocations]") {
+  using specsample::token;
+  namespace gpt2 = specsample::gpt2;
+  gpt2::model m = gpt2::model::load(models / "shakespeare-draft", gpt2::options{.threads = 2, .batch_capacity = 8});
+  std::vector<token> tokens(20);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<token>(i * 37 % 4096);
+  (void)m.append(std::span<const token>(tokens).first(8));  // warm up
+  m.truncate(0);
+  const auto before = allocation_count();
+  float checksum = 0;
+  checksum += m.append(std::span<const token>(tokens).first(1))(0, 0);
+  checksum += m.append(std::span<const token>(tokens).subspan(1, 8))(5, 7);
+  m.truncate(4);
+  checksum += m.append(std::span<const token>(tokens).subspan(4, 5))(9, 4);
+  const auto after = allocation_count();
+  INFO("checksum " << checksum);
+  REQUIRE(after - before == 0);
 }
 
 TEST_CASE("speculative sampling with the GPT-2 pair allocates nothing per round in the steady "

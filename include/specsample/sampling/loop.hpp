@@ -17,7 +17,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <limits>
+#include <memory>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -45,15 +48,32 @@ inline void check_prompt(std::span<const token> prompt, std::size_t vocab) {
 }
 
 // The models hold every token but the last one emitted, so the longest context a model sees is
-// prompt + max_new_tokens - 1 tokens.
+// prompt + max_new_tokens - 1 tokens. Computed without wrapping: an empty prompt (reported by
+// check_prompt, which the entry points call first) or a huge max_new_tokens cannot slip through.
 template <class M>
 void check_fits(const M& m, const char* role, std::size_t prompt, std::size_t max_new) {
+  if (prompt == 0 && max_new == 0) return;  // nothing is ever appended
   const std::size_t limit = max_context(m);
-  const std::size_t needed = prompt + max_new - 1;  // prompt >= 1 (checked before)
-  if (needed > limit) {
+  // needed = prompt + max_new - 1 = held + more, the 1 taken from an operand that is >= 1; the
+  // comparison below is the sum's, rearranged so it cannot wrap either.
+  const std::size_t held = prompt > 0 ? prompt - 1 : max_new - 1;
+  const std::size_t more = prompt > 0 ? max_new : 0;
+  if (held > limit || more > limit - held) {
+    const bool wraps = more > std::numeric_limits<std::size_t>::max() - held;
+    const std::string needed = wraps ? fmt::format("more than {}", std::numeric_limits<std::size_t>::max())
+                                     : fmt::format("{}", held + more);
     throw error(fmt::format("context overflow: a prompt of {} tokens plus max_new_tokens = {} needs a "
                             "context of {} tokens, but the {} model holds at most {}",
                             prompt, max_new, needed, role, limit));
+  }
+}
+
+// The loop keeps the draft and the target at different lengths, so one model object cannot be both.
+template <class Draft, class Target>
+void check_distinct(const Draft& draft, const Target& target) {
+  if (static_cast<const void*>(std::addressof(draft)) == static_cast<const void*>(std::addressof(target))) {
+    throw error("the draft and the target are the same model object: the loop keeps them at different "
+                "context lengths; pass a copy of the model as the draft");
   }
 }
 
@@ -128,7 +148,13 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
     // Score [last, d_0 .. d_{k-1}] with the target in one call: k + 1 columns.
     {
       const auto t0 = clock::now();
-      forward(target, missing(target, ctx, len + k, "target"), vocab, "target", [&](const auto& logits) {
+      const auto input = missing(target, ctx, len + k, "target");
+      if (input.size() < k + 1) {  // it would return fewer than the k + 1 columns scored below
+        throw error(fmt::format("target model reports size() = {} after drafting but the loop expected at most {} "
+                                "(does the drafter share the target's model object?)",
+                                static_cast<std::size_t>(target.size()), len - 1));
+      }
+      forward(target, input, vocab, "target", [&](const auto& logits) {
         const Eigen::Index first = logits.cols() - static_cast<Eigen::Index>(k) - 1;
         for (Eigen::Index j = 0; j <= static_cast<Eigen::Index>(k); ++j) warp(logits.col(first + j), p.col(j));
       });
@@ -213,8 +239,9 @@ generation_result generate_with(Drafter& drafter, Target& target, std::span<cons
 /// same `params.sampling` (identical tokens at temperature 0). Both models are reset to the prompt
 /// first; on return each holds a prefix of prompt + tokens (the target: all but the last token),
 /// so a follow-up call continues correctly. Throws `specsample::error` on bad parameters, an empty
-/// or out-of-range prompt, mismatched vocabularies, context overflow, or a model that breaks its
-/// contract (wrong logits shape, NaN / +inf logits).
+/// or out-of-range prompt, mismatched vocabularies, context overflow, `draft` and `target` being
+/// one object (pass a copy), or a model that breaks its contract (wrong logits shape, NaN / +inf
+/// logits).
 ///
 /// @param observer called with a `round_event` after every round (tracing, streaming).
 /// @param verifier customisation point: `verify_result(span<const token> drafts, q, p, Rng&)`;
@@ -224,6 +251,8 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
 generation_result speculative_sample(Draft& draft, Target& target, std::span<const token> prompt,
                                      const speculative_params& params, Rng& rng, Observer&& observer,
                                      Verifier&& verifier) {
+  detail::check_prompt(prompt, static_cast<std::size_t>(target.vocab_size()));  // before the fit: names an empty prompt
+  detail::check_distinct(draft, target);
   detail::check_fits(draft, "draft", prompt.size(), params.max_new_tokens);
   model_drafter<Draft> drafter(draft, params.sampling, params.draft_min_probability);
   return detail::generate(drafter, target, prompt, params, rng, observer, verifier);
@@ -234,6 +263,8 @@ generation_result speculative_sample(Draft& draft, Target& target, std::span<con
 template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng, class Observer>
 generation_result speculative_sample(Draft& draft, Target& target, std::span<const token> prompt,
                                      const speculative_params& params, Rng& rng, Observer&& observer) {
+  detail::check_prompt(prompt, static_cast<std::size_t>(target.vocab_size()));  // before the fit: names an empty prompt
+  detail::check_distinct(draft, target);
   detail::check_fits(draft, "draft", prompt.size(), params.max_new_tokens);
   model_drafter<Draft> drafter(draft, params.sampling, params.draft_min_probability);
   return detail::generate_with(drafter, target, prompt, params, rng, observer);

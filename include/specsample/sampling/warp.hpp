@@ -24,6 +24,9 @@ namespace specsample {
 /// Steps (docs/algorithm.md): softmax(logits / T); keep the top_k most probable; keep the smallest
 /// most-probable prefix with mass >= top_p; keep p >= min_p * max p; renormalise after each step.
 /// Ties are ordered by the lower token id. T = 0 gives the one-hot argmax (lowest id on ties).
+/// Every T > 0 is softmax(logits / T) as written, however small: a subnormal T (whose reciprocal
+/// overflows float) is divided in double, so as T -> 0+ the result tends to the greedy one-hot
+/// (uniform over exactly tied maxima, which only T = 0 breaks by lowest id) instead of NaN.
 /// Logits may be -inf (probability zero); NaN, +inf, or a column that is entirely -inf throw.
 class logit_warper {
  public:
@@ -52,7 +55,16 @@ class logit_warper {
     }
     const float m = logits.maxCoeff();
     const float inv_t = 1.0f / params_.temperature;
-    probs = ((logits.array() - m) * inv_t).exp().matrix();
+    if (std::isfinite(inv_t)) {
+      probs = ((logits.array() - m) * inv_t).exp().matrix();
+    } else {
+      // T < 2^-128 (subnormal): 1/T overflows float and the maximum would become 0 * inf = NaN.
+      // Divide by T in double, where every such quotient is finite: the same softmax(logits / T).
+      const double t = static_cast<double>(params_.temperature);
+      for (Eigen::Index i = 0; i < v; ++i) {
+        probs(i) = static_cast<float>(std::exp((static_cast<double>(logits(i)) - static_cast<double>(m)) / t));
+      }
+    }
     const double total = probs.template cast<double>().sum();
     if (!std::isfinite(m) || !(total > 0.0) || !std::isfinite(total)) {
       diagnose(logits);  // throws with the precise problem

@@ -32,20 +32,32 @@ class callable_model {
   [[nodiscard]] std::size_t size() const noexcept { return context_.size(); }
   [[nodiscard]] std::span<const token> context() const noexcept { return context_; }
 
+  /// Strong exception guarantee: every id is checked before anything changes, and if `f` throws
+  /// or returns the wrong length the context is restored to what it was (the adapter cannot undo
+  /// side effects `f` itself has).
   Eigen::MatrixXf append(std::span<const token> t) {
-    Eigen::MatrixXf out(static_cast<Eigen::Index>(vocab_), static_cast<Eigen::Index>(t.size()));
     for (std::size_t j = 0; j < t.size(); ++j) {
       if (t[j] < 0 || static_cast<std::size_t>(t[j]) >= vocab_) {
-        throw error(fmt::format("toy::callable_model::append: token {} is out of range for a vocabulary of {} tokens",
-                                t[j], vocab_));
+        throw error(fmt::format("toy::callable_model::append: token {} at position {} is out of range for a "
+                                "vocabulary of {} tokens", t[j], j, vocab_));
       }
-      context_.push_back(t[j]);
-      Eigen::VectorXf logits = f_(std::span<const token>(context_));
-      if (static_cast<std::size_t>(logits.size()) != vocab_) {
-        throw error(fmt::format("toy::callable_model: the callable returned {} logits for a vocabulary of {}",
-                                logits.size(), vocab_));
+    }
+    Eigen::MatrixXf out(static_cast<Eigen::Index>(vocab_), static_cast<Eigen::Index>(t.size()));
+    const std::size_t before = context_.size();
+    context_.reserve(before + t.size());  // may throw, changes nothing; the push_backs below cannot
+    try {
+      for (std::size_t j = 0; j < t.size(); ++j) {
+        context_.push_back(t[j]);
+        Eigen::VectorXf logits = f_(std::span<const token>(context_));
+        if (static_cast<std::size_t>(logits.size()) != vocab_) {
+          throw error(fmt::format("toy::callable_model: the callable returned {} logits for a vocabulary of {}",
+                                  logits.size(), vocab_));
+        }
+        out.col(static_cast<Eigen::Index>(j)) = logits;
       }
-      out.col(static_cast<Eigen::Index>(j)) = logits;
+    } catch (...) {
+      context_.resize(before);  // shrinking: no-throw
+      throw;
     }
     return out;
   }
