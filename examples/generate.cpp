@@ -93,7 +93,8 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
   --verify V            tokenwise | block (Sun et al. 2025; both exact; default tokenwise)
   --leniency B          LOSSY if < 1: token-wise acceptance uniform from U[0, B) (default 1, exact)
   --repeat R            compare: run both R times, report min and median (default 1)
-  --stream              print text as it is generated
+  --stream              print text as it is generated, under its section header
+                        (compare: the first run of each mode)
   --verbose             per-round trace on stderr: drafts with q and p, accepted or not, emitted
   --json                print all statistics as JSON on stdout
 )";
@@ -188,18 +189,24 @@ struct run_record {
   double seconds = 0.0;
 };
 
-// Prints generated text as it arrives (--stream), the per-round trace (--verbose) and a progress
-// line on stderr for runs slower than a second.
+// Prints generated text as it arrives (`stream`: the section header and the prompt first, so the
+// text lands under its own header), the per-round trace (--verbose) and a progress line on stderr
+// for runs slower than a second.
 class reporter {
  public:
-  reporter(const cli& c, const specsample::bpe_tokenizer& tok, std::string label)
-      : cli_(c), tok_(tok), decoder_(tok), label_(std::move(label)), tty_(isatty(STDERR_FILENO) != 0),
-        start_(std::chrono::steady_clock::now()), last_progress_(start_) {}
+  reporter(const cli& c, const specsample::bpe_tokenizer& tok, std::string label, bool stream)
+      : cli_(c), tok_(tok), decoder_(tok), label_(std::move(label)), stream_(stream),
+        tty_(isatty(STDERR_FILENO) != 0), start_(std::chrono::steady_clock::now()), last_progress_(start_) {
+    if (stream_) {
+      fmt::print("--- {} ---\n{}", label_, cli_.prompt);
+      std::fflush(stdout);
+    }
+  }
 
   void operator()(const specsample::round_event& e) {
     emitted_ += e.emitted.size();
     if (cli_.verbose) trace(e);
-    if (cli_.stream) {
+    if (stream_) {
       const std::string text = decoder_.feed(e.emitted);
       std::fwrite(text.data(), 1, text.size(), stdout);
       std::fflush(stdout);
@@ -208,10 +215,10 @@ class reporter {
   }
 
   void finish() {
-    if (cli_.stream) {
+    if (stream_) {
       const std::string rest = decoder_.flush();
       std::fwrite(rest.data(), 1, rest.size(), stdout);
-      std::fputc('\n', stdout);
+      std::fputs("\n\n", stdout);  // as the non-streamed sections end
     }
     if (shown_progress_ && tty_) std::fputs("\r\033[K", stderr);
   }
@@ -246,6 +253,7 @@ class reporter {
   const specsample::bpe_tokenizer& tok_;
   specsample::stream_decoder decoder_;
   std::string label_;
+  bool stream_;
   bool tty_;
   std::chrono::steady_clock::time_point start_, last_progress_;
   std::size_t emitted_ = 0;
@@ -253,8 +261,9 @@ class reporter {
 };
 
 template <class Run>
-run_record timed(const cli& c, const specsample::bpe_tokenizer& tok, const std::string& label, Run&& run) {
-  reporter rep(c, tok, label);
+run_record timed(const cli& c, const specsample::bpe_tokenizer& tok, const std::string& label, bool stream,
+                 Run&& run) {
+  reporter rep(c, tok, label, stream);
   const auto t0 = std::chrono::steady_clock::now();
   run_record r{run(rep), 0.0};
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -368,15 +377,16 @@ int run(int argc, char** argv) {
 
   std::vector<run_record> spec_runs, ar_runs;
   for (std::size_t r = 0; r < (c.mode == "compare" ? c.repeat : 1); ++r) {
+    const bool stream = c.stream && r == 0 && !c.json;  // repeats are timing runs of the same text
     if (c.mode != "speculative") {
       std::mt19937_64 rng(c.seed);
-      ar_runs.push_back(timed(c, tok, "autoregressive", [&](reporter& rep) {
+      ar_runs.push_back(timed(c, tok, "autoregressive", stream, [&](reporter& rep) {
         return specsample::autoregressive_sample(target, prompt, c.params, rng, rep);
       }));
     }
     if (c.mode != "autoregressive") {
       std::mt19937_64 rng(c.seed);
-      spec_runs.push_back(timed(c, tok, "speculative", [&](reporter& rep) {
+      spec_runs.push_back(timed(c, tok, "speculative", stream, [&](reporter& rep) {
         if (ngram) return specsample::speculative_sample(lookup, target, prompt, run_cli.params, rng, rep);
         return specsample::speculative_sample(drafts[chosen], target, prompt, run_cli.params, rng, rep);
       }));
@@ -426,13 +436,14 @@ int run(int argc, char** argv) {
     return compare && greedy && !identical ? 1 : 0;
   }
 
+  // Streamed text was printed under its header as it came; otherwise print it now.
   const auto print_text = [&](const std::string& title, const run_record& r) {
-    fmt::print("--- {} ---\n", title);
-    if (!c.stream) fmt::print("{}{}\n", c.prompt, tok.decode(r.result.tokens));
-    fmt::print("\n");
+    fmt::print("--- {} ---\n{}{}\n\n", title, c.prompt, tok.decode(r.result.tokens));
   };
-  if (!spec_runs.empty()) print_text("speculative", spec_runs.front());
-  if (!ar_runs.empty() && !(compare && identical)) print_text("autoregressive", ar_runs.front());
+  if (!c.stream) {
+    if (!spec_runs.empty()) print_text("speculative", spec_runs.front());
+    if (!ar_runs.empty() && !(compare && identical)) print_text("autoregressive", ar_runs.front());
+  }
 
   if (!spec_runs.empty()) {
     const auto& s = spec_runs.front().result.stats;
