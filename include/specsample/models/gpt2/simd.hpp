@@ -690,7 +690,8 @@ SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE __mmask16 avx512_first(std::size_t
 
 /// Scores of NQ (1..4) queries against N (1..4) key blocks from key p0 (a multiple of 16), the
 /// last `tail` keys wide: att_i[p] = scale · Σ_d q_i[d]·k_p[d], d in order (one lane per key).
-/// The queries share every key load; each score is still its own FMA chain.
+/// The queries share every key load; each score is still its own FMA chain. (Every loop over i
+/// and j is unrolled so that the NQ × N accumulators live in registers.)
 template <int NQ, int N>
 SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE void avx512_scores(const float* q, std::size_t ldq, const float* kb,
                                                                  std::size_t HS, std::size_t p0, std::size_t tail,
@@ -699,61 +700,76 @@ SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE void avx512_scores(const float* q,
   const std::size_t bs = HS * key_block;
   const __mmask16 last = avx512_first(tail);
   __m512 acc[NQ][N];
+#pragma GCC unroll 4
   for (int i = 0; i < NQ; ++i) {
+#pragma GCC unroll 4
     for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
   }
   for (std::size_t d = 0; d < HS; ++d) {
     const float* row = b0 + d * key_block;
     __m512 kv[N];
+#pragma GCC unroll 4
     for (int j = 0; j + 1 < N; ++j) kv[j] = _mm512_loadu_ps(row + j * bs);
     kv[N - 1] = _mm512_maskz_loadu_ps(last, row + (N - 1) * bs);
+#pragma GCC unroll 4
     for (int i = 0; i < NQ; ++i) {
       const __m512 qd = _mm512_set1_ps(q[static_cast<std::size_t>(i) * ldq + d]);
+#pragma GCC unroll 4
       for (int j = 0; j < N; ++j) acc[i][j] = _mm512_fmadd_ps(qd, kv[j], acc[i][j]);
     }
   }
   const __m512 sc = _mm512_set1_ps(scale);
+#pragma GCC unroll 4
   for (int i = 0; i < NQ; ++i) {
     float* a = att + static_cast<std::size_t>(i) * ldatt + p0;
+#pragma GCC unroll 4
     for (int j = 0; j + 1 < N; ++j) _mm512_storeu_ps(a + 16 * j, _mm512_mul_ps(acc[i][j], sc));
     _mm512_mask_storeu_ps(a + 16 * (N - 1), last, _mm512_mul_ps(acc[i][N - 1], sc));
   }
 }
 
-/// o_i += att_i[p]·v_p for queries i in [first, NQ) and N vectors of channels from d0 (the
-/// last one masked by `last`): one value row loaded once for all of them.
-template <int NQ, int N>
-SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE void avx512_value_step(__m512 (&o)[NQ][N], const float* att,
-                                                                     std::size_t ldatt, const float* vp,
-                                                                     std::size_t p, __mmask16 last, int first) {
-  __m512 vv[N];
-  for (int j = 0; j + 1 < N; ++j) vv[j] = _mm512_loadu_ps(vp + 16 * j);
-  vv[N - 1] = _mm512_maskz_loadu_ps(last, vp + 16 * (N - 1));
-  for (int i = first; i < NQ; ++i) {
-    const __m512 a = _mm512_set1_ps(att[static_cast<std::size_t>(i) * ldatt + p]);
-    for (int j = 0; j < N; ++j) o[i][j] = _mm512_fmadd_ps(a, vv[j], o[i][j]);
-  }
-}
-
 /// out_i[d0 + 16j + c] = Σ_{p < len0 + i} att_i[p]·v_p[d0 + 16j + c] for NQ (1..4) queries (query i
 /// sees len0 + i positions) and N (1..4) vectors of channels, the last `tail` channels wide; p in
-/// order for every query. The queries share every value load.
+/// order for every query. The queries share the value loads of the first len0 positions; query i
+/// then adds its i causal-tail positions on its own (still in p order).
 template <int NQ, int N>
 SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE void avx512_values(const float* att, std::size_t ldatt, const float* v,
                                                                  std::size_t len0, std::size_t HS, std::size_t d0,
                                                                  std::size_t tail, float* out, std::size_t ldo) {
   const __mmask16 last = avx512_first(tail);
   __m512 o[NQ][N];
+#pragma GCC unroll 4
   for (int i = 0; i < NQ; ++i) {
+#pragma GCC unroll 4
     for (int j = 0; j < N; ++j) o[i][j] = _mm512_setzero_ps();
   }
-  for (std::size_t p = 0; p < len0; ++p) avx512_value_step<NQ, N>(o, att, ldatt, v + p * HS + d0, p, last, 0);
-  for (int i = 1; i < NQ; ++i) {  // the causal tail: position len0 + i − 1 is seen by queries i..NQ−1
-    const std::size_t p = len0 + static_cast<std::size_t>(i) - 1;
-    avx512_value_step<NQ, N>(o, att, ldatt, v + p * HS + d0, p, last, i);
+  for (std::size_t p = 0; p < len0; ++p) {
+    const float* vp = v + p * HS + d0;
+    __m512 vv[N];
+#pragma GCC unroll 4
+    for (int j = 0; j + 1 < N; ++j) vv[j] = _mm512_loadu_ps(vp + 16 * j);
+    vv[N - 1] = _mm512_maskz_loadu_ps(last, vp + 16 * (N - 1));
+#pragma GCC unroll 4
+    for (int i = 0; i < NQ; ++i) {
+      const __m512 a = _mm512_set1_ps(att[static_cast<std::size_t>(i) * ldatt + p]);
+#pragma GCC unroll 4
+      for (int j = 0; j < N; ++j) o[i][j] = _mm512_fmadd_ps(a, vv[j], o[i][j]);
+    }
   }
+#pragma GCC unroll 4
+  for (int i = 1; i < NQ; ++i) {  // the causal tail: query i also sees positions len0 .. len0 + i − 1
+    for (std::size_t p = len0; p < len0 + static_cast<std::size_t>(i); ++p) {
+      const float* vp = v + p * HS + d0;
+      const __m512 a = _mm512_set1_ps(att[static_cast<std::size_t>(i) * ldatt + p]);
+#pragma GCC unroll 4
+      for (int j = 0; j + 1 < N; ++j) o[i][j] = _mm512_fmadd_ps(a, _mm512_loadu_ps(vp + 16 * j), o[i][j]);
+      o[i][N - 1] = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(last, vp + 16 * (N - 1)), o[i][N - 1]);
+    }
+  }
+#pragma GCC unroll 4
   for (int i = 0; i < NQ; ++i) {
     float* oi = out + static_cast<std::size_t>(i) * ldo + d0;
+#pragma GCC unroll 4
     for (int j = 0; j + 1 < N; ++j) _mm512_storeu_ps(oi + 16 * j, o[i][j]);
     _mm512_mask_storeu_ps(oi + 16 * (N - 1), last, o[i][N - 1]);
   }
