@@ -2,9 +2,10 @@
 # The speculative-sampling benchmark (docs/benchmarks.md): builds specsample-bench in Release, runs
 # the sweep and draws the plots with gnuplot.
 #
-#   scripts/bench.sh            both bundled drafts, the full default sweep:
-#                               docs/benchmarks/ (shakespeare-draft) and
-#                               docs/benchmarks/distilled/ (shakespeare-draft-distilled)
+#   scripts/bench.sh            every figure of docs/benchmarks.md: the sweep and the strategy
+#                               comparison for both bundled drafts, docs/benchmarks/
+#                               (shakespeare-draft) and docs/benchmarks/distilled/
+#                               (shakespeare-draft-distilled), then the leniency study
 #   scripts/bench.sh ARGS...    one run of specsample-bench with ARGS (see specsample-bench --help);
 #                               results go to docs/benchmarks/ unless ARGS has --out DIR
 #   scripts/bench.sh --quick --out /tmp/b   smoke test (< 30 s)
@@ -17,38 +18,19 @@
 #
 # Runs writing into docs/benchmarks/ or docs/benchmarks/distilled/ also refresh the generated
 # tables inside docs/benchmarks.md (between its <!-- generated:... --> markers).
-# Builds in build/bench. If the project's benchmarks/CMakeLists.txt does not define specsample-bench
-# (it should include benchmarks/bench.cmake), a scratch project in build/bench-scratch does.
+# Builds in build/bench.
 # Plots need gnuplot (Debian: gnuplot-nox); without it the tables and JSON are still written.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 SPECSAMPLE_EXTRA_PACKAGES="gnuplot-nox ${SPECSAMPLE_EXTRA_PACKAGES:-}" "$root/scripts/deps.sh"
 jobs=${SPECSAMPLE_JOBS:-$(nproc)}
 
-build_main() {
+build() {
   local dir="$root/build/bench"
   cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DSPECSAMPLE_BUILD_TESTS=OFF \
-    -DSPECSAMPLE_BUILD_EXAMPLES=OFF -DSPECSAMPLE_BUILD_BENCHMARKS=ON >/dev/null || return 1
-  # (not `| grep -q`: with pipefail, make's SIGPIPE after an early match would read as failure)
-  cmake --build "$dir" --target help >"$dir/targets.txt" 2>/dev/null || return 1
-  grep -q 'specsample-bench' "$dir/targets.txt" || return 1
+    -DSPECSAMPLE_BUILD_EXAMPLES=OFF -DSPECSAMPLE_BUILD_BENCHMARKS=ON >/dev/null
   cmake --build "$dir" -j "$jobs" --target specsample-bench specsample-leniency >/dev/null
   exe="$dir/benchmarks/specsample-bench"
-}
-
-build_scratch() {
-  local dir="$root/build/bench-scratch"
-  mkdir -p "$dir/src"
-  cat >"$dir/src/CMakeLists.txt" <<CMAKE
-cmake_minimum_required(VERSION 3.21)
-project(specsample_bench_scratch LANGUAGES CXX)
-add_subdirectory("$root" specsample)
-include("$root/cmake/specsampleWarnings.cmake")
-include("$root/benchmarks/bench.cmake")
-CMAKE
-  cmake -S "$dir/src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-  cmake --build "$dir/build" -j "$jobs" --target specsample-bench specsample-leniency >/dev/null
-  exe="$dir/build/specsample-bench"
 }
 
 # Recorded in the report: the commit, "+dirty" when the working tree differs from it.
@@ -58,10 +40,7 @@ if rev=$(git -C "$root" rev-parse --short HEAD 2>/dev/null); then
 fi
 
 exe=
-if ! build_main; then
-  echo "specsample: benchmarks/CMakeLists.txt does not build specsample-bench yet; using a scratch project" >&2
-  build_scratch
-fi
+build
 
 run() {  # args for specsample-bench (the last --out wins)
   local out="$root/docs/benchmarks" draft="shakespeare-draft" prev= report=sweep.md
@@ -122,8 +101,12 @@ splice() {
 
 start=$(date +%s)
 if [ $# -eq 0 ]; then
+  distilled=(--draft "$root/models/shakespeare-draft-distilled" --out "$root/docs/benchmarks/distilled")
   run
-  run --draft "$root/models/shakespeare-draft-distilled" --out "$root/docs/benchmarks/distilled"
+  run "${distilled[@]}"
+  run --strategies
+  run --strategies "${distilled[@]}"
+  run_leniency
 elif [ "$1" = --leniency ]; then
   shift
   run_leniency "$@"
