@@ -12,6 +12,7 @@
 #include <Eigen/Core>
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstddef>
 #include <random>
 #include <span>
@@ -22,8 +23,9 @@ namespace specsample {
 
 /// What a drafter did in one `propose` call.
 struct proposal {
-  std::size_t tokens = 0;         ///< drafts written (<= the requested count; 0 is allowed)
-  std::size_t forward_calls = 0;  ///< model forward calls spent (0 for model-free drafters)
+  std::size_t tokens = 0;          ///< drafts written (<= the requested count; 0 is allowed)
+  std::size_t forward_calls = 0;   ///< model forward calls spent (0 for model-free drafters)
+  double forward_seconds = 0.0;    ///< wall time inside those calls (the model's `append` only)
 };
 
 /// A source of draft tokens for `speculative_sample`.
@@ -35,7 +37,8 @@ struct proposal {
 ///  2. `d.begin(ctx)` prepares for a generation from prompt `ctx`;
 ///  3. `d.propose(ctx, k, q, out, rng)` writes n <= k drafts to out[0..n) and, in q.col(i), the full
 ///     distribution draft i was drawn from (one-hot for deterministic proposals), conditioned on
-///     ctx + out[0..i), and returns `proposal{n, forward_calls}`. The choice of n and of the drafts
+///     ctx + out[0..i), and returns `proposal{n, forward_calls, forward_seconds}` (the time inside
+///     model `append` calls; whatever else the drafter does counts as the loop's own time). The choice of n and of the drafts
 ///     may depend on anything but the target's output for this round: that keeps sampling exact;
 ///  4. `d.sync(ctx)` is told the context after each round (for KV-cache rollback and the like).
 template <class D>
@@ -49,12 +52,21 @@ concept drafter = requires(D& d, const D& cd, std::span<const token> ctx, std::s
 
 namespace detail {
 
+using clock = std::chrono::steady_clock;
+
+inline double seconds_since(clock::time_point t0) {
+  return std::chrono::duration<double>(clock::now() - t0).count();
+}
+
 // Calls m.append(t) and hands the (V, t.size()) logits to `use`, after checking that the model
-// kept its side of the contract (shape, and size() growing by t.size()).
+// kept its side of the contract (shape, and size() growing by t.size()). Returns the seconds
+// spent in m.append alone (the forward pass; not the checks, not `use`).
 template <class M, class F>
-void forward(M& m, std::span<const token> t, std::size_t vocab, const char* role, F&& use) {
+double forward(M& m, std::span<const token> t, std::size_t vocab, const char* role, F&& use) {
   const auto before = static_cast<std::size_t>(m.size());
+  const auto t0 = clock::now();
   auto&& out = m.append(t);
+  const double seconds = seconds_since(t0);
   const auto after = static_cast<std::size_t>(m.size());
   if (after != before + t.size()) {
     throw error(fmt::format("{} model reports size() = {} after appending {} tokens to a context of {}",
@@ -75,6 +87,7 @@ void forward(M& m, std::span<const token> t, std::size_t vocab, const char* role
     const Eigen::MatrixXf converted = out;
     checked(converted);
   }
+  return seconds;
 }
 
 // The tokens of ctx[0, end) that `m` does not hold yet.
@@ -124,8 +137,9 @@ class model_drafter {
       const auto col = static_cast<Eigen::Index>(i);
       const std::span<const token> input =
           i == 0 ? detail::missing(*model_, ctx, ctx.size(), "draft") : std::span<const token>(&out[i - 1], 1);
-      detail::forward(*model_, input, vocab_size(), "draft",
-                      [&](const auto& logits) { warp_(logits.col(logits.cols() - 1), q.col(col)); });
+      made.forward_seconds += detail::forward(*model_, input, vocab_size(), "draft", [&](const auto& logits) {
+        warp_(logits.col(logits.cols() - 1), q.col(col));
+      });
       ++made.forward_calls;
       if (min_probability_ > 0.0f && q.col(col).maxCoeff() < min_probability_) break;
       out[i] = sample_categorical(q.col(col), rng);

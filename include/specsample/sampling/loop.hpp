@@ -28,12 +28,6 @@
 namespace specsample {
 namespace detail {
 
-using clock = std::chrono::steady_clock;
-
-inline double seconds_since(clock::time_point t0) {
-  return std::chrono::duration<double>(clock::now() - t0).count();
-}
-
 inline void check_prompt(std::span<const token> prompt, std::size_t vocab) {
   if (prompt.empty()) {
     throw error("prompt is empty: generation needs at least one token to condition on "
@@ -134,10 +128,9 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
 
     if constexpr (has_draft) {
       if (k > 0) {
-        const auto t0 = clock::now();
         const proposal made = drafter.propose(std::span<const token>(ctx), k, q.leftCols(static_cast<Eigen::Index>(k)),
                                               std::span<token>(drafts).first(k), rng);
-        stats.draft_seconds += seconds_since(t0);
+        stats.draft_seconds += made.forward_seconds;
         stats.draft_calls += made.forward_calls;
         if (made.tokens > k) throw error(fmt::format("drafter proposed {} tokens when asked for {}", made.tokens, k));
         k = made.tokens;
@@ -147,18 +140,16 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
 
     // Score [last, d_0 .. d_{k-1}] with the target in one call: k + 1 columns.
     {
-      const auto t0 = clock::now();
       const auto input = missing(target, ctx, len + k, "target");
       if (input.size() < k + 1) {  // it would return fewer than the k + 1 columns scored below
         throw error(fmt::format("target model reports size() = {} after drafting but the loop expected at most {} "
                                 "(does the drafter share the target's model object?)",
                                 static_cast<std::size_t>(target.size()), len - 1));
       }
-      forward(target, input, vocab, "target", [&](const auto& logits) {
+      stats.target_seconds += forward(target, input, vocab, "target", [&](const auto& logits) {
         const Eigen::Index first = logits.cols() - static_cast<Eigen::Index>(k) - 1;
         for (Eigen::Index j = 0; j <= static_cast<Eigen::Index>(k); ++j) warp(logits.col(first + j), p.col(j));
       });
-      stats.target_seconds += seconds_since(t0);
       ++stats.target_calls;
     }
 

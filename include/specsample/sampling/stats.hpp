@@ -25,8 +25,8 @@ struct generation_stats {
   /// accepted_histogram[n] = rounds in which exactly n drafts were accepted (size K+1).
   std::vector<std::size_t> accepted_histogram{};
   double prefill_seconds = 0.0;  ///< both models' prompt prefill
-  double draft_seconds = 0.0;    ///< time inside draft forward calls (after prefill)
-  double target_seconds = 0.0;   ///< time inside target forward calls (after prefill)
+  double draft_seconds = 0.0;    ///< time inside the draft model's `append` calls (after prefill)
+  double target_seconds = 0.0;   ///< time inside the target's `append` calls (after prefill)
   double total_seconds = 0.0;    ///< wall time of the whole call, prefill included
 
   /// accepted / drafted (0 when nothing was drafted).
@@ -45,7 +45,9 @@ struct generation_stats {
   [[nodiscard]] double tokens_per_target_call() const noexcept {
     return target_calls == 0 ? 0.0 : static_cast<double>(tokens) / static_cast<double>(target_calls);
   }
-  /// Time spent outside model forward passes (warping, verification, sampling, bookkeeping).
+  /// Time spent outside model forward passes: warping both models' logits, drafting work other
+  /// than the draft model's `append` (sampling drafts, n-gram lookup), verification, sampling,
+  /// bookkeeping.
   [[nodiscard]] double overhead_seconds() const noexcept {
     return total_seconds - prefill_seconds - draft_seconds - target_seconds;
   }
