@@ -2,8 +2,11 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
+#include <vector>
 
 using namespace specsample;
 
@@ -148,4 +151,45 @@ TEST_CASE("extreme temperatures stay finite", "[warp]") {
   check_close(warp(logits_of({0.1, 0.2, 0.3, 0.4}), s), {0, 0, 0, 1});
   s.temperature = 1e30f;
   check_close(warp(logits_of({0.1, 0.2, 0.3, 0.4}), s), {0.25, 0.25, 0.25, 0.25});
+}
+
+TEST_CASE("the vector softmax numerator and argmax agree with the scalar definitions on every instruction set",
+          "[warp][simd]") {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> logit(0.0f, 30.0f);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (const isa requested : {isa::generic, isa::avx2, isa::avx512}) {
+    const isa level = simd::resolve(requested);
+    for (const std::size_t n : {1u, 7u, 8u, 15u, 16u, 17u, 33u, 4096u, 50257u}) {
+      std::vector<float> x(n);
+      for (float& v : x) v = logit(rng);
+      if (n > 3) x[2] = ninf;                   // a zero probability
+      if (n > 9) x[n - 2] = x[n / 2] = 1000.0f;  // a tied maximum: the lower id wins
+      INFO(isa_name(level) << ", n = " << n);
+      const auto best = simd::argmax(level, x.data(), n);
+      const auto want = std::max_element(x.begin(), x.end()) - x.begin();  // the first maximum
+      REQUIRE(best == want);
+      const float m = x[static_cast<std::size_t>(want)];
+      std::vector<float> e = x;
+      const double total = simd::exp_shifted(level, e.data(), n, m, 0.7f);
+      double ref_total = 0.0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const float a = (x[i] - m) * 0.7f;  // the argument as the kernels form it, in float
+        const double ref = a < simd::exp_floor ? 0.0 : std::exp(static_cast<double>(a));
+        ref_total += ref;
+        INFO("i = " << i << ", x = " << x[i] << ", e = " << e[i] << ", reference " << ref);
+        // within 1e-6 relative (the vector exp is ~1 ulp), and 0 only below the floor
+        REQUIRE(std::abs(static_cast<double>(e[i]) - ref) <= 1e-6 * ref);
+      }
+      REQUIRE(total == Approx(ref_total).epsilon(1e-6));
+      if (n > 3) REQUIRE(e[2] == 0.0f);  // -inf gives exactly 0
+    }
+    std::vector<float> bad{1.0f, std::nanf(""), 2.0f};
+    CHECK(simd::argmax(level, bad.data(), 3) == -1);
+    CHECK(std::isnan(simd::exp_shifted(level, bad.data(), 3, 2.0f, 1.0f)));
+    std::vector<float> inf{1.0f, std::numeric_limits<float>::infinity()};
+    CHECK(simd::argmax(level, inf.data(), 2) == -1);
+    std::vector<float> none{ninf, ninf, ninf};
+    CHECK(simd::argmax(level, none.data(), 3) == -1);
+  }
 }

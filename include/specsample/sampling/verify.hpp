@@ -33,24 +33,14 @@ template <class P, class Q, std::uniform_random_bit_generator Rng>
   if (p.size() != q.size()) {
     throw error(fmt::format("sample_residual: p has {} entries, q has {}", p.size(), q.size()));
   }
-  const auto residual = [&](Eigen::Index i) {
-    return weight * static_cast<double>(p(i)) - static_cast<double>(q(i));
+  auto residual = [&](std::size_t i) {
+    const auto j = static_cast<Eigen::Index>(i);
+    return detail::positive_part(weight * static_cast<double>(p(j)) - static_cast<double>(q(j)));
   };
-  double mass = 0.0;
-  for (Eigen::Index i = 0; i < p.size(); ++i) mass += std::max(0.0, residual(i));
+  const auto n = static_cast<std::size_t>(p.size());
+  const double mass = detail::total_weight(residual, n);
   if (!(mass > residual_mass_epsilon)) return sample_categorical(p, rng);
-  const double u = uniform_01(rng) * mass;
-  double cum = 0.0;
-  Eigen::Index last_positive = -1;
-  for (Eigen::Index i = 0; i < p.size(); ++i) {
-    const double r = residual(i);
-    if (r > 0.0) {
-      cum += r;
-      last_positive = i;
-      if (u < cum) return static_cast<token>(i);
-    }
-  }
-  return static_cast<token>(last_positive);
+  return detail::draw_weighted(residual, n, mass, rng);
 }
 
 /// The outcome of verifying one block of drafts.

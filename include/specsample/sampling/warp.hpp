@@ -3,6 +3,7 @@
 /// Logits -> warped probability vector: temperature, top-k, top-p, min-p.
 
 #include <specsample/concepts.hpp>
+#include <specsample/detail/simd.hpp>
 #include <specsample/error.hpp>
 #include <specsample/sampling/params.hpp>
 
@@ -21,7 +22,9 @@ namespace specsample {
 /// Turns one column of logits into the warped probability vector used for sampling and for
 /// verification. Holds the scratch it needs, so calls allocate nothing.
 ///
-/// Steps (docs/algorithm.md): softmax(logits / T); keep the top_k most probable; keep the smallest
+/// Steps (docs/algorithm.md): softmax(logits / T) (the exponentials with the vector exp of the best
+/// instruction set this CPU has, the same one for every call: a probability below 2^-126 times
+/// the most probable token's is 0); keep the top_k most probable; keep the smallest
 /// most-probable prefix with mass >= top_p; keep p >= min_p * max p; renormalise after each step.
 /// Ties are ordered by the lower token id. T = 0 gives the one-hot argmax (lowest id on ties).
 /// Every T > 0 is softmax(logits / T) as written, however small: a subnormal T (whose reciprocal
@@ -49,14 +52,19 @@ class logit_warper {
                               "(output vector has {})", logits.size(), vocab_, probs.size()));
     }
     if (params_.temperature == 0.0f) {
+      probs = logits;
+      const std::ptrdiff_t best = simd::argmax(isa_, probs.data(), vocab_);
+      if (best < 0) diagnose(logits);
       probs.setZero();
-      probs(argmax(logits)) = 1.0f;
+      probs(static_cast<Eigen::Index>(best)) = 1.0f;
       return;
     }
     const float m = logits.maxCoeff();
     const float inv_t = 1.0f / params_.temperature;
+    double total = 0.0;
     if (std::isfinite(inv_t)) {
-      probs = ((logits.array() - m) * inv_t).exp().matrix();
+      probs = logits;
+      total = simd::exp_shifted(isa_, probs.data(), vocab_, m, inv_t);  // NaN if a logit is NaN
     } else {
       // T < 2^-128 (subnormal): 1/T overflows float and the maximum would become 0 * inf = NaN.
       // Divide by T in double, where every such quotient is finite: the same softmax(logits / T).
@@ -64,8 +72,8 @@ class logit_warper {
       for (Eigen::Index i = 0; i < v; ++i) {
         probs(i) = static_cast<float>(std::exp((static_cast<double>(logits(i)) - static_cast<double>(m)) / t));
       }
+      total = probs.template cast<double>().sum();
     }
-    const double total = probs.template cast<double>().sum();
     if (!std::isfinite(m) || !(total > 0.0) || !std::isfinite(total)) {
       diagnose(logits);  // throws with the precise problem
     }
@@ -78,23 +86,6 @@ class logit_warper {
       probs = (probs.array() >= threshold).select(probs, 0.0f);
       normalise(probs, probs.template cast<double>().sum());
     }
-  }
-
-  /// The argmax of `logits`, lowest id on ties; throws on NaN, +inf or an all -inf column.
-  template <class Derived>
-  [[nodiscard]] static Eigen::Index argmax(const Eigen::MatrixBase<Derived>& logits) {
-    Eigen::Index best = -1;
-    float best_value = -std::numeric_limits<float>::infinity();
-    for (Eigen::Index i = 0; i < logits.size(); ++i) {
-      const float x = logits(i);
-      if (std::isnan(x) || x == std::numeric_limits<float>::infinity()) diagnose(logits);
-      if (x > best_value) {
-        best_value = x;
-        best = i;
-      }
-    }
-    if (best < 0) diagnose(logits);
-    return best;
   }
 
  private:
@@ -160,6 +151,7 @@ class logit_warper {
 
   sampling_params params_;
   std::size_t vocab_;
+  isa isa_ = simd::detected();  // the vector exp of the softmax
   std::vector<token> order_;  // scratch permutation of token ids
 };
 

@@ -26,33 +26,14 @@
 #include <cstring>
 #include <type_traits>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define SPECSAMPLE_GPT2_X86 1
-#include <immintrin.h>
-#else
-#define SPECSAMPLE_GPT2_X86 0
-#endif
+#include <specsample/detail/simd.hpp>
 
 namespace specsample::gpt2 {
 
-/// Instruction-set level of the kernels, in increasing order.
-enum class isa : std::uint8_t {
-  generic = 0,  ///< portable C++ (whatever the compiler flags allow)
-  avx2 = 1,     ///< AVX2 + FMA + F16C
-  avx512 = 2,   ///< AVX-512 F + BW + VL + DQ (+ FMA, F16C)
-  best = 255,   ///< as a request: the best level this CPU supports
-};
-
-/// Name of an ISA level ("generic", "avx2", "avx512").
-[[nodiscard]] constexpr const char* isa_name(isa i) noexcept {
-  switch (i) {
-    case isa::generic: return "generic";
-    case isa::avx2: return "avx2";
-    case isa::avx512: return "avx512";
-    case isa::best: return "best";
-  }
-  return "?";
-}
+/// The kernels' instruction-set level (shared with the sampling code): see
+/// <specsample/detail/simd.hpp>.
+using specsample::isa;
+using specsample::isa_name;
 
 /// Storage precision of a weight matrix.
 enum class weight_format : std::uint8_t { f32, f16, bf16 };
@@ -73,34 +54,8 @@ struct weight_view {
 
 namespace simd {
 
-/// The best ISA level the running CPU supports (detected once).
-[[nodiscard]] inline isa detected() noexcept {
-#if SPECSAMPLE_GPT2_X86
-  static const isa level = [] {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
-      return isa::avx512;
-    }
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c")) {
-      return isa::avx2;
-    }
-    return isa::generic;
-  }();
-  return level;
-#else
-  return isa::generic;
-#endif
-}
-
-/// The level actually used for a request: `requested` capped at what the CPU supports.
-[[nodiscard]] inline isa resolve(isa requested) noexcept {
-  const isa d = detected();
-  if (requested == isa::best) return d;
-  return static_cast<std::uint8_t>(requested) <= static_cast<std::uint8_t>(d) ? requested : d;
-}
+using specsample::simd::detected;
+using specsample::simd::resolve;
 
 inline constexpr float gelu_k = 0.7978845608028654f;  // sqrt(2 / pi), for the GELU
 inline constexpr float gelu_c = 0.044715f;
@@ -330,12 +285,9 @@ inline void attend_generic(const float* q, const float* kb, const float* v, std:
   }
 }
 
-#if SPECSAMPLE_GPT2_X86
+#if SPECSAMPLE_X86
 
-#define SPECSAMPLE_GPT2_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define SPECSAMPLE_GPT2_AVX512 \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
-#define SPECSAMPLE_GPT2_INLINE inline __attribute__((always_inline))
+
 
 /// How far ahead of the k-step being computed the micro-kernels prefetch their weights: 8 KiB,
 /// every cache line of the step. (Measured on the bundled target, Zen 4: one line per step 16
@@ -346,7 +298,7 @@ inline constexpr std::size_t prefetch_bytes = 8192;
 /// Prefetches `bytes` (a multiple of 64) from `ahead` bytes past `p` into L1. A prefetch never
 /// faults, so running past the end of the weights is harmless (the address is formed as an
 /// integer: no out-of-bounds pointer arithmetic).
-SPECSAMPLE_GPT2_INLINE void prefetch_weights(const void* p, std::size_t ahead, std::size_t bytes) {
+SPECSAMPLE_ALWAYS_INLINE void prefetch_weights(const void* p, std::size_t ahead, std::size_t bytes) {
   const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(p) + ahead;
   for (std::size_t b = 0; b < bytes; b += 64) {
     _mm_prefetch(reinterpret_cast<const char*>(at + b), _MM_HINT_T0);
@@ -356,7 +308,7 @@ SPECSAMPLE_GPT2_INLINE void prefetch_weights(const void* p, std::size_t ahead, s
 // --- AVX2: a panel as two halves of 32 outputs (4 × 8 lanes) × up to 2 rows ----------------------
 
 template <weight_format F>
-SPECSAMPLE_GPT2_AVX2 SPECSAMPLE_GPT2_INLINE __m256 avx2_load_w(const void* w, std::size_t i) {
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256 avx2_load_w(const void* w, std::size_t i) {
   if constexpr (F == weight_format::f32) {
     return _mm256_loadu_ps(static_cast<const float*>(w) + i);
   } else {
@@ -372,7 +324,7 @@ SPECSAMPLE_GPT2_AVX2 SPECSAMPLE_GPT2_INLINE __m256 avx2_load_w(const void* w, st
 
 /// Rows [t0, t0 + TT) × outputs [o0 + 32·half, +32) of panel p.
 template <weight_format F, int TT>
-SPECSAMPLE_GPT2_AVX2 void avx2_panel(const matmul_args& a, std::size_t p, std::size_t half,
+SPECSAMPLE_TARGET_AVX2 void avx2_panel(const matmul_args& a, std::size_t p, std::size_t half,
                                      std::size_t t0) {
   using wt = std::conditional_t<F == weight_format::f32, float, std::uint16_t>;
   const wt* w = static_cast<const wt*>(a.w) + p * a.K * panel + half * 32;
@@ -409,7 +361,7 @@ SPECSAMPLE_GPT2_AVX2 void avx2_panel(const matmul_args& a, std::size_t p, std::s
 }
 
 template <weight_format F>
-SPECSAMPLE_GPT2_AVX2 void matmul_avx2(const matmul_args& a, std::size_t p_begin,
+SPECSAMPLE_TARGET_AVX2 void matmul_avx2(const matmul_args& a, std::size_t p_begin,
                                       std::size_t p_end) {
   for (std::size_t p = p_begin; p < p_end; ++p) {
     for (std::size_t half = 0; half < 2; ++half) {
@@ -424,7 +376,7 @@ SPECSAMPLE_GPT2_AVX2 void matmul_avx2(const matmul_args& a, std::size_t p_begin,
 // --- AVX-512: a panel of 64 outputs (4 × 16 lanes) × up to 6 rows ---------------------------------
 
 template <weight_format F>
-SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE __m512 avx512_load_w(const void* w, std::size_t i) {
+SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE __m512 avx512_load_w(const void* w, std::size_t i) {
   if constexpr (F == weight_format::f32) {
     return _mm512_loadu_ps(static_cast<const float*>(w) + i);
   } else {
@@ -441,7 +393,7 @@ SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE __m512 avx512_load_w(const void* w
 
 /// Rows [t0, t0 + TT) × the 64 outputs of panel p.
 template <weight_format F, int TT>
-SPECSAMPLE_GPT2_AVX512 void avx512_panel(const matmul_args& a, std::size_t p, std::size_t t0) {
+SPECSAMPLE_TARGET_AVX512 void avx512_panel(const matmul_args& a, std::size_t p, std::size_t t0) {
   using wt = std::conditional_t<F == weight_format::f32, float, std::uint16_t>;
   const wt* w = static_cast<const wt*>(a.w) + p * a.K * panel;
   const float* x = a.x + t0 * a.ldx;
@@ -482,7 +434,7 @@ SPECSAMPLE_GPT2_AVX512 void avx512_panel(const matmul_args& a, std::size_t p, st
 }
 
 template <weight_format F>
-SPECSAMPLE_GPT2_AVX512 void matmul_avx512(const matmul_args& a, std::size_t p_begin,
+SPECSAMPLE_TARGET_AVX512 void matmul_avx512(const matmul_args& a, std::size_t p_begin,
                                           std::size_t p_end) {
   for (std::size_t p = p_begin; p < p_end; ++p) {
     std::size_t t = 0;
@@ -503,32 +455,17 @@ SPECSAMPLE_GPT2_AVX512 void matmul_avx512(const matmul_args& a, std::size_t p_be
 // the tail masked (AVX-512) or zero-padded (AVX2), so every element gets the same instructions
 // wherever it sits in the buffer.
 
-SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE __m512 avx512_exp(__m512 x) {
-  x = _mm512_maskz_max_ps(0xFFFF, _mm512_maskz_min_ps(0xFFFF, x, _mm512_set1_ps(88.3762626647949f)),
-                          _mm512_set1_ps(-87.3365447505531f));
-  const __m512 n = _mm512_maskz_roundscale_ps(
-      0xFFFF, _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  return _mm512_maskz_scalef_ps(0xFFFF, y, n);
-}
+using specsample::simd::avx512_exp;
+using specsample::simd::avx2_exp;
 
-SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE __m512 avx512_gelu(__m512 x) {
+SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE __m512 avx512_gelu(__m512 x) {
   const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
   const __m512 u2 = _mm512_mul_ps(_mm512_fmadd_ps(_mm512_set1_ps(gelu_c), x3, x),
                                   _mm512_set1_ps(-2.0f * gelu_k));
   return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), avx512_exp(u2)));
 }
 
-inline SPECSAMPLE_GPT2_AVX512 void gelu_avx512(float* out, const float* in, std::size_t n) {
+inline SPECSAMPLE_TARGET_AVX512 void gelu_avx512(float* out, const float* in, std::size_t n) {
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, avx512_gelu(_mm512_loadu_ps(in + i)));
   if (i < n) {
@@ -537,33 +474,14 @@ inline SPECSAMPLE_GPT2_AVX512 void gelu_avx512(float* out, const float* in, std:
   }
 }
 
-SPECSAMPLE_GPT2_AVX2 SPECSAMPLE_GPT2_INLINE __m256 avx2_exp(__m256 x) {
-  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)),
-                    _mm256_set1_ps(-87.3365447505531f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  // 2^n for n in [-126, 127] (guaranteed by the clamp), built in the exponent field.
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
-SPECSAMPLE_GPT2_AVX2 SPECSAMPLE_GPT2_INLINE __m256 avx2_gelu(__m256 x) {
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256 avx2_gelu(__m256 x) {
   const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
   const __m256 u2 = _mm256_mul_ps(_mm256_fmadd_ps(_mm256_set1_ps(gelu_c), x3, x),
                                   _mm256_set1_ps(-2.0f * gelu_k));
   return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), avx2_exp(u2)));
 }
 
-inline SPECSAMPLE_GPT2_AVX2 void gelu_avx2(float* out, const float* in, std::size_t n) {
+inline SPECSAMPLE_TARGET_AVX2 void gelu_avx2(float* out, const float* in, std::size_t n) {
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, avx2_gelu(_mm256_loadu_ps(in + i)));
   if (i < n) {
@@ -580,7 +498,7 @@ inline SPECSAMPLE_GPT2_AVX2 void gelu_avx2(float* out, const float* in, std::siz
 // sum keeps up to 4 vector accumulators in flight (one per 16 or 8 channels), p increasing per
 // channel, so no channel's result depends on how many channels are computed together.
 
-inline SPECSAMPLE_GPT2_AVX2 void softmax_row_avx2(float* x, std::size_t n) {
+inline SPECSAMPLE_TARGET_AVX2 void softmax_row_avx2(float* x, std::size_t n) {
   float mx = x[0];
   for (std::size_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
   const __m256 m = _mm256_set1_ps(mx);
@@ -595,7 +513,7 @@ inline SPECSAMPLE_GPT2_AVX2 void softmax_row_avx2(float* x, std::size_t n) {
   softmax_normalize(x, n);
 }
 
-inline SPECSAMPLE_GPT2_AVX512 void softmax_row_avx512(float* x, std::size_t n) {
+inline SPECSAMPLE_TARGET_AVX512 void softmax_row_avx512(float* x, std::size_t n) {
   float mx = x[0];
   for (std::size_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
   const __m512 m = _mm512_set1_ps(mx);
@@ -613,14 +531,14 @@ inline SPECSAMPLE_GPT2_AVX512 void softmax_row_avx512(float* x, std::size_t n) {
 // touched): the number of vectors in flight is a template parameter, only the last one masked.
 
 /// AVX2 lane mask of the first n (0..8) lanes.
-SPECSAMPLE_GPT2_AVX2 SPECSAMPLE_GPT2_INLINE __m256i avx2_first(std::size_t n) {
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256i avx2_first(std::size_t n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 /// Scores of N (1..4) vectors of 8 keys from key p0 (a multiple of 8), the last `tail` lanes
 /// wide: att[p] = scale · Σ_d q[d]·k_p[d], d in order.
 template <int N>
-SPECSAMPLE_GPT2_AVX2 SPECSAMPLE_GPT2_INLINE void avx2_scores(const float* q, const float* kb, std::size_t HS,
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_scores(const float* q, const float* kb, std::size_t HS,
                                                              std::size_t p0, std::size_t tail, float scale,
                                                              float* att) {
   const float* at[N];
@@ -643,7 +561,7 @@ SPECSAMPLE_GPT2_AVX2 SPECSAMPLE_GPT2_INLINE void avx2_scores(const float* q, con
 
 /// out[d0 + 8j + i] = Σ_p att[p]·v_p[d0 + 8j + i] for N (1..4) vectors of 8 channels, p in order.
 template <int N>
-SPECSAMPLE_GPT2_AVX2 SPECSAMPLE_GPT2_INLINE void avx2_values(const float* att, const float* v, std::size_t len,
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_values(const float* att, const float* v, std::size_t len,
                                                              std::size_t HS, std::size_t d0, float* out) {
   __m256 o[N];
   for (int j = 0; j < N; ++j) o[j] = _mm256_setzero_ps();
@@ -655,7 +573,7 @@ SPECSAMPLE_GPT2_AVX2 SPECSAMPLE_GPT2_INLINE void avx2_values(const float* att, c
   for (int j = 0; j < N; ++j) _mm256_storeu_ps(out + d0 + 8 * j, o[j]);
 }
 
-inline SPECSAMPLE_GPT2_AVX2 void attend_avx2(const float* q, const float* kb, const float* v,
+inline SPECSAMPLE_TARGET_AVX2 void attend_avx2(const float* q, const float* kb, const float* v,
                                              std::size_t len, std::size_t HS, float scale,
                                              float* att, float* out) {
   for (std::size_t p0 = 0; p0 < len; p0 += 32) {  // up to 4 × 8 keys per pass over the channels
@@ -684,7 +602,7 @@ inline SPECSAMPLE_GPT2_AVX2 void attend_avx2(const float* q, const float* kb, co
 }
 
 /// AVX-512 lane mask of the first n (0..16) lanes.
-SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE __mmask16 avx512_first(std::size_t n) {
+SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE __mmask16 avx512_first(std::size_t n) {
   return n >= 16 ? static_cast<__mmask16>(0xffffu) : static_cast<__mmask16>((1u << n) - 1u);
 }
 
@@ -693,7 +611,7 @@ SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE __mmask16 avx512_first(std::size_t
 /// The queries share every key load; each score is still its own FMA chain. (Every loop over i
 /// and j is unrolled so that the NQ × N accumulators live in registers.)
 template <int NQ, int N>
-SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE void avx512_scores(const float* q, std::size_t ldq, const float* kb,
+SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_scores(const float* q, std::size_t ldq, const float* kb,
                                                                  std::size_t HS, std::size_t p0, std::size_t tail,
                                                                  float scale, float* att, std::size_t ldatt) {
   const float* b0 = kb + (p0 / key_block) * HS * key_block;
@@ -733,7 +651,7 @@ SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE void avx512_scores(const float* q,
 /// order for every query. The queries share the value loads of the first len0 positions; query i
 /// then adds its i causal-tail positions on its own (still in p order).
 template <int NQ, int N>
-SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE void avx512_values(const float* att, std::size_t ldatt, const float* v,
+SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_values(const float* att, std::size_t ldatt, const float* v,
                                                                  std::size_t len0, std::size_t HS, std::size_t d0,
                                                                  std::size_t tail, float* out, std::size_t ldo) {
   const __mmask16 last = avx512_first(tail);
@@ -778,7 +696,7 @@ SPECSAMPLE_GPT2_AVX512 SPECSAMPLE_GPT2_INLINE void avx512_values(const float* at
 /// NQ consecutive queries of one head (query i sees len0 + i positions): scores of up to 64 keys
 /// per pass over the channels, per-query softmax, values in passes of up to 64 channels.
 template <int NQ>
-SPECSAMPLE_GPT2_AVX512 void attend_avx512(const float* q, std::size_t ldq, const float* kb, const float* v,
+SPECSAMPLE_TARGET_AVX512 void attend_avx512(const float* q, std::size_t ldq, const float* kb, const float* v,
                                           std::size_t len0, std::size_t HS, float scale, float* att,
                                           std::size_t ldatt, float* out, std::size_t ldo) {
   const std::size_t len = len0 + NQ - 1;  // keys scored (the last query's); row i uses len0 + i
@@ -803,7 +721,7 @@ SPECSAMPLE_GPT2_AVX512 void attend_avx512(const float* q, std::size_t ldq, const
   }
 }
 
-#endif  // SPECSAMPLE_GPT2_X86
+#endif  // SPECSAMPLE_X86
 
 /// Queries that one attention call processes together (`attend`): they share every key and
 /// value load.
@@ -816,7 +734,7 @@ inline constexpr std::size_t query_tile = 4;
 inline void attend(isa level, const float* q, std::size_t ldq, std::size_t nq, const float* kb,
                    const float* v, std::size_t len0, std::size_t HS, float scale, float* att,
                    std::size_t ldatt, float* out, std::size_t ldo) noexcept {
-#if SPECSAMPLE_GPT2_X86
+#if SPECSAMPLE_X86
   if (level == isa::avx512) {
     switch (nq) {
       case 1: return attend_avx512<1>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo);
@@ -827,7 +745,7 @@ inline void attend(isa level, const float* q, std::size_t ldq, std::size_t nq, c
   }
 #endif
   for (std::size_t i = 0; i < nq; ++i) {
-#if SPECSAMPLE_GPT2_X86
+#if SPECSAMPLE_X86
     if (level == isa::avx2) {
       attend_avx2(q + i * ldq, kb, v, len0 + i, HS, scale, att + i * ldatt, out + i * ldo);
       continue;
@@ -842,7 +760,7 @@ inline void attend(isa level, const float* q, std::size_t ldq, std::size_t nq, c
 /// `level` (already resolved: `resolve(...)`).
 inline void matmul_panels(isa level, weight_format f, const matmul_args& a, std::size_t p_begin,
                           std::size_t p_end) noexcept {
-#if SPECSAMPLE_GPT2_X86
+#if SPECSAMPLE_X86
   if (level == isa::avx512) {
     switch (f) {
       case weight_format::f32: return matmul_avx512<weight_format::f32>(a, p_begin, p_end);
@@ -870,7 +788,7 @@ inline void matmul_panels(isa level, weight_format f, const matmul_args& a, std:
 /// out = gelu(in) elementwise (may alias) with the kernels of `level`; the generic path is the
 /// scalar tanh formula.
 inline void gelu(isa level, float* out, const float* in, std::size_t n) noexcept {
-#if SPECSAMPLE_GPT2_X86
+#if SPECSAMPLE_X86
   if (level == isa::avx512) return gelu_avx512(out, in, n);
   if (level == isa::avx2) return gelu_avx2(out, in, n);
 #else

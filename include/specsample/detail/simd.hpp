@@ -1,0 +1,284 @@
+#pragma once
+/// @file detail/simd.hpp
+/// What the vectorised code of the library shares: the instruction-set levels and their run-time
+/// detection, the function-target macros, and a vector exp. The library is compiled for generic
+/// x86-64 (no -march): fast paths are functions with `__attribute__((target(...)))`, chosen once
+/// from `__builtin_cpu_supports`. Used by the GPT-2 kernels (models/gpt2/simd.hpp) and by the
+/// logit warper (sampling/warp.hpp).
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SPECSAMPLE_X86 1
+#include <immintrin.h>
+#else
+#define SPECSAMPLE_X86 0
+#endif
+
+#if SPECSAMPLE_X86
+#define SPECSAMPLE_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define SPECSAMPLE_TARGET_AVX512 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define SPECSAMPLE_ALWAYS_INLINE inline __attribute__((always_inline))
+#endif
+
+namespace specsample {
+
+/// Instruction-set level of the kernels, in increasing order.
+enum class isa : std::uint8_t {
+  generic = 0,  ///< portable C++ (whatever the compiler flags allow)
+  avx2 = 1,     ///< AVX2 + FMA + F16C
+  avx512 = 2,   ///< AVX-512 F + BW + VL + DQ (+ FMA, F16C)
+  best = 255,   ///< as a request: the best level this CPU supports
+};
+
+/// Name of an ISA level ("generic", "avx2", "avx512").
+[[nodiscard]] constexpr const char* isa_name(isa i) noexcept {
+  switch (i) {
+    case isa::generic: return "generic";
+    case isa::avx2: return "avx2";
+    case isa::avx512: return "avx512";
+    case isa::best: return "best";
+  }
+  return "?";
+}
+
+namespace simd {
+
+/// The best ISA level the running CPU supports (detected once).
+[[nodiscard]] inline isa detected() noexcept {
+#if SPECSAMPLE_X86
+  static const isa level = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+      return isa::avx512;
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c")) {
+      return isa::avx2;
+    }
+    return isa::generic;
+  }();
+  return level;
+#else
+  return isa::generic;
+#endif
+}
+
+/// The level actually used for a request: `requested` capped at what the CPU supports.
+[[nodiscard]] inline isa resolve(isa requested) noexcept {
+  const isa d = detected();
+  if (requested == isa::best) return d;
+  return static_cast<std::uint8_t>(requested) <= static_cast<std::uint8_t>(d) ? requested : d;
+}
+
+/// Arguments below this give exp_shifted 0 (the vector exp's lower clamp: exp(-87.34) is the
+/// smallest normal float).
+inline constexpr float exp_floor = -87.3365447505531f;
+
+#if SPECSAMPLE_X86
+
+// A Cephes-style exp (range reduction by ln 2, degree-5 polynomial, ~1 ulp), argument clamped to
+// [-87.34, 88.38] (results from the smallest normal float up). Elementwise: every element gets
+// the same instructions wherever it sits in a buffer.
+
+SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE __m512 avx512_exp(__m512 x) {
+  x = _mm512_maskz_max_ps(0xFFFF, _mm512_maskz_min_ps(0xFFFF, x, _mm512_set1_ps(88.3762626647949f)),
+                          _mm512_set1_ps(-87.3365447505531f));
+  const __m512 n = _mm512_maskz_roundscale_ps(
+      0xFFFF, _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(0xFFFF, y, n);
+}
+
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256 avx2_exp(__m256 x) {
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)),
+                    _mm256_set1_ps(-87.3365447505531f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  // 2^n for n in [-126, 127] (guaranteed by the clamp), built in the exponent field.
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/// See `exp_shifted`.
+inline SPECSAMPLE_TARGET_AVX512 double exp_shifted_avx512(float* x, std::size_t n, float m, float scale) {
+  const __m512 mv = _mm512_set1_ps(m), sv = _mm512_set1_ps(scale), floor = _mm512_set1_ps(exp_floor);
+  __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+  __mmask16 nan = 0;
+  for (std::size_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512 v = _mm512_maskz_loadu_ps(k, x + i);
+    nan |= _mm512_mask_cmp_ps_mask(k, v, v, _CMP_UNORD_Q);
+    const __m512 a = _mm512_mul_ps(_mm512_sub_ps(v, mv), sv);
+    const __mmask16 live = _mm512_mask_cmp_ps_mask(k, a, floor, _CMP_GE_OQ);
+    const __m512 e = _mm512_maskz_mov_ps(live, avx512_exp(a));
+    _mm512_mask_storeu_ps(x + i, k, e);
+    // (the maskz forms: GCC 12 warns about the _undefined operand of the plain ones)
+    lo = _mm512_add_pd(lo, _mm512_maskz_cvtps_pd(0xFF, _mm512_maskz_extractf32x8_ps(0xFF, e, 0)));
+    hi = _mm512_add_pd(hi, _mm512_maskz_cvtps_pd(0xFF, _mm512_maskz_extractf32x8_ps(0xFF, e, 1)));
+  }
+  if (nan != 0) return std::numeric_limits<double>::quiet_NaN();
+  alignas(64) double l[16];
+  _mm512_store_pd(l, lo);
+  _mm512_store_pd(l + 8, hi);
+  double total = 0.0;
+  for (const double v : l) total += v;
+  return total;
+}
+
+/// See `exp_shifted`.
+inline SPECSAMPLE_TARGET_AVX2 double exp_shifted_avx2(float* x, std::size_t n, float m, float scale) {
+  const __m256 mv = _mm256_set1_ps(m), sv = _mm256_set1_ps(scale), floor = _mm256_set1_ps(exp_floor);
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  __m256 nan = _mm256_setzero_ps();
+  const auto step = [&](__m256 v) SPECSAMPLE_TARGET_AVX2 {
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    const __m256 a = _mm256_mul_ps(_mm256_sub_ps(v, mv), sv);
+    const __m256 e = _mm256_and_ps(_mm256_cmp_ps(a, floor, _CMP_GE_OQ), avx2_exp(a));
+    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    return e;
+  };
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, step(_mm256_loadu_ps(x + i)));
+  if (i < n) {  // the tail, padded with -inf (which gives 0)
+    alignas(32) float buf[8];
+    for (std::size_t j = 0; j < 8; ++j) buf[j] = i + j < n ? x[i + j] : -std::numeric_limits<float>::infinity();
+    _mm256_store_ps(buf, step(_mm256_load_ps(buf)));
+    std::memcpy(x + i, buf, (n - i) * sizeof(float));
+  }
+  if (_mm256_movemask_ps(nan) != 0) return std::numeric_limits<double>::quiet_NaN();
+  alignas(32) double l[8];
+  _mm256_store_pd(l, lo);
+  _mm256_store_pd(l + 4, hi);
+  double total = 0.0;
+  for (const double v : l) total += v;
+  return total;
+}
+
+/// See `argmax`.
+inline SPECSAMPLE_TARGET_AVX512 std::ptrdiff_t argmax_avx512(const float* x, std::size_t n) {
+  __m512 best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __mmask16 nan = 0;
+  for (std::size_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), k, x + i);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    best = _mm512_maskz_max_ps(0xFFFF, best, v);  // (maskz forms throughout: GCC 12 warns on the others)
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, best);
+  float m = lanes[0];
+  for (const float v : lanes) m = v > m ? v : m;
+  if (nan != 0 || !(m > -std::numeric_limits<float>::infinity()) || m == std::numeric_limits<float>::infinity()) return -1;
+  const __m512 mv = _mm512_set1_ps(m);
+  for (std::size_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __mmask16 hit = _mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, x + i), mv, _CMP_EQ_OQ);
+    if (hit != 0) return static_cast<std::ptrdiff_t>(i) + __builtin_ctz(hit);
+  }
+  return -1;  // unreachable
+}
+
+/// See `argmax`.
+inline SPECSAMPLE_TARGET_AVX2 std::ptrdiff_t argmax_avx2(const float* x, std::size_t n) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  __m256 best = _mm256_set1_ps(ninf), nan = _mm256_setzero_ps();
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    best = _mm256_max_ps(best, v);
+  }
+  alignas(32) float l[8];
+  _mm256_store_ps(l, best);
+  float m = ninf;
+  bool bad = _mm256_movemask_ps(nan) != 0;
+  for (const float v : l) m = v > m ? v : m;
+  for (std::size_t j = i; j < n; ++j) {
+    bad = bad || std::isnan(x[j]);
+    m = x[j] > m ? x[j] : m;
+  }
+  if (bad || !(m > ninf) || m == std::numeric_limits<float>::infinity()) return -1;
+  const __m256 mv = _mm256_set1_ps(m);
+  for (i = 0; i + 8 <= n; i += 8) {
+    const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), mv, _CMP_EQ_OQ));
+    if (hit != 0) return static_cast<std::ptrdiff_t>(i) + __builtin_ctz(static_cast<unsigned>(hit));
+  }
+  for (; i < n; ++i) {
+    if (x[i] == m) return static_cast<std::ptrdiff_t>(i);
+  }
+  return -1;  // unreachable
+}
+
+#endif  // SPECSAMPLE_X86
+
+/// x[i] = exp((x[i] - m) · scale), 0 where (x[i] - m) · scale < exp_floor (so -inf gives exactly
+/// 0), with the vector exp of `level`; returns Σ x[i] in double (a fixed order per level), or NaN
+/// when some x[i] is NaN. The softmax numerator of the logit warper.
+inline double exp_shifted(isa level, float* x, std::size_t n, float m, float scale) noexcept {
+#if SPECSAMPLE_X86
+  if (level == isa::avx512) return exp_shifted_avx512(x, n, m, scale);
+  if (level == isa::avx2) return exp_shifted_avx2(x, n, m, scale);
+#else
+  (void)level;
+#endif
+  double total = 0.0;
+  bool nan = false;
+  for (std::size_t i = 0; i < n; ++i) {
+    nan = nan || std::isnan(x[i]);
+    const float a = (x[i] - m) * scale;
+    x[i] = a >= exp_floor ? std::exp(a) : 0.0f;
+    total += static_cast<double>(x[i]);
+  }
+  return nan ? std::numeric_limits<double>::quiet_NaN() : total;
+}
+
+/// The index of the first maximum of x[0, n) (the lowest id on ties), or -1 when some x[i] is
+/// NaN, the maximum is +inf, or every x[i] is -inf (n > 0). Greedy decoding's argmax.
+inline std::ptrdiff_t argmax(isa level, const float* x, std::size_t n) noexcept {
+#if SPECSAMPLE_X86
+  if (level == isa::avx512) return argmax_avx512(x, n);
+  if (level == isa::avx2) return argmax_avx2(x, n);
+#else
+  (void)level;
+#endif
+  std::ptrdiff_t best = -1;
+  float m = -std::numeric_limits<float>::infinity();
+  for (std::size_t i = 0; i < n; ++i) {
+    if (std::isnan(x[i]) || x[i] == std::numeric_limits<float>::infinity()) return -1;
+    if (x[i] > m) {
+      m = x[i];
+      best = static_cast<std::ptrdiff_t>(i);
+    }
+  }
+  return best;
+}
+
+}  // namespace simd
+}  // namespace specsample
