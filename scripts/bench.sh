@@ -33,9 +33,10 @@ build() {
   exe="$dir/benchmarks/specsample-bench"
 }
 
-# Recorded in the report: the commit, "+dirty" when the working tree differs from it.
+# Recorded in the report: the commit, "+dirty" when the code differs from it (changes under docs/,
+# where the results themselves go, do not count).
 if rev=$(git -C "$root" rev-parse --short HEAD 2>/dev/null); then
-  git -C "$root" diff --quiet HEAD 2>/dev/null || rev="$rev+dirty"
+  git -C "$root" diff --quiet HEAD -- . ':(exclude)docs' 2>/dev/null || rev="$rev+dirty"
   export SPECSAMPLE_BENCH_REVISION=$rev
 fi
 
