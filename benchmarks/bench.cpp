@@ -26,6 +26,7 @@
 // n-gram drafting on prompts that repeat their own text; DIR/strategies.md and strategies.json.
 
 #include <specsample/drafters/ngram.hpp>
+#include <specsample/io/prompt_list.hpp>
 #include <specsample/gpt2.hpp>
 #include <specsample/specsample.hpp>
 #include <specsample/tokenizer.hpp>
@@ -202,33 +203,6 @@ fs::path default_prompts() {
 }
 
 // One prompt per line; "\n" and "\\" escapes; '#' comments and blank lines skipped.
-std::vector<std::string> load_prompts(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw specsample::error(fmt::format("{}: cannot open the prompt file", path.string()));
-  std::vector<std::string> prompts;
-  std::string line;
-  std::size_t number = 0;
-  while (std::getline(in, line)) {
-    ++number;
-    if (line.empty() || line.front() == '#') continue;
-    std::string p;
-    for (std::size_t i = 0; i < line.size(); ++i) {
-      if (line[i] != '\\') {
-        p += line[i];
-        continue;
-      }
-      if (i + 1 == line.size()) throw specsample::error(fmt::format("{}:{}: dangling backslash", path.string(), number));
-      const char e = line[++i];
-      if (e == 'n') p += '\n';
-      else if (e == 't') p += '\t';
-      else if (e == '\\') p += '\\';
-      else throw specsample::error(fmt::format("{}:{}: unknown escape \\{}", path.string(), number, e));
-    }
-    prompts.push_back(std::move(p));
-  }
-  if (prompts.empty()) throw specsample::error(fmt::format("{}: no prompts", path.string()));
-  return prompts;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Small statistics
@@ -1064,7 +1038,7 @@ int run(int argc, char** argv) {
   auto target = specsample::gpt2::model::load(target_dir, opts);
   auto draft = specsample::gpt2::model::load(draft_dir, opts);
 
-  std::vector<std::string> prompt_text = load_prompts(prompts_file);
+  std::vector<std::string> prompt_text = specsample::io::read_prompt_list(prompts_file);
   if (c.max_prompts != 0 && prompt_text.size() > c.max_prompts) prompt_text.resize(c.max_prompts);
   std::vector<std::vector<token>> prompts;
   const std::size_t limit = std::min(target.max_size(), draft.max_size());

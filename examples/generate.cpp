@@ -13,6 +13,7 @@
 
 #include <specsample/gpt2.hpp>
 #include <specsample/specsample.hpp>
+#include <specsample/io/prompt_list.hpp>
 #include <specsample/tokenizer.hpp>
 
 #include <fmt/format.h>
@@ -43,6 +44,7 @@ struct cli {
   std::optional<fs::path> target;
   std::optional<std::string> draft;  // a directory, "ngram", or a comma-separated list to choose from
   bool auto_k = false;
+  std::optional<fs::path> calibration_prompts;  // warm-up prompts for -k auto / a draft choice
   std::string prompt{default_prompt};
   specsample::speculative_params params{};
   std::uint64_t seed = 42;
@@ -79,6 +81,8 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
   --draft DIR           draft checkpoint with the same tokenizer; "ngram" for prompt-lookup drafting
                         (no model); DIR1,DIR2,... to measure each and keep the best predicted
   -k auto               pick K from a warm-up (acceptance by position, cost ratio c)
+  --calibration-prompts F   warm up -k auto and a draft choice on the prompts of F (one per line,
+                        \n escapes, # comments; e.g. benchmarks/prompts.txt) instead of the prompt
   --p-min P             stop drafting a round when the draft's top probability is below P
   --adaptive            adapt K between rounds (+2 after a full acceptance, -1 after a rejection)
   --prompt TEXT         prompt text (default: a held-out Tiny Shakespeare line)
@@ -116,6 +120,7 @@ cli parse(int argc, char** argv) {
     else if (a == "--draft") c.draft = std::string(value());
     else if (a == "--prompt") c.prompt = value();
     else if (a == "--prompt-file") c.prompt = read_text_file(value());
+    else if (a == "--calibration-prompts") c.calibration_prompts = fs::path(value());
     else if (a == "-n" || a == "--max-new-tokens") c.params.max_new_tokens = parse_number<std::size_t>(a, value());
     else if (a == "-k" || a == "--draft-length") {
       const std::string_view v = value();
@@ -347,17 +352,31 @@ int run(int argc, char** argv) {
   nlohmann::json calibrations = nlohmann::json::array();
   if (!drafts.empty() && (drafts.size() > 1 || c.auto_k)) {
     const std::size_t k_max = 8;
+    // The warm-up prompts: the prompt itself, or a few from --calibration-prompts (acceptance
+    // varies from one text to the next; 64 tokens from each, pooled).
+    std::vector<std::vector<token>> warmup{prompt};
+    if (c.calibration_prompts) {
+      warmup.clear();
+      for (const std::string& text : specsample::io::read_prompt_list(*c.calibration_prompts)) {
+        warmup.push_back(tok.encode(text));
+        if (warmup.back().empty()) {
+          throw specsample::error(fmt::format("{}: prompt {} encodes to no tokens", c.calibration_prompts->string(),
+                                              warmup.size()));
+        }
+      }
+    }
     std::vector<specsample::calibration> cal;
     for (std::size_t d = 0; d < drafts.size(); ++d) {
       std::mt19937_64 rng(c.seed);
-      cal.push_back(specsample::calibrate(drafts[d], target, prompt, c.params, rng, k_max, 64));
+      cal.push_back(specsample::calibrate(drafts[d], target, std::span<const std::vector<token>>(warmup), c.params, rng,
+                                          k_max, 64));
     }
     for (std::size_t d = 1; d < drafts.size(); ++d) {
       if (cal[d].predicted > cal[chosen].predicted) chosen = d;
     }
     std::FILE* out = c.json ? stderr : stdout;
-    fmt::print(out, "draft choice (warm-up of 64 tokens at K = {}; predicted = E[tokens per round] / (cK + v[K]), v[K] = "
-                    "measured cost of a (K+1)-token target call over a 1-token call):\n", k_max);
+    fmt::print(out, "draft choice (warm-up of 64 tokens at K = {} from each of {} prompt(s); predicted = E[tokens per round] / (cK + v[K]), v[K] = "
+                    "measured cost of a (K+1)-token target call over a 1-token call):\n", k_max, warmup.size());
     std::size_t width = 5;
     for (const auto& path : candidates) width = std::max(width, path.string().size());
     fmt::print(out, "  {:<{}} {:>8} {:>8} {:>7} {:>3} {:>10}\n", "draft", width, "alpha_0", "alpha_3", "c", "K",

@@ -65,3 +65,24 @@ TEST_CASE("calibration picks a longer draft for a better draft model", "[tuning]
   // With a cheap draft (c = 0.05), the measured acceptance asks for a longer K from the good draft.
   CHECK(best_draft_length(g.acceptance, 0.05, 8) > best_draft_length(p.acceptance, 0.05, 8));
 }
+
+TEST_CASE("calibration over several prompts pools their acceptance", "[tuning]") {
+  auto target = toy::markov::random(8, 1, 1, 0.3f);
+  auto draft = toy::markov::similar_to(target, 0.7, 2, 0.3f);
+  speculative_params params;
+  const std::vector<std::vector<token>> prompts{{0, 1}, {5}, {2, 7, 3}};
+  std::mt19937_64 a(9), b(9);
+  const auto pooled = calibrate(draft, target, std::span<const std::vector<token>>(prompts), params, a, 4, 200);
+  // The same warm-ups by hand: one position_acceptance observer across the three generations.
+  speculative_params warm = params;
+  warm.draft_length = 4;
+  warm.max_new_tokens = 200;
+  position_acceptance by_hand(4);
+  for (const auto& p : prompts) (void)speculative_sample(draft, target, p, warm, b, by_hand);
+  REQUIRE(pooled.acceptance.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) CHECK(pooled.acceptance[i] == by_hand.rates()[i]);
+  CHECK((pooled.best_k >= 1 && pooled.best_k <= 4));
+  const std::vector<std::vector<token>> none;
+  CHECK_THROWS_WITH(calibrate(draft, target, std::span<const std::vector<token>>(none), params, a),
+                    Catch::Contains("no prompts"));
+}

@@ -1,0 +1,35 @@
+#include <specsample/io/prompt_list.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+std::filesystem::path write_file(const std::string& name, const std::string& text) {
+  const auto path = std::filesystem::temp_directory_path() / name;
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+}  // namespace
+
+TEST_CASE("a prompt list reads one prompt per line with escapes, skipping comments and blank lines",
+          "[io][prompts]") {
+  const auto path = write_file("specsample_prompts_ok.txt", "# a comment\n\nROMEO:\\nO\\tsoft\\\\light\nJULIET:\n");
+  const auto prompts = specsample::io::read_prompt_list(path);
+  REQUIRE(prompts.size() == 2);
+  CHECK(prompts[0] == "ROMEO:\nO\tsoft\\light");
+  CHECK(prompts[1] == "JULIET:");
+}
+
+TEST_CASE("a bad prompt list is reported with the file, the line and the problem", "[io][prompts]") {
+  using Catch::Contains;
+  CHECK_THROWS_WITH(specsample::io::read_prompt_list(write_file("specsample_prompts_esc.txt", "ok\nbad \\q\n")),
+                    Contains("specsample_prompts_esc.txt:2: unknown escape \\q"));
+  CHECK_THROWS_WITH(specsample::io::read_prompt_list(write_file("specsample_prompts_dangling.txt", "end\\")),
+                    Contains(":1: dangling backslash"));
+  CHECK_THROWS_WITH(specsample::io::read_prompt_list(write_file("specsample_prompts_empty.txt", "# only\n\n")),
+                    Contains("no prompts"));
+  CHECK_THROWS_WITH(specsample::io::read_prompt_list("/nonexistent/prompts.txt"), Contains("cannot open"));
+}
