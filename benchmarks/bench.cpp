@@ -93,7 +93,7 @@ constexpr std::string_view help = R"(usage: specsample-bench [options]
                         models/shakespeare-draft-distilled)
   --prompts FILE        prompt file (default: benchmarks/prompts.txt of the source tree)
   -n N                  tokens generated per run (default 128)
-  --reps R              repetitions of every (prompt, K, temperature) (default 2)
+  --reps R              repetitions of every (prompt, K, temperature) (default 2; 4 with --strategies)
   --k-max K             sweep K = 1..K (default 8)
   --temperatures LIST   comma-separated temperatures (default 0,0.7,1)
   --threads N           kernel threads per model (default 1; 0 = all cores)
@@ -156,8 +156,11 @@ cli parse(int argc, char** argv) {
     else if (a == "--quick") c.quick = true;
     else usage_error(fmt::format("unknown argument '{}'", a));
   }
+  const auto set = [&](std::string_view flag) { return std::find(given.begin(), given.end(), flag) != given.end(); };
+  // The strategy comparison pairs ~10 strategies per prompt: 4 repetitions keep the median of its
+  // paired speedups within a few percent (2 left ±0.1 between runs of the same command).
+  if (c.strategies && !set("--reps")) c.reps = 4;
   if (c.quick) {
-    const auto set = [&](std::string_view flag) { return std::find(given.begin(), given.end(), flag) != given.end(); };
     if (!set("-n")) c.n = 32;
     if (!set("--reps")) c.reps = 1;
     if (!set("--k-max")) c.k_max = 3;
