@@ -38,8 +38,9 @@ struct proposal {
 ///  3. `d.propose(ctx, k, q, out, rng)` writes n <= k drafts to out[0..n) and, in q.col(i), the full
 ///     distribution draft i was drawn from (one-hot for deterministic proposals), conditioned on
 ///     ctx + out[0..i), and returns `proposal{n, forward_calls, forward_seconds}` (the time inside
-///     model `append` calls; whatever else the drafter does counts as the loop's own time). The choice of n and of the drafts
-///     may depend on anything but the target's output for this round: that keeps sampling exact;
+///     model `append` calls; whatever else the drafter does counts as the loop's own time). The
+///     choice of n and of the drafts may depend on anything but the target's output for this
+///     round: that keeps sampling exact;
 ///  4. `d.sync(ctx)` is told the context after each round (for KV-cache rollback and the like).
 template <class D>
 concept drafter = requires(D& d, const D& cd, std::span<const token> ctx, std::size_t k, Eigen::Ref<Eigen::MatrixXf> q,
