@@ -74,40 +74,35 @@ template <class Weight>
 /// `total_weight(weight, n)`: an inverse-CDF draw in double over non-negative weights. Blocked:
 /// the scan adds whole blocks (the same sums as `total_weight`, so the search covers exactly
 /// [0, total)) and walks one block element by element; only indices with positive weight can be
-/// returned. When rounding leaves u·total in a gap the element walk does not close, the last
-/// positive index seen is returned (a ~1e-16 event, as with any floating-point inverse CDF).
+/// returned. Where rounding leaves u·total in a gap the walk does not close (a ~1e-16 event, as
+/// with any floating-point inverse CDF), the last positive index of the block — or, past the last
+/// block, of all — is returned.
 template <class Weight, std::uniform_random_bit_generator Rng>
 [[nodiscard]] token draw_weighted(Weight& weight, std::size_t n, double total, Rng& rng) {
   const double u = uniform_01(rng) * total;
   double cum = 0.0;
-  std::size_t last_positive = 0;
-  bool any = false;
   for (std::size_t b = 0; b < n; b += sample_block) {
     const std::size_t end = std::min(n, b + sample_block);
     const double block = weight_sum(weight, b, end);
     if (u < cum + block) {
       double c = cum;
+      std::size_t last_positive = b;
       for (std::size_t i = b; i < end; ++i) {
         const double wi = weight(i);
         if (wi > 0.0) {
           c += wi;
           last_positive = i;
-          any = true;
           if (u < c) return static_cast<token>(i);
         }
       }
-    } else if (block > 0.0) {
-      for (std::size_t i = end; i-- > b;) {
-        if (weight(i) > 0.0) {
-          last_positive = i;
-          any = true;
-          break;
-        }
-      }
+      return static_cast<token>(last_positive);  // the block has a positive weight: u < cum + block
     }
     cum += block;
   }
-  return any ? static_cast<token>(last_positive) : token{-1};
+  for (std::size_t i = n; i-- > 0;) {
+    if (weight(i) > 0.0) return static_cast<token>(i);
+  }
+  return token{-1};  // no positive weight: excluded by the precondition
 }
 
 }  // namespace detail
