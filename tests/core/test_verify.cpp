@@ -4,7 +4,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <random>
+#include <vector>
 
 using namespace specsample;
 
@@ -53,6 +55,72 @@ TEST_CASE("sample_categorical draws in proportion to the weights and never a zer
   const auto fit = testing::g_test(counts, expected);
   CHECK(fit.impossible == 0);
   CHECK(fit.p_value > 1e-3);
+}
+
+TEST_CASE("categorical and residual draws are exact across many blocks of the blocked inverse CDF",
+          "[random][residual]") {
+  // 300 weights = 5 blocks of detail::sample_block (64): one block all zero, sparse and dense ones,
+  // so the block scan, the skip of an empty block and the walk inside a block all matter. (The
+  // exactness tests' vocabularies of 3-6 fit in one block.)
+  constexpr std::size_t V = 300;
+  static_assert(V > 4 * detail::sample_block);
+  std::mt19937 gen(21);
+  std::exponential_distribution<float> e(1.0f);
+  Eigen::VectorXf p(V), q(V);
+  for (std::size_t i = 0; i < V; ++i) {
+    const auto j = static_cast<Eigen::Index>(i);
+    const bool empty_block = i >= 64 && i < 128;
+    p(j) = empty_block || i % 7 == 3 ? 0.0f : e(gen);
+    q(j) = i % 5 == 0 ? 0.0f : e(gen);
+  }
+  p /= p.sum();
+  q /= q.sum();
+  const auto draws = [](auto draw) {
+    std::mt19937_64 rng(22);
+    xt::xarray<double> counts = xt::zeros<double>({V});
+    for (int n = 0; n < 200000; ++n) counts(static_cast<std::size_t>(draw(rng))) += 1.0;
+    return counts;
+  };
+  xt::xarray<double> want_p = xt::zeros<double>({V}), want_r = xt::zeros<double>({V});
+  double mass = 0.0;
+  for (std::size_t i = 0; i < V; ++i) {
+    const auto j = static_cast<Eigen::Index>(i);
+    want_p(i) = p(j);
+    want_r(i) = std::max(0.0, static_cast<double>(p(j)) - static_cast<double>(q(j)));
+    mass += want_r(i);
+  }
+  want_r /= mass;
+  const auto categorical = testing::g_test(draws([&](auto& rng) { return sample_categorical(p, rng); }), want_p);
+  INFO("categorical: G = " << categorical.statistic << ", dof = " << categorical.dof << ", p = " << categorical.p_value);
+  CHECK(categorical.impossible == 0);
+  CHECK(categorical.p_value > 1e-3);
+  const auto residual = testing::g_test(draws([&](auto& rng) { return sample_residual(p, q, rng); }), want_r);
+  INFO("residual: G = " << residual.statistic << ", dof = " << residual.dof << ", p = " << residual.p_value);
+  CHECK(residual.impossible == 0);
+  CHECK(residual.p_value > 1e-3);
+
+  // Broken variant: the right block, then a uniform pick among its positive weights (the walk
+  // inside the block skipped). The same statistic must reject it.
+  const auto broken = testing::g_test(draws([&](auto& rng) {
+    auto weight = [&](std::size_t i) { return static_cast<double>(p(static_cast<Eigen::Index>(i))); };
+    const double u = uniform_01(rng) * detail::total_weight(weight, V);
+    double cum = 0.0;
+    for (std::size_t b = 0; b < V; b += detail::sample_block) {
+      const std::size_t end = std::min(V, b + detail::sample_block);
+      const double block = detail::weight_sum(weight, b, end);
+      if (u < cum + block) {
+        std::vector<token> positive;
+        for (std::size_t i = b; i < end; ++i) {
+          if (weight(i) > 0.0) positive.push_back(static_cast<token>(i));
+        }
+        return positive[std::uniform_int_distribution<std::size_t>(0, positive.size() - 1)(rng)];
+      }
+      cum += block;
+    }
+    return token{0};
+  }), want_p);
+  INFO("broken: G = " << broken.statistic << ", p = " << broken.p_value);
+  CHECK(broken.p_value < 1e-6);
 }
 
 TEST_CASE("a rejected draft token is resampled from the residual", "[verify]") {
