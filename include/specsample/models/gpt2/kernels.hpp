@@ -261,14 +261,10 @@ inline void gelu_reference(std::span<float> out, std::span<const float> inp) {
   }
 }
 
-/// x = exp(x − max x) / Σ exp(x − max x), in place over one row (fixed-order sum).
-inline void softmax(std::span<float> x) {
-  if (x.empty()) return;
-  float mx = x[0];
-  for (const float v : x) mx = std::max(mx, v);
-  for (float& v : x) v = std::exp(v - mx);
-  const float inv = 1.0f / sum(x.data(), x.size());
-  for (float& v : x) v *= inv;
+/// x = exp(x − max x) / Σ exp(x − max x), in place over one row (simd::softmax_row: the
+/// attention's softmax, with the kernels of `level`).
+inline void softmax(std::span<float> x, isa level = isa::best) {
+  simd::softmax_row(simd::resolve(level), x.data(), x.size());
 }
 
 /// Plain twin of `softmax` (double).

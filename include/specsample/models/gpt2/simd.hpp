@@ -210,27 +210,15 @@ inline void matmul_generic(const matmul_args& a, std::size_t p_begin, std::size_
   }
 }
 
-/// The row sum and scaling of `softmax_row` after x holds exp(x − max): 8-lane order.
-inline void softmax_normalize(float* x, std::size_t n) noexcept {
-  float l[8] = {};
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (std::size_t j = 0; j < 8; ++j) l[j] += x[i + j];
-  }
-  float tail = 0;
-  for (; i < n; ++i) tail += x[i];
-  const float inv =
-      1.0f / ((((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]))) + tail);
-  for (i = 0; i < n; ++i) x[i] *= inv;
-}
-
-/// x = exp(x − max x) / Σ exp(x − max x) over one row of n (the sum in the 8-lane order).
-inline void softmax_row(float* x, std::size_t n) noexcept {
+/// x = exp(x − max x) / Σ exp(x − max x) over one row of n, with the vector exp of `level`
+/// (specsample::simd::exp_shifted: the same numerator the logit warper uses; its sum in double in a
+/// fixed order per level), so a row's result depends only on the row and the level.
+inline void softmax_row(isa level, float* x, std::size_t n) noexcept {
   if (n == 0) return;
   float mx = x[0];
   for (std::size_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
-  for (std::size_t i = 0; i < n; ++i) x[i] = std::exp(x[i] - mx);
-  softmax_normalize(x, n);
+  const auto inv = static_cast<float>(1.0 / specsample::simd::exp_shifted(level, x, n, mx, 1.0f));
+  for (std::size_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
 // --- attention layout ----------------------------------------------------------------------------
@@ -276,7 +264,7 @@ inline void attend_generic(const float* q, const float* kb, const float* v, std:
       att[b * key_block + j] = acc[j] * scale;
     }
   }
-  softmax_row(att, len);
+  softmax_row(isa::generic, att, len);
   std::fill(out, out + HS, 0.0f);
   for (std::size_t p = 0; p < len; ++p) {
     const float a = att[p];
@@ -492,39 +480,11 @@ inline SPECSAMPLE_TARGET_AVX2 void gelu_avx2(float* out, const float* in, std::s
   }
 }
 
-// --- attention heads (vectorised dots over the head channels, 4 keys at a time) -------------------
-// Keys and values of a head are contiguous rows of ld floats (the model's cache is head-major,
-// so a head streams one block). Softmax takes exp from the vector exp above (~1 ulp); the value
+// --- attention heads (scores a lane per key, values a lane per channel) ---------------------------
+// A head's keys (transposed blocks) and values (rows) are one contiguous region each (the cache
+// is head-major). Softmax is `softmax_row` with this level's vector exp (~1 ulp); the value
 // sum keeps up to 4 vector accumulators in flight (one per 16 or 8 channels), p increasing per
 // channel, so no channel's result depends on how many channels are computed together.
-
-inline SPECSAMPLE_TARGET_AVX2 void softmax_row_avx2(float* x, std::size_t n) {
-  float mx = x[0];
-  for (std::size_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
-  const __m256 m = _mm256_set1_ps(mx);
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, avx2_exp(_mm256_sub_ps(_mm256_loadu_ps(x + i), m)));
-  if (i < n) {
-    alignas(32) float buf[8] = {};
-    std::memcpy(buf, x + i, (n - i) * sizeof(float));
-    _mm256_store_ps(buf, avx2_exp(_mm256_sub_ps(_mm256_load_ps(buf), m)));
-    std::memcpy(x + i, buf, (n - i) * sizeof(float));
-  }
-  softmax_normalize(x, n);
-}
-
-inline SPECSAMPLE_TARGET_AVX512 void softmax_row_avx512(float* x, std::size_t n) {
-  float mx = x[0];
-  for (std::size_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
-  const __m512 m = _mm512_set1_ps(mx);
-  std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, avx512_exp(_mm512_sub_ps(_mm512_loadu_ps(x + i), m)));
-  if (i < n) {
-    const auto k = static_cast<__mmask16>((1u << (n - i)) - 1u);
-    _mm512_mask_storeu_ps(x + i, k, avx512_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m)));
-  }
-  softmax_normalize(x, n);
-}
 
 // The attention loops below never issue a load for a vector wholly past the data (a load with an
 // all-zero mask still costs a microcode assist on some CPUs when its address is on a page never
@@ -585,7 +545,7 @@ inline SPECSAMPLE_TARGET_AVX2 void attend_avx2(const float* q, const float* kb, 
       default: avx2_scores<4>(q, kb, HS, p0, tail, scale, att); break;
     }
   }
-  softmax_row_avx2(att, len);
+  softmax_row(isa::avx2, att, len);
   std::size_t d = 0;
   for (; HS - d >= 32; d += 32) avx2_values<4>(att, v, len, HS, d, out);
   switch ((HS - d) / 8) {
@@ -709,7 +669,7 @@ SPECSAMPLE_TARGET_AVX512 void attend_avx512(const float* q, std::size_t ldq, con
       default: avx512_scores<NQ, 4>(q, ldq, kb, HS, p0, tail, scale, att, ldatt); break;
     }
   }
-  for (int i = 0; i < NQ; ++i) softmax_row_avx512(att + static_cast<std::size_t>(i) * ldatt, len0 + static_cast<std::size_t>(i));
+  for (int i = 0; i < NQ; ++i) softmax_row(isa::avx512, att + static_cast<std::size_t>(i) * ldatt, len0 + static_cast<std::size_t>(i));
   for (std::size_t d = 0; d < HS; d += 64) {
     const std::size_t n = std::min<std::size_t>(64, HS - d), vecs = (n + 15) / 16, tail = n - 16 * (vecs - 1);
     switch (vecs) {
