@@ -417,37 +417,23 @@ scaling_result measure_thread_scaling(specsample::gpt2::model& a, specsample::gp
 // vocabulary size, with synthetic models whose forward pass is a column copy: the statistics
 // split draft / target seconds from the rest, exactly as in the real runs.
 
-/// A model over V tokens whose next-token logits depend on the last token only (64 random
-/// columns); `noise` perturbs them for a draft that is close to, not equal to, the target.
-class synthetic_model {
- public:
-  synthetic_model(std::size_t V, float noise, std::uint64_t seed) : V_(V), table_(static_cast<Eigen::Index>(V), 64) {
-    std::mt19937_64 rng(20240601);
-    std::normal_distribution<float> n(0.0f, 2.0f);
-    for (Eigen::Index j = 0; j < table_.cols(); ++j) {
-      for (Eigen::Index i = 0; i < table_.rows(); ++i) table_(i, j) = n(rng);
-    }
-    std::mt19937_64 perturb(seed);
-    std::normal_distribution<float> e(0.0f, noise);
-    if (noise > 0.0f) table_ = table_.unaryExpr([&](float x) { return x + e(perturb); });
+/// A model over V tokens whose next-token logits depend on the last token only: column
+/// (last token mod 64) of a random table, `noise` perturbing the table for a draft that is close
+/// to, not equal to, the target. Wrapped in toy::callable_model (the forward pass is a copy).
+auto synthetic_model(std::size_t V, float noise, std::uint64_t seed) {
+  Eigen::MatrixXf table(static_cast<Eigen::Index>(V), 64);
+  std::mt19937_64 rng(20240601);
+  std::normal_distribution<float> n(0.0f, 2.0f);
+  for (Eigen::Index j = 0; j < table.cols(); ++j) {
+    for (Eigen::Index i = 0; i < table.rows(); ++i) table(i, j) = n(rng);
   }
-  [[nodiscard]] std::size_t vocab_size() const noexcept { return V_; }
-  [[nodiscard]] std::size_t size() const noexcept { return ctx_.size(); }
-  Eigen::MatrixXf append(std::span<const token> t) {
-    Eigen::MatrixXf out(static_cast<Eigen::Index>(V_), static_cast<Eigen::Index>(t.size()));
-    for (std::size_t j = 0; j < t.size(); ++j) {
-      out.col(static_cast<Eigen::Index>(j)) = table_.col(static_cast<Eigen::Index>(static_cast<std::size_t>(t[j]) % 64));
-      ctx_.push_back(t[j]);
-    }
-    return out;
-  }
-  void truncate(std::size_t n) { ctx_.resize(n); }
-
- private:
-  std::size_t V_;
-  Eigen::MatrixXf table_;
-  std::vector<token> ctx_;
-};
+  std::mt19937_64 perturb(seed);
+  std::normal_distribution<float> e(0.0f, noise);
+  if (noise > 0.0f) table = table.unaryExpr([&](float x) { return x + e(perturb); });
+  return specsample::toy::callable_model(V, [table = std::move(table)](std::span<const token> ctx) {
+    return Eigen::VectorXf(table.col(static_cast<Eigen::Index>(static_cast<std::size_t>(ctx.back()) % 64)));
+  });
+}
 
 struct overhead_result {
   std::size_t vocab = 0, k = 0, rounds = 0;
@@ -457,7 +443,8 @@ struct overhead_result {
 
 overhead_result measure_loop_overhead(std::size_t V, std::size_t k, double temperature, std::size_t generations,
                                       std::uint64_t seed) {
-  synthetic_model target(V, 0.0f, seed), draft(V, 0.7f, seed + 1);
+  auto target = synthetic_model(V, 0.0f, seed);
+  auto draft = synthetic_model(V, 0.7f, seed + 1);
   specsample::speculative_params params;
   params.max_new_tokens = 128;
   params.draft_length = k;
