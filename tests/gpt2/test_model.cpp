@@ -295,6 +295,41 @@ TEST_CASE("weights stay in the checkpoint's precision", "[gpt2][model]") {
   REQUIRE(target.kernels() == gpt2::simd::detected());
 }
 
+TEST_CASE("the matmul weights share one allocation in the order a forward pass streams them",
+          "[gpt2][model]") {
+  for (const char* name : {"shakespeare-target", "shakespeare-draft"}) {
+    const auto m = gpt2::model::load(models_dir / name, {.threads = 1});
+    const gpt2::weights& w = m.weights();
+    std::vector<const gpt2::weight_matrix*> order;
+    for (const auto& l : w.layers) {
+      for (const auto* x : {&l.attn_qkv_weight, &l.attn_proj_weight, &l.mlp_fc_weight, &l.mlp_proj_weight}) {
+        order.push_back(x);
+      }
+    }
+    order.push_back(&w.wte);  // tied: the output projection, last
+    REQUIRE(w.lm_head.size() == 0);
+    const auto at = [](const gpt2::weight_matrix* x) { return reinterpret_cast<std::uintptr_t>(x->data()); };
+    for (std::size_t i = 1; i < order.size(); ++i) {
+      INFO(name << " matrix " << i);
+      // Each starts where the previous one's packed bytes end (rounded up to a cache line).
+      REQUIRE(at(order[i]) == at(order[i - 1]) + (order[i - 1]->bytes() + 63) / 64 * 64);
+    }
+  }
+  // Large storage is 2 MiB-aligned (huge pages where the kernel allows them), small 64-byte
+  // aligned; both zeroed.
+  for (const std::size_t bytes : {std::size_t{1000}, gpt2::huge_page_bytes + 4096}) {
+    const auto p = gpt2::allocate_weight_storage(bytes);
+    const std::size_t align = bytes >= gpt2::huge_page_bytes ? gpt2::huge_page_bytes : 64;
+    REQUIRE(reinterpret_cast<std::uintptr_t>(p.get()) % align == 0);
+    REQUIRE(std::all_of(p.get(), p.get() + bytes, [](unsigned char c) { return c == 0; }));
+  }
+  // A copy owns its own storage with the same contents.
+  const auto m = gpt2::model::load(models_dir / "shakespeare-draft", {.threads = 1});
+  const gpt2::weight_matrix copy = m.weights().layers[0].mlp_fc_weight;
+  REQUIRE(copy.data() != m.weights().layers[0].mlp_fc_weight.data());
+  REQUIRE(copy.to_float() == m.weights().layers[0].mlp_fc_weight.to_float());
+}
+
 TEST_CASE("the model reports its shape and handles empty appends, truncation and growth",
           "[gpt2][model]") {
   gpt2::model m = gpt2::model::load(test_models_dir / "tiny-random-gpt2");

@@ -6,7 +6,8 @@
 /// Storage: the big matrices (the four matmul weights of every block and wte / lm_head) are
 /// `weight_matrix`es kept in the checkpoint's precision — F16 stays F16 and BF16 stays BF16 (2
 /// bytes per parameter, converted to F32 exactly inside the matmul kernels), F32 stays F32 —
-/// packed in the panel layout the kernels stream. The small tensors (layer-norm parameters,
+/// packed in the panel layout the kernels stream, all in one allocation in the order a forward
+/// pass streams them (`allocate_weight_storage`). The small tensors (layer-norm parameters,
 /// biases, wpe) are F32 `xt::xtensor`s.
 
 #include <specsample/error.hpp>
@@ -21,14 +22,41 @@
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
+#include <cstdlib>
 #include <memory>
 #include <new>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace specsample::gpt2 {
+
+/// Bytes from which weight storage is aligned to, and advised as, transparent huge pages.
+inline constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
+
+/// Zeroed storage for packed weights. From `huge_page_bytes` up it is 2 MiB-aligned, rounded up
+/// to whole 2 MiB pages and advised MADV_HUGEPAGE (Linux): a single-token decode streams every
+/// weight once, and with 4 KiB pages that is a TLB miss per 4 KiB (6,000 per token on the bundled
+/// target). Measured A/B on the bundled target (Zen 5, THP "madvise"; docs/gpt2.md, "Storage"):
+/// an append of 1 token 5–7% faster. Smaller buffers are 64-byte aligned. Without THP the advice
+/// is a no-op.
+[[nodiscard]] inline std::shared_ptr<unsigned char[]> allocate_weight_storage(std::size_t bytes) {
+  if (bytes == 0) return {};
+  const bool huge = bytes >= huge_page_bytes;
+  const std::size_t align = huge ? huge_page_bytes : 64;
+  const std::size_t size = (bytes + align - 1) / align * align;
+  auto* p = static_cast<unsigned char*>(std::aligned_alloc(align, size));
+  if (p == nullptr) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (huge) (void)::madvise(p, size, MADV_HUGEPAGE);  // advice only: failure changes nothing
+#endif
+  std::memset(p, 0, size);
+  return {p, [](unsigned char* q) { std::free(q); }};
+}
 
 /// A (rows, cols) weight matrix in its storage precision (F32, or F16 / BF16 as raw 16-bit
 /// patterns), packed in panels of 64 rows — [ceil(rows/64)][cols][64], padding rows zero — in
@@ -38,27 +66,38 @@ class weight_matrix {
  public:
   weight_matrix() = default;
 
-  /// A zeroed (rows, cols) matrix of `format`.
+  /// A zeroed (rows, cols) matrix of `format` with storage of its own.
   weight_matrix(weight_format format, std::size_t rows, std::size_t cols)
-      : format_(format), rows_(rows), cols_(cols) {
-    const std::size_t n = storage_bytes();
-    if (n != 0) {
-      data_.reset(static_cast<unsigned char*>(::operator new[](n, std::align_val_t{64})));
-      std::memset(data_.get(), 0, n);
-    }
+      : weight_matrix(format, rows, cols, allocate_weight_storage(packed_bytes(format, rows, cols))) {}
+
+  /// A (rows, cols) matrix of `format` whose packed storage is the `packed_bytes(format, rows,
+  /// cols)` zeroed bytes at `storage` (which it shares: one allocation can hold many matrices, in
+  /// the order a forward pass streams them; see `weights::load`).
+  weight_matrix(weight_format format, std::size_t rows, std::size_t cols,
+                std::shared_ptr<unsigned char[]> storage) noexcept
+      : format_(format), rows_(rows), cols_(cols), data_(std::move(storage)) {}
+
+  /// Bytes of packed storage of a (rows, cols) matrix of `format` (padding rows included).
+  [[nodiscard]] static constexpr std::size_t packed_bytes(weight_format format, std::size_t rows,
+                                                          std::size_t cols) noexcept {
+    return simd::panels(rows) * cols * simd::panel * format_bytes(format);
   }
 
-  /// Packs a row-major (rows, cols) matrix whose elements are in `format` (row o = output o).
+  /// Packs a row-major (rows, cols) matrix whose elements are in `format` (row o = output o),
+  /// into `storage` when given (as the sharing constructor), else into storage of its own.
   [[nodiscard]] static weight_matrix from_rows(weight_format format, std::size_t rows,
-                                               std::size_t cols, const void* src) {
-    weight_matrix m(format, rows, cols);
+                                               std::size_t cols, const void* src,
+                                               std::shared_ptr<unsigned char[]> storage = {}) {
+    weight_matrix m = make(format, rows, cols, std::move(storage));
     if (m.data_) simd::pack_rows(src, m.data_.get(), rows, cols, format_bytes(format));
     return m;
   }
-  /// Packs a row-major (cols, rows) matrix — HF Conv1D's [in, out] — whose column o is output o.
+  /// Packs a row-major (cols, rows) matrix — HF Conv1D's [in, out] — whose column o is output o
+  /// (into `storage` as `from_rows`).
   [[nodiscard]] static weight_matrix from_columns(weight_format format, std::size_t rows,
-                                                  std::size_t cols, const void* src) {
-    weight_matrix m(format, rows, cols);
+                                                  std::size_t cols, const void* src,
+                                                  std::shared_ptr<unsigned char[]> storage = {}) {
+    weight_matrix m = make(format, rows, cols, std::move(storage));
     if (m.data_) simd::pack_columns(src, m.data_.get(), rows, cols, format_bytes(format));
     return m;
   }
@@ -114,17 +153,17 @@ class weight_matrix {
   }
 
  private:
-  struct aligned_delete {
-    void operator()(unsigned char* p) const noexcept { ::operator delete[](p, std::align_val_t{64}); }
-  };
-  [[nodiscard]] std::size_t storage_bytes() const noexcept {
-    return simd::panels(rows_) * cols_ * simd::panel * format_bytes(format_);
+  static weight_matrix make(weight_format format, std::size_t rows, std::size_t cols,
+                            std::shared_ptr<unsigned char[]> storage) {
+    if (!storage) return weight_matrix(format, rows, cols);
+    return weight_matrix(format, rows, cols, std::move(storage));
   }
+  [[nodiscard]] std::size_t storage_bytes() const noexcept { return packed_bytes(format_, rows_, cols_); }
 
   weight_format format_ = weight_format::f32;
   std::size_t rows_ = 0;
   std::size_t cols_ = 0;
-  std::unique_ptr<unsigned char[], aligned_delete> data_;
+  std::shared_ptr<unsigned char[]> data_;
 };
 
 /// One transformer block. Matmul weights are stored (OC, C) — transposed from HF Conv1D's
@@ -265,18 +304,29 @@ class tensor_loader {
     convert_floats(t, 0, t.numel(), dst.data());
   }
 
-  /// Loads a (rows, cols) matrix (row o = output o), keeping F32 / F16 / BF16, packed.
-  void load_matrix(weight_matrix& dst, const std::string& name, std::size_t rows, std::size_t cols,
-                   bool top_level = false) const {
-    const io::tensor_view& t = get(name, {rows, cols}, top_level);
-    dst = weight_matrix::from_rows(format_of(t.dtype), rows, cols, t.data.data());
+  /// A matmul weight to load: the tensor `name`, the (rows, cols) matrix it becomes (row o =
+  /// output o) and whether the file holds it transposed (HF Conv1D's [in, out] = [cols, rows]).
+  struct matrix_spec {
+    weight_matrix* dst;
+    std::string name;
+    std::size_t rows, cols;
+    bool transposed = false;
+    bool top_level = false;
+  };
+
+  /// Packed bytes of `m` in its checkpoint precision.
+  [[nodiscard]] std::size_t packed_bytes(const matrix_spec& m) const {
+    return weight_matrix::packed_bytes(format_of(view(m).dtype), m.rows, m.cols);
   }
 
-  /// Loads an HF Conv1D weight [in, out] as the (out, in) matrix, keeping its precision, packed.
-  void load_matrix_transposed(weight_matrix& dst, const std::string& name, std::size_t in,
-                              std::size_t out) const {
-    const io::tensor_view& t = get(name, {in, out});
-    dst = weight_matrix::from_columns(format_of(t.dtype), out, in, t.data.data());
+  /// Loads `m` into *m.dst, keeping F32 / F16 / BF16, packed into `storage` (packed_bytes(m)
+  /// zeroed bytes).
+  void load_matrix(const matrix_spec& m, std::shared_ptr<unsigned char[]> storage) const {
+    const io::tensor_view& t = view(m);
+    *m.dst = m.transposed ? weight_matrix::from_columns(format_of(t.dtype), m.rows, m.cols, t.data.data(),
+                                                        std::move(storage))
+                          : weight_matrix::from_rows(format_of(t.dtype), m.rows, m.cols, t.data.data(),
+                                                     std::move(storage));
   }
 
   /// Throws if the file has blocks beyond n_layer (the config disagrees with the tensors).
@@ -303,6 +353,9 @@ class tensor_loader {
   [[nodiscard]] const io::safetensors_file& file() const noexcept { return file_; }
 
  private:
+  const io::tensor_view& view(const matrix_spec& m) const {
+    return m.transposed ? get(m.name, {m.cols, m.rows}) : get(m.name, {m.rows, m.cols}, m.top_level);
+  }
   static weight_format format_of(io::dtype d) noexcept {
     return d == io::dtype::f16 ? weight_format::f16
                                : (d == io::dtype::bf16 ? weight_format::bf16 : weight_format::f32);
@@ -345,30 +398,49 @@ inline weights weights::load(const io::safetensors_file& file, const config& cfg
   (void)ld.get("ln_f.bias", {C});
   if (has_lm_head) (void)ld.get("lm_head.weight", {V, C}, /*top_level=*/true);
 
-  // Pass 2: convert.
+  // Pass 2: convert. The matmul weights share one allocation (`allocate_weight_storage`: huge
+  // pages when large), laid out in the order a forward pass streams them — block 0's qkv, proj,
+  // fc and proj, block 1's, …, the output projection — and wte last (the embedding reads one row
+  // per token; tied, wte is the output projection itself).
   weights w;
-  ld.load_matrix(w.wte, "wte.weight", V, C);
-  ld.load(w.wpe, "wpe.weight", {P, C});
   w.layers.resize(cfg.n_layer);
+  using spec = detail::tensor_loader::matrix_spec;
+  std::vector<spec> matrices;
+  for (std::size_t l = 0; l < cfg.n_layer; ++l) {
+    const std::string h = fmt::format("h.{}.", l);
+    layer_weights& lw = w.layers[l];
+    matrices.push_back(spec{&lw.attn_qkv_weight, h + "attn.c_attn.weight", 3 * C, C, true});
+    matrices.push_back(spec{&lw.attn_proj_weight, h + "attn.c_proj.weight", C, C, true});
+    matrices.push_back(spec{&lw.mlp_fc_weight, h + "mlp.c_fc.weight", I, C, true});
+    matrices.push_back(spec{&lw.mlp_proj_weight, h + "mlp.c_proj.weight", C, I, true});
+  }
+  if (has_lm_head) matrices.push_back(spec{&w.lm_head, "lm_head.weight", V, C, false, /*top_level=*/true});
+  matrices.push_back(spec{&w.wte, "wte.weight", V, C});
+  const auto slot = [](std::size_t bytes) { return (bytes + 63) / 64 * 64; };
+  std::size_t total = 0;
+  for (const spec& m : matrices) total += slot(ld.packed_bytes(m));
+  const std::shared_ptr<unsigned char[]> arena = allocate_weight_storage(total);
+  std::size_t offset = 0;
+  for (const spec& m : matrices) {
+    ld.load_matrix(m, std::shared_ptr<unsigned char[]>(arena, arena.get() + offset));  // (aliasing)
+    offset += slot(ld.packed_bytes(m));
+  }
+
+  ld.load(w.wpe, "wpe.weight", {P, C});
   for (std::size_t l = 0; l < cfg.n_layer; ++l) {
     const std::string h = fmt::format("h.{}.", l);
     layer_weights& lw = w.layers[l];
     ld.load(lw.ln_1_weight, h + "ln_1.weight", {C});
     ld.load(lw.ln_1_bias, h + "ln_1.bias", {C});
-    ld.load_matrix_transposed(lw.attn_qkv_weight, h + "attn.c_attn.weight", C, 3 * C);
     ld.load(lw.attn_qkv_bias, h + "attn.c_attn.bias", {3 * C});
-    ld.load_matrix_transposed(lw.attn_proj_weight, h + "attn.c_proj.weight", C, C);
     ld.load(lw.attn_proj_bias, h + "attn.c_proj.bias", {C});
     ld.load(lw.ln_2_weight, h + "ln_2.weight", {C});
     ld.load(lw.ln_2_bias, h + "ln_2.bias", {C});
-    ld.load_matrix_transposed(lw.mlp_fc_weight, h + "mlp.c_fc.weight", C, I);
     ld.load(lw.mlp_fc_bias, h + "mlp.c_fc.bias", {I});
-    ld.load_matrix_transposed(lw.mlp_proj_weight, h + "mlp.c_proj.weight", I, C);
     ld.load(lw.mlp_proj_bias, h + "mlp.c_proj.bias", {C});
   }
   ld.load(w.ln_f_weight, "ln_f.weight", {C});
   ld.load(w.ln_f_bias, "ln_f.bias", {C});
-  if (has_lm_head) ld.load_matrix(w.lm_head, "lm_head.weight", V, C, /*top_level=*/true);
   return w;
 }
 
