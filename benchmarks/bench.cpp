@@ -32,6 +32,7 @@
 #include <specsample/tokenizer.hpp>
 
 #include "bench_util.hpp"
+#include "probes.hpp"
 
 #include <Eigen/Core>
 #include <fmt/format.h>
@@ -474,11 +475,9 @@ overhead_result measure_loop_overhead(std::size_t V, std::size_t k, double tempe
 }
 
 // ---------------------------------------------------------------------------------------------
-// Memory bandwidth probe: vectorised sums of floats over a buffer, repeated until a sample takes
-// ~30 ms, split across `threads` threads; GB/s = bytes read / seconds (1 GB = 1e9 bytes). With the
-// kernels' instruction set the sum reads 64-byte vectors and prefetches 16 KiB ahead as the
-// matmul kernels do (simd.hpp, `prefetch_bytes`), so the probe is the best streaming read this
-// core manages, not a weaker loop the kernels could beat.
+// Memory bandwidth probe: `specsample_bench::stream_sum` (probes.hpp) over a buffer allocated as
+// the weights are, repeated until a sample takes ~30 ms, split across `threads` threads; GB/s =
+// bytes read / seconds (1 GB = 1e9 bytes).
 
 struct probe_result {
   std::string label;
@@ -486,54 +485,10 @@ struct probe_result {
   summary gbs;
 };
 
-// 64 independent lanes: the compiler turns the inner loop into packed adds (SSE2 by default, wider
-// with -march flags) without needing -ffast-math to reassociate a single accumulator.
-float sum_floats(const float* p, std::size_t n) {
-  constexpr std::size_t lanes = 64;
-  float acc[lanes] = {};
-  std::size_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    for (std::size_t j = 0; j < lanes; ++j) acc[j] += p[i + j];
-  }
-  float s = 0.0f;
-  for (; i < n; ++i) s += p[i];
-  for (const float a : acc) s += a;
-  return s;
-}
-
-#if SPECSAMPLE_X86
-SPECSAMPLE_TARGET_AVX512 float sum_floats_avx512(const float* p, std::size_t n) {
-  constexpr std::size_t ahead = specsample::gpt2::simd::prefetch_bytes / sizeof(float);
-  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  std::size_t i = 0;
-  for (; i + 64 <= n; i += 64) {  // one 256-byte step: 4 lines, 4 prefetches
-    for (std::size_t j = 0; j < 4; ++j) {
-      if (i + ahead + 16 * j < n) _mm_prefetch(reinterpret_cast<const char*>(p + i + ahead + 16 * j), _MM_HINT_T0);
-      acc[j] = _mm512_add_ps(acc[j], _mm512_loadu_ps(p + i + 16 * j));
-    }
-  }
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
-  float s = std::accumulate(lanes, lanes + 16, 0.0f);
-  for (; i < n; ++i) s += p[i];
-  return s;
-}
-#endif
-
-float sum_stream(specsample::isa level, const float* p, std::size_t n) {
-#if SPECSAMPLE_X86
-  if (level == specsample::isa::avx512) return sum_floats_avx512(p, n);
-#endif
-  (void)level;
-  return sum_floats(p, n);
-}
-
 probe_result probe_bandwidth(std::string label, std::size_t bytes, std::size_t threads, std::size_t reps,
                              specsample::isa level) {
   const std::size_t n = std::max<std::size_t>(bytes / sizeof(float), 1024);
-  const std::size_t align = 64;
-  std::unique_ptr<float[], decltype(&std::free)> buf(
-      static_cast<float*>(std::aligned_alloc(align, (n * sizeof(float) + align - 1) / align * align)), &std::free);
+  const specsample_bench::float_buffer buf(n);
   std::fill(buf.get(), buf.get() + n, 1.0f);
   const std::size_t chunk = (n + threads - 1) / threads;
   std::vector<float> sinks(threads * 16, 0.0f);
@@ -542,7 +497,7 @@ probe_result probe_bandwidth(std::string label, std::size_t bytes, std::size_t t
     auto work = [&](std::size_t w) {
       const std::size_t lo = std::min(n, w * chunk), hi = std::min(n, lo + chunk);
       float acc = 0.0f;
-      for (std::size_t p = 0; p < passes; ++p) acc += sum_stream(level, buf.get() + lo, hi - lo);
+      for (std::size_t p = 0; p < passes; ++p) acc += specsample_bench::stream_sum(level, buf.get() + lo, hi - lo);
       sinks[w * 16] = acc;
     };
     std::vector<std::thread> pool;
@@ -565,53 +520,8 @@ probe_result probe_bandwidth(std::string label, std::size_t bytes, std::size_t t
 }
 
 // ---------------------------------------------------------------------------------------------
-// FMA peak probe: 16 independent accumulators of fused multiply-adds held in registers, with the
-// vector width of the kernels' instruction set (generic: 16 × 8 floats, multiply then add, as
-// the generic kernels do). What the matmuls could reach with every operand in a register; the
-// floors below divide multiply-adds by it. GMAC/s = multiply-adds per second / 1e9.
-
-#if SPECSAMPLE_X86
-SPECSAMPLE_TARGET_AVX512 __attribute__((noinline)) float fma_loop_avx512(std::size_t iters) {
-  __m512 acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(0.001f * static_cast<float>(i));
-  const __m512 x = _mm512_set1_ps(0.9999f), y = _mm512_set1_ps(1e-4f);
-  for (std::size_t n = 0; n < iters; ++n) {
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(acc[i], x, y);
-  }
-  for (int i = 1; i < 16; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
-  alignas(64) float out[16];  // (not _mm512_reduce_add_ps: GCC 12 warns about its _undefined operand)
-  _mm512_store_ps(out, acc[0]);
-  return std::accumulate(out, out + 16, 0.0f);
-}
-
-SPECSAMPLE_TARGET_AVX2 __attribute__((noinline)) float fma_loop_avx2(std::size_t iters) {
-  __m256 acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm256_set1_ps(0.001f * static_cast<float>(i));
-  const __m256 x = _mm256_set1_ps(0.9999f), y = _mm256_set1_ps(1e-4f);
-  for (std::size_t n = 0; n < iters; ++n) {
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) acc[i] = _mm256_fmadd_ps(acc[i], x, y);
-  }
-  alignas(32) float out[8];
-  for (int i = 1; i < 16; ++i) acc[0] = _mm256_add_ps(acc[0], acc[i]);
-  _mm256_store_ps(out, acc[0]);
-  return std::accumulate(out, out + 8, 0.0f);
-}
-#endif
-
-__attribute__((noinline)) float fma_loop_generic(std::size_t iters) {
-  float acc[16][8];
-  for (int i = 0; i < 16; ++i) std::fill_n(acc[i], 8, 0.001f * static_cast<float>(i));
-  for (std::size_t n = 0; n < iters; ++n) {
-    for (auto& a : acc) {
-      for (float& v : a) v = v * 0.9999f + 1e-4f;
-    }
-  }
-  float s = 0.0f;
-  for (const auto& a : acc) s += std::accumulate(a, a + 8, 0.0f);
-  return s;
-}
+// FMA peak probe: `specsample_bench::fma_loop_for` (probes.hpp) timed until a sample takes ~20 ms;
+// the floors below divide multiply-adds by it. GMAC/s = multiply-adds per second / 1e9.
 
 struct fma_probe_result {
   specsample::isa level = specsample::isa::generic;
@@ -619,30 +529,20 @@ struct fma_probe_result {
 };
 
 fma_probe_result probe_fma(specsample::isa level, std::size_t reps) {
-  std::size_t lanes = 8;
-  float (*loop)(std::size_t) = fma_loop_generic;
-#if SPECSAMPLE_X86
-  if (level == specsample::isa::avx512) {
-    lanes = 16;
-    loop = fma_loop_avx512;
-  } else if (level == specsample::isa::avx2) {
-    loop = fma_loop_avx2;
-  }
-#endif
-  const auto macs = [lanes](std::size_t iters) { return static_cast<double>(iters * 16 * lanes); };
-  volatile float sink = loop(1000);  // warm up (and wake the wide vector units)
+  const specsample_bench::fma_loop loop = specsample_bench::fma_loop_for(level);
+  volatile float sink = loop.run(1000);  // warm up (and wake the wide vector units)
   std::size_t iters = std::size_t{1} << 16;
   for (;;) {  // ~20 ms per sample
     const auto t0 = steady::now();
-    sink = loop(iters);
+    sink = loop.run(iters);
     if (seconds_since(t0) >= 0.02) break;
     iters *= 2;
   }
   std::vector<double> gmacs;
   for (std::size_t r = 0; r < reps; ++r) {
     const auto t0 = steady::now();
-    sink = loop(iters);
-    gmacs.push_back(macs(iters) / seconds_since(t0) / 1e9);
+    sink = loop.run(iters);
+    gmacs.push_back(static_cast<double>(iters * loop.macs_per_iteration) / seconds_since(t0) / 1e9);
   }
   (void)sink;
   return {level, summarize(gmacs)};

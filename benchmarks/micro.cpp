@@ -1,12 +1,14 @@
 // Micro-benchmarks of the GPT-2 kernels and of the sampling primitives (Google Benchmark).
 //
-//   build/h3/benchmarks/specsample_micro --benchmark_filter=append --benchmark_repetitions=5
+//   build/bench/benchmarks/specsample_micro --benchmark_filter=append --benchmark_repetitions=5
 //
 // Shapes are shakespeare-target's (C = 384, 4C = 1536, V = 4096, 6 heads) unless stated. Matmul
 // weights are F16 like the bundled checkpoints. Counters: `weight_GB/s` = weight bytes streamed per
 // second (one pass over the weights per call, whatever T), `tok/s` = positions per second. The
-// stream-read probe reads a buffer with the widest vector loads the CPU has: its GB/s is the
-// machine's bandwidth for that many bytes, the ceiling for a single-token decode.
+// machine probes (probes.hpp, shared with specsample-bench): the stream read sums a buffer
+// allocated as weights are, with the widest vector loads the CPU has and the kernels' prefetch —
+// its GB/s is the machine's bandwidth for that many bytes, the ceiling of a single-token decode;
+// the FMA peak is register-only fused multiply-adds, the ceiling of a batched matmul.
 
 #include <specsample/gpt2.hpp>
 #include <specsample/specsample.hpp>
@@ -23,9 +25,7 @@
 #include <string>
 #include <vector>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "probes.hpp"
 
 namespace gpt2 = specsample::gpt2;
 using specsample::token;
@@ -57,66 +57,32 @@ gpt2::thread_pool* pool_for(std::size_t threads) {
   return p.get();
 }
 
-// --- stream-read probe ---------------------------------------------------------------------------
+// --- machine probes (probes.hpp) -----------------------------------------------------------------
 
-#if defined(__x86_64__)
-__attribute__((target("avx512f"))) float stream_sum_avx512(const float* p, std::size_t n) {
-  __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-  for (std::size_t i = 0; i + 64 <= n; i += 64) {
-    s0 = _mm512_add_ps(s0, _mm512_load_ps(p + i));
-    s1 = _mm512_add_ps(s1, _mm512_load_ps(p + i + 16));
-    s2 = _mm512_add_ps(s2, _mm512_load_ps(p + i + 32));
-    s3 = _mm512_add_ps(s3, _mm512_load_ps(p + i + 48));
-  }
-  const __m512 s = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
-  alignas(64) float out[16];
-  _mm512_store_ps(out, s);
-  return out[0];
+/// Register-only fused multiply-adds with the kernels' vectors: this core's FMA peak.
+void BM_fma_peak(benchmark::State& state) {
+  const specsample_bench::fma_loop loop = specsample_bench::fma_loop_for(gpt2::simd::detected());
+  constexpr std::size_t iters = 1u << 16;
+  for (auto _ : state) benchmark::DoNotOptimize(loop.run(iters));
+  state.counters["GMAC/s"] = benchmark::Counter(static_cast<double>(iters * loop.macs_per_iteration) * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(gpt2::isa_name(gpt2::simd::detected()));
 }
-__attribute__((target("avx2"))) float stream_sum_avx2(const float* p, std::size_t n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-  for (std::size_t i = 0; i + 32 <= n; i += 32) {
-    s0 = _mm256_add_ps(s0, _mm256_load_ps(p + i));
-    s1 = _mm256_add_ps(s1, _mm256_load_ps(p + i + 8));
-    s2 = _mm256_add_ps(s2, _mm256_load_ps(p + i + 16));
-    s3 = _mm256_add_ps(s3, _mm256_load_ps(p + i + 24));
-  }
-  const __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
-  alignas(32) float out[8];
-  _mm256_store_ps(out, s);
-  return out[0];
-}
-#endif
-
-float stream_sum(const float* p, std::size_t n) {
-#if defined(__x86_64__)
-  if (gpt2::simd::detected() == gpt2::isa::avx512) return stream_sum_avx512(p, n);
-  if (gpt2::simd::detected() == gpt2::isa::avx2) return stream_sum_avx2(p, n);
-#endif
-  float s[8] = {};
-  for (std::size_t i = 0; i + 8 <= n; i += 8) {
-    for (std::size_t j = 0; j < 8; ++j) s[j] += p[i + j];
-  }
-  return s[0];
-}
+BENCHMARK(BM_fma_peak)->UseRealTime()->MinTime(0.3);
 
 /// Reads a buffer of range(0) bytes (range(1) threads, each a contiguous share) per iteration.
 void BM_stream_read(benchmark::State& state) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
   const auto threads = static_cast<std::size_t>(state.range(1));
   const std::size_t n = bytes / sizeof(float) / 64 * 64;
-  struct free_deleter {
-    void operator()(float* p) const { std::free(p); }
-  };
-  std::unique_ptr<float[], free_deleter> buf(
-      static_cast<float*>(std::aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64)));
+  const specsample_bench::float_buffer buf(n);
   std::fill_n(buf.get(), n, 1.0f);
   gpt2::thread_pool* pool = pool_for(threads);
   const std::size_t chunks = n / 64;
   for (auto _ : state) {
     float total[8] = {};
     const auto body = [&](std::size_t b, std::size_t e, std::size_t w) {
-      total[w] = stream_sum(buf.get() + b * 64, (e - b) * 64);
+      total[w] = specsample_bench::stream_sum(gpt2::simd::detected(), buf.get() + b * 64, (e - b) * 64);
     };
     if (pool != nullptr) {
       pool->parallel_for(chunks, body);

@@ -1,0 +1,162 @@
+#pragma once
+// Machine probes shared by the benchmark programs (bench.cpp, micro.cpp): the streaming read that
+// a single-token decode's bandwidth is compared with, and the register-only FMA loop that the
+// batched matmuls' compute is compared with. Both use the kernels' instruction set.
+
+#include <specsample/detail/simd.hpp>
+#include <specsample/models/gpt2/simd.hpp>
+#include <specsample/models/gpt2/weights.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <memory>
+#include <numeric>
+
+namespace specsample_bench {
+
+/// `n` floats allocated as model weights are (`gpt2::allocate_weight_storage`: huge pages when
+/// large), so a probe over it sees the same page sizes as the kernels.
+class float_buffer {
+ public:
+  explicit float_buffer(std::size_t n)
+      : storage_(specsample::gpt2::allocate_weight_storage(std::max<std::size_t>(n, 1) * sizeof(float))) {}
+  [[nodiscard]] float* get() const noexcept { return reinterpret_cast<float*>(storage_.get()); }
+
+ private:
+  std::shared_ptr<unsigned char[]> storage_;
+};
+
+// --- streaming read ---------------------------------------------------------------------------
+// Sums of n floats with the widest vectors, four 64-byte lines per step, each line prefetched
+// `prefetch_bytes` (16 KiB) ahead as the matmul kernels do: the best streaming read this core
+// manages, not a weaker loop the kernels could beat. The generic path has 64 independent lanes
+// (the compiler emits packed SSE2 adds without reassociating).
+
+inline float stream_sum_generic(const float* p, std::size_t n) {
+  constexpr std::size_t lanes = 64;
+  float acc[lanes] = {};
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    for (std::size_t j = 0; j < lanes; ++j) acc[j] += p[i + j];
+  }
+  float s = 0.0f;
+  for (; i < n; ++i) s += p[i];
+  for (const float a : acc) s += a;
+  return s;
+}
+
+#if SPECSAMPLE_X86
+inline constexpr std::size_t probe_ahead = specsample::gpt2::simd::prefetch_bytes / sizeof(float);
+
+SPECSAMPLE_TARGET_AVX512 inline float stream_sum_avx512(const float* p, std::size_t n) {
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  std::size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    for (std::size_t j = 0; j < 4; ++j) {
+      if (i + probe_ahead + 16 * j < n) _mm_prefetch(reinterpret_cast<const char*>(p + i + probe_ahead + 16 * j), _MM_HINT_T0);
+      acc[j] = _mm512_add_ps(acc[j], _mm512_loadu_ps(p + i + 16 * j));
+    }
+  }
+  alignas(64) float lanes[16];  // (not _mm512_reduce_add_ps: GCC 12 warns about its _undefined operand)
+  _mm512_store_ps(lanes, _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+  float s = std::accumulate(lanes, lanes + 16, 0.0f);
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
+SPECSAMPLE_TARGET_AVX2 inline float stream_sum_avx2(const float* p, std::size_t n) {
+  __m256 acc[8];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  std::size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    for (std::size_t j = 0; j < 8; ++j) {
+      if (j % 2 == 0 && i + probe_ahead + 8 * j < n) {
+        _mm_prefetch(reinterpret_cast<const char*>(p + i + probe_ahead + 8 * j), _MM_HINT_T0);
+      }
+      acc[j] = _mm256_add_ps(acc[j], _mm256_loadu_ps(p + i + 8 * j));
+    }
+  }
+  for (std::size_t j = 1; j < 8; ++j) acc[0] = _mm256_add_ps(acc[0], acc[j]);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc[0]);
+  float s = std::accumulate(lanes, lanes + 8, 0.0f);
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+#endif
+
+/// The streaming sum of p[0, n) with the kernels of `level`.
+inline float stream_sum(specsample::isa level, const float* p, std::size_t n) {
+#if SPECSAMPLE_X86
+  if (level == specsample::isa::avx512) return stream_sum_avx512(p, n);
+  if (level == specsample::isa::avx2) return stream_sum_avx2(p, n);
+#endif
+  (void)level;
+  return stream_sum_generic(p, n);
+}
+
+// --- FMA peak ---------------------------------------------------------------------------------
+// 16 independent accumulators of fused multiply-adds held in registers, with the vector width of
+// the kernels' instruction set (generic: 16 × 8 floats, multiply then add, as the generic kernels
+// do): what the matmuls could reach with every operand in a register.
+
+#if SPECSAMPLE_X86
+SPECSAMPLE_TARGET_AVX512 __attribute__((noinline)) inline float fma_loop_avx512(std::size_t iters) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(0.001f * static_cast<float>(i));
+  const __m512 x = _mm512_set1_ps(0.9999f), y = _mm512_set1_ps(1e-4f);
+  for (std::size_t n = 0; n < iters; ++n) {
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(acc[i], x, y);
+  }
+  for (int i = 1; i < 16; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
+  alignas(64) float out[16];
+  _mm512_store_ps(out, acc[0]);
+  return std::accumulate(out, out + 16, 0.0f);
+}
+
+SPECSAMPLE_TARGET_AVX2 __attribute__((noinline)) inline float fma_loop_avx2(std::size_t iters) {
+  __m256 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm256_set1_ps(0.001f * static_cast<float>(i));
+  const __m256 x = _mm256_set1_ps(0.9999f), y = _mm256_set1_ps(1e-4f);
+  for (std::size_t n = 0; n < iters; ++n) {
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) acc[i] = _mm256_fmadd_ps(acc[i], x, y);
+  }
+  for (int i = 1; i < 16; ++i) acc[0] = _mm256_add_ps(acc[0], acc[i]);
+  alignas(32) float out[8];
+  _mm256_store_ps(out, acc[0]);
+  return std::accumulate(out, out + 8, 0.0f);
+}
+#endif
+
+__attribute__((noinline)) inline float fma_loop_generic(std::size_t iters) {
+  float acc[16][8];
+  for (int i = 0; i < 16; ++i) std::fill_n(acc[i], 8, 0.001f * static_cast<float>(i));
+  for (std::size_t n = 0; n < iters; ++n) {
+    for (auto& a : acc) {
+      for (float& v : a) v = v * 0.9999f + 1e-4f;
+    }
+  }
+  float s = 0.0f;
+  for (const auto& a : acc) s += std::accumulate(a, a + 8, 0.0f);
+  return s;
+}
+
+/// A loop of `macs_per_iteration` multiply-adds per iteration (`run(iters)` returns a sum to sink).
+struct fma_loop {
+  float (*run)(std::size_t);
+  std::size_t macs_per_iteration;
+};
+
+/// The FMA loop of `level`.
+inline fma_loop fma_loop_for(specsample::isa level) {
+#if SPECSAMPLE_X86
+  if (level == specsample::isa::avx512) return {fma_loop_avx512, 16 * 16};
+  if (level == specsample::isa::avx2) return {fma_loop_avx2, 16 * 8};
+#endif
+  (void)level;
+  return {fma_loop_generic, 16 * 8};
+}
+
+}  // namespace specsample_bench
