@@ -1364,9 +1364,9 @@ int run(int argc, char** argv) {
     out("| {} token{} | {:.3f} ({}) | {:.3f} | {:.2f} | {:.2f} | {:.2f} |\n", j, j == 1 ? "" : "s", f * 1e3,
         f > stream_floor ? "FMA" : "bandwidth", m * 1e3, m / f, v_floor(j), costs_before.verify_ratio(j));
   }
-  out("\nSpeedup ceiling per temperature — every cell's measured tokens per call and c with the verification "
-      "call at its floor, tokens per call / (c·K + v_floor(K + 1)), at the best K:\n\n| T | ceiling | at K | "
-      "measured best |\n|---|---|---|---|\n");
+  out("\nSpeedup with every call at the machine floors — each cell's measured tokens per call and c, the "
+      "single-token and the (K + 1)-token target calls at their floors: tokens per call / (c·K + v_floor(K + 1)); "
+      "the best K per temperature:\n\n| T | at the floors | at K | measured best |\n|---|---|---|---|\n");
   for (const auto& b : bests) {
     const cell* top = nullptr;
     for (const auto& cl : cells) {
@@ -1411,8 +1411,12 @@ int run(int argc, char** argv) {
       "({:.1f} of {:.1f} GB/s) | {} |\n", 100.0 * fraction, target_eff, probe_at(target_bytes), verdict(fraction >= 0.7));
   if (c.k_max >= 4) {
     const double r5 = costs_before.verify_ratio(5);
-    out("| target append of 5 tokens ≤ 1.3 × append of 1 | {:.2f}× (machine floor {:.2f}×) | {} |\n", r5, v_floor(5),
-        r5 <= 1.3 ? verdict(true) : v_floor(5) > 1.3 ? "**not possible here**" : verdict(false));
+    // Impossible only if 5 tokens at the FMA peak already cost more than 1.3 × the measured single
+    // token; the ratio of the two floors says what a kernel at both limits would show.
+    const double bound = floor_seconds(5) / costs_before.target_j.front().median;
+    out("| target append of 5 tokens ≤ 1.3 × append of 1 | {:.2f}× (with both calls at the machine floors: {:.2f}×; "
+        "5 tokens at the FMA peak against the measured single token: {:.2f}×) | {} |\n", r5, v_floor(5), bound,
+        r5 <= 1.3 ? verdict(true) : bound > 1.3 ? "**not possible here**" : verdict(false));
   }
   {
     // c as the loop pays it: draft seconds per draft call over target seconds per autoregressive
@@ -1430,10 +1434,9 @@ int run(int argc, char** argv) {
       for (const auto& cl : cells) {
         if (cl.temperature == temp) top = std::max(top, ceiling(cl));
       }
-      const bool met = b->measured->speedup.median >= goal;
-      out("| best-K speedup at T = {} ≥ {:.1f}x | {:.2f}x (K = {}; ceiling at the machine floors {:.2f}x) | {} |\n",
-          fmt_t(temp), goal, b->measured->speedup.median, b->measured->k, top,
-          met ? verdict(true) : top < goal ? "**not reachable with this α and c**" : verdict(false));
+      out("| best-K speedup at T = {} ≥ {:.1f}x | {:.2f}x (K = {}; {:.2f}x with every call at the machine floors) | {} "
+          "|\n", fmt_t(temp), goal, b->measured->speedup.median, b->measured->k, top,
+          verdict(b->measured->speedup.median >= goal));
       out("| … and ≥ 90% of the formula's prediction from the measured α and c | {:.0f}% of {:.2f}x (with the "
           "measured verification cost: {:.0f}% of {:.2f}x) | {} |\n", 100.0 * ratio, b->measured->predicted,
           100.0 * b->measured->speedup.median / b->measured->predicted_verify, b->measured->predicted_verify,
