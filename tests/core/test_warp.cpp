@@ -153,14 +153,15 @@ TEST_CASE("extreme temperatures stay finite", "[warp]") {
   check_close(warp(logits_of({0.1, 0.2, 0.3, 0.4}), s), {0.25, 0.25, 0.25, 0.25});
 }
 
-TEST_CASE("the vector softmax numerator and argmax agree with the scalar definitions on every instruction set",
+TEST_CASE("the vector softmax numerator, maximum, scaling and argmax agree with the scalar definitions on every "
+          "instruction set",
           "[warp][simd]") {
   std::mt19937 rng(17);
   std::normal_distribution<float> logit(0.0f, 30.0f);
   const float ninf = -std::numeric_limits<float>::infinity();
   for (const isa requested : {isa::generic, isa::avx2, isa::avx512}) {
     const isa level = simd::resolve(requested);
-    for (const std::size_t n : {1u, 7u, 8u, 15u, 16u, 17u, 33u, 4096u, 50257u}) {
+    for (const std::size_t n : {1u, 7u, 8u, 15u, 16u, 17u, 31u, 32u, 33u, 47u, 4096u, 50257u}) {
       std::vector<float> x(n);
       for (float& v : x) v = logit(rng);
       if (n > 3) x[2] = ninf;                   // a zero probability
@@ -170,6 +171,10 @@ TEST_CASE("the vector softmax numerator and argmax agree with the scalar definit
       const auto want = std::max_element(x.begin(), x.end()) - x.begin();  // the first maximum
       REQUIRE(best == want);
       const float m = x[static_cast<std::size_t>(want)];
+      REQUIRE(simd::max_value(level, x.data(), n) == m);
+      std::vector<float> scaled = x;
+      simd::scale(level, scaled.data(), n, 0.37f);
+      for (std::size_t i = 0; i < n; ++i) REQUIRE(scaled[i] == x[i] * 0.37f);
       std::vector<float> e = x;
       const double total = simd::exp_shifted(level, e.data(), n, m, 0.7f);
       double ref_total = 0.0;

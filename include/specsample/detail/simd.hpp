@@ -125,12 +125,13 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256 avx2_exp(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-/// See `exp_shifted`.
+/// See `exp_shifted`. Two vectors per step into four double accumulators (the sum's dependency
+/// chain is the loop's bound), added in a fixed order at the end.
 inline SPECSAMPLE_TARGET_AVX512 double exp_shifted_avx512(float* x, std::size_t n, float m, float scale) {
   const __m512 mv = _mm512_set1_ps(m), sv = _mm512_set1_ps(scale), floor = _mm512_set1_ps(exp_floor);
-  __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+  __m512d acc[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
   __mmask16 nan = 0;
-  for (std::size_t i = 0; i < n; i += 16) {
+  const auto step = [&](std::size_t i, __m512d& lo, __m512d& hi) SPECSAMPLE_TARGET_AVX512 {
     const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
     const __m512 v = _mm512_maskz_loadu_ps(k, x + i);
     nan |= _mm512_mask_cmp_ps_mask(k, v, v, _CMP_UNORD_Q);
@@ -141,11 +142,17 @@ inline SPECSAMPLE_TARGET_AVX512 double exp_shifted_avx512(float* x, std::size_t 
     // (the maskz forms: GCC 12 warns about the _undefined operand of the plain ones)
     lo = _mm512_add_pd(lo, _mm512_maskz_cvtps_pd(0xFF, _mm512_maskz_extractf32x8_ps(0xFF, e, 0)));
     hi = _mm512_add_pd(hi, _mm512_maskz_cvtps_pd(0xFF, _mm512_maskz_extractf32x8_ps(0xFF, e, 1)));
+  };
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    step(i, acc[0], acc[1]);
+    step(i + 16, acc[2], acc[3]);
   }
+  if (i < n) step(i, acc[0], acc[1]);
+  if (i + 16 < n) step(i + 16, acc[2], acc[3]);
   if (nan != 0) return std::numeric_limits<double>::quiet_NaN();
-  alignas(64) double l[16];
-  _mm512_store_pd(l, lo);
-  _mm512_store_pd(l + 8, hi);
+  alignas(64) double l[32];
+  for (int j = 0; j < 4; ++j) _mm512_store_pd(l + 8 * j, acc[j]);
   double total = 0.0;
   for (const double v : l) total += v;
   return total;
@@ -179,6 +186,35 @@ inline SPECSAMPLE_TARGET_AVX2 double exp_shifted_avx2(float* x, std::size_t n, f
   double total = 0.0;
   for (const double v : l) total += v;
   return total;
+}
+
+/// See `max_value`.
+inline SPECSAMPLE_TARGET_AVX512 float max_value_avx512(const float* x, std::size_t n) {
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 best[2] = {ninf, ninf};
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    best[0] = _mm512_maskz_max_ps(0xFFFF, best[0], _mm512_loadu_ps(x + i));
+    best[1] = _mm512_maskz_max_ps(0xFFFF, best[1], _mm512_loadu_ps(x + i + 16));
+  }
+  for (; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    best[0] = _mm512_maskz_max_ps(0xFFFF, best[0], _mm512_mask_loadu_ps(ninf, k, x + i));
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, _mm512_maskz_max_ps(0xFFFF, best[0], best[1]));
+  float m = lanes[0];
+  for (const float v : lanes) m = v > m ? v : m;
+  return m;
+}
+
+/// See `scale`.
+inline SPECSAMPLE_TARGET_AVX512 void scale_avx512(float* x, std::size_t n, float s) {
+  const __m512 sv = _mm512_set1_ps(s);
+  for (std::size_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(x + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), sv));
+  }
 }
 
 /// See `argmax`.
@@ -257,6 +293,29 @@ inline double exp_shifted(isa level, float* x, std::size_t n, float m, float sca
     total += static_cast<double>(x[i]);
   }
   return nan ? std::numeric_limits<double>::quiet_NaN() : total;
+}
+
+/// The largest of x[0, n) (n > 0; -inf for n = 0), NaNs aside: the result is the maximum when no
+/// x[i] is NaN, and otherwise unspecified (callers detect NaN elsewhere, e.g. `exp_shifted`).
+inline float max_value(isa level, const float* x, std::size_t n) noexcept {
+#if SPECSAMPLE_X86
+  if (level == isa::avx512) return max_value_avx512(x, n);
+#else
+  (void)level;
+#endif
+  float m = -std::numeric_limits<float>::infinity();
+  for (std::size_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+/// x[i] *= s for i < n (each product rounded once, whatever the level).
+inline void scale(isa level, float* x, std::size_t n, float s) noexcept {
+#if SPECSAMPLE_X86
+  if (level == isa::avx512) return scale_avx512(x, n, s);
+#else
+  (void)level;
+#endif
+  for (std::size_t i = 0; i < n; ++i) x[i] *= s;
 }
 
 /// The index of the first maximum of x[0, n) (the lowest id on ties), or -1 when some x[i] is

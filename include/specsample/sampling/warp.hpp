@@ -59,11 +59,11 @@ class logit_warper {
       probs(static_cast<Eigen::Index>(best)) = 1.0f;
       return;
     }
-    const float m = logits.maxCoeff();
+    probs = logits;  // contiguous (`logits` may be any expression)
+    const float m = simd::max_value(isa_, probs.data(), vocab_);
     const float inv_t = 1.0f / params_.temperature;
     double total = 0.0;
     if (std::isfinite(inv_t)) {
-      probs = logits;
       total = simd::exp_shifted(isa_, probs.data(), vocab_, m, inv_t);  // NaN if a logit is NaN
     } else {
       // T < 2^-128 (subnormal): 1/T overflows float and the maximum would become 0 * inf = NaN.
@@ -104,8 +104,8 @@ class logit_warper {
     throw error("logits could not be normalised");  // unreachable with IEEE floats
   }
 
-  static void normalise(Eigen::Ref<Eigen::VectorXf> probs, double total) {
-    probs *= static_cast<float>(1.0 / total);
+  void normalise(Eigen::Ref<Eigen::VectorXf> probs, double total) const {
+    simd::scale(isa_, probs.data(), static_cast<std::size_t>(probs.size()), static_cast<float>(1.0 / total));
   }
 
   // Strict order: more probable first, lower id first among equals.

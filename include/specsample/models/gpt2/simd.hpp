@@ -215,10 +215,9 @@ inline void matmul_generic(const matmul_args& a, std::size_t p_begin, std::size_
 /// fixed order per level), so a row's result depends only on the row and the level.
 inline void softmax_row(isa level, float* x, std::size_t n) noexcept {
   if (n == 0) return;
-  float mx = x[0];
-  for (std::size_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
+  const float mx = specsample::simd::max_value(level, x, n);
   const auto inv = static_cast<float>(1.0 / specsample::simd::exp_shifted(level, x, n, mx, 1.0f));
-  for (std::size_t i = 0; i < n; ++i) x[i] *= inv;
+  specsample::simd::scale(level, x, n, inv);
 }
 
 // --- attention layout ----------------------------------------------------------------------------
