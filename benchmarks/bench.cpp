@@ -658,7 +658,7 @@ struct strategy_run {
   bool identical = false;       // same tokens as the autoregressive run of the group
   double speedup = 0.0;         // AR seconds / these seconds (same prompt and seed)
   double speedup_with_warmup = 0.0;
-  [[nodiscard]] double tps() const { return static_cast<double>(stats.tokens) / stats.total_seconds; }
+  [[nodiscard]] double tps() const { return static_cast<double>(stats.tokens) / run_pair::decode_seconds(stats); }
 };
 
 struct strategy_cell {
@@ -894,12 +894,12 @@ int run_strategies(const bench_setup& b) {
             runs[si].rep = r;
             runs[si].position = o;
           }
-          const double ar_seconds = runs[0].stats.total_seconds;
+          const double ar_seconds = run_pair::decode_seconds(runs[0].stats);
           for (std::size_t si = 0; si < strategies.size(); ++si) {
             auto& run = runs[si];
             run.identical = outputs[si] == outputs[0];
-            run.speedup = ar_seconds / run.stats.total_seconds;
-            run.speedup_with_warmup = ar_seconds / (run.stats.total_seconds + run.warmup_seconds);
+            run.speedup = ar_seconds / run_pair::decode_seconds(run.stats);
+            run.speedup_with_warmup = ar_seconds / (run_pair::decode_seconds(run.stats) + run.warmup_seconds);
             if (temp == 0.0 && si > 0) {
               ++greedy_runs;
               greedy_identical += run.identical ? 1 : 0;
@@ -947,6 +947,8 @@ int run_strategies(const bench_setup& b) {
       "g++ " __VERSION__, compile_flags(), revision(), b.date, b.load_start, load_end, fmt_duration(total_seconds));
   out("Correctness guard (T = 0): every strategy's tokens == autoregressive tokens in {}/{} runs: **{}**\n\n",
       greedy_identical, greedy_runs, greedy_runs == 0 ? "not run (no T = 0)" : guard_ok ? "PASS" : "FAIL");
+  out("Tokens/s, speedups and time ratios time the decode phase: each generation call minus its prompt prefill, "
+      "as in the sweep.\n\n");
   for (const auto& su : suites) {
     out("#### {} prompts ({} prompts: {})\n\n", su.name, su.prompts.size(), su.description);
     out("| T | strategy | tok/s med (min–max) | speedup vs AR med (min–max) | tokens/round | drafted/round | accept | α "
@@ -973,7 +975,7 @@ int run_strategies(const bench_setup& b) {
     const auto* bl = find("held-out", t, method::block, 4);
     if (!tw || !bl) continue;
     std::vector<double> ratio;
-    for (std::size_t i = 0; i < tw->runs.size(); ++i) ratio.push_back(tw->runs[i].stats.total_seconds / bl->runs[i].stats.total_seconds);
+    for (std::size_t i = 0; i < tw->runs.size(); ++i) ratio.push_back(run_pair::decode_seconds(tw->runs[i].stats) / run_pair::decode_seconds(bl->runs[i].stats));
     out("| {} | {:.3f} | {:.3f} | {:+.1f}% | {:.2f}x | {:.2f}x | {} |\n", fmt_t(t), tw->tokens_per_round,
         bl->tokens_per_round, 100.0 * (bl->tokens_per_round / tw->tokens_per_round - 1.0), tw->speedup.median,
         bl->speedup.median, fmt_range(summarize(ratio), 3));
