@@ -342,8 +342,13 @@ struct cost_result {
   std::size_t context = 0, samples = 0;
   summary draft_1;                  // seconds per single-token draft append
   std::vector<summary> target_j;    // target_j[j-1]: seconds per j-token target append, j = 1..k_max+1
-  [[nodiscard]] double c() const { return draft_1.median / target_j.front().median; }
-  [[nodiscard]] double verify_ratio(std::size_t j) const { return target_j[j - 1].median / target_j.front().median; }
+  // Ratios are medians of per-sample ratios (the calls of a sample run back to back), so a slow
+  // phase of the shared machine that hits part of the samples moves them less than it moves the
+  // medians of the times.
+  double c_paired = 0.0;                // median over samples of draft 1-token / target 1-token
+  std::vector<double> verify_paired;    // [j-1]: median over samples of target j-token / target 1-token
+  [[nodiscard]] double c() const { return c_paired; }
+  [[nodiscard]] double verify_ratio(std::size_t j) const { return verify_paired[j - 1]; }
 };
 
 template <class Model>
@@ -381,6 +386,13 @@ cost_result measure_costs(specsample::gpt2::model& draft, specsample::gpt2::mode
   }
   r.draft_1 = summarize(d);
   for (auto& v : t) r.target_j.push_back(summarize(v));
+  std::vector<double> ratio(d.size());
+  for (std::size_t s = 0; s < d.size(); ++s) ratio[s] = d[s] / t[0][s];
+  r.c_paired = summarize(ratio).median;
+  for (std::size_t j = 0; j <= k_max; ++j) {
+    for (std::size_t s = 0; s < d.size(); ++s) ratio[s] = t[j][s] / t[0][s];
+    r.verify_paired.push_back(summarize(ratio).median);
+  }
   return r;
 }
 
@@ -1333,15 +1345,17 @@ int run(int argc, char** argv) {
   }
   out("\n#### Cost of one forward call (context {} tokens, median of {} interleaved samples)\n\n", context,
       c.cost_samples);
-  out("| call | before sweep, ms (min–max) | after sweep, ms | ratio to target 1-token |\n|---|---|---|---|\n");
+  out("Ratios are medians of per-sample ratios (a sample's calls run back to back); *after* repeats the "
+      "measurement after the sweep, as a drift check.\n\n");
+  out("| call | before sweep, ms (min–max) | after sweep, ms | ratio to target 1-token (after) |\n|---|---|---|---|\n");
   out("| draft, 1 token | {} | {:.3f} | c = {:.3f} (after: {:.3f}) |\n", fmt_range({costs_before.draft_1.median * 1e3,
       costs_before.draft_1.min * 1e3, costs_before.draft_1.max * 1e3}, 3), costs_after.draft_1.median * 1e3,
       costs_before.c(), costs_after.c());
   for (std::size_t j = 1; j <= c.k_max + 1; ++j) {
     const auto& s = costs_before.target_j[j - 1];
-    out("| target, {} token{} | {} | {:.3f} | {:.2f} |\n", j, j == 1 ? "" : "s",
+    out("| target, {} token{} | {} | {:.3f} | {:.2f} ({:.2f}) |\n", j, j == 1 ? "" : "s",
         fmt_range({s.median * 1e3, s.min * 1e3, s.max * 1e3}, 3), costs_after.target_j[j - 1].median * 1e3,
-        costs_before.verify_ratio(j));
+        costs_before.verify_ratio(j), costs_after.verify_ratio(j));
   }
   out("\n#### Memory bandwidth (streaming float sums, median of {} reps)\n\n", c.probe_reps);
   out("| working set | bytes | threads | GB/s med (min–max) |\n|---|---|---|---|\n");
