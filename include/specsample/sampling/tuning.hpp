@@ -17,6 +17,8 @@
 #include <cmath>
 #include <cstddef>
 #include <span>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace specsample {
@@ -96,30 +98,50 @@ class position_acceptance {
   std::vector<std::size_t> reached_, accepted_;
 };
 
-/// Seconds of an `append` of `n` tokens (then `truncate` back) on `m` after all but the last
-/// token of `context`: the minimum over `reps` calls, the least disturbed by other load on a
-/// shared machine. The appended tokens repeat the context's last token (cost does not depend on
-/// token identity).
-template <language_model M>
-[[nodiscard]] double append_seconds(M& m, std::span<const token> context, std::size_t n = 1, std::size_t reps = 15) {
-  if (context.empty()) throw error("append_seconds: the context must not be empty");
-  if (n == 0) throw error("append_seconds: n must be >= 1");
-  if (context.size() - 1 + n > max_context(m)) {
-    throw error(fmt::format("append_seconds: {} tokens after a context of {} exceed the model's {}", n,
-                            context.size() - 1, max_context(m)));
-  }
-  detail::prefill(m, context, static_cast<std::size_t>(m.vocab_size()), "timed");
-  const std::vector<token> batch(n, context.back());
-  double best = 0.0;
-  for (std::size_t r = 0; r < reps; ++r) {
+namespace detail {
+
+/// The cost ratios a calibration needs, measured after all but the last token of `context`:
+/// c = single-token draft call / single-token target call and v[K] = (K+1)-token target call /
+/// single-token target call (v[0] = 1), K = 1..k_max (v repeats its last value where K+1 tokens
+/// would not fit). Each of `reps` rounds times, back to back, two draft calls (the second, with
+/// the draft's weights in cache, as most draft calls of a round find them) and the target calls
+/// of 1..k_max+1 tokens; every ratio is the median of its per-round ratios, so drift of a shared
+/// machine between rounds cancels instead of biasing one side.
+template <language_model Draft, language_model Target>
+std::pair<double, std::vector<double>> cost_ratios(Draft& draft, Target& target, std::span<const token> context,
+                                                   std::size_t k_max, std::size_t reps = 15) {
+  const std::size_t keep = context.size() - 1;
+  detail::prefill(draft, context, static_cast<std::size_t>(draft.vocab_size()), "draft");
+  detail::prefill(target, context, static_cast<std::size_t>(target.vocab_size()), "target");
+  std::size_t widest = 1;
+  while (widest <= k_max && keep + widest + 1 <= max_context(target)) ++widest;  // (K+1)-token calls that fit
+  const auto timed = [&](auto& m, std::size_t n) {
+    const std::vector<token> batch(n, context.back());
     const auto t0 = std::chrono::steady_clock::now();
     (void)m.append(batch);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = r == 0 ? s : std::min(best, s);
-    m.truncate(context.size() - 1);
+    m.truncate(keep);
+    return s;
+  };
+  std::vector<std::vector<double>> ratio(widest + 1);  // [0]: c; [j]: (j+1)-token / 1-token call
+  for (std::size_t r = 0; r < reps; ++r) {
+    (void)timed(draft, 1);
+    const double d = timed(draft, 1);
+    const double t1 = std::max(timed(target, 1), 1e-9);  // (a toy model's call can round to 0 s)
+    ratio[0].push_back(d / t1);
+    for (std::size_t j = 1; j < widest; ++j) ratio[j].push_back(timed(target, j + 1) / t1);
   }
-  return best;
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  };
+  std::vector<double> v{1.0};
+  for (std::size_t k = 1; k <= k_max; ++k) v.push_back(k < widest ? median(ratio[k]) : v.back());
+  return {median(ratio[0]), std::move(v)};
 }
+
+}  // namespace detail
 
 /// What a warm-up measured for one draft.
 struct calibration {
@@ -133,8 +155,8 @@ struct calibration {
 /// Runs a short speculative generation with K = k_max from each of `prompts` (`warmup_tokens`
 /// tokens each, the caller's sampling parameters) to measure acceptance by position, pooled over
 /// the prompts; times single-token calls of both models for c and the target's (K+1)-token calls
-/// for the verification cost (after the first prompt), and picks the K that maximises the
-/// predicted speedup. A few prompts give a steadier estimate than one: acceptance varies from one
+/// for the verification cost (after the first prompt; medians of per-round ratios, see
+/// `detail::cost_ratios`), and picks the K that maximises the predicted speedup. A few prompts give a steadier estimate than one: acceptance varies from one
 /// text to the next.
 template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng>
 [[nodiscard]] calibration calibrate(Draft& draft, Target& target, std::span<const std::vector<token>> prompts,
@@ -150,14 +172,7 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   for (const std::vector<token>& prompt : prompts) (void)speculative_sample(draft, target, prompt, warm, rng, positions);
   calibration c;
   c.acceptance = positions.rates();
-  const std::span<const token> first(prompts.front());
-  const double target_one = append_seconds(target, first, 1);
-  c.cost_ratio = append_seconds(draft, first, 1) / target_one;
-  c.verify_cost.push_back(1.0);
-  for (std::size_t k = 1; k <= k_max; ++k) {
-    const bool fits = first.size() + k <= max_context(target);
-    c.verify_cost.push_back(fits ? append_seconds(target, first, k + 1) / target_one : c.verify_cost.back());
-  }
+  std::tie(c.cost_ratio, c.verify_cost) = detail::cost_ratios(draft, target, std::span<const token>(prompts.front()), k_max);
   c.best_k = best_draft_length(c.acceptance, c.cost_ratio, k_max, c.verify_cost);
   c.predicted = predicted_speedup(c.acceptance, c.cost_ratio, c.best_k, c.verify_cost);
   return c;
