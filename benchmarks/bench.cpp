@@ -233,15 +233,13 @@ struct run_pair {
   bool ar_first = true;
   specsample::generation_stats ar, spec;
   bool identical = false;
-  // Generation speed is timed over the decode phase: the whole call minus both models' prompt
-  // prefill (which the performance model does not cover and speculation does not change, bar the
-  // draft's own prefill); `speedup_with_prefill` times the whole call.
-  [[nodiscard]] static double decode_seconds(const specsample::generation_stats& s) {
-    return s.total_seconds - s.prefill_seconds;
-  }
-  [[nodiscard]] double ar_tps() const { return static_cast<double>(ar.tokens) / decode_seconds(ar); }
-  [[nodiscard]] double spec_tps() const { return static_cast<double>(spec.tokens) / decode_seconds(spec); }
-  [[nodiscard]] double speedup() const { return decode_seconds(ar) / decode_seconds(spec); }
+  // Generation speed is timed over the decode phase (`generation_stats::decode_seconds`: the
+  // whole call minus both models' prompt prefill, which the performance model does not cover and
+  // speculation does not change, bar the draft's own prefill); `speedup_with_prefill` times the
+  // whole call.
+  [[nodiscard]] double ar_tps() const { return static_cast<double>(ar.tokens) / ar.decode_seconds(); }
+  [[nodiscard]] double spec_tps() const { return static_cast<double>(spec.tokens) / spec.decode_seconds(); }
+  [[nodiscard]] double speedup() const { return ar.decode_seconds() / spec.decode_seconds(); }
   [[nodiscard]] double speedup_with_prefill() const { return ar.total_seconds / spec.total_seconds; }
 };
 
@@ -283,9 +281,9 @@ struct cell {
       ar_tsec += p.ar.target_seconds;
       ar_calls += p.ar.target_calls;
       spec_over += p.spec.overhead_seconds();
-      spec_total += run_pair::decode_seconds(p.spec);
+      spec_total += p.spec.decode_seconds();
       ar_over += p.ar.overhead_seconds();
-      ar_total += run_pair::decode_seconds(p.ar);
+      ar_total += p.ar.decode_seconds();
       for (std::size_t i = 0; i < p.spec.accepted_histogram.size() && i <= k; ++i) histogram[i] += p.spec.accepted_histogram[i];
       identical += p.identical ? 1 : 0;
     }
@@ -330,8 +328,9 @@ json stats_json(const specsample::generation_stats& s) {
           {"draft_seconds", s.draft_seconds},
           {"target_seconds", s.target_seconds},
           {"total_seconds", s.total_seconds},
+          {"decode_seconds", s.decode_seconds()},
           {"overhead_seconds", s.overhead_seconds()},
-          {"tokens_per_second", static_cast<double>(s.tokens) / s.total_seconds}};
+          {"tokens_per_second", static_cast<double>(s.tokens) / s.decode_seconds()}};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -670,7 +669,7 @@ struct strategy_run {
   bool identical = false;       // same tokens as the autoregressive run of the group
   double speedup = 0.0;         // AR seconds / these seconds (same prompt and seed)
   double speedup_with_warmup = 0.0;
-  [[nodiscard]] double tps() const { return static_cast<double>(stats.tokens) / run_pair::decode_seconds(stats); }
+  [[nodiscard]] double tps() const { return static_cast<double>(stats.tokens) / stats.decode_seconds(); }
 };
 
 struct strategy_cell {
@@ -906,12 +905,12 @@ int run_strategies(const bench_setup& b) {
             runs[si].rep = r;
             runs[si].position = o;
           }
-          const double ar_seconds = run_pair::decode_seconds(runs[0].stats);
+          const double ar_seconds = runs[0].stats.decode_seconds();
           for (std::size_t si = 0; si < strategies.size(); ++si) {
             auto& run = runs[si];
             run.identical = outputs[si] == outputs[0];
-            run.speedup = ar_seconds / run_pair::decode_seconds(run.stats);
-            run.speedup_with_warmup = ar_seconds / (run_pair::decode_seconds(run.stats) + run.warmup_seconds);
+            run.speedup = ar_seconds / run.stats.decode_seconds();
+            run.speedup_with_warmup = ar_seconds / (run.stats.decode_seconds() + run.warmup_seconds);
             if (temp == 0.0 && si > 0) {
               ++greedy_runs;
               greedy_identical += run.identical ? 1 : 0;
@@ -987,7 +986,7 @@ int run_strategies(const bench_setup& b) {
     const auto* bl = find("held-out", t, method::block, 4);
     if (!tw || !bl) continue;
     std::vector<double> ratio;
-    for (std::size_t i = 0; i < tw->runs.size(); ++i) ratio.push_back(run_pair::decode_seconds(tw->runs[i].stats) / run_pair::decode_seconds(bl->runs[i].stats));
+    for (std::size_t i = 0; i < tw->runs.size(); ++i) ratio.push_back(tw->runs[i].stats.decode_seconds() / bl->runs[i].stats.decode_seconds());
     out("| {} | {:.3f} | {:.3f} | {:+.1f}% | {:.2f}x | {:.2f}x | {} |\n", fmt_t(t), tw->tokens_per_round,
         bl->tokens_per_round, 100.0 * (bl->tokens_per_round / tw->tokens_per_round - 1.0), tw->speedup.median,
         bl->speedup.median, fmt_range(summarize(ratio), 3));
@@ -1287,7 +1286,7 @@ int run(int argc, char** argv) {
       for (const auto& p : cl.runs) {
         pa.push_back(p.ar.prefill_seconds);
         ps.push_back(p.spec.prefill_seconds);
-        da.push_back(run_pair::decode_seconds(p.ar));
+        da.push_back(p.ar.decode_seconds());
       }
     }
     prefill_ar = summarize(pa).median;

@@ -191,10 +191,8 @@ std::string printable(std::string_view s) {
 
 struct run_record {
   specsample::generation_result result;
-  double seconds = 0.0;  ///< the whole call
-  /// The decode phase: the call minus the models' prompt prefill (what tokens/s and the speedup
-  /// report; the prefill is printed apart).
-  [[nodiscard]] double decode_seconds() const { return seconds - result.stats.prefill_seconds; }
+  double seconds = 0.0;  ///< the whole call (tokens/s and the speedup use the decode phase,
+                         ///< result.stats.decode_seconds(); the prefill is printed apart)
 };
 
 // Prints generated text as it arrives (`stream`: the section header and the prompt first, so the
@@ -283,8 +281,8 @@ nlohmann::json stats_json(const run_record& r) {
   const auto& s = r.result.stats;
   return {{"tokens", s.tokens},
           {"seconds", r.seconds},
-          {"decode_seconds", r.decode_seconds()},
-          {"tokens_per_second", static_cast<double>(s.tokens) / r.decode_seconds()},
+          {"decode_seconds", s.decode_seconds()},
+          {"tokens_per_second", static_cast<double>(s.tokens) / s.decode_seconds()},
           {"rounds", s.rounds},
           {"target_calls", s.target_calls},
           {"draft_calls", s.draft_calls},
@@ -419,11 +417,11 @@ int run(int argc, char** argv) {
   // Decode-phase seconds (tokens/s and the speedup) and whole-call seconds of every run.
   std::vector<double> spec_s, ar_s, spec_all, ar_all;
   for (const auto& r : spec_runs) {
-    spec_s.push_back(r.decode_seconds());
+    spec_s.push_back(r.result.stats.decode_seconds());
     spec_all.push_back(r.seconds);
   }
   for (const auto& r : ar_runs) {
-    ar_s.push_back(r.decode_seconds());
+    ar_s.push_back(r.result.stats.decode_seconds());
     ar_all.push_back(r.seconds);
   }
   const bool greedy = c.params.sampling.temperature == 0.0f;

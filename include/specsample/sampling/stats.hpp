@@ -45,11 +45,14 @@ struct generation_stats {
   [[nodiscard]] double tokens_per_target_call() const noexcept {
     return target_calls == 0 ? 0.0 : static_cast<double>(tokens) / static_cast<double>(target_calls);
   }
+  /// Wall time after the prompt prefill: the decode phase, which speculation speeds up (tokens
+  /// per second and speedups are best measured over it; the prefill does not depend on K).
+  [[nodiscard]] double decode_seconds() const noexcept { return total_seconds - prefill_seconds; }
   /// Time spent outside model forward passes: warping both models' logits, drafting work other
   /// than the draft model's `append` (sampling drafts, n-gram lookup), verification, sampling,
   /// bookkeeping.
   [[nodiscard]] double overhead_seconds() const noexcept {
-    return total_seconds - prefill_seconds - draft_seconds - target_seconds;
+    return decode_seconds() - draft_seconds - target_seconds;
   }
 };
 
