@@ -129,7 +129,7 @@ void BM_layer_norm(benchmark::State& state) {
     gpt2::kernels::layer_norm(y, x, w, b, T, C, 1e-5f);
     benchmark::DoNotOptimize(y.data());
   }
-  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * T));
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(T));
 }
 BENCHMARK(BM_layer_norm)->ArgNames({"T", "C"})->ArgsProduct({{1, 5, 9}, {384}});
 
@@ -201,7 +201,7 @@ void BM_gelu(benchmark::State& state) {
     gpt2::kernels::gelu(y, x);
     benchmark::DoNotOptimize(y.data());
   }
-  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * n));
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(n));
 }
 BENCHMARK(BM_gelu)->Arg(1536)->Arg(5 * 1536);
 

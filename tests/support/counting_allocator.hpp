@@ -17,6 +17,10 @@ inline std::atomic<std::size_t> allocations{0};
 
 /// Heap allocations so far (malloc, calloc, realloc and every operator new).
 inline std::size_t allocation_count() { return allocations.load(); }
+
+/// Makes `p` observable, so the compiler cannot elide the allocation behind it (clang removes an
+/// unused new/delete pair, as C++14 allows).
+inline void escape(const void* p) { asm volatile("" : : "g"(p) : "memory"); }
 }  // namespace specsample::test
 
 extern "C" {

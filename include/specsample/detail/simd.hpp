@@ -14,6 +14,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define SPECSAMPLE_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define SPECSAMPLE_X86 0
@@ -54,13 +55,15 @@ namespace simd {
 #if SPECSAMPLE_X86
   static const isa level = [] {
     __builtin_cpu_init();
+    // F16C from CPUID leaf 1 (clang 14's __builtin_cpu_supports does not know "f16c").
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+        __builtin_cpu_supports("fma") && f16c) {
       return isa::avx512;
     }
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c")) {
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) {
       return isa::avx2;
     }
     return isa::generic;

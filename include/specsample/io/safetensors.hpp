@@ -274,7 +274,7 @@ struct parsed_header {
       }
       continue;
     }
-    const auto where = [&] { return fmt::format("{}: tensor '{}'", label, name); };
+    const auto where = [&, &tensor = name] { return fmt::format("{}: tensor '{}'", label, tensor); };
     if (!entry.is_object()) {
       throw error(fmt::format("{}: entry is not a JSON object", where()));
     }

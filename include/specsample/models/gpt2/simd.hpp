@@ -610,8 +610,8 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_scores(const float
     const float* row = b0 + d * key_block;
     __m512 kv[N];
 #pragma GCC unroll 4
-    for (int j = 0; j + 1 < N; ++j) kv[j] = _mm512_loadu_ps(row + j * bs);
-    kv[N - 1] = _mm512_maskz_loadu_ps(last, row + (N - 1) * bs);
+    for (int j = 0; j + 1 < N; ++j) kv[j] = _mm512_loadu_ps(row + static_cast<std::size_t>(j) * bs);
+    kv[N - 1] = _mm512_maskz_loadu_ps(last, row + static_cast<std::size_t>(N - 1) * bs);
 #pragma GCC unroll 4
     for (int i = 0; i < NQ; ++i) {
       const __m512 qd = _mm512_set1_ps(q[static_cast<std::size_t>(i) * ldq + d]);
