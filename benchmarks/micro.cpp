@@ -241,13 +241,13 @@ BENCHMARK(BM_append)
 
 // --- sampling primitives -------------------------------------------------------------------------
 
-/// range: vocabulary, temperature ×100, top_k.
+/// range: vocabulary, temperature ×100, top_k, top_p ×100.
 void BM_warp(benchmark::State& state) {
   const auto V = static_cast<std::size_t>(state.range(0));
   specsample::sampling_params p;
   p.temperature = static_cast<float>(state.range(1)) / 100.0f;
   p.top_k = static_cast<int>(state.range(2));
-  p.top_p = state.range(2) > 0 ? 0.95f : 1.0f;
+  p.top_p = static_cast<float>(state.range(3)) / 100.0f;
   specsample::logit_warper warp(p, V);
   const auto v = random_floats(V, 3.0f, 11);
   const Eigen::Map<const Eigen::VectorXf> logits(v.data(), static_cast<Eigen::Index>(V));
@@ -257,14 +257,17 @@ void BM_warp(benchmark::State& state) {
     benchmark::DoNotOptimize(probs.data());
   }
 }
-BENCHMARK(BM_warp)
-    ->ArgNames({"V", "temp100", "top_k"})
-    ->Args({4096, 0, 0})
-    ->Args({4096, 100, 0})
-    ->Args({4096, 80, 50})
-    ->Args({50257, 0, 0})
-    ->Args({50257, 100, 0})
-    ->Args({50257, 80, 50});
+void warp_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"V", "temp100", "top_k", "top_p100"});
+  for (const std::int64_t V : {4096, 50257}) {
+    b->Args({V, 0, 0, 100});
+    b->Args({V, 100, 0, 100});
+    b->Args({V, 80, 50, 100});
+    b->Args({V, 80, 0, 95});
+    b->Args({V, 80, 50, 95});
+  }
+}
+BENCHMARK(BM_warp)->Apply(warp_args);
 
 /// Random distributions q (V, K) and p (V, K + 1), columns summing to 1.
 struct verify_inputs {
@@ -308,6 +311,18 @@ void BM_sample_residual(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_sample_residual)->ArgName("V")->Arg(4096)->Arg(50257);
+
+/// The draft's draw from its warped distribution: a categorical draw over V probabilities.
+void BM_sample_categorical(benchmark::State& state) {
+  const auto V = static_cast<std::size_t>(state.range(0));
+  const verify_inputs in(V, 1);
+  std::mt19937_64 rng(15);
+  for (auto _ : state) {
+    const token t = specsample::sample_categorical(in.q.col(0), rng);
+    benchmark::DoNotOptimize(t);
+  }
+}
+BENCHMARK(BM_sample_categorical)->ArgName("V")->Arg(4096)->Arg(50257);
 
 }  // namespace
 

@@ -185,3 +185,56 @@ TEST_CASE("verify rejects inconsistent inputs", "[verify][errors]") {
   Eigen::MatrixXf q0 = Eigen::MatrixXf::Zero(3, 1);
   CHECK_THROWS_WITH(verify_tokenwise(std::span<const token>(&x, 1), q0, p2, rng), Contains("zero draft probability"));
 }
+
+TEST_CASE("the vector weight sums of categorical and residual draws equal the scalar sums bit for bit on every "
+          "instruction set",
+          "[random][residual][simd]") {
+  std::mt19937 gen(23);
+  std::exponential_distribution<float> e(1.0f);
+  for (const std::size_t n : {0u, 1u, 7u, 8u, 9u, 15u, 63u, 64u, 65u, 300u, 4096u, 4099u}) {
+    std::vector<float> p(n), q(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      p[i] = i % 7 == 3 ? 0.0f : e(gen) * 1e-3f;
+      q[i] = i % 5 == 0 ? 0.0f : e(gen) * 1e-3f;
+    }
+    if (n > 2) p[1] = q[1] = std::numeric_limits<float>::denorm_min();  // a tie at the smallest float
+    for (const double s : {1.0, 0.37, 1.0 / 3.0}) {
+      const double dense = simd::weight_sum([&](std::size_t i) { return static_cast<double>(p[i]); }, n);
+      const double residual = simd::weight_sum(
+          [&](std::size_t i) {
+            const double d = s * static_cast<double>(p[i]);  // rounded, then the difference rounded
+            const double r = d - static_cast<double>(q[i]);
+            return r > 0.0 ? r : 0.0;
+          },
+          n);
+      for (const isa requested : {isa::generic, isa::avx2, isa::avx512}) {
+        const isa level = simd::resolve(requested);
+        INFO(isa_name(level) << ", n = " << n << ", s = " << s);
+        CHECK(simd::weight_sum(level, p.data(), nullptr, s, n) == dense);
+        CHECK(simd::weight_sum(level, p.data(), q.data(), s, n) == residual);
+      }
+    }
+  }
+}
+
+TEST_CASE("draws from contiguous and from strided weights are the same draws", "[random][residual]") {
+  // A contiguous column takes the vector weight sums, a row of a column-major matrix (stride 2) the
+  // scalar ones: with the same generator state they must pick the same tokens.
+  constexpr Eigen::Index V = 1000;
+  std::mt19937 gen(29);
+  std::exponential_distribution<float> e(1.0f);
+  Eigen::MatrixXf rows(2, V);
+  for (Eigen::Index i = 0; i < V; ++i) {
+    rows(0, i) = i % 9 == 4 ? 0.0f : e(gen);
+    rows(1, i) = i % 4 == 1 ? 0.0f : e(gen);
+  }
+  const Eigen::VectorXf p = rows.row(0).transpose(), q = rows.row(1).transpose();
+  REQUIRE(detail::contiguous_floats(p) != nullptr);
+  REQUIRE(detail::contiguous_floats(rows.row(0)) == nullptr);
+  std::mt19937_64 a(31), b(31);
+  for (int n = 0; n < 2000; ++n) {
+    REQUIRE(sample_categorical(p, a) == sample_categorical(rows.row(0), b));
+    REQUIRE(sample_residual(p, q, a) == sample_residual(rows.row(0), rows.row(1), b));
+    REQUIRE(sample_residual(p, q, a, 0.8) == sample_residual(rows.row(0), rows.row(1), b, 0.8));
+  }
+}

@@ -113,6 +113,50 @@ TEST_CASE("top-p works beyond its first sorted block on a large vocabulary", "[w
   CHECK(p.sum() == Approx(1.0));
 }
 
+TEST_CASE("top-k and top-p keep exactly the prefix of a full sort on large vocabularies with ties and zeros",
+          "[warp][top_k][top_p]") {
+  // The warper orders only a candidate set (the tokens above a threshold); the reference sorts the
+  // whole vocabulary by (probability, lower id) and takes the prefix, summing the mass in order.
+  std::mt19937 rng(41);
+  for (const std::size_t V : {4096u, 50257u}) {
+    for (const float sigma : {0.0f, 0.5f, 3.0f, 12.0f}) {
+      std::normal_distribution<float> n(0.0f, sigma);
+      Eigen::VectorXf logits(static_cast<Eigen::Index>(V));
+      for (Eigen::Index i = 0; i < logits.size(); ++i) {
+        logits(i) = std::round(n(rng) * 4.0f) / 4.0f;  // quantised: many exact ties
+        if (i % 11 == 5) logits(i) = -std::numeric_limits<float>::infinity();  // zero probabilities
+      }
+      const Eigen::VectorXf base = warp(logits, sampling_params{});
+      std::vector<token> order(V);
+      for (std::size_t i = 0; i < V; ++i) order[i] = static_cast<token>(i);
+      std::sort(order.begin(), order.end(), [&](token a, token b) { return base(a) > base(b) || (base(a) == base(b) && a < b); });
+      const auto check_prefix = [&](const Eigen::VectorXf& got, std::size_t keep) {
+        std::vector<bool> kept(V, false);
+        for (std::size_t j = 0; j < keep; ++j) kept[static_cast<std::size_t>(order[j])] = true;
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < V; ++i) wrong += (got(static_cast<Eigen::Index>(i)) > 0.0f) != (kept[i] && base(static_cast<Eigen::Index>(i)) > 0.0f);
+        CHECK(wrong == 0);
+        CHECK(got.cast<double>().sum() == Approx(1.0).epsilon(1e-5));
+      };
+      for (const int k : {1, 2, 50, 1000, static_cast<int>(V) - 1}) {
+        INFO("V = " << V << ", sigma = " << sigma << ", top_k = " << k);
+        sampling_params s;
+        s.top_k = k;
+        check_prefix(warp(logits, s), static_cast<std::size_t>(k));
+      }
+      for (const float top_p : {0.1f, 0.5f, 0.9f, 0.95f, 0.999f, 0.9999999f}) {
+        INFO("V = " << V << ", sigma = " << sigma << ", top_p = " << top_p);
+        double mass = 0.0;
+        std::size_t keep = 0;
+        while (keep < V && mass < static_cast<double>(top_p)) mass += static_cast<double>(base(order[keep++]));
+        sampling_params s;
+        s.top_p = top_p;
+        check_prefix(warp(logits, s), keep);
+      }
+    }
+  }
+}
+
 TEST_CASE("min-p keeps tokens with p >= min_p * max p", "[warp][min_p]") {
   sampling_params s;
   s.min_p = 0.45f;  // threshold 0.18

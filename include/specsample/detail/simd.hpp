@@ -81,9 +81,57 @@ namespace simd {
   return static_cast<std::uint8_t>(requested) <= static_cast<std::uint8_t>(d) ? requested : d;
 }
 
+/// Thresholds `tally_above` handles in one pass.
+inline constexpr std::size_t tally_width = 8;
+
 /// Arguments below this give exp_shifted 0 (the vector exp's lower clamp: exp(-87.34) is the
 /// smallest normal float).
 inline constexpr float exp_floor = -87.3365447505531f;
+
+/// max(d, 0) without a branch (a compare-and-jump on random data mispredicts half the time); NaN
+/// gives 0.
+[[nodiscard]] inline double positive_part(double d) noexcept {
+#if SPECSAMPLE_X86
+  return _mm_cvtsd_f64(_mm_max_sd(_mm_set_sd(d), _mm_setzero_pd()));
+#else
+  return d > 0.0 ? d : 0.0;
+#endif
+}
+
+/// max(0, s·p − q) in double: the residual weight of a rejected draft (s = 1 token-wise). The
+/// product and the difference are each rounded once, never fused, so every level's `weight_sum`
+/// and this scalar form agree bit for bit.
+[[nodiscard]] inline double residual_weight(double p, double q, double s) noexcept {
+  double sp = s * p;
+#if SPECSAMPLE_X86
+  __asm__("" : "+x"(sp));  // a compiler barrier: the product cannot be contracted into an FMA
+#endif
+  return positive_part(sp - q);
+}
+
+/// The sum `weight_sum` computes, of any weights w(i) ≥ 0, i in [0, n): eight partial sums, sum j
+/// taking w(j), w(j + 8), w(j + 16), … in order, combined pairwise, then the sequential sum of the
+/// last n mod 8. No loop-carried dependency longer than every 8th element, and no branch.
+template <class W>
+[[nodiscard]] double weight_sum(W&& w, std::size_t n) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (std::size_t j = 0; j < 8; ++j) acc[j] += w(i + j);
+  }
+  double tail = 0.0;
+  for (; i < n; ++i) tail += w(i);
+  return (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) + tail;
+}
+
+/// The end of `weight_sum` for the vector kernels: the eight partial sums `a` combined pairwise,
+/// plus the sequential sum of the `rest` (< 8) weights left at p (and q).
+[[nodiscard]] inline double combine_partial_sums(const double* a, const float* p, const float* q, double s,
+                                                 std::size_t rest) noexcept {
+  double tail = 0.0;
+  for (std::size_t i = 0; i < rest; ++i) tail += q != nullptr ? residual_weight(p[i], q[i], s) : static_cast<double>(p[i]);
+  return (((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))) + tail;
+}
 
 #if SPECSAMPLE_X86
 
@@ -275,6 +323,105 @@ inline SPECSAMPLE_TARGET_AVX2 std::ptrdiff_t argmax_avx2(const float* x, std::si
   return -1;  // unreachable
 }
 
+/// See `weight_sum`: lane j of one vector of 8 doubles is partial sum j.
+template <bool Residual>
+inline SPECSAMPLE_TARGET_AVX512 double weight_sum_avx512(const float* p, const float* q, double s, std::size_t n) {
+  const __m512d sv = _mm512_set1_pd(s), zero = _mm512_setzero_pd();
+  __m512d acc = zero;
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    // (the maskz forms: GCC 12 warns about the _undefined operand of the plain ones)
+    __m512d w = _mm512_maskz_cvtps_pd(0xFF, _mm256_loadu_ps(p + i));
+    if constexpr (Residual) {
+      __m512d sp = _mm512_mul_pd(sv, w);
+      __asm__("" : "+v"(sp));  // rounded on its own, as in `residual_weight`
+      w = _mm512_maskz_max_pd(0xFF, _mm512_sub_pd(sp, _mm512_maskz_cvtps_pd(0xFF, _mm256_loadu_ps(q + i))), zero);
+    }
+    acc = _mm512_add_pd(acc, w);
+  }
+  alignas(64) double a[8];
+  _mm512_store_pd(a, acc);
+  return combine_partial_sums(a, p + i, Residual ? q + i : nullptr, s, n - i);
+}
+
+/// See `weight_sum`: partial sums 0–3 and 4–7 in two vectors of 4 doubles.
+template <bool Residual>
+inline SPECSAMPLE_TARGET_AVX2 double weight_sum_avx2(const float* p, const float* q, double s, std::size_t n) {
+  const __m256d sv = _mm256_set1_pd(s), zero = _mm256_setzero_pd();
+  __m256d lo = zero, hi = zero;
+  const auto weights = [&](const float* x, const float* y) SPECSAMPLE_TARGET_AVX2 {
+    __m256d w = _mm256_cvtps_pd(_mm_loadu_ps(x));
+    if constexpr (Residual) {
+      __m256d sp = _mm256_mul_pd(sv, w);
+      __asm__("" : "+x"(sp));  // rounded on its own, as in `residual_weight`
+      w = _mm256_max_pd(_mm256_sub_pd(sp, _mm256_cvtps_pd(_mm_loadu_ps(y))), zero);
+    }
+    return w;
+  };
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    lo = _mm256_add_pd(lo, weights(p + i, Residual ? q + i : nullptr));
+    hi = _mm256_add_pd(hi, weights(p + i + 4, Residual ? q + i + 4 : nullptr));
+  }
+  alignas(32) double a[8];
+  _mm256_store_pd(a, lo);
+  _mm256_store_pd(a + 4, hi);
+  return combine_partial_sums(a, p + i, Residual ? q + i : nullptr, s, n - i);
+}
+
+/// See `find_greater`.
+inline SPECSAMPLE_TARGET_AVX512 std::size_t find_greater_avx512(const float* x, std::size_t n, float t) {
+  const __m512 tv = _mm512_set1_ps(t);
+  for (std::size_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __mmask16 hit = _mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, x + i), tv, _CMP_GT_OQ);
+    if (hit != 0) return i + static_cast<std::size_t>(__builtin_ctz(hit));
+  }
+  return n;
+}
+
+/// See `tally_above`.
+inline SPECSAMPLE_TARGET_AVX512 void tally_above_avx512(const float* x, std::size_t n, const float* t, std::size_t nt,
+                                                       std::size_t* count, double* mass) {
+  __m512 tv[tally_width], w[tally_width];
+  std::size_t c[tally_width] = {};
+  for (std::size_t j = 0; j < tally_width; ++j) {
+    tv[j] = _mm512_set1_ps(j < nt ? t[j] : std::numeric_limits<float>::infinity());
+    w[j] = _mm512_setzero_ps();
+  }
+  for (std::size_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512 v = _mm512_maskz_loadu_ps(k, x + i);
+#pragma GCC unroll 8
+    for (std::size_t j = 0; j < tally_width; ++j) {  // (unrolled: the 16 vectors stay in registers)
+      const __mmask16 above = _mm512_mask_cmp_ps_mask(k, v, tv[j], _CMP_GT_OQ);
+      c[j] += static_cast<std::size_t>(__builtin_popcount(above));
+      w[j] = _mm512_mask_add_ps(w[j], above, w[j], v);
+    }
+  }
+  for (std::size_t j = 0; j < nt; ++j) {
+    alignas(64) float l[16];
+    _mm512_store_ps(l, w[j]);
+    count[j] = c[j];
+    mass[j] = 0.0;
+    for (const float v : l) mass[j] += static_cast<double>(v);
+  }
+}
+
+/// See `zero_after`.
+inline SPECSAMPLE_TARGET_AVX512 void zero_after_avx512(float* x, std::size_t n, float p, std::uint32_t id) {
+  const __m512 pv = _mm512_set1_ps(p);
+  const __m512i idv = _mm512_set1_epi32(static_cast<int>(id)), sixteen = _mm512_set1_epi32(16);
+  __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (std::size_t i = 0; i < n; i += 16, idx = _mm512_add_epi32(idx, sixteen)) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512 v = _mm512_maskz_loadu_ps(k, x + i);
+    const __mmask16 keep = _mm512_cmp_ps_mask(v, pv, _CMP_GT_OQ) |
+                           (_mm512_cmp_ps_mask(v, pv, _CMP_EQ_OQ) & _mm512_cmple_epu32_mask(idx, idv));
+    _mm512_mask_storeu_ps(x + i, k, _mm512_maskz_mov_ps(keep, v));
+  }
+}
+
 #endif  // SPECSAMPLE_X86
 
 /// x[i] = exp((x[i] - m) · scale), 0 where (x[i] - m) · scale < exp_floor (so -inf gives exactly
@@ -309,6 +456,70 @@ inline float max_value(isa level, const float* x, std::size_t n) noexcept {
   float m = -std::numeric_limits<float>::infinity();
   for (std::size_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
   return m;
+}
+
+/// Σ w[i] over [0, n) in double, where w[i] = p[i] (q null) or `residual_weight(p[i], q[i], s)`,
+/// in the order of the scalar `weight_sum` above. Every level gives the same bits (double additions
+/// of exactly converted floats, in the same order): the weight sums of categorical draws
+/// (sampling/random.hpp).
+inline double weight_sum(isa level, const float* p, const float* q, double s, std::size_t n) noexcept {
+#if SPECSAMPLE_X86
+  if (level == isa::avx512) return q != nullptr ? weight_sum_avx512<true>(p, q, s, n) : weight_sum_avx512<false>(p, q, s, n);
+  if (level == isa::avx2) return q != nullptr ? weight_sum_avx2<true>(p, q, s, n) : weight_sum_avx2<false>(p, q, s, n);
+#else
+  (void)level;
+#endif
+  if (q != nullptr) return weight_sum([=](std::size_t i) { return residual_weight(p[i], q[i], s); }, n);
+  return weight_sum([=](std::size_t i) { return static_cast<double>(p[i]); }, n);
+}
+
+/// The first i < n with x[i] > t, or n (NaN compares false).
+inline std::size_t find_greater(isa level, const float* x, std::size_t n, float t) noexcept {
+#if SPECSAMPLE_X86
+  if (level == isa::avx512) return find_greater_avx512(x, n, t);
+#else
+  (void)level;
+#endif
+  for (std::size_t i = 0; i < n; ++i) {
+    if (x[i] > t) return i;
+  }
+  return n;
+}
+
+/// For each of the nt (≤ tally_width) thresholds t[j]: count[j] = #{i < n : x[i] > t[j]} and
+/// mass[j] ≈ Σ of those x[i], in one pass over x. The mass is approximate (float partial sums,
+/// in an order that depends on the level): it picks candidate sets whose exact sums are
+/// computed afterwards, never a result.
+inline void tally_above(isa level, const float* x, std::size_t n, const float* t, std::size_t nt, std::size_t* count,
+                        double* mass) noexcept {
+#if SPECSAMPLE_X86
+  if (level == isa::avx512) return tally_above_avx512(x, n, t, nt, count, mass);
+#else
+  (void)level;
+#endif
+  for (std::size_t j = 0; j < nt; ++j) {
+    count[j] = 0;
+    mass[j] = 0.0;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t j = 0; j < nt; ++j) {
+      if (x[i] > t[j]) {
+        ++count[j];
+        mass[j] += static_cast<double>(x[i]);
+      }
+    }
+  }
+}
+
+/// x[i] = 0 for every i ordered after (p, id), where i is ordered before j when x[i] > x[j], or
+/// x[i] == x[j] and i < j: keeps x[i] > p, and x[i] == p for i ≤ id. (n ≤ 2^32.)
+inline void zero_after(isa level, float* x, std::size_t n, float p, std::uint32_t id) noexcept {
+#if SPECSAMPLE_X86
+  if (level == isa::avx512) return zero_after_avx512(x, n, p, id);
+#else
+  (void)level;
+#endif
+  for (std::size_t i = 0; i < n; ++i) x[i] = x[i] > p || (x[i] == p && i <= id) ? x[i] : 0.0f;
 }
 
 /// x[i] *= s for i < n (each product rounded once, whatever the level).

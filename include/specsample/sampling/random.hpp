@@ -3,6 +3,7 @@
 /// Uniform doubles and categorical draws from any `std::uniform_random_bit_generator`.
 
 #include <specsample/concepts.hpp>
+#include <specsample/detail/simd.hpp>
 
 #include <Eigen/Core>
 
@@ -11,10 +12,8 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <type_traits>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 namespace specsample {
 
@@ -35,31 +34,46 @@ template <std::uniform_random_bit_generator Rng>
 
 namespace detail {
 
-/// max(d, 0) without a branch (a compare-and-jump on random data mispredicts half the time).
-[[nodiscard]] inline double positive_part(double d) noexcept {
-#if defined(__SSE2__)
-  return _mm_cvtsd_f64(_mm_max_sd(_mm_set_sd(d), _mm_setzero_pd()));
-#else
-  return d > 0.0 ? d : 0.0;
-#endif
-}
-
 /// Weights per block of the blocked inverse CDF below.
 inline constexpr std::size_t sample_block = 64;
 
+/// Weights read from contiguous floats: p[i], or simd::residual_weight(p[i], q[i], s) when q is
+/// set. Their block sums run the vector kernels of `level` (simd::weight_sum), bit for bit the sums
+/// of the scalar form.
+struct float_weights {
+  const float* p = nullptr;
+  const float* q = nullptr;
+  double s = 1.0;
+  isa level = simd::detected();
+
+  [[nodiscard]] double operator()(std::size_t i) const noexcept {
+    return q != nullptr ? simd::residual_weight(p[i], q[i], s) : static_cast<double>(p[i]);
+  }
+  [[nodiscard]] double sum(std::size_t begin, std::size_t end) const noexcept {
+    return simd::weight_sum(level, p + begin, q != nullptr ? q + begin : nullptr, s, end - begin);
+  }
+};
+
+/// The coefficients of an Eigen vector as contiguous floats, or null when they are not.
+template <class Derived>
+[[nodiscard]] const float* contiguous_floats(const Eigen::DenseBase<Derived>& x) noexcept {
+  if constexpr (std::is_same_v<typename Derived::Scalar, float> && Derived::IsVectorAtCompileTime &&
+                (static_cast<unsigned>(Derived::Flags) & Eigen::DirectAccessBit) != 0) {
+    if (x.derived().innerStride() == 1) return x.derived().data();
+  }
+  return nullptr;
+}
+
 /// Σ weight(i) for i in [begin, end), in double, in a fixed order that does not depend on where
-/// the range sits: 8 interleaved partial sums, combined pairwise. No loop-carried dependency
-/// longer than every 8th element, and no branch, so it runs at the speed of memory.
+/// the range sits (simd::weight_sum's: eight interleaved partial sums, combined pairwise); with
+/// the vector kernels when the weights are `float_weights`.
 template <class Weight>
 [[nodiscard]] double weight_sum(Weight& weight, std::size_t begin, std::size_t end) {
-  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  std::size_t i = begin;
-  for (; i + 8 <= end; i += 8) {
-    for (std::size_t j = 0; j < 8; ++j) acc[j] += weight(i + j);
+  if constexpr (requires { weight.sum(begin, end); }) {
+    return weight.sum(begin, end);
+  } else {
+    return simd::weight_sum([&](std::size_t i) { return weight(begin + i); }, end - begin);
   }
-  double tail = 0.0;
-  for (; i < end; ++i) tail += weight(i);
-  return (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) + tail;
 }
 
 /// Σ weight(i) over [0, n) as the sequential sum of the block sums `draw_weighted` scans.
@@ -112,8 +126,12 @@ template <class Weight, std::uniform_random_bit_generator Rng>
 /// weight is positive.
 template <class Derived, std::uniform_random_bit_generator Rng>
 [[nodiscard]] token sample_categorical(const Eigen::DenseBase<Derived>& w, Rng& rng) {
-  auto weight = [&w](std::size_t i) { return static_cast<double>(w(static_cast<Eigen::Index>(i))); };
   const auto n = static_cast<std::size_t>(w.size());
+  if (const float* data = detail::contiguous_floats(w)) {
+    detail::float_weights weight{data};
+    return detail::draw_weighted(weight, n, detail::total_weight(weight, n), rng);
+  }
+  auto weight = [&w](std::size_t i) { return static_cast<double>(w(static_cast<Eigen::Index>(i))); };
   return detail::draw_weighted(weight, n, detail::total_weight(weight, n), rng);
 }
 

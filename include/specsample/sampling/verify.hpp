@@ -33,14 +33,23 @@ template <class P, class Q, std::uniform_random_bit_generator Rng>
   if (p.size() != q.size()) {
     throw error(fmt::format("sample_residual: p has {} entries, q has {}", p.size(), q.size()));
   }
+  const auto n = static_cast<std::size_t>(p.size());
+  const auto draw = [&](auto& residual) {
+    const double mass = detail::total_weight(residual, n);
+    if (!(mass > residual_mass_epsilon)) return sample_categorical(p, rng);
+    return detail::draw_weighted(residual, n, mass, rng);
+  };
+  const float* pd = detail::contiguous_floats(p);
+  const float* qd = detail::contiguous_floats(q);
+  if (pd != nullptr && qd != nullptr) {
+    detail::float_weights residual{pd, qd, weight};
+    return draw(residual);
+  }
   auto residual = [&](std::size_t i) {
     const auto j = static_cast<Eigen::Index>(i);
-    return detail::positive_part(weight * static_cast<double>(p(j)) - static_cast<double>(q(j)));
+    return simd::residual_weight(static_cast<double>(p(j)), static_cast<double>(q(j)), weight);
   };
-  const auto n = static_cast<std::size_t>(p.size());
-  const double mass = detail::total_weight(residual, n);
-  if (!(mass > residual_mass_epsilon)) return sample_categorical(p, rng);
-  return detail::draw_weighted(residual, n, mass, rng);
+  return draw(residual);
 }
 
 /// The outcome of verifying one block of drafts.

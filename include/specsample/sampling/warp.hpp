@@ -13,8 +13,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <iterator>
 #include <limits>
-#include <numeric>
 #include <vector>
 
 namespace specsample {
@@ -35,9 +38,15 @@ class logit_warper {
  public:
   /// @param vocab the length of every logits column this warper will see.
   logit_warper(const sampling_params& params, std::size_t vocab)
-      : params_(params), vocab_(vocab), order_(vocab) {
+      : params_(params), vocab_(vocab) {
     validate(params_);
     if (vocab == 0) throw error("logit_warper: vocabulary size must be positive");
+    if (params_.top_k > 0 || params_.top_p < 1.0f) {
+      if (vocab > std::size_t{0xFFFFFFFFu}) {
+        throw error(fmt::format("logit_warper: top-k / top-p support vocabularies below 2^32 tokens, got {}", vocab));
+      }
+      best_.reserve(vocab);
+    }
   }
 
   [[nodiscard]] const sampling_params& params() const noexcept { return params_; }
@@ -84,7 +93,7 @@ class logit_warper {
     if (params_.min_p > 0.0f) {
       const float threshold = params_.min_p * probs.maxCoeff();
       probs = (probs.array() >= threshold).select(probs, 0.0f);
-      normalise(probs, probs.template cast<double>().sum());
+      normalise(probs, simd::weight_sum(isa_, probs.data(), nullptr, 1.0, n));
     }
   }
 
@@ -108,51 +117,108 @@ class logit_warper {
     simd::scale(isa_, probs.data(), static_cast<std::size_t>(probs.size()), static_cast<float>(1.0 / total));
   }
 
-  // Strict order: more probable first, lower id first among equals.
-  auto by_probability(const Eigen::Ref<Eigen::VectorXf>& probs) const {
-    return [&probs](token a, token b) {
-      return probs(a) > probs(b) || (probs(a) == probs(b) && a < b);
-    };
+  // Tokens ordered by probability, more probable first and the lower id first among equals: the
+  // key (bits of p, ~id) orders like that as an unsigned integer, because the bit patterns of
+  // non-negative floats order like their values.
+  [[nodiscard]] static std::uint64_t key(float p, std::size_t id) noexcept {
+    std::uint32_t bits = 0;
+    if (p > 0.0f) std::memcpy(&bits, &p, sizeof bits);
+    return (std::uint64_t{bits} << 32) | (0xFFFFFFFFu - static_cast<std::uint32_t>(id));
+  }
+  [[nodiscard]] static float probability(std::uint64_t key) noexcept {
+    const auto bits = static_cast<std::uint32_t>(key >> 32);
+    float p = 0.0f;
+    std::memcpy(&p, &bits, sizeof p);
+    return p;
   }
 
-  void keep_top_k(Eigen::Ref<Eigen::VectorXf> probs) {
-    std::iota(order_.begin(), order_.end(), token{0});
-    const auto k = static_cast<std::ptrdiff_t>(params_.top_k);
-    std::nth_element(order_.begin(), order_.begin() + k - 1, order_.end(), by_probability(probs));
-    zero_from(probs, static_cast<std::size_t>(k));
+  // Candidate sets. The tokens with p > t for a threshold t are a prefix of the order above, so a
+  // prefix that decides top-k or top-p lies inside the first such set that is large (k tokens) or
+  // heavy (top_p of the mass) enough. The thresholds are max p · 2^-j for j = 1..16, then
+  // coarser, then 0 (every positive token); `simd::tally_above` counts and weighs the sets of
+  // tally_width thresholds in one vector pass, and only the chosen set is ordered.
+  static constexpr int threshold_exponents[] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12,
+                                                13, 14, 15, 16, 20, 24, 32, 48, 64, 96, 128};
+  static constexpr std::size_t thresholds = std::size(threshold_exponents) + 1;  // + the final 0
+
+  // Threshold number j (0 .. thresholds-1) for a distribution whose largest probability is m.
+  [[nodiscard]] static float threshold(float m, std::size_t j) noexcept {
+    return j + 1 < thresholds ? std::ldexp(m, -threshold_exponents[j]) : 0.0f;
   }
 
-  // The smallest most-probable prefix with mass >= top_p. Sorts a growing prefix (64, 256, ...)
-  // instead of the whole vocabulary: the nucleus is usually small.
-  void keep_top_p(Eigen::Ref<Eigen::VectorXf> probs) {
-    std::iota(order_.begin(), order_.end(), token{0});
-    const std::size_t n = order_.size();
-    const double target = static_cast<double>(params_.top_p);
-    for (std::size_t m = std::min<std::size_t>(n, 64);; m = std::min(n, 4 * m)) {
-      std::partial_sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(m), order_.end(),
-                        by_probability(probs));
-      double mass = 0.0;
-      for (std::size_t j = 0; j < m; ++j) {
-        mass += static_cast<double>(probs(order_[j]));
-        if (mass >= target) {
-          zero_from(probs, j + 1);
-          return;
-        }
+  // The first threshold from `from` on whose set has at least `count` tokens (by_count) or at least
+  // `mass` of probability (else), or `thresholds` when none has.
+  [[nodiscard]] std::size_t first_threshold(const float* p, float m, std::size_t from, bool by_count,
+                                            std::size_t count, double mass) const {
+    for (std::size_t j0 = from; j0 < thresholds; j0 += simd::tally_width) {
+      const std::size_t nt = std::min(simd::tally_width, thresholds - j0);
+      float t[simd::tally_width];
+      std::size_t c[simd::tally_width];
+      double w[simd::tally_width];
+      for (std::size_t j = 0; j < nt; ++j) t[j] = threshold(m, j0 + j);
+      simd::tally_above(isa_, p, vocab_, t, nt, c, w);
+      for (std::size_t j = 0; j < nt; ++j) {
+        if (by_count ? c[j] >= count : w[j] >= mass) return j0 + j;
       }
-      if (m == n) return;  // rounding kept the total just under top_p: keep everything
+    }
+    return thresholds;
+  }
+
+  // The keys of the tokens with p > t, in best_ (unordered).
+  void collect_above(const float* p, float t) {
+    best_.clear();
+    for (std::size_t i = 0; (i += simd::find_greater(isa_, p + i, vocab_ - i, t)) < vocab_; ++i) {
+      best_.push_back(key(p[i], i));
     }
   }
 
-  // Zeroes every token after the first `keep` entries of order_, then renormalises.
-  void zero_from(Eigen::Ref<Eigen::VectorXf> probs, std::size_t keep) {
-    for (std::size_t j = keep; j < order_.size(); ++j) probs(order_[j]) = 0.0f;
-    normalise(probs, probs.template cast<double>().sum());
+  void keep_top_k(Eigen::Ref<Eigen::VectorXf> probs) {
+    const auto k = static_cast<std::size_t>(params_.top_k);
+    const float* p = probs.data();
+    const float m = simd::max_value(isa_, p, vocab_);
+    const std::size_t j = first_threshold(p, m, 0, true, k, 0.0);
+    if (j == thresholds) return;  // fewer than k tokens have p > 0: top-k keeps them all
+    collect_above(p, threshold(m, j));
+    std::nth_element(best_.begin(), best_.begin() + static_cast<std::ptrdiff_t>(k - 1), best_.end(), std::greater<>());
+    keep_down_to(probs, best_[k - 1]);
+  }
+
+  // The smallest most-probable prefix with mass >= top_p, the mass summed in that order.
+  void keep_top_p(Eigen::Ref<Eigen::VectorXf> probs) {
+    const double target = static_cast<double>(params_.top_p);
+    const float* p = probs.data();
+    const float m = simd::max_value(isa_, p, vocab_);
+    // The masses from tally_above are approximate, so a set may turn out too light (its prefix
+    // sum stays under top_p: the next heavy-looking set is tried) or none may look heavy enough
+    // (then the last set, every positive token, decides).
+    for (std::size_t j = first_threshold(p, m, 0, false, 0, target);;
+         j = first_threshold(p, m, j + 1, false, 0, target)) {
+      j = std::min(j, thresholds - 1);
+      collect_above(p, threshold(m, j));
+      std::sort(best_.begin(), best_.end(), std::greater<>());
+      double mass = 0.0;
+      for (const std::uint64_t k : best_) {
+        mass += static_cast<double>(probability(k));
+        if (mass >= target) {
+          keep_down_to(probs, k);
+          return;
+        }
+      }
+      if (j == thresholds - 1) break;
+    }
+    // Every positive token together stays just under top_p by rounding: keep everything.
+  }
+
+  // Zeroes every token ordered after `last` (the key of the last token kept), then renormalises.
+  void keep_down_to(Eigen::Ref<Eigen::VectorXf> probs, std::uint64_t last) {
+    simd::zero_after(isa_, probs.data(), vocab_, probability(last), 0xFFFFFFFFu - static_cast<std::uint32_t>(last));
+    normalise(probs, simd::weight_sum(isa_, probs.data(), nullptr, 1.0, vocab_));
   }
 
   sampling_params params_;
   std::size_t vocab_;
-  isa isa_ = simd::detected();  // the vector exp of the softmax
-  std::vector<token> order_;  // scratch permutation of token ids
+  isa isa_ = simd::detected();      // the vector kernels (exp, max, sums, search)
+  std::vector<std::uint64_t> best_;  // scratch of top-k / top-p: keys of the most probable tokens
 };
 
 /// Convenience: the warped distribution of one logits vector (allocates; loops use logit_warper).
