@@ -2,8 +2,8 @@
 # Makes sure the Debian packages specsample builds with are installed. As root it installs what is
 # missing with apt-get; otherwise it prints the exact apt-get line to run and fails.
 set -euo pipefail
-packages=(cmake make g++ pkg-config libeigen3-dev xtensor-dev nlohmann-json3-dev libfmt-dev
-          libpcre2-dev catch2 libbenchmark-dev ${SPECSAMPLE_EXTRA_PACKAGES:-})
+packages=(cmake make g++ clang-14 libclang-rt-14-dev pkg-config libeigen3-dev xtensor-dev
+          nlohmann-json3-dev libfmt-dev libpcre2-dev catch2 libbenchmark-dev ${SPECSAMPLE_EXTRA_PACKAGES:-})
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
