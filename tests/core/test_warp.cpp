@@ -242,3 +242,47 @@ TEST_CASE("the vector softmax numerator, maximum, scaling and argmax agree with 
     CHECK(simd::argmax(level, none.data(), 3) == -1);
   }
 }
+
+TEST_CASE("the vector search, tally and prefix cut of top-k / top-p agree with their definitions on every "
+          "instruction set",
+          "[warp][simd][top_k][top_p]") {
+  std::mt19937 rng(43);
+  std::exponential_distribution<float> e(1.0f);
+  for (const isa requested : {isa::generic, isa::avx2, isa::avx512}) {
+    const isa level = simd::resolve(requested);
+    for (const std::size_t n : {1u, 15u, 16u, 17u, 33u, 1000u, 4099u}) {
+      std::vector<float> x(n);
+      for (std::size_t i = 0; i < n; ++i) x[i] = i % 7 == 2 ? 0.0f : std::round(e(rng) * 8.0f) / 8.0f;  // ties, zeros
+      INFO(isa_name(level) << ", n = " << n);
+      for (const float t : {-1.0f, 0.0f, 0.5f, 1.0f, 3.0f, 100.0f}) {
+        const auto want = static_cast<std::size_t>(std::find_if(x.begin(), x.end(), [&](float v) { return v > t; }) - x.begin());
+        REQUIRE(simd::find_greater(level, x.data(), n, t) == want);
+      }
+      const float t[] = {2.0f, 1.0f, 0.5f, 0.25f, 0.125f, 0.0f, -1.0f};
+      std::size_t count[simd::tally_width];
+      double mass[simd::tally_width];
+      simd::tally_above(level, x.data(), n, t, std::size(t), count, mass);
+      for (std::size_t j = 0; j < std::size(t); ++j) {
+        std::size_t c = 0;
+        double w = 0.0;
+        for (const float v : x) {
+          if (v > t[j]) {
+            ++c;
+            w += v;
+          }
+        }
+        REQUIRE(count[j] == c);
+        REQUIRE(mass[j] == Approx(w).epsilon(1e-6));
+      }
+      for (const std::size_t cut : {std::size_t{0}, n / 2, n - 1}) {
+        const float p = x[cut];
+        std::vector<float> y = x;
+        simd::zero_after(level, y.data(), n, p, static_cast<std::uint32_t>(cut));
+        for (std::size_t i = 0; i < n; ++i) {
+          const bool keep = x[i] > p || (x[i] == p && i <= cut);
+          REQUIRE(y[i] == (keep ? x[i] : 0.0f));
+        }
+      }
+    }
+  }
+}
