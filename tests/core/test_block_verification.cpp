@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 
 #include "../support/broken_verifiers.hpp"
+#include "../support/fit.hpp"
 
 #include <random>
 #include <vector>
@@ -206,4 +207,37 @@ TEST_CASE("leniency below 1 is validated and drifts toward the draft", "[lenienc
   CHECK(lossy.p_value < fail_threshold);
   const auto exact = fit(draft, target, 2, 3, {}, tokenwise_verifier{.leniency = 1.0});
   CHECK(exact.p_value > pass_threshold);
+}
+
+TEST_CASE("block verification stays exact with an early-stopping and with an adaptive draft length",
+          "[block][drafters][exactness]") {
+  auto target = toy::markov::random(4, 2, 3, 0.8f);
+  auto draft_model = toy::markov::similar_to(target, 0.4, 4, 0.5f);
+  speculative_params params;
+  params.max_new_tokens = 4;
+  params.draft_length = 3;
+  SECTION("p_min = 0.5") { params.draft_min_probability = 0.5f; }
+  SECTION("adaptive draft length") { params.adaptive_draft_length = true; }
+  model_drafter<toy::markov> d(draft_model, params.sampling, params.draft_min_probability);
+  test::check_exact_and_broken(d, target, {0}, params, block_verifier{},
+                               broken_block_verifier{.stop_at_first_failure = true});
+}
+
+TEST_CASE("output that stops at EOS is exact for token-wise and block verification", "[eos][block][exactness]") {
+  // EOS = 1 is likely under this target, so it often lands inside an accepted run; the fit
+  // compares the EOS-truncated sequences over (V + 1)^L (tests/support/fit.hpp).
+  auto target = toy::markov::random(4, 2, 8, 0.8f);
+  auto draft_model = toy::markov::similar_to(target, 0.3, 9, 0.8f);
+  speculative_params params;
+  params.max_new_tokens = 4;
+  params.draft_length = 3;
+  params.eos = 1;
+  model_drafter<toy::markov> d(draft_model, params.sampling);
+  SECTION("token-wise") {
+    test::check_exact_and_broken(d, target, {0}, params, tokenwise_verifier{}, test::resample_from_target{});
+  }
+  SECTION("block") {
+    test::check_exact_and_broken(d, target, {0}, params, block_verifier{},
+                                 broken_block_verifier{.stop_at_first_failure = true});
+  }
 }

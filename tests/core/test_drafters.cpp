@@ -10,32 +10,15 @@
 #include <catch2/catch.hpp>
 
 #include "../support/broken_verifiers.hpp"
+#include "../support/fit.hpp"
 
 #include <random>
-#include <memory>
 #include <set>
 #include <vector>
 
 using namespace specsample;
 
-namespace {
-
 using namespace specsample::test;
-
-template <class Drafter, class Verifier>
-testing::fit_result fit_drafter(Drafter& drafter, toy::markov& target, const std::vector<token>& prompt,
-                                const speculative_params& params, Verifier verifier,
-                                std::size_t samples = 100'000) {
-  const auto exact = testing::exact_sequence_distribution(target, prompt, params.max_new_tokens, params.sampling);
-  testing::sequence_histogram hist(target.vocab_size(), params.max_new_tokens);
-  std::mt19937_64 rng(77);
-  for (std::size_t i = 0; i < samples; ++i) {
-    hist.add(detail::generate(drafter, target, prompt, params, rng, *std::make_unique<no_observer>(), verifier).tokens);
-  }
-  return testing::g_test(hist.counts(), exact);
-}
-
-}  // namespace
 
 static_assert(drafter<drafters::ngram>);
 static_assert(drafter<model_drafter<toy::markov>>);
@@ -110,11 +93,7 @@ TEST_CASE("stopping the draft early below a probability threshold stays exact", 
   params.draft_length = 3;
   params.draft_min_probability = 0.5f;
   model_drafter<toy::markov> d(draft_model, params.sampling, params.draft_min_probability);
-  const auto good = fit_drafter(d, target, {0}, params, tokenwise_verifier{});
-  INFO("exact: G = " << good.statistic << ", p = " << good.p_value);
-  CHECK(good.p_value > pass_threshold);
-  const auto bad = fit_drafter(d, target, {0}, params, resample_from_target{});
-  CHECK(bad.p_value < fail_threshold);
+  check_exact_and_broken(d, target, {0}, params, tokenwise_verifier{}, resample_from_target{});
   // It does stop early: fewer drafts than K per round on average.
   std::mt19937_64 rng(2);
   params.max_new_tokens = 200;
@@ -131,11 +110,7 @@ TEST_CASE("the adaptive draft length stays exact and follows acceptance", "[draf
   params.draft_length = 4;
   params.adaptive_draft_length = true;
   model_drafter<toy::markov> d(draft_model, params.sampling);
-  const auto good = fit_drafter(d, target, {0}, params, tokenwise_verifier{});
-  INFO("exact: G = " << good.statistic << ", p = " << good.p_value);
-  CHECK(good.p_value > pass_threshold);
-  const auto bad = fit_drafter(d, target, {0}, params, resample_from_target{});
-  CHECK(bad.p_value < fail_threshold);
+  check_exact_and_broken(d, target, {0}, params, tokenwise_verifier{}, resample_from_target{});
 
   // The schedule really changes K (sampled), and greedy identity holds with it on.
   params.max_new_tokens = 100;
