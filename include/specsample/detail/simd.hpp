@@ -135,6 +135,11 @@ template <class W>
 
 #if SPECSAMPLE_X86
 
+/// AVX-512 lane mask of the first min(n, 16) lanes (tails of the vector loops).
+SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE __mmask16 avx512_first(std::size_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xffffu) : static_cast<__mmask16>((1u << n) - 1u);
+}
+
 // A Cephes-style exp (range reduction by ln 2, degree-5 polynomial, ~1 ulp), argument clamped to
 // [-87.34, 88.38] (results from the smallest normal float up). Elementwise: every element gets
 // the same instructions wherever it sits in a buffer.
@@ -182,8 +187,8 @@ inline SPECSAMPLE_TARGET_AVX512 double exp_shifted_avx512(float* x, std::size_t 
   const __m512 mv = _mm512_set1_ps(m), sv = _mm512_set1_ps(scale), floor = _mm512_set1_ps(exp_floor);
   __m512d acc[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
   __mmask16 nan = 0;
-  const auto step = [&](std::size_t i, __m512d& lo, __m512d& hi) SPECSAMPLE_TARGET_AVX512 {
-    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+  // k: the lanes in range (all but in the last one or two steps, where the loads are masked).
+  const auto step = [&](std::size_t i, __mmask16 k, __m512d& lo, __m512d& hi) SPECSAMPLE_TARGET_AVX512 {
     const __m512 v = _mm512_maskz_loadu_ps(k, x + i);
     nan |= _mm512_mask_cmp_ps_mask(k, v, v, _CMP_UNORD_Q);
     const __m512 a = _mm512_mul_ps(_mm512_sub_ps(v, mv), sv);
@@ -196,11 +201,11 @@ inline SPECSAMPLE_TARGET_AVX512 double exp_shifted_avx512(float* x, std::size_t 
   };
   std::size_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    step(i, acc[0], acc[1]);
-    step(i + 16, acc[2], acc[3]);
+    step(i, 0xFFFF, acc[0], acc[1]);
+    step(i + 16, 0xFFFF, acc[2], acc[3]);
   }
-  if (i < n) step(i, acc[0], acc[1]);
-  if (i + 16 < n) step(i + 16, acc[2], acc[3]);
+  if (i < n) step(i, avx512_first(n - i), acc[0], acc[1]);
+  if (i + 16 < n) step(i + 16, avx512_first(n - i - 16), acc[2], acc[3]);
   if (nan != 0) return std::numeric_limits<double>::quiet_NaN();
   alignas(64) double l[32];
   for (int j = 0; j < 4; ++j) _mm512_store_pd(l + 8 * j, acc[j]);
@@ -249,7 +254,7 @@ inline SPECSAMPLE_TARGET_AVX512 float max_value_avx512(const float* x, std::size
     best[1] = _mm512_maskz_max_ps(0xFFFF, best[1], _mm512_loadu_ps(x + i + 16));
   }
   for (; i < n; i += 16) {
-    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __mmask16 k = avx512_first(n - i);
     best[0] = _mm512_maskz_max_ps(0xFFFF, best[0], _mm512_mask_loadu_ps(ninf, k, x + i));
   }
   alignas(64) float lanes[16];
@@ -263,7 +268,7 @@ inline SPECSAMPLE_TARGET_AVX512 float max_value_avx512(const float* x, std::size
 inline SPECSAMPLE_TARGET_AVX512 void scale_avx512(float* x, std::size_t n, float s) {
   const __m512 sv = _mm512_set1_ps(s);
   for (std::size_t i = 0; i < n; i += 16) {
-    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __mmask16 k = avx512_first(n - i);
     _mm512_mask_storeu_ps(x + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), sv));
   }
 }
@@ -273,7 +278,7 @@ inline SPECSAMPLE_TARGET_AVX512 std::ptrdiff_t argmax_avx512(const float* x, std
   __m512 best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   __mmask16 nan = 0;
   for (std::size_t i = 0; i < n; i += 16) {
-    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __mmask16 k = avx512_first(n - i);
     const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), k, x + i);
     nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     best = _mm512_maskz_max_ps(0xFFFF, best, v);  // (maskz forms throughout: GCC 12 warns on the others)
@@ -285,7 +290,7 @@ inline SPECSAMPLE_TARGET_AVX512 std::ptrdiff_t argmax_avx512(const float* x, std
   if (nan != 0 || !(m > -std::numeric_limits<float>::infinity()) || m == std::numeric_limits<float>::infinity()) return -1;
   const __m512 mv = _mm512_set1_ps(m);
   for (std::size_t i = 0; i < n; i += 16) {
-    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __mmask16 k = avx512_first(n - i);
     const __mmask16 hit = _mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, x + i), mv, _CMP_EQ_OQ);
     if (hit != 0) return static_cast<std::ptrdiff_t>(i) + __builtin_ctz(hit);
   }
@@ -373,7 +378,7 @@ inline SPECSAMPLE_TARGET_AVX2 double weight_sum_avx2(const float* p, const float
 inline SPECSAMPLE_TARGET_AVX512 std::size_t find_greater_avx512(const float* x, std::size_t n, float t) {
   const __m512 tv = _mm512_set1_ps(t);
   for (std::size_t i = 0; i < n; i += 16) {
-    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __mmask16 k = avx512_first(n - i);
     const __mmask16 hit = _mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, x + i), tv, _CMP_GT_OQ);
     if (hit != 0) return i + static_cast<std::size_t>(__builtin_ctz(hit));
   }
@@ -390,7 +395,7 @@ inline SPECSAMPLE_TARGET_AVX512 void tally_above_avx512(const float* x, std::siz
     w[j] = _mm512_setzero_ps();
   }
   for (std::size_t i = 0; i < n; i += 16) {
-    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __mmask16 k = avx512_first(n - i);
     const __m512 v = _mm512_maskz_loadu_ps(k, x + i);
 #pragma GCC unroll 8
     for (std::size_t j = 0; j < tally_width; ++j) {  // (unrolled: the 16 vectors stay in registers)
@@ -414,7 +419,7 @@ inline SPECSAMPLE_TARGET_AVX512 void zero_after_avx512(float* x, std::size_t n, 
   const __m512i idv = _mm512_set1_epi32(static_cast<int>(id)), sixteen = _mm512_set1_epi32(16);
   __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (std::size_t i = 0; i < n; i += 16, idx = _mm512_add_epi32(idx, sixteen)) {
-    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __mmask16 k = avx512_first(n - i);
     const __m512 v = _mm512_maskz_loadu_ps(k, x + i);
     const __mmask16 keep = _mm512_cmp_ps_mask(v, pv, _CMP_GT_OQ) |
                            (_mm512_cmp_ps_mask(v, pv, _CMP_EQ_OQ) & _mm512_cmple_epu32_mask(idx, idv));

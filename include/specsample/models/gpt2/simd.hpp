@@ -274,7 +274,7 @@ inline void attend_generic(const float* q, const float* kb, const float* v, std:
 
 #if SPECSAMPLE_X86
 
-
+using specsample::simd::avx512_first;
 
 /// How far ahead of the k-step being computed the micro-kernels prefetch their weights into L1:
 /// 16 KiB (every cache line of the step), at most half a panel (8 KiB for the drafts' 128-input
@@ -430,8 +430,7 @@ SPECSAMPLE_TARGET_AVX512 void avx512_panel(const matmul_args& a, std::size_t p, 
   for (int j = 0; j < 4; ++j) {
     const std::size_t lo = 16 * static_cast<std::size_t>(j);
     if (lo >= valid) break;
-    const auto m = valid - lo >= 16 ? static_cast<__mmask16>(0xFFFF)
-                                    : static_cast<__mmask16>((1u << (valid - lo)) - 1u);
+    const __mmask16 m = avx512_first(valid - lo);
     const __m512 b = a.bias != nullptr ? _mm512_maskz_loadu_ps(m, a.bias + o0 + lo)
                                        : _mm512_setzero_ps();
     for (int t = 0; t < TT; ++t) {
@@ -480,7 +479,7 @@ inline SPECSAMPLE_TARGET_AVX512 void gelu_avx512(float* out, const float* in, st
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, avx512_gelu(_mm512_loadu_ps(in + i)));
   if (i < n) {
-    const auto m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __mmask16 m = avx512_first(n - i);
     _mm512_mask_storeu_ps(out + i, m, avx512_gelu(_mm512_maskz_loadu_ps(m, in + i)));
   }
 }
@@ -582,11 +581,6 @@ inline SPECSAMPLE_TARGET_AVX2 void attend_avx2(const float* q, const float* kb, 
     for (std::size_t p = 0; p < len; ++p) o = std::fma(att[p], v[p * HS + d], o);
     out[d] = o;
   }
-}
-
-/// AVX-512 lane mask of the first n (0..16) lanes.
-SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE __mmask16 avx512_first(std::size_t n) {
-  return n >= 16 ? static_cast<__mmask16>(0xffffu) : static_cast<__mmask16>((1u << n) - 1u);
 }
 
 /// Scores of NQ (1..4) queries against N (1..4) key blocks from key p0 (a multiple of 16), the
