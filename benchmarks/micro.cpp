@@ -301,6 +301,17 @@ void BM_verify_tokenwise(benchmark::State& state) {
 }
 BENCHMARK(BM_verify_tokenwise)->ArgName("V")->Arg(4096)->Arg(50257);
 
+void BM_verify_block(benchmark::State& state) {
+  const auto V = static_cast<std::size_t>(state.range(0));
+  const verify_inputs in(V, 4);
+  std::mt19937_64 rng(13);
+  for (auto _ : state) {
+    const auto r = specsample::block_verifier{}(in.drafts, in.q, in.p, rng);
+    benchmark::DoNotOptimize(r);
+  }
+}
+BENCHMARK(BM_verify_block)->ArgName("V")->Arg(4096)->Arg(50257);
+
 void BM_sample_residual(benchmark::State& state) {
   const auto V = static_cast<std::size_t>(state.range(0));
   const verify_inputs in(V, 1);

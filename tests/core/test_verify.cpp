@@ -186,7 +186,7 @@ TEST_CASE("verify rejects inconsistent inputs", "[verify][errors]") {
   CHECK_THROWS_WITH(verify_tokenwise(std::span<const token>(&x, 1), q0, p2, rng), Contains("zero draft probability"));
 }
 
-TEST_CASE("the vector weight sums of categorical and residual draws equal the scalar sums bit for bit on every "
+TEST_CASE("the vector weight sums of draws and of block verification equal the scalar sums bit for bit on every "
           "instruction set",
           "[random][residual][simd]") {
   std::mt19937 gen(23);
@@ -200,18 +200,22 @@ TEST_CASE("the vector weight sums of categorical and residual draws equal the sc
     if (n > 2) p[1] = q[1] = std::numeric_limits<float>::denorm_min();  // a tie at the smallest float
     for (const double s : {1.0, 0.37, 1.0 / 3.0}) {
       const double dense = simd::weight_sum([&](std::size_t i) { return static_cast<double>(p[i]); }, n);
-      const double residual = simd::weight_sum(
-          [&](std::size_t i) {
-            const double d = s * static_cast<double>(p[i]);  // rounded, then the difference rounded
-            const double r = d - static_cast<double>(q[i]);
-            return r > 0.0 ? r : 0.0;
-          },
-          n);
+      // The definitions, each product rounded before the difference is.
+      const auto excess = [&](std::size_t i) {
+        const double d = s * static_cast<double>(p[i]) - static_cast<double>(q[i]);
+        return d > 0.0 ? d : 0.0;
+      };
+      const auto shortfall = [&](std::size_t i) {
+        const double d = static_cast<double>(q[i]) - s * static_cast<double>(p[i]);
+        return d > 0.0 ? d : 0.0;
+      };
+      const double above = simd::weight_sum(excess, n), below = simd::weight_sum(shortfall, n);
       for (const isa requested : {isa::generic, isa::avx2, isa::avx512}) {
         const isa level = simd::resolve(requested);
         INFO(isa_name(level) << ", n = " << n << ", s = " << s);
-        CHECK(simd::weight_sum(level, p.data(), nullptr, s, n) == dense);
-        CHECK(simd::weight_sum(level, p.data(), q.data(), s, n) == residual);
+        CHECK(simd::weight_sum(level, simd::weight_kind::plain, p.data(), nullptr, s, n) == dense);
+        CHECK(simd::weight_sum(level, simd::weight_kind::excess, p.data(), q.data(), s, n) == above);
+        CHECK(simd::weight_sum(level, simd::weight_kind::shortfall, p.data(), q.data(), s, n) == below);
       }
     }
   }

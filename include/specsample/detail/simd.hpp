@@ -109,6 +109,21 @@ inline constexpr float exp_floor = -87.3365447505531f;
   return positive_part(sp - q);
 }
 
+/// What `weight_sum` adds up: p[i] (`plain`); max(0, s·p[i] − q[i]) (`excess`, the residual of a
+/// rejected draft); or max(0, q[i] − s·p[i]) (`shortfall`: block verification's denominator).
+enum class weight_kind : std::uint8_t { plain, excess, shortfall };
+
+/// One weight of `weight_sum`, the product s·p rounded on its own as in `residual_weight`.
+[[nodiscard]] inline double kind_weight(weight_kind kind, double p, double q, double s) noexcept {
+  if (kind == weight_kind::plain) return p;
+  if (kind == weight_kind::excess) return residual_weight(p, q, s);
+  double sp = s * p;
+#if SPECSAMPLE_X86
+  __asm__("" : "+x"(sp));
+#endif
+  return positive_part(q - sp);
+}
+
 /// The sum `weight_sum` computes, of any weights w(i) ≥ 0, i in [0, n): eight partial sums, sum j
 /// taking w(j), w(j + 8), w(j + 16), … in order, combined pairwise, then the sequential sum of the
 /// last n mod 8. No loop-carried dependency longer than every 8th element, and no branch.
@@ -126,10 +141,10 @@ template <class W>
 
 /// The end of `weight_sum` for the vector kernels: the eight partial sums `a` combined pairwise,
 /// plus the sequential sum of the `rest` (< 8) weights left at p (and q).
-[[nodiscard]] inline double combine_partial_sums(const double* a, const float* p, const float* q, double s,
-                                                 std::size_t rest) noexcept {
+[[nodiscard]] inline double combine_partial_sums(const double* a, weight_kind kind, const float* p, const float* q,
+                                                 double s, std::size_t rest) noexcept {
   double tail = 0.0;
-  for (std::size_t i = 0; i < rest; ++i) tail += q != nullptr ? residual_weight(p[i], q[i], s) : static_cast<double>(p[i]);
+  for (std::size_t i = 0; i < rest; ++i) tail += kind_weight(kind, p[i], kind == weight_kind::plain ? 0.0f : q[i], s);
   return (((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))) + tail;
 }
 
@@ -329,49 +344,53 @@ inline SPECSAMPLE_TARGET_AVX2 std::ptrdiff_t argmax_avx2(const float* x, std::si
 }
 
 /// See `weight_sum`: lane j of one vector of 8 doubles is partial sum j.
-template <bool Residual>
+template <weight_kind Kind>
 inline SPECSAMPLE_TARGET_AVX512 double weight_sum_avx512(const float* p, const float* q, double s, std::size_t n) {
+  if constexpr (Kind == weight_kind::plain) q = p;  // never read; keeps q + i a valid pointer
   const __m512d sv = _mm512_set1_pd(s), zero = _mm512_setzero_pd();
   __m512d acc = zero;
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     // (the maskz forms: GCC 12 warns about the _undefined operand of the plain ones)
     __m512d w = _mm512_maskz_cvtps_pd(0xFF, _mm256_loadu_ps(p + i));
-    if constexpr (Residual) {
+    if constexpr (Kind != weight_kind::plain) {
       __m512d sp = _mm512_mul_pd(sv, w);
-      __asm__("" : "+v"(sp));  // rounded on its own, as in `residual_weight`
-      w = _mm512_maskz_max_pd(0xFF, _mm512_sub_pd(sp, _mm512_maskz_cvtps_pd(0xFF, _mm256_loadu_ps(q + i))), zero);
+      __asm__("" : "+v"(sp));  // rounded on its own, as in `kind_weight`
+      const __m512d qv = _mm512_maskz_cvtps_pd(0xFF, _mm256_loadu_ps(q + i));
+      w = _mm512_maskz_max_pd(0xFF, Kind == weight_kind::excess ? _mm512_sub_pd(sp, qv) : _mm512_sub_pd(qv, sp), zero);
     }
     acc = _mm512_add_pd(acc, w);
   }
   alignas(64) double a[8];
   _mm512_store_pd(a, acc);
-  return combine_partial_sums(a, p + i, Residual ? q + i : nullptr, s, n - i);
+  return combine_partial_sums(a, Kind, p + i, q + i, s, n - i);
 }
 
 /// See `weight_sum`: partial sums 0–3 and 4–7 in two vectors of 4 doubles.
-template <bool Residual>
+template <weight_kind Kind>
 inline SPECSAMPLE_TARGET_AVX2 double weight_sum_avx2(const float* p, const float* q, double s, std::size_t n) {
+  if constexpr (Kind == weight_kind::plain) q = p;  // never read; keeps q + i a valid pointer
   const __m256d sv = _mm256_set1_pd(s), zero = _mm256_setzero_pd();
   __m256d lo = zero, hi = zero;
   const auto weights = [&](const float* x, const float* y) SPECSAMPLE_TARGET_AVX2 {
     __m256d w = _mm256_cvtps_pd(_mm_loadu_ps(x));
-    if constexpr (Residual) {
+    if constexpr (Kind != weight_kind::plain) {
       __m256d sp = _mm256_mul_pd(sv, w);
-      __asm__("" : "+x"(sp));  // rounded on its own, as in `residual_weight`
-      w = _mm256_max_pd(_mm256_sub_pd(sp, _mm256_cvtps_pd(_mm_loadu_ps(y))), zero);
+      __asm__("" : "+x"(sp));  // rounded on its own, as in `kind_weight`
+      const __m256d qv = _mm256_cvtps_pd(_mm_loadu_ps(y));
+      w = _mm256_max_pd(Kind == weight_kind::excess ? _mm256_sub_pd(sp, qv) : _mm256_sub_pd(qv, sp), zero);
     }
     return w;
   };
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    lo = _mm256_add_pd(lo, weights(p + i, Residual ? q + i : nullptr));
-    hi = _mm256_add_pd(hi, weights(p + i + 4, Residual ? q + i + 4 : nullptr));
+    lo = _mm256_add_pd(lo, weights(p + i, q + i));
+    hi = _mm256_add_pd(hi, weights(p + i + 4, q + i + 4));
   }
   alignas(32) double a[8];
   _mm256_store_pd(a, lo);
   _mm256_store_pd(a + 4, hi);
-  return combine_partial_sums(a, p + i, Residual ? q + i : nullptr, s, n - i);
+  return combine_partial_sums(a, Kind, p + i, q + i, s, n - i);
 }
 
 /// See `find_greater`.
@@ -463,19 +482,28 @@ inline float max_value(isa level, const float* x, std::size_t n) noexcept {
   return m;
 }
 
-/// Σ w[i] over [0, n) in double, where w[i] = p[i] (q null) or `residual_weight(p[i], q[i], s)`,
-/// in the order of the scalar `weight_sum` above. Every level gives the same bits (double additions
-/// of exactly converted floats, in the same order): the weight sums of categorical draws
-/// (sampling/random.hpp).
-inline double weight_sum(isa level, const float* p, const float* q, double s, std::size_t n) noexcept {
+/// Σ kind_weight(kind, p[i], q[i], s) over [0, n) in double (q is not read for `plain`), in the
+/// order of the scalar `weight_sum` above. Every level gives the same bits (double additions of
+/// exactly converted floats and of separately rounded products, in the same order): the weight
+/// sums of categorical draws (sampling/random.hpp), block verification's sums (verify.hpp) and
+/// the warper's renormalisations.
+inline double weight_sum(isa level, weight_kind kind, const float* p, const float* q, double s, std::size_t n) noexcept {
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) return q != nullptr ? weight_sum_avx512<true>(p, q, s, n) : weight_sum_avx512<false>(p, q, s, n);
-  if (level == isa::avx2) return q != nullptr ? weight_sum_avx2<true>(p, q, s, n) : weight_sum_avx2<false>(p, q, s, n);
+  if (level == isa::avx512) {
+    if (kind == weight_kind::plain) return weight_sum_avx512<weight_kind::plain>(p, q, s, n);
+    if (kind == weight_kind::excess) return weight_sum_avx512<weight_kind::excess>(p, q, s, n);
+    return weight_sum_avx512<weight_kind::shortfall>(p, q, s, n);
+  }
+  if (level == isa::avx2) {
+    if (kind == weight_kind::plain) return weight_sum_avx2<weight_kind::plain>(p, q, s, n);
+    if (kind == weight_kind::excess) return weight_sum_avx2<weight_kind::excess>(p, q, s, n);
+    return weight_sum_avx2<weight_kind::shortfall>(p, q, s, n);
+  }
 #else
   (void)level;
 #endif
-  if (q != nullptr) return weight_sum([=](std::size_t i) { return residual_weight(p[i], q[i], s); }, n);
-  return weight_sum([=](std::size_t i) { return static_cast<double>(p[i]); }, n);
+  if (kind == weight_kind::plain) return weight_sum([=](std::size_t i) { return static_cast<double>(p[i]); }, n);
+  return weight_sum([=](std::size_t i) { return kind_weight(kind, p[i], q[i], s); }, n);
 }
 
 /// The first i < n with x[i] > t, or n (NaN compares false).

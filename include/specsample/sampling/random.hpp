@@ -50,7 +50,8 @@ struct float_weights {
     return q != nullptr ? simd::residual_weight(p[i], q[i], s) : static_cast<double>(p[i]);
   }
   [[nodiscard]] double sum(std::size_t begin, std::size_t end) const noexcept {
-    return simd::weight_sum(level, p + begin, q != nullptr ? q + begin : nullptr, s, end - begin);
+    if (q == nullptr) return simd::weight_sum(level, simd::weight_kind::plain, p + begin, nullptr, s, end - begin);
+    return simd::weight_sum(level, simd::weight_kind::excess, p + begin, q + begin, s, end - begin);
   }
 };
 

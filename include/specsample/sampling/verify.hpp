@@ -6,6 +6,7 @@
 /// paper (Chen et al.) writes them the other way round; see docs/algorithm.md.
 
 #include <specsample/concepts.hpp>
+#include <specsample/detail/simd.hpp>
 #include <specsample/error.hpp>
 #include <specsample/sampling/random.hpp>
 
@@ -129,6 +130,7 @@ struct block_verifier {
                            const Eigen::Ref<const Eigen::MatrixXf>& p, Rng& rng) const {
     const auto k = static_cast<Eigen::Index>(drafts.size());
     detail::check_verify_inputs(drafts, q, p);
+    const isa level = simd::detected();
     double w = 1.0;
     Eigen::Index tau = 0;
     double w_tau = 1.0;
@@ -137,14 +139,11 @@ struct block_verifier {
       w = std::min(1.0, w * static_cast<double>(p(x, i - 1)) / static_cast<double>(q(x, i - 1)));
       if (w == 0.0) break;  // every later w_j and h_j is 0: no later position can be selected
       double h = w;
-      if (i < k) {
-        double z = 0.0;
-        double denominator = 0.0;
-        for (Eigen::Index t = 0; t < p.rows(); ++t) {
-          const double d = w * static_cast<double>(p(t, i)) - static_cast<double>(q(t, i));
-          if (d > 0.0) z += d;
-          else denominator -= d;
-        }
+      if (i < k) {  // Σ max(0, w·p − q) and Σ max(0, q − w·p) over the vocabulary, vectorised
+        const auto rows = static_cast<std::size_t>(p.rows());
+        const double z = simd::weight_sum(level, simd::weight_kind::excess, p.col(i).data(), q.col(i).data(), w, rows);
+        const double denominator =
+            simd::weight_sum(level, simd::weight_kind::shortfall, p.col(i).data(), q.col(i).data(), w, rows);
         h = denominator > 0.0 ? z / denominator : 1.0;
       }
       if (uniform_01(rng) < h) {

@@ -93,7 +93,7 @@ class logit_warper {
     if (params_.min_p > 0.0f) {
       const float threshold = params_.min_p * probs.maxCoeff();
       probs = (probs.array() >= threshold).select(probs, 0.0f);
-      normalise(probs, simd::weight_sum(isa_, probs.data(), nullptr, 1.0, n));
+      normalise(probs, simd::weight_sum(isa_, simd::weight_kind::plain, probs.data(), nullptr, 1.0, n));
     }
   }
 
@@ -212,7 +212,7 @@ class logit_warper {
   // Zeroes every token ordered after `last` (the key of the last token kept), then renormalises.
   void keep_down_to(Eigen::Ref<Eigen::VectorXf> probs, std::uint64_t last) {
     simd::zero_after(isa_, probs.data(), vocab_, probability(last), 0xFFFFFFFFu - static_cast<std::uint32_t>(last));
-    normalise(probs, simd::weight_sum(isa_, probs.data(), nullptr, 1.0, vocab_));
+    normalise(probs, simd::weight_sum(isa_, simd::weight_kind::plain, probs.data(), nullptr, 1.0, vocab_));
   }
 
   sampling_params params_;
