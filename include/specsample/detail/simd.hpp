@@ -6,6 +6,7 @@
 /// from `__builtin_cpu_supports`. Used by the GPT-2 kernels (models/gpt2/simd.hpp) and by the
 /// logit warper (sampling/warp.hpp).
 
+#include <cassert>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -98,15 +99,26 @@ inline constexpr float exp_floor = -87.3365447505531f;
 #endif
 }
 
+/// x, opaque to the optimiser: an expression stored through it is rounded on its own and cannot
+/// be contracted with the next operation into a fused multiply-add (GCC contracts by default
+/// wherever FMA is available).
+[[nodiscard]] inline double rounded(double x) noexcept {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  __asm__("" : "+x"(x));
+#elif defined(__GNUC__) && defined(__aarch64__)
+  __asm__("" : "+w"(x));
+#else
+  const volatile double v = x;
+  x = v;
+#endif
+  return x;
+}
+
 /// max(0, s·p − q) in double: the residual weight of a rejected draft (s = 1 token-wise). The
 /// product and the difference are each rounded once, never fused, so every level's `weight_sum`
 /// and this scalar form agree bit for bit.
 [[nodiscard]] inline double residual_weight(double p, double q, double s) noexcept {
-  double sp = s * p;
-#if SPECSAMPLE_X86
-  __asm__("" : "+x"(sp));  // a compiler barrier: the product cannot be contracted into an FMA
-#endif
-  return positive_part(sp - q);
+  return positive_part(rounded(s * p) - q);
 }
 
 /// What `weight_sum` adds up: p[i] (`plain`); max(0, s·p[i] − q[i]) (`excess`, the residual of a
@@ -117,11 +129,7 @@ enum class weight_kind : std::uint8_t { plain, excess, shortfall };
 [[nodiscard]] inline double kind_weight(weight_kind kind, double p, double q, double s) noexcept {
   if (kind == weight_kind::plain) return p;
   if (kind == weight_kind::excess) return residual_weight(p, q, s);
-  double sp = s * p;
-#if SPECSAMPLE_X86
-  __asm__("" : "+x"(sp));
-#endif
-  return positive_part(q - sp);
+  return positive_part(q - rounded(s * p));
 }
 
 /// The sum `weight_sum` computes, of any weights w(i) ≥ 0, i in [0, n): eight partial sums, sum j
@@ -525,6 +533,7 @@ inline std::size_t find_greater(isa level, const float* x, std::size_t n, float 
 /// computed afterwards, never a result.
 inline void tally_above(isa level, const float* x, std::size_t n, const float* t, std::size_t nt, std::size_t* count,
                         double* mass) noexcept {
+  assert(nt <= tally_width);
 #if SPECSAMPLE_X86
   if (level == isa::avx512) return tally_above_avx512(x, n, t, nt, count, mass);
 #else

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <concepts>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -55,11 +56,16 @@ struct float_weights {
   }
 };
 
-/// The coefficients of an Eigen vector as contiguous floats, or null when they are not.
+/// The coefficients of an Eigen vector as contiguous floats, or null when they are not. (Some
+/// expressions flag direct access without offering data(): an IndexedView with a run-time step.)
 template <class Derived>
 [[nodiscard]] const float* contiguous_floats(const Eigen::DenseBase<Derived>& x) noexcept {
   if constexpr (std::is_same_v<typename Derived::Scalar, float> && Derived::IsVectorAtCompileTime &&
-                (static_cast<unsigned>(Derived::Flags) & Eigen::DirectAccessBit) != 0) {
+                (static_cast<unsigned>(Derived::Flags) & Eigen::DirectAccessBit) != 0 &&
+                requires(const Derived& d) {
+                  { d.data() } -> std::convertible_to<const float*>;
+                  d.innerStride();
+                }) {
     if (x.derived().innerStride() == 1) return x.derived().data();
   }
   return nullptr;
