@@ -195,21 +195,55 @@ inline fit_result g_test(const xt::xarray<double>& observed, const xt::xarray<do
   return r;
 }
 
-/// The whole exactness check for one draft/target pair: enumerates the target's exact
-/// distribution over sequences of `params.max_new_tokens` tokens after `prompt`, draws `samples`
-/// speculative samples (with `verifier`, token-wise by default) and G-tests them against it.
-/// `params.eos` must be unset. Cost: V^L model calls plus `samples` generations, so keep the
-/// vocabulary and length small (or restrict a large model with top-k).
-template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng,
+/// The target's exact distribution of what generation emits when it stops right after `eos`:
+/// `full` (from `exact_sequence_distribution`, (V, ..., V) over L tokens) mapped to (V + 1)^L by
+/// cutting every sequence after its first EOS and filling the rest with the marker V ("absent").
+[[nodiscard]] inline xt::xarray<double> eos_truncated_distribution(const xt::xarray<double>& full, std::size_t vocab,
+                                                                   std::size_t length, token eos) {
+  xt::xarray<double> table = xt::zeros<double>(std::vector<std::size_t>(length, vocab + 1));
+  std::vector<token> s(length);
+  for (std::size_t index = 0; index < full.size(); ++index) {
+    for (std::size_t i = length, rest = index; i-- > 0; rest /= vocab) s[i] = static_cast<token>(rest % vocab);
+    std::size_t key = 0;
+    bool ended = false;
+    for (const token x : s) {
+      key = key * (vocab + 1) + (ended ? vocab : static_cast<std::size_t>(x));
+      ended = ended || x == eos;
+    }
+    table.flat(key) += full.flat(index);
+  }
+  return table;
+}
+
+/// The whole exactness check for one pair: enumerates the target's exact distribution over
+/// sequences of `params.max_new_tokens` tokens after `prompt`, draws `samples` speculative samples
+/// (with `verifier`, token-wise by default) and G-tests them against it. `draft` is a model or
+/// any `drafter` (n-gram, a `model_drafter` with early stopping, ...). With `params.eos` set,
+/// generation stops right after the first EOS, so both sides are compared over (V + 1)^L, every
+/// position after an EOS holding an "absent" marker (`eos_truncated_distribution`): a sampler
+/// that emitted a token after an EOS lands in a cell of probability zero. Cost: V^L model calls
+/// plus `samples` generations, so keep the vocabulary and length small (or restrict a large model
+/// with top-k).
+template <class Draft, language_model Target, std::uniform_random_bit_generator Rng,
           class Verifier = tokenwise_verifier>
+  requires(language_model<Draft> || drafter<Draft>)
 [[nodiscard]] fit_result speculative_fit(Draft& draft, Target& target, std::span<const token> prompt,
                                          const speculative_params& params, std::size_t samples, Rng& rng,
                                          Verifier verifier = {}) {
-  if (params.eos) throw error("speculative_fit: params.eos must be unset (sequences must have a fixed length)");
-  const auto exact = exact_sequence_distribution(target, prompt, params.max_new_tokens, params.sampling);
-  sequence_histogram hist(target.vocab_size(), params.max_new_tokens);
+  const std::size_t L = params.max_new_tokens, V = static_cast<std::size_t>(target.vocab_size());
+  const auto full = exact_sequence_distribution(target, prompt, L, params.sampling);
+  const auto exact = params.eos ? eos_truncated_distribution(full, V, L, *params.eos) : full;
+  sequence_histogram hist(params.eos ? V + 1 : V, L);
+  no_observer none;
   for (std::size_t i = 0; i < samples; ++i) {
-    hist.add(speculative_sample(draft, target, prompt, params, rng, no_observer{}, verifier).tokens);
+    std::vector<token> out;
+    if constexpr (language_model<Draft>) {
+      out = speculative_sample(draft, target, prompt, params, rng, none, verifier).tokens;
+    } else {
+      out = specsample::detail::generate(draft, target, prompt, params, rng, none, verifier).tokens;
+    }
+    if (params.eos && out.size() < L) out.resize(L, static_cast<token>(V));  // (only EOS ends a run early)
+    hist.add(out);
   }
   return g_test(hist.counts(), exact);
 }
