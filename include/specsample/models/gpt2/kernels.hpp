@@ -328,7 +328,8 @@ inline void store_kv(std::span<float> k_cache,        // kv_layer_size(P, C, NH)
 /// split across the pool in (head, tile of up to `simd::query_tile` queries) tasks: the queries
 /// of a tile share every key and value load, and each query's scores and outputs are computed by
 /// one fixed-order sequence (simd::attend), so results do not depend on T, the tiling or the
-/// split.
+/// split. While a worker finishes a head, it prefetches the keys and values of its next one
+/// (`simd::prefetch_stream`).
 inline void attention(std::span<float> out,             // (T, C)
                       std::span<const float> qkv,       // (T, 3C): q | k | v per row
                       std::span<const float> k_cache,   // kv_layer_size(P, C, NH)
@@ -344,15 +345,23 @@ inline void attention(std::span<float> out,             // (T, C)
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const isa lv = simd::resolve(level);
   const std::size_t tiles = (T + simd::query_tile - 1) / simd::query_tile;
+  const std::size_t len = pos0 + T;  // positions the last query of a head reads
   detail::split(pool, NH * tiles, [&](std::size_t begin, std::size_t end, std::size_t worker) {
     float* att = scratch.data() + worker * stride;
     for (std::size_t task = begin; task < end; ++task) {
       const std::size_t h = task / tiles;
       const std::size_t t = (task % tiles) * simd::query_tile;
       const std::size_t nq = std::min(simd::query_tile, T - t);
+      // The last tile of a head prefetches the keys and values of this worker's next head.
+      simd::prefetch_stream ahead;
+      if (task + 1 < end && (task + 1) % tiles == 0) {
+        ahead = simd::prefetch_stream::of(k_cache.data() + (h + 1) * head,
+                                          simd::key_blocks(len) * HS * simd::key_block,
+                                          v_cache.data() + (h + 1) * head, len * HS);
+      }
       simd::attend(lv, qkv.data() + t * 3 * C + h * HS, 3 * C, nq, k_cache.data() + h * head,
                    v_cache.data() + h * head, pos0 + t + 1, HS, scale, att, ldatt,
-                   out.data() + t * C + h * HS, C);
+                   out.data() + t * C + h * HS, C, ahead);
     }
   });
 }

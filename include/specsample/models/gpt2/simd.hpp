@@ -508,6 +508,39 @@ inline SPECSAMPLE_TARGET_AVX2 void gelu_avx2(float* out, const float* in, std::s
 // sum keeps up to 4 vector accumulators in flight (one per 16 or 8 channels), p increasing per
 // channel, so no channel's result depends on how many channels are computed together.
 
+/// The next head's keys and values, prefetched into L1 while the current head computes: a
+/// head's cache is evicted by the weight stream between calls (the target's 24 MB of weights
+/// pass through the caches every call), and each head's keys and values are two contiguous
+/// regions, so `attend` walks them `lines_per_step` cache lines per step of its score and value
+/// loops — keys first, the order the next head reads them. Prefetches only: no result changes.
+struct prefetch_stream {
+  static constexpr int lines_per_step = 4;
+  std::uintptr_t cur = 0, end = 0;         ///< the range being walked (empty: nothing to do)
+  std::uintptr_t next = 0, next_end = 0;   ///< the range after it
+
+  /// The `a_floats` floats at `a`, then the `b_floats` at `b` (kept as integer addresses: no
+  /// pointer past an array is ever formed).
+  [[nodiscard]] static prefetch_stream of(const float* a, std::size_t a_floats, const float* b,
+                                          std::size_t b_floats) noexcept {
+    const auto ia = reinterpret_cast<std::uintptr_t>(a), ib = reinterpret_cast<std::uintptr_t>(b);
+    return {ia, ia + a_floats * sizeof(float), ib, ib + b_floats * sizeof(float)};
+  }
+
+  /// Prefetches the next `lines_per_step` lines, if any are left.
+  SPECSAMPLE_ALWAYS_INLINE void step() noexcept {
+    for (int i = 0; i < lines_per_step; ++i) {
+      if (cur >= end) {
+        if (next >= next_end) return;
+        cur = next;
+        end = next_end;
+        next = next_end;
+      }
+      __builtin_prefetch(reinterpret_cast<const void*>(cur), 0, 3);
+      cur += 64;
+    }
+  }
+};
+
 // The attention loops below never issue a load for a vector wholly past the data (a load with an
 // all-zero mask still costs a microcode assist on some CPUs when its address is on a page never
 // touched): the number of vectors in flight is a template parameter, only the last one masked.
@@ -522,7 +555,7 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256i avx2_first(std::size_t n
 template <int N>
 SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_scores(const float* q, const float* kb, std::size_t HS,
                                                              std::size_t p0, std::size_t tail, float scale,
-                                                             float* att) {
+                                                             float* att, prefetch_stream& ahead) {
   const float* at[N];
   for (int j = 0; j < N; ++j) {
     const std::size_t p = p0 + 8 * static_cast<std::size_t>(j);
@@ -532,6 +565,7 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_scores(const float* q,
   __m256 acc[N];
   for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
   for (std::size_t d = 0; d < HS; ++d) {
+    ahead.step();
     const __m256 qd = _mm256_broadcast_ss(q + d);
     for (int j = 0; j + 1 < N; ++j) acc[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(at[j] + d * key_block), acc[j]);
     acc[N - 1] = _mm256_fmadd_ps(qd, _mm256_maskload_ps(at[N - 1] + d * key_block, last), acc[N - 1]);
@@ -544,10 +578,12 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_scores(const float* q,
 /// out[d0 + 8j + i] = Σ_p att[p]·v_p[d0 + 8j + i] for N (1..4) vectors of 8 channels, p in order.
 template <int N>
 SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_values(const float* att, const float* v, std::size_t len,
-                                                             std::size_t HS, std::size_t d0, float* out) {
+                                                             std::size_t HS, std::size_t d0, float* out,
+                                                             prefetch_stream& ahead) {
   __m256 o[N];
   for (int j = 0; j < N; ++j) o[j] = _mm256_setzero_ps();
   for (std::size_t p = 0; p < len; ++p) {
+    ahead.step();
     const __m256 a = _mm256_set1_ps(att[p]);
     const float* vp = v + p * HS + d0;
     for (int j = 0; j < N; ++j) o[j] = _mm256_fmadd_ps(a, _mm256_loadu_ps(vp + 8 * j), o[j]);
@@ -557,23 +593,23 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_values(const float* at
 
 inline SPECSAMPLE_TARGET_AVX2 void attend_avx2(const float* q, const float* kb, const float* v,
                                              std::size_t len, std::size_t HS, float scale,
-                                             float* att, float* out) {
+                                             float* att, float* out, prefetch_stream& ahead) {
   for (std::size_t p0 = 0; p0 < len; p0 += 32) {  // up to 4 × 8 keys per pass over the channels
     const std::size_t n = std::min<std::size_t>(32, len - p0), vecs = (n + 7) / 8, tail = n - 8 * (vecs - 1);
     switch (vecs) {
-      case 1: avx2_scores<1>(q, kb, HS, p0, tail, scale, att); break;
-      case 2: avx2_scores<2>(q, kb, HS, p0, tail, scale, att); break;
-      case 3: avx2_scores<3>(q, kb, HS, p0, tail, scale, att); break;
-      default: avx2_scores<4>(q, kb, HS, p0, tail, scale, att); break;
+      case 1: avx2_scores<1>(q, kb, HS, p0, tail, scale, att, ahead); break;
+      case 2: avx2_scores<2>(q, kb, HS, p0, tail, scale, att, ahead); break;
+      case 3: avx2_scores<3>(q, kb, HS, p0, tail, scale, att, ahead); break;
+      default: avx2_scores<4>(q, kb, HS, p0, tail, scale, att, ahead); break;
     }
   }
   softmax_row(isa::avx2, att, len);
   std::size_t d = 0;
-  for (; HS - d >= 32; d += 32) avx2_values<4>(att, v, len, HS, d, out);
+  for (; HS - d >= 32; d += 32) avx2_values<4>(att, v, len, HS, d, out, ahead);
   switch ((HS - d) / 8) {
-    case 1: avx2_values<1>(att, v, len, HS, d, out); break;
-    case 2: avx2_values<2>(att, v, len, HS, d, out); break;
-    case 3: avx2_values<3>(att, v, len, HS, d, out); break;
+    case 1: avx2_values<1>(att, v, len, HS, d, out, ahead); break;
+    case 2: avx2_values<2>(att, v, len, HS, d, out, ahead); break;
+    case 3: avx2_values<3>(att, v, len, HS, d, out, ahead); break;
     default: break;
   }
   for (d += (HS - d) / 8 * 8; d < HS; ++d) {  // the last HS mod 8 channels, one at a time
@@ -590,7 +626,8 @@ inline SPECSAMPLE_TARGET_AVX2 void attend_avx2(const float* q, const float* kb, 
 template <int NQ, int N>
 SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_scores(const float* q, std::size_t ldq, const float* kb,
                                                                  std::size_t HS, std::size_t p0, std::size_t tail,
-                                                                 float scale, float* att, std::size_t ldatt) {
+                                                                 float scale, float* att, std::size_t ldatt,
+                                                                 prefetch_stream& ahead) {
   const float* b0 = kb + (p0 / key_block) * HS * key_block;
   const std::size_t bs = HS * key_block;
   const __mmask16 last = avx512_first(tail);
@@ -601,6 +638,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_scores(const float
     for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
   }
   for (std::size_t d = 0; d < HS; ++d) {
+    ahead.step();
     const float* row = b0 + d * key_block;
     __m512 kv[N];
 #pragma GCC unroll 4
@@ -630,7 +668,8 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_scores(const float
 template <int NQ, int N>
 SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_values(const float* att, std::size_t ldatt, const float* v,
                                                                  std::size_t len0, std::size_t HS, std::size_t d0,
-                                                                 std::size_t tail, float* out, std::size_t ldo) {
+                                                                 std::size_t tail, float* out, std::size_t ldo,
+                                                                 prefetch_stream& ahead) {
   const __mmask16 last = avx512_first(tail);
   __m512 o[NQ][N];
 #pragma GCC unroll 4
@@ -639,6 +678,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_values(const float
     for (int j = 0; j < N; ++j) o[i][j] = _mm512_setzero_ps();
   }
   for (std::size_t p = 0; p < len0; ++p) {
+    ahead.step();
     const float* vp = v + p * HS + d0;
     __m512 vv[N];
 #pragma GCC unroll 4
@@ -675,25 +715,26 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_values(const float
 template <int NQ>
 SPECSAMPLE_TARGET_AVX512 void attend_avx512(const float* q, std::size_t ldq, const float* kb, const float* v,
                                           std::size_t len0, std::size_t HS, float scale, float* att,
-                                          std::size_t ldatt, float* out, std::size_t ldo) {
+                                          std::size_t ldatt, float* out, std::size_t ldo,
+                                          prefetch_stream ahead) {
   const std::size_t len = len0 + NQ - 1;  // keys scored (the last query's); row i uses len0 + i
   for (std::size_t p0 = 0; p0 < len; p0 += 64) {
     const std::size_t n = std::min<std::size_t>(64, len - p0), vecs = (n + 15) / 16, tail = n - 16 * (vecs - 1);
     switch (vecs) {
-      case 1: avx512_scores<NQ, 1>(q, ldq, kb, HS, p0, tail, scale, att, ldatt); break;
-      case 2: avx512_scores<NQ, 2>(q, ldq, kb, HS, p0, tail, scale, att, ldatt); break;
-      case 3: avx512_scores<NQ, 3>(q, ldq, kb, HS, p0, tail, scale, att, ldatt); break;
-      default: avx512_scores<NQ, 4>(q, ldq, kb, HS, p0, tail, scale, att, ldatt); break;
+      case 1: avx512_scores<NQ, 1>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
+      case 2: avx512_scores<NQ, 2>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
+      case 3: avx512_scores<NQ, 3>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
+      default: avx512_scores<NQ, 4>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
     }
   }
   for (int i = 0; i < NQ; ++i) softmax_row(isa::avx512, att + static_cast<std::size_t>(i) * ldatt, len0 + static_cast<std::size_t>(i));
   for (std::size_t d = 0; d < HS; d += 64) {
     const std::size_t n = std::min<std::size_t>(64, HS - d), vecs = (n + 15) / 16, tail = n - 16 * (vecs - 1);
     switch (vecs) {
-      case 1: avx512_values<NQ, 1>(att, ldatt, v, len0, HS, d, tail, out, ldo); break;
-      case 2: avx512_values<NQ, 2>(att, ldatt, v, len0, HS, d, tail, out, ldo); break;
-      case 3: avx512_values<NQ, 3>(att, ldatt, v, len0, HS, d, tail, out, ldo); break;
-      default: avx512_values<NQ, 4>(att, ldatt, v, len0, HS, d, tail, out, ldo); break;
+      case 1: avx512_values<NQ, 1>(att, ldatt, v, len0, HS, d, tail, out, ldo, ahead); break;
+      case 2: avx512_values<NQ, 2>(att, ldatt, v, len0, HS, d, tail, out, ldo, ahead); break;
+      case 3: avx512_values<NQ, 3>(att, ldatt, v, len0, HS, d, tail, out, ldo, ahead); break;
+      default: avx512_values<NQ, 4>(att, ldatt, v, len0, HS, d, tail, out, ldo, ahead); break;
     }
   }
 }
@@ -707,24 +748,25 @@ inline constexpr std::size_t query_tile = 4;
 /// `nq` (1..query_tile) consecutive queries of one attention head with the kernels of `level`:
 /// query i (at q + i·ldq) attends to len0 + i positions; its scores go to att + i·ldatt (room for
 /// len0 + nq − 1 floats), its output to out + i·ldo. Every query's result is exactly that of
-/// `attend_generic`'s fixed order on this level — whether it runs alone or in a tile.
+/// `attend_generic`'s fixed order on this level — whether it runs alone or in a tile. The vector
+/// paths prefetch `ahead` (the next head's keys and values) as they go.
 inline void attend(isa level, const float* q, std::size_t ldq, std::size_t nq, const float* kb,
                    const float* v, std::size_t len0, std::size_t HS, float scale, float* att,
-                   std::size_t ldatt, float* out, std::size_t ldo) noexcept {
+                   std::size_t ldatt, float* out, std::size_t ldo, prefetch_stream ahead = {}) noexcept {
 #if SPECSAMPLE_X86
   if (level == isa::avx512) {
     switch (nq) {
-      case 1: return attend_avx512<1>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo);
-      case 2: return attend_avx512<2>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo);
-      case 3: return attend_avx512<3>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo);
-      default: return attend_avx512<4>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo);
+      case 1: return attend_avx512<1>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+      case 2: return attend_avx512<2>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+      case 3: return attend_avx512<3>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+      default: return attend_avx512<4>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
     }
   }
 #endif
   for (std::size_t i = 0; i < nq; ++i) {
 #if SPECSAMPLE_X86
     if (level == isa::avx2) {
-      attend_avx2(q + i * ldq, kb, v, len0 + i, HS, scale, att + i * ldatt, out + i * ldo);
+      attend_avx2(q + i * ldq, kb, v, len0 + i, HS, scale, att + i * ldatt, out + i * ldo, ahead);
       continue;
     }
 #endif
