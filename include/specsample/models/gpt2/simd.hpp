@@ -526,17 +526,31 @@ struct prefetch_stream {
     return {ia, ia + a_floats * sizeof(float), ib, ib + b_floats * sizeof(float)};
   }
 
-  /// Prefetches the next `lines_per_step` lines, if any are left.
+  /// Prefetches the next `lines_per_step` lines, if any are left (one test on the common path).
   SPECSAMPLE_ALWAYS_INLINE void step() noexcept {
+    constexpr std::uintptr_t bytes = 64 * lines_per_step;
+    if (end - cur >= bytes) [[likely]] {
+      for (int i = 0; i < lines_per_step; ++i) {
+        __builtin_prefetch(reinterpret_cast<const void*>(cur + 64 * static_cast<std::uintptr_t>(i)), 0, 3);
+      }
+      cur += bytes;
+      return;
+    }
+    if (cur != end || next != next_end) step_across();
+  }
+
+ private:
+  /// The last lines of a range, then the next range; cur never passes end.
+  void step_across() noexcept {
     for (int i = 0; i < lines_per_step; ++i) {
-      if (cur >= end) {
-        if (next >= next_end) return;
+      if (cur == end) {
+        if (next == next_end) return;
         cur = next;
         end = next_end;
         next = next_end;
       }
       __builtin_prefetch(reinterpret_cast<const void*>(cur), 0, 3);
-      cur += 64;
+      cur = end - cur > 64 ? cur + 64 : end;
     }
   }
 };
