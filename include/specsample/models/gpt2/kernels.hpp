@@ -352,9 +352,10 @@ inline void attention(std::span<float> out,             // (T, C)
       const std::size_t h = task / tiles;
       const std::size_t t = (task % tiles) * simd::query_tile;
       const std::size_t nq = std::min(simd::query_tile, T - t);
-      // The last tile of a head prefetches the keys and values of this worker's next head.
+      // The first tile of a head (the one that reads it from memory) prefetches the keys and
+      // values of this worker's next head.
       simd::prefetch_stream ahead;
-      if (task + 1 < end && (task + 1) % tiles == 0) {
+      if (task % tiles == 0 && (h + 1) * tiles < end) {
         ahead = simd::prefetch_stream::of(k_cache.data() + (h + 1) * head,
                                           simd::key_blocks(len) * HS * simd::key_block,
                                           v_cache.data() + (h + 1) * head, len * HS);

@@ -513,8 +513,11 @@ inline SPECSAMPLE_TARGET_AVX2 void gelu_avx2(float* out, const float* in, std::s
 /// pass through the caches every call), and each head's keys and values are two contiguous
 /// regions, so `attend` walks them `lines_per_step` cache lines per step of its score and value
 /// loops — keys first, the order the next head reads them. Prefetches only: no result changes.
+/// Measured on the bundled target at context 141 (calls with and without, paired): appends of
+/// 1–4 tokens 2.5–3.5% faster, of 5 and 9 tokens 1.5–2.5%; 4 lines per step gained no more and
+/// cost more where the cache is already warm (every head in L2: +0.4–1 µs per layer at 2).
 struct prefetch_stream {
-  static constexpr int lines_per_step = 4;
+  static constexpr int lines_per_step = 2;
   std::uintptr_t cur = 0, end = 0;         ///< the range being walked (empty: nothing to do)
   std::uintptr_t next = 0, next_end = 0;   ///< the range after it
 
