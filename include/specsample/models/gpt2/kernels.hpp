@@ -328,7 +328,7 @@ inline void store_kv(std::span<float> k_cache,        // kv_layer_size(P, C, NH)
 /// split across the pool in (head, tile of up to `simd::query_tile` queries) tasks: the queries
 /// of a tile share every key and value load, and each query's scores and outputs are computed by
 /// one fixed-order sequence (simd::attend), so results do not depend on T, the tiling or the
-/// split. While a worker finishes a head, it prefetches the keys and values of its next one
+/// split. While a worker computes a head, it prefetches the keys and values of its next one
 /// (`simd::prefetch_stream`).
 inline void attention(std::span<float> out,             // (T, C)
                       std::span<const float> qkv,       // (T, 3C): q | k | v per row
@@ -353,7 +353,7 @@ inline void attention(std::span<float> out,             // (T, C)
       const std::size_t t = (task % tiles) * simd::query_tile;
       const std::size_t nq = std::min(simd::query_tile, T - t);
       // The first tile of a head (the one that reads it from memory) prefetches the keys and
-      // values of this worker's next head.
+      // values of the next head when this chunk of tasks runs it too.
       simd::prefetch_stream ahead;
       if (task % tiles == 0 && (h + 1) * tiles < end) {
         ahead = simd::prefetch_stream::of(k_cache.data() + (h + 1) * head,

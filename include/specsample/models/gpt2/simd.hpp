@@ -272,6 +272,46 @@ inline void attend_generic(const float* q, const float* kb, const float* v, std:
   }
 }
 
+/// The next head's keys and values, prefetched while the current head computes. A head's cache is
+/// evicted by the weight stream between calls (the target's 24 MB of weights pass through the
+/// caches every call), and its keys are read as several interleaved 4 KiB blocks, which the
+/// hardware prefetchers pick up late. `attend` walks the next head's key blocks, then its value
+/// rows, `lines_per_step` cache lines per step of its score and value loops, as far as the steps
+/// reach: every key and value line on the AVX2 path, every key line and the first value rows on
+/// the AVX-512 path (at context 141: 90 of 564 value lines), which start the hardware's own
+/// prefetch of the rest. Prefetches only: no result changes. Measured on the bundled target at
+/// context 141 (paired calls with and without; see the commit that introduced it): appends of 1–9
+/// tokens 1.8–3.2% faster (the keys alone: 0.3–3.3%, least for 1–3 tokens); where the cache is
+/// already warm the prefetches cost 0.3–1 µs per layer.
+struct prefetch_stream {
+  static constexpr int lines_per_step = 2;
+  static constexpr std::uintptr_t line = 64;  ///< bytes per cache line
+  std::uintptr_t cur = 0, end = 0;            ///< the range being walked: lines [cur, end)
+  std::uintptr_t next = 0, next_end = 0;      ///< the range after it
+
+  /// Every cache line holding one of the `a_floats` floats at `a`, then of the `b_floats` at `b`
+  /// (kept as integer addresses: no pointer past an array is ever formed).
+  [[nodiscard]] static prefetch_stream of(const float* a, std::size_t a_floats, const float* b,
+                                          std::size_t b_floats) noexcept {
+    const auto ia = reinterpret_cast<std::uintptr_t>(a), ib = reinterpret_cast<std::uintptr_t>(b);
+    return {ia & ~(line - 1), ia + a_floats * sizeof(float), ib & ~(line - 1),
+            ib + b_floats * sizeof(float)};
+  }
+
+  /// Prefetches the next `lines_per_step` lines, as many as are left.
+  [[gnu::always_inline]] void step() noexcept {
+    for (int i = 0; i < lines_per_step; ++i, cur += line) {
+      if (cur >= end) {
+        if (next >= next_end) return;
+        cur = next;
+        end = next_end;
+        next = next_end;
+      }
+      __builtin_prefetch(reinterpret_cast<const void*>(cur), 0, 3);
+    }
+  }
+};
+
 #if SPECSAMPLE_X86
 
 using specsample::simd::avx512_first;
@@ -508,56 +548,6 @@ inline SPECSAMPLE_TARGET_AVX2 void gelu_avx2(float* out, const float* in, std::s
 // sum keeps up to 4 vector accumulators in flight (one per 16 or 8 channels), p increasing per
 // channel, so no channel's result depends on how many channels are computed together.
 
-/// The next head's keys and values, prefetched into L1 while the current head computes: a
-/// head's cache is evicted by the weight stream between calls (the target's 24 MB of weights
-/// pass through the caches every call), and each head's keys and values are two contiguous
-/// regions, so `attend` walks them `lines_per_step` cache lines per step of its score and value
-/// loops — keys first, the order the next head reads them. Prefetches only: no result changes.
-/// Measured on the bundled target at context 141 (calls with and without, paired): appends of
-/// 1–4 tokens 2.5–3.5% faster, of 5 and 9 tokens 1.5–2.5%; 4 lines per step gained no more and
-/// cost more where the cache is already warm (every head in L2: +0.4–1 µs per layer at 2).
-struct prefetch_stream {
-  static constexpr int lines_per_step = 2;
-  std::uintptr_t cur = 0, end = 0;         ///< the range being walked (empty: nothing to do)
-  std::uintptr_t next = 0, next_end = 0;   ///< the range after it
-
-  /// The `a_floats` floats at `a`, then the `b_floats` at `b` (kept as integer addresses: no
-  /// pointer past an array is ever formed).
-  [[nodiscard]] static prefetch_stream of(const float* a, std::size_t a_floats, const float* b,
-                                          std::size_t b_floats) noexcept {
-    const auto ia = reinterpret_cast<std::uintptr_t>(a), ib = reinterpret_cast<std::uintptr_t>(b);
-    return {ia, ia + a_floats * sizeof(float), ib, ib + b_floats * sizeof(float)};
-  }
-
-  /// Prefetches the next `lines_per_step` lines, if any are left (one test on the common path).
-  SPECSAMPLE_ALWAYS_INLINE void step() noexcept {
-    constexpr std::uintptr_t bytes = 64 * lines_per_step;
-    if (end - cur >= bytes) [[likely]] {
-      for (int i = 0; i < lines_per_step; ++i) {
-        __builtin_prefetch(reinterpret_cast<const void*>(cur + 64 * static_cast<std::uintptr_t>(i)), 0, 3);
-      }
-      cur += bytes;
-      return;
-    }
-    if (cur != end || next != next_end) step_across();
-  }
-
- private:
-  /// The last lines of a range, then the next range; cur never passes end.
-  void step_across() noexcept {
-    for (int i = 0; i < lines_per_step; ++i) {
-      if (cur == end) {
-        if (next == next_end) return;
-        cur = next;
-        end = next_end;
-        next = next_end;
-      }
-      __builtin_prefetch(reinterpret_cast<const void*>(cur), 0, 3);
-      cur = end - cur > 64 ? cur + 64 : end;
-    }
-  }
-};
-
 // The attention loops below never issue a load for a vector wholly past the data (a load with an
 // all-zero mask still costs a microcode assist on some CPUs when its address is on a page never
 // touched): the number of vectors in flight is a template parameter, only the last one masked.
@@ -790,6 +780,7 @@ inline void attend(isa level, const float* q, std::size_t ldq, std::size_t nq, c
     attend_generic(q + i * ldq, kb, v, len0 + i, HS, scale, att + i * ldatt, out + i * ldo);
   }
   (void)level;
+  (void)ahead;  // the generic path does not prefetch
 }
 
 /// Computes the outputs of panels [p_begin, p_end) of `a` for all T rows with the kernels of
