@@ -281,8 +281,9 @@ inline void attend_generic(const float* q, const float* kb, const float* v, std:
 /// the AVX-512 path (at context 141: 90 of 564 value lines), which start the hardware's own
 /// prefetch of the rest. Prefetches only: no result changes. Measured on the bundled target at
 /// context 141 (paired calls with and without; see the commit that introduced it): appends of 1–9
-/// tokens 1.8–3.2% faster (the keys alone: 0.3–3.3%, least for 1–3 tokens); where the cache is
-/// already warm the prefetches cost 0.3–1 µs per layer.
+/// tokens 1.8–3.2% faster (the keys alone: 0.3–3.3%, least for 1–3 tokens), on the AVX2 path
+/// (forced on the same machine) 1.5–6%; where the cache is already warm the prefetches cost
+/// 0.3–1 µs per layer.
 struct prefetch_stream {
   static constexpr int lines_per_step = 2;
   static constexpr std::uintptr_t line = 64;  ///< bytes per cache line
