@@ -352,7 +352,13 @@ SPECSAMPLE_ALWAYS_INLINE void prefetch_weights(const void* p, prefetch_window wi
   }
 }
 
-// --- AVX2: a panel as two halves of 32 outputs (4 × 8 lanes) × up to 2 rows ----------------------
+// --- AVX2: W vectors of 8 outputs × R rows (16 ymm registers) ------------------------------------
+// Pairs of rows take half a panel at a time (8 accumulators), a single row the whole panel (8
+// accumulators, not 4: enough independent FMA chains to keep both FMA pipes busy instead of
+// waiting on the FMA latency). Each weight vector is converted once per pass and applied to every
+// row of it; every output is still one accumulator summed over k in order, whatever the tile. A
+// 3-row tile (12 accumulators + 3 broadcasts + a weight: all 16 registers) ran 3 rows 15–19% faster
+// than a pair and a single row with GCC 12, but Clang 14 spilled it and ran 40% slower.
 
 template <weight_format F>
 SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256 avx2_load_w(const void* w, std::size_t i) {
@@ -369,40 +375,70 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256 avx2_load_w(const void* w
   }
 }
 
-/// Rows [t0, t0 + TT) × outputs [o0 + 32·half, +32) of panel p.
-template <weight_format F, int TT>
-SPECSAMPLE_TARGET_AVX2 void avx2_panel(const matmul_args& a, std::size_t p, std::size_t half,
-                                     std::size_t t0, prefetch_window win) {
+/// Steps [k0, k1) of an AVX2 tile: acc[r][j] += w[k][8j..8j+7] · x[r][k]. With `Prefetch`, each
+/// step first prefetches its weights `ahead` bytes on, unconditionally (the caller passes only
+/// steps whose prefetch stays inside the window): no branch in the loop, whose single back edge
+/// lets Clang 14 keep the accumulators in registers (with the test inside it spilled them).
+template <weight_format F, int W, int R, bool Prefetch>
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_steps(__m256 (&acc)[R][W], const void* w,
+                                                            const float* x, std::size_t ldx,
+                                                            std::size_t k0, std::size_t k1,
+                                                            std::size_t ahead) {
   using wt = std::conditional_t<F == weight_format::f32, float, std::uint16_t>;
-  const wt* w = static_cast<const wt*>(a.w) + p * a.K * panel + half * 32;
-  const float* x = a.x + t0 * a.ldx;
-  __m256 acc[TT][4];
+  for (std::size_t k = k0; k < k1; ++k) {
+    const wt* wk = static_cast<const wt*>(w) + k * panel;
+    if constexpr (Prefetch) {
+      const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(wk) + ahead;
+      for (std::size_t b = 0; b < 8 * W * sizeof(wt); b += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(at + b), _MM_HINT_T0);
+      }
+    }
+    __m256 xb[R];
 #pragma GCC unroll 8
-  for (int t = 0; t < TT; ++t) {
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) acc[t][j] = _mm256_setzero_ps();
-  }
-  for (std::size_t k = 0; k < a.K; ++k) {
-    const wt* wk = w + k * panel;
-    prefetch_weights(wk, win, 32 * sizeof(wt));
-    __m256 wv[4];
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) wv[j] = avx2_load_w<F>(wk, static_cast<std::size_t>(8 * j));
+    for (int r = 0; r < R; ++r) xb[r] = _mm256_broadcast_ss(x + static_cast<std::size_t>(r) * ldx + k);
 #pragma GCC unroll 8
-    for (int t = 0; t < TT; ++t) {
-      const __m256 xb = _mm256_broadcast_ss(x + static_cast<std::size_t>(t) * a.ldx + k);
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) acc[t][j] = _mm256_fmadd_ps(wv[j], xb, acc[t][j]);
+    for (int j = 0; j < W; ++j) {
+      const __m256 wv = avx2_load_w<F>(wk, static_cast<std::size_t>(8 * j));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][j] = _mm256_fmadd_ps(wv, xb[r], acc[r][j]);
     }
   }
-  const std::size_t o0 = p * panel + half * 32;
-  const std::size_t valid = o0 < a.OC ? std::min<std::size_t>(32, a.OC - o0) : 0;
-  for (int t = 0; t < TT; ++t) {
-    float* out = a.out + (t0 + static_cast<std::size_t>(t)) * a.ldo + o0;
-    alignas(32) float buf[32];
-    for (int j = 0; j < 4; ++j) _mm256_store_ps(buf + 8 * j, acc[t][j]);
+}
+
+/// Rows [t0, t0 + R) × outputs [p·64 + o_off, + 8·W) of panel p. (Not inlined: Clang 14 inlined
+/// the three tiles into matmul_avx2 and spilled their accumulators.)
+template <weight_format F, int W, int R>
+[[gnu::noinline]] SPECSAMPLE_TARGET_AVX2 void avx2_tile(const matmul_args& a, std::size_t p, std::size_t o_off,
+                                    std::size_t t0, prefetch_window win) {
+  using wt = std::conditional_t<F == weight_format::f32, float, std::uint16_t>;
+  const wt* w = static_cast<const wt*>(a.w) + p * a.K * panel + o_off;
+  const float* x = a.x + t0 * a.ldx;
+  __m256 acc[R][W];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int j = 0; j < W; ++j) acc[r][j] = _mm256_setzero_ps();
+  }
+  // The steps whose prefetch (8·W weights, win.ahead bytes on) ends by win.stop come first.
+  const std::uintptr_t first = reinterpret_cast<std::uintptr_t>(w) + win.ahead + 8 * W * sizeof(wt);
+  const std::size_t row = panel * sizeof(wt);
+  const std::size_t k_pf = first > win.stop ? 0 : std::min(a.K, (win.stop - first) / row + 1);
+  avx2_steps<F, W, R, true>(acc, w, x, a.ldx, 0, k_pf, win.ahead);
+  avx2_steps<F, W, R, false>(acc, w, x, a.ldx, k_pf, a.K, 0);
+  // (Unrolled so that acc is only ever indexed by constants: an array indexed at run time lives
+  // in memory, and GCC 12 then stored all of it on every k step.)
+  const std::size_t o0 = p * panel + o_off;
+  const std::size_t valid = std::min<std::size_t>(8 * W, a.OC - o0);
+  alignas(32) float buf[R][8 * W];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int j = 0; j < W; ++j) _mm256_store_ps(buf[r] + 8 * j, acc[r][j]);
+  }
+  for (std::size_t r = 0; r < R; ++r) {
+    float* out = a.out + (t0 + r) * a.ldo + o0;
     for (std::size_t j = 0; j < valid; ++j) {
-      out[j] = a.bias != nullptr ? buf[j] + a.bias[o0 + j] : buf[j];
+      out[j] = a.bias != nullptr ? buf[r][j] + a.bias[o0 + j] : buf[r][j];
     }
   }
 }
@@ -413,12 +449,12 @@ SPECSAMPLE_TARGET_AVX2 void matmul_avx2(const matmul_args& a, std::size_t p_begi
   using wt = std::conditional_t<F == weight_format::f32, float, std::uint16_t>;
   const prefetch_window win = window<wt>(a, p_end);
   for (std::size_t p = p_begin; p < p_end; ++p) {
+    // Pairs of rows on half a panel at a time, an odd last row on the whole panel.
     for (std::size_t half = 0; half < 2; ++half) {
       if (p * panel + half * 32 >= a.OC) break;
-      std::size_t t = 0;
-      for (; t + 2 <= a.T; t += 2) avx2_panel<F, 2>(a, p, half, t, win);
-      if (t < a.T) avx2_panel<F, 1>(a, p, half, t, win);
+      for (std::size_t t = 0; t + 2 <= a.T; t += 2) avx2_tile<F, 4, 2>(a, p, 32 * half, t, win);
     }
+    if (a.T % 2 == 1) avx2_tile<F, 8, 1>(a, p, 0, a.T - 1, win);
   }
 }
 
