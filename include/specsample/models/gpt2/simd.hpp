@@ -38,6 +38,10 @@ using specsample::isa_name;
 /// Storage precision of a weight matrix.
 enum class weight_format : std::uint8_t { f32, f16, bf16 };
 
+/// The element type a matrix of format F is stored in (F16 and BF16 as their 16-bit patterns).
+template <weight_format F>
+using weight_t = std::conditional_t<F == weight_format::f32, float, std::uint16_t>;
+
 /// Bytes per element of a weight format.
 [[nodiscard]] constexpr std::size_t format_bytes(weight_format f) noexcept {
   return f == weight_format::f32 ? 4 : 2;
@@ -327,8 +331,8 @@ using specsample::simd::avx512_first;
 /// steps ahead left 5-token matmuls 60% slower than with their weights in cache.)
 inline constexpr std::size_t prefetch_bytes = 16384;
 
-/// Where a call's weight prefetches go: `ahead` bytes past the step being computed, skipped
-/// when that reaches past `stop` (the end of the panels the call streams).
+/// Where a call's weight prefetches go: `ahead` bytes past the step being computed, never past
+/// `stop` (the end of the panels the call streams; `prefetched_steps` says which steps may).
 struct prefetch_window {
   std::uintptr_t stop;
   std::size_t ahead;
@@ -392,7 +396,7 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_steps(__m256 (&acc)[R]
                                                             const float* x, std::size_t ldx,
                                                             std::size_t k0, std::size_t k1,
                                                             std::size_t ahead) {
-  using wt = std::conditional_t<F == weight_format::f32, float, std::uint16_t>;
+  using wt = weight_t<F>;
   for (std::size_t k = k0; k < k1; ++k) {
     const wt* wk = static_cast<const wt*>(w) + k * panel;
     if constexpr (Prefetch) prefetch_ahead(wk, ahead, 8 * W * sizeof(wt));
@@ -409,11 +413,11 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_steps(__m256 (&acc)[R]
 }
 
 /// Rows [t0, t0 + R) × outputs [p·64 + o_off, + 8·W) of panel p. (Not inlined: Clang 14 inlined
-/// the three tiles into matmul_avx2 and spilled their accumulators.)
+/// the tiles into matmul_avx2 and spilled their accumulators.)
 template <weight_format F, int W, int R>
 [[gnu::noinline]] SPECSAMPLE_TARGET_AVX2 void avx2_tile(const matmul_args& a, std::size_t p, std::size_t o_off,
                                     std::size_t t0, prefetch_window win) {
-  using wt = std::conditional_t<F == weight_format::f32, float, std::uint16_t>;
+  using wt = weight_t<F>;
   const wt* w = static_cast<const wt*>(a.w) + p * a.K * panel + o_off;
   const float* x = a.x + t0 * a.ldx;
   __m256 acc[R][W];
@@ -446,13 +450,15 @@ template <weight_format F, int W, int R>
 template <weight_format F>
 SPECSAMPLE_TARGET_AVX2 void matmul_avx2(const matmul_args& a, std::size_t p_begin,
                                       std::size_t p_end) {
-  using wt = std::conditional_t<F == weight_format::f32, float, std::uint16_t>;
+  using wt = weight_t<F>;
   const prefetch_window win = window<wt>(a, p_end);
   for (std::size_t p = p_begin; p < p_end; ++p) {
-    // Pairs of rows on half a panel at a time, an odd last row on the whole panel.
-    for (std::size_t half = 0; half < 2; ++half) {
-      if (p * panel + half * 32 >= a.OC) break;
-      for (std::size_t t = 0; t + 2 <= a.T; t += 2) avx2_tile<F, 4, 2>(a, p, 32 * half, t, win);
+    // Pairs of rows on half a panel at a time (the second half only when it holds outputs), an
+    // odd last row on the whole panel.
+    const bool second_half = p * panel + 32 < a.OC;
+    for (std::size_t t = 0; t + 2 <= a.T; t += 2) {
+      avx2_tile<F, 4, 2>(a, p, 0, t, win);
+      if (second_half) avx2_tile<F, 4, 2>(a, p, 32, t, win);
     }
     if (a.T % 2 == 1) avx2_tile<F, 8, 1>(a, p, 0, a.T - 1, win);
   }
@@ -483,7 +489,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_steps(__m512 (&acc
                                                                 const float* x, std::size_t ldx,
                                                                 std::size_t k0, std::size_t k1,
                                                                 std::size_t ahead) {
-  using wt = std::conditional_t<F == weight_format::f32, float, std::uint16_t>;
+  using wt = weight_t<F>;
   for (std::size_t k = k0; k < k1; ++k) {
     const wt* wk = static_cast<const wt*>(w) + k * panel;
     if constexpr (Prefetch) prefetch_ahead(wk, ahead, panel * sizeof(wt));
@@ -503,7 +509,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_steps(__m512 (&acc
 template <weight_format F, int TT>
 SPECSAMPLE_TARGET_AVX512 void avx512_panel(const matmul_args& a, std::size_t p, std::size_t t0,
                                           prefetch_window win) {
-  using wt = std::conditional_t<F == weight_format::f32, float, std::uint16_t>;
+  using wt = weight_t<F>;
   const wt* w = static_cast<const wt*>(a.w) + p * a.K * panel;
   const float* x = a.x + t0 * a.ldx;
   __m512 acc[TT][4];
@@ -539,7 +545,7 @@ SPECSAMPLE_TARGET_AVX512 void avx512_panel(const matmul_args& a, std::size_t p, 
 template <weight_format F>
 SPECSAMPLE_TARGET_AVX512 void matmul_avx512(const matmul_args& a, std::size_t p_begin,
                                           std::size_t p_end) {
-  using wt = std::conditional_t<F == weight_format::f32, float, std::uint16_t>;
+  using wt = weight_t<F>;
   const prefetch_window win = window<wt>(a, p_end);
   for (std::size_t p = p_begin; p < p_end; ++p) {
     std::size_t t = 0;
