@@ -211,15 +211,12 @@ TEST_CASE("leniency below 1 is validated and drifts toward the draft", "[lenienc
 
 TEST_CASE("block verification stays exact with an early-stopping and with an adaptive draft length",
           "[block][drafters][exactness]") {
-  auto target = toy::markov::random(4, 2, 3, 0.8f);
-  auto draft_model = toy::markov::similar_to(target, 0.4, 4, 0.5f);
-  speculative_params params;
-  params.max_new_tokens = 4;
-  params.draft_length = 3;
+  test::draft_length_pair pair;
+  auto& params = pair.params;
   SECTION("p_min = 0.5") { params.draft_min_probability = 0.5f; }
   SECTION("adaptive draft length") { params.adaptive_draft_length = true; }
-  model_drafter<toy::markov> d(draft_model, params.sampling, params.draft_min_probability);
-  test::check_exact_and_broken(d, target, {0}, params, block_verifier{},
+  model_drafter<toy::markov> d(pair.draft, params.sampling, params.draft_min_probability);
+  test::check_exact_and_broken(d, pair.target, {0}, params, block_verifier{},
                                broken_block_verifier{.stop_at_first_failure = true});
 }
 

@@ -86,18 +86,15 @@ TEST_CASE("n-gram drafting at temperature 0 equals greedy decoding and accepts r
 }
 
 TEST_CASE("stopping the draft early below a probability threshold stays exact", "[drafters][p_min][exactness]") {
-  auto target = toy::markov::random(4, 2, 3, 0.8f);
-  auto draft_model = toy::markov::similar_to(target, 0.4, 4, 0.5f);
-  speculative_params params;
-  params.max_new_tokens = 4;
-  params.draft_length = 3;
+  draft_length_pair pair;
+  auto& params = pair.params;
   params.draft_min_probability = 0.5f;
-  model_drafter<toy::markov> d(draft_model, params.sampling, params.draft_min_probability);
-  check_exact_and_broken(d, target, {0}, params, tokenwise_verifier{}, resample_from_target{});
+  model_drafter<toy::markov> d(pair.draft, params.sampling, params.draft_min_probability);
+  check_exact_and_broken(d, pair.target, {0}, params, tokenwise_verifier{}, resample_from_target{});
   // It does stop early: fewer drafts than K per round on average.
   std::mt19937_64 rng(2);
   params.max_new_tokens = 200;
-  const auto r = speculative_sample(draft_model, target, std::vector<token>{0}, params, rng);
+  const auto r = speculative_sample(pair.draft, pair.target, std::vector<token>{0}, params, rng);
   CHECK(r.stats.drafted < 3 * r.stats.rounds);
   CHECK(r.tokens.size() == 200);
 }

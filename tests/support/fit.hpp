@@ -15,6 +15,20 @@
 
 namespace specsample::test {
 
+/// The toy pair of the draft-length exactness tests (p_min early stop, adaptive K): a 4-token
+/// order-2 target, a draft at distance 0.4 from it, 4 new tokens with K = 3 — small enough for an
+/// exact fit over every continuation. Each test sets its own draft-length rule on `params`.
+struct draft_length_pair {
+  toy::markov target = toy::markov::random(4, 2, 3, 0.8f);
+  toy::markov draft = toy::markov::similar_to(target, 0.4, 4, 0.5f);
+  speculative_params params = [] {
+    speculative_params p;
+    p.max_new_tokens = 4;
+    p.draft_length = 3;
+    return p;
+  }();
+};
+
 /// `testing::speculative_fit` of `samples` generations (generator seeded 77).
 template <class Drafter, class Verifier>
 testing::fit_result fit_drafter(Drafter& drafter, toy::markov& target, const std::vector<token>& prompt,
