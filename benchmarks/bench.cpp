@@ -487,8 +487,48 @@ overhead_result measure_loop_overhead(std::size_t V, std::size_t k, double tempe
 
 // ---------------------------------------------------------------------------------------------
 // Memory bandwidth probe: `specsample_bench::stream_sum` (probes.hpp) over a buffer allocated as
-// the weights are, repeated until a sample takes ~30 ms, split across `threads` threads; GB/s =
-// bytes read / seconds (1 GB = 1e9 bytes).
+// the weights are, split across `threads` threads; GB/s = bytes read / seconds (1 GB = 1e9 bytes).
+
+class stream_probe {
+ public:
+  stream_probe(std::size_t bytes, std::size_t threads, specsample::isa level)
+      : n_(std::max<std::size_t>(bytes / sizeof(float), 1024)), threads_(threads), level_(level), buf_(n_),
+        sinks_(threads * 16, 0.0f) {
+    std::fill(buf_.get(), buf_.get() + n_, 1.0f);
+  }
+  [[nodiscard]] std::size_t bytes() const noexcept { return n_ * sizeof(float); }
+  /// Seconds for `passes` reads of the whole buffer.
+  double seconds(std::size_t passes) {
+    const std::size_t chunk = (n_ + threads_ - 1) / threads_;
+    const auto t0 = steady::now();
+    auto work = [&](std::size_t w) {
+      const std::size_t lo = std::min(n_, w * chunk), hi = std::min(n_, lo + chunk);
+      float acc = 0.0f;
+      for (std::size_t p = 0; p < passes; ++p) acc += specsample_bench::stream_sum(level_, buf_.get() + lo, hi - lo);
+      sinks_[w * 16] = acc;
+    };
+    std::vector<std::thread> pool;
+    for (std::size_t w = 1; w < threads_; ++w) pool.emplace_back(work, w);
+    work(0);
+    for (auto& th : pool) th.join();
+    return seconds_since(t0);
+  }
+  [[nodiscard]] double gb_per_s(std::size_t passes, double seconds) const {
+    return static_cast<double>(bytes()) * static_cast<double>(passes) / seconds / 1e9;
+  }
+  ~stream_probe() {
+    volatile float sink = std::accumulate(sinks_.begin(), sinks_.end(), 0.0f);
+    (void)sink;
+  }
+  stream_probe(const stream_probe&) = delete;
+  stream_probe& operator=(const stream_probe&) = delete;
+
+ private:
+  std::size_t n_, threads_;
+  specsample::isa level_;
+  specsample_bench::float_buffer buf_;
+  std::vector<float> sinks_;
+};
 
 struct probe_result {
   std::string label;
@@ -496,38 +536,71 @@ struct probe_result {
   summary gbs;
 };
 
+/// `reps` samples of repeated passes, each ~30 ms.
 probe_result probe_bandwidth(std::string label, std::size_t bytes, std::size_t threads, std::size_t reps,
                              specsample::isa level) {
-  const std::size_t n = std::max<std::size_t>(bytes / sizeof(float), 1024);
-  const specsample_bench::float_buffer buf(n);
-  std::fill(buf.get(), buf.get() + n, 1.0f);
-  const std::size_t chunk = (n + threads - 1) / threads;
-  std::vector<float> sinks(threads * 16, 0.0f);
-  auto pass = [&](std::size_t passes) {
-    const auto t0 = steady::now();
-    auto work = [&](std::size_t w) {
-      const std::size_t lo = std::min(n, w * chunk), hi = std::min(n, lo + chunk);
-      float acc = 0.0f;
-      for (std::size_t p = 0; p < passes; ++p) acc += specsample_bench::stream_sum(level, buf.get() + lo, hi - lo);
-      sinks[w * 16] = acc;
-    };
-    std::vector<std::thread> pool;
-    for (std::size_t w = 1; w < threads; ++w) pool.emplace_back(work, w);
-    work(0);
-    for (auto& th : pool) th.join();
-    return seconds_since(t0);
-  };
-  (void)pass(1);  // warm caches and pages
-  double one = pass(1);
+  stream_probe probe(bytes, threads, level);
+  (void)probe.seconds(1);  // warm caches and pages
+  const double one = probe.seconds(1);
   const std::size_t passes = std::max<std::size_t>(1, static_cast<std::size_t>(0.03 / std::max(one, 1e-7)));
   std::vector<double> gbs;
-  for (std::size_t r = 0; r < reps; ++r) {
-    const double s = pass(passes);
-    gbs.push_back(static_cast<double>(n * sizeof(float)) * static_cast<double>(passes) / s / 1e9);
+  for (std::size_t r = 0; r < reps; ++r) gbs.push_back(probe.gb_per_s(passes, probe.seconds(passes)));
+  return {std::move(label), probe.bytes(), threads, summarize(gbs)};
+}
+
+// Decode bandwidth side by side with the probe: alternating blocks of single-token appends of a
+// model (at `context`) and of probe passes over a buffer of the model's file size, with the
+// model's thread count. Each block first runs `block` untimed calls or passes, then times `block`
+// more: right after the other side's data has gone through the caches both run ~30% slower and
+// take 5-10 calls to reach the steady state of repeated calls (part of a 25 MB working set stays
+// in the last-level cache from one call to the next), which is what the probe table and a decode
+// loop see. fraction = median over block pairs of (decode GB/s / probe GB/s): drift of the shared
+// machine, which moves the separate probe table by 10% between runs, hits both sides of a pair.
+
+struct decode_bandwidth {
+  std::size_t bytes = 0, blocks = 0, block = 0;
+  summary seconds_per_token, decode_gbs, probe_gbs;
+  double fraction = 0.0;
+};
+
+decode_bandwidth measure_decode_bandwidth(specsample::gpt2::model& m, std::size_t bytes, const std::vector<token>& stream,
+                                          std::size_t context, std::size_t samples) {
+  constexpr std::size_t block = 10;
+  decode_bandwidth r;
+  r.bytes = bytes;
+  r.block = block;
+  r.blocks = std::max<std::size_t>(3, samples / block);
+  stream_probe probe(bytes, m.threads(), m.kernels());
+  const std::span<const token> ctx(stream.data(), context), next(stream.data() + context, 1);
+  m.truncate(0);
+  (void)m.append(ctx);
+  std::vector<double> per_token, dec, prb, ratio;
+  for (std::size_t b = 0; b < r.blocks; ++b) {
+    for (std::size_t i = 0; i < block; ++i) (void)time_append(m, next, context);
+    double s = 0.0;
+    for (std::size_t i = 0; i < block; ++i) {
+      const double t = time_append(m, next, context);
+      per_token.push_back(t);
+      s += t;
+    }
+    const double d = static_cast<double>(bytes) * static_cast<double>(block) / s / 1e9;
+    (void)probe.seconds(block);
+    const double p = probe.gb_per_s(block, probe.seconds(block));
+    dec.push_back(d);
+    prb.push_back(p);
+    ratio.push_back(d / p);
   }
-  volatile float sink = std::accumulate(sinks.begin(), sinks.end(), 0.0f);
-  (void)sink;
-  return {std::move(label), n * sizeof(float), threads, summarize(gbs)};
+  r.seconds_per_token = summarize(per_token);
+  r.decode_gbs = summarize(dec);
+  r.probe_gbs = summarize(prb);
+  r.fraction = summarize(ratio).median;
+  return r;
+}
+
+json bandwidth_json(const decode_bandwidth& b) {
+  return {{"weight_bytes", b.bytes}, {"blocks", b.blocks}, {"calls_per_block", b.block},
+          {"seconds_per_token", to_json(b.seconds_per_token)}, {"effective_gb_per_s", to_json(b.decode_gbs)},
+          {"probe_gb_per_s", to_json(b.probe_gbs)}, {"fraction", b.fraction}};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1230,10 +1303,9 @@ int run(int argc, char** argv) {
   const auto ceiling = [&](const cell& cl) {
     return cl.tokens_per_call / (cl.c_stats * static_cast<double>(cl.k) + v_floor(cl.k + 1));
   };
-  const double t_target_1 = costs.target_j.front().median;
-  const double t_draft_1 = costs.draft_1.median;
-  const double target_eff = static_cast<double>(target_bytes) / t_target_1 / 1e9;
-  const double draft_eff = static_cast<double>(draft_bytes) / t_draft_1 / 1e9;
+  fmt::print(stderr, "specsample-bench: decode bandwidth beside the probe\n");
+  const decode_bandwidth target_bw = measure_decode_bandwidth(target, target_bytes, stream, context, c.cost_samples);
+  const decode_bandwidth draft_bw = measure_decode_bandwidth(draft, draft_bytes, stream, context, c.cost_samples);
 
   // Thread scaling of the target's (K+1)-token verification call and single-token decode.
   std::optional<scaling_result> scaling5, scaling1;
@@ -1367,12 +1439,18 @@ int run(int argc, char** argv) {
   out("\n#### Memory bandwidth (streaming float sums, median of {} reps)\n\n", c.probe_reps);
   out("| working set | bytes | threads | GB/s med (min–max) |\n|---|---|---|---|\n");
   for (const auto& p : probes) out("| {} | {} | {} | {} |\n", p.label, p.bytes, p.threads, fmt_range(p.gbs, 1));
-  out("\n| model | weight bytes (file) | 1-token append | effective GB/s | probe GB/s at that size | fraction |\n"
-      "|---|---|---|---|---|---|\n");
-  out("| target | {} | {:.3f} ms | {:.2f} | {:.1f} | {:.1f}% |\n", target_bytes, t_target_1 * 1e3, target_eff,
-      probe_at(target_bytes), 100.0 * target_eff / probe_at(target_bytes));
-  out("| draft | {} | {:.3f} ms | {:.2f} | {:.1f} | {:.1f}% |\n", draft_bytes, t_draft_1 * 1e3, draft_eff,
-      probe_at(draft_bytes), 100.0 * draft_eff / probe_at(draft_bytes));
+  out("\nDecode beside the probe: {} alternating blocks of {} timed single-token appends (context {}) and {} timed "
+      "probe passes over a buffer of the model's file size, each block after as many untimed ones (the steady state "
+      "of repeated calls); fraction = median over block pairs of decode GB/s / probe GB/s (GB/s: medians over "
+      "blocks).\n\n"
+      "| model | weight bytes (file) | 1-token append, ms med (min–max) | effective GB/s | probe GB/s beside it | "
+      "fraction |\n|---|---|---|---|---|---|\n",
+      target_bw.blocks, target_bw.block, context, target_bw.block);
+  for (const auto& [name, bw] : {std::pair{"target", &target_bw}, std::pair{"draft", &draft_bw}}) {
+    out("| {} | {} | {} | {:.2f} | {:.1f} | {:.1f}% |\n", name, bw->bytes,
+        fmt_range({bw->seconds_per_token.median * 1e3, bw->seconds_per_token.min * 1e3, bw->seconds_per_token.max * 1e3}, 3),
+        bw->decode_gbs.median, bw->probe_gbs.median, 100.0 * bw->fraction);
+  }
   out("\n#### Machine floors\n\nFMA peak (register-only fused multiply-adds, {} vectors, median (min–max) of {} "
       "reps): {} GMAC/s. One token of the target is {:.2f} M multiply-adds in its matmuls. A j-token call takes at "
       "least the longer of streaming the {:.1f} MB of matmul weights at the probe's {:.1f} GB/s ({:.3f} ms) and "
@@ -1429,9 +1507,10 @@ int run(int argc, char** argv) {
   };
   const auto verdict = [](bool ok) { return ok ? "**met**" : "**not met**"; };
   out("\n#### Targets\n\n| target | measured in this run | verdict |\n|---|---|---|\n");
-  const double fraction = target_eff / probe_at(target_bytes);
+  const double fraction = target_bw.fraction;
   out("| single-token decode reads the target's weights at ≥ 70% of the probe's bandwidth at that size | {:.1f}% "
-      "({:.1f} of {:.1f} GB/s) | {} |\n", 100.0 * fraction, target_eff, probe_at(target_bytes), verdict(fraction >= 0.7));
+      "({:.1f} of {:.1f} GB/s, side by side) | {} |\n", 100.0 * fraction, target_bw.decode_gbs.median,
+      target_bw.probe_gbs.median, verdict(fraction >= 0.7));
   if (c.k_max >= 4) {
     const double r5 = costs.verify_ratio(5);
     // Impossible only if 5 tokens at the FMA peak already cost more than 1.3 × the measured single
@@ -1532,10 +1611,8 @@ int run(int argc, char** argv) {
     j["bandwidth"] = {
         {"probe", pj},
         {"note", "weight bytes = model.safetensors file size (a proxy for the bytes a decode step reads)"},
-        {"target", {{"weight_bytes", target_bytes}, {"seconds_per_token", t_target_1}, {"effective_gb_per_s", target_eff},
-                    {"probe_gb_per_s", probe_at(target_bytes)}, {"fraction", target_eff / probe_at(target_bytes)}}},
-        {"draft", {{"weight_bytes", draft_bytes}, {"seconds_per_token", t_draft_1}, {"effective_gb_per_s", draft_eff},
-                   {"probe_gb_per_s", probe_at(draft_bytes)}, {"fraction", draft_eff / probe_at(draft_bytes)}}}};
+        {"target", bandwidth_json(target_bw)},
+        {"draft", bandwidth_json(draft_bw)}};
     if (scaling5) {
       json sj = json::array();
       for (const auto* sc : {&*scaling1, &*scaling5}) {
