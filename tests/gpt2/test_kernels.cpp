@@ -289,6 +289,45 @@ TEST_CASE("residual_add and embed match their reference twins exactly", "[gpt2][
   }
 }
 
+TEST_CASE("the attention's prefetch walk gives every line of the next keys, then of the values, once",
+          "[gpt2][kernels]") {
+  namespace simd = specsample::gpt2::simd;
+  constexpr std::uintptr_t line = simd::prefetch_stream::line;
+  alignas(64) static float keys[1024], values[1024];
+  const auto lines_of = [](const float* p, std::size_t n) {
+    std::vector<std::uintptr_t> v;
+    const auto begin = reinterpret_cast<std::uintptr_t>(p), end = begin + n * sizeof(float);
+    for (std::uintptr_t at = begin & ~(line - 1); at < end; at += line) v.push_back(at);
+    return v;
+  };
+  // Aligned and unaligned starts, ends inside a line and on one, empty ranges.
+  using range = std::pair<std::size_t, std::size_t>;  // (offset in floats, floats)
+  for (const auto& [a, b] : {std::pair{range{0, 64}, range{0, 64}}, std::pair{range{3, 100}, range{5, 37}},
+                             std::pair{range{15, 1}, range{16, 16}}, std::pair{range{0, 0}, range{7, 300}},
+                             std::pair{range{9, 200}, range{0, 0}}, std::pair{range{0, 0}, range{0, 0}}}) {
+    CAPTURE(a.first, a.second, b.first, b.second);
+    std::vector<std::uintptr_t> expected = lines_of(keys + a.first, a.second);
+    const auto v = lines_of(values + b.first, b.second);
+    expected.insert(expected.end(), v.begin(), v.end());
+    auto walk = simd::prefetch_stream::of(keys + a.first, a.second, values + b.first, b.second);
+    std::vector<std::uintptr_t> got;
+    for (std::uintptr_t at = walk.advance(); at != 0; at = walk.advance()) {
+      got.push_back(at);
+      REQUIRE(got.size() <= expected.size());
+    }
+    CHECK(got == expected);
+    CHECK(walk.advance() == 0);  // stays done
+    walk.step();                 // and a step past the end prefetches nothing, touches nothing
+    CHECK(walk.advance() == 0);
+    // A step takes lines_per_step lines of the same walk.
+    auto stepped = simd::prefetch_stream::of(keys + a.first, a.second, values + b.first, b.second);
+    stepped.step();
+    const std::size_t taken = std::min<std::size_t>(simd::prefetch_stream::lines_per_step, expected.size());
+    CHECK(stepped.advance() == (taken < expected.size() ? expected[taken] : 0));
+  }
+  CHECK(simd::prefetch_stream{}.advance() == 0);  // the default walk (no next head) is empty
+}
+
 TEST_CASE("attention over the KV cache matches its reference twin and is batch-invariant",
           "[gpt2][kernels]") {
   std::mt19937 rng(6);

@@ -303,16 +303,25 @@ struct prefetch_stream {
             ib + b_floats * sizeof(float)};
   }
 
+  /// The address of the next line of the walk, 0 once every line has been given.
+  [[nodiscard, gnu::always_inline]] std::uintptr_t advance() noexcept {
+    if (cur >= end) {
+      if (next >= next_end) return 0;
+      cur = next;
+      end = next_end;
+      next = next_end;
+    }
+    const std::uintptr_t at = cur;
+    cur += line;
+    return at;
+  }
+
   /// Prefetches the next `lines_per_step` lines, as many as are left.
   [[gnu::always_inline]] void step() noexcept {
-    for (int i = 0; i < lines_per_step; ++i, cur += line) {
-      if (cur >= end) {
-        if (next >= next_end) return;
-        cur = next;
-        end = next_end;
-        next = next_end;
-      }
-      __builtin_prefetch(reinterpret_cast<const void*>(cur), 0, 3);
+    for (int i = 0; i < lines_per_step; ++i) {
+      const std::uintptr_t at = advance();
+      if (at == 0) return;
+      __builtin_prefetch(reinterpret_cast<const void*>(at), 0, 3);
     }
   }
 };
