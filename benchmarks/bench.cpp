@@ -76,6 +76,7 @@ struct cli {
   std::size_t max_prompts = 0;  // 0 = all
   std::vector<double> temperatures{0.0, 0.7, 1.0};
   std::uint64_t seed = 20240601;
+  specsample::isa kernels = specsample::isa::best;
   bool quick = false;
   // --strategies
   bool strategies = false;
@@ -98,6 +99,8 @@ constexpr std::string_view help = R"(usage: specsample-bench [options]
   --k-max K             sweep K = 1..K (default 8)
   --temperatures LIST   comma-separated temperatures (default 0,0.7,1)
   --threads N           kernel threads per model (default 1; 0 = all cores)
+  --kernels LEVEL       kernel level: best (default), avx512, avx2 or generic (capped at what the
+                        CPU has; the report names the level used)
   --seed S              base random seed (default 20240601)
   --cost-samples N      single-append timings for the cost ratio (default 200)
   --max-prompts N       use only the first N prompts (default: all)
@@ -125,6 +128,13 @@ std::vector<double> parse_temperatures(std::string_view flag, std::string_view l
   return ts;
 }
 
+specsample::isa parse_kernels(std::string_view flag, std::string_view name) {
+  for (const auto level : {specsample::isa::best, specsample::isa::avx512, specsample::isa::avx2, specsample::isa::generic}) {
+    if (name == specsample::isa_name(level)) return level;
+  }
+  usage_error(fmt::format("{} expects best, avx512, avx2 or generic, got '{}'", flag, name));
+}
+
 cli parse(int argc, char** argv) {
   cli c;
   std::vector<std::string> given;
@@ -146,6 +156,7 @@ cli parse(int argc, char** argv) {
     else if (a == "--reps") c.reps = parse_number<std::size_t>(a, value());
     else if (a == "--k-max") c.k_max = parse_number<std::size_t>(a, value());
     else if (a == "--threads") c.threads = parse_number<std::size_t>(a, value());
+    else if (a == "--kernels") c.kernels = parse_kernels(a, value());
     else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
     else if (a == "--cost-samples") c.cost_samples = parse_number<std::size_t>(a, value());
     else if (a == "--max-prompts") c.max_prompts = parse_number<std::size_t>(a, value());
@@ -1025,9 +1036,9 @@ int run_strategies(const bench_setup& b) {
     md += fmt::format(f, std::forward<A>(args)...);
   };
   out("### Strategies: {} drafting for {}\n\n", b.draft_dir.filename().string(), b.target_dir.filename().string());
-  out("`{}` — {} tokens per run, {} rep(s), {} thread(s) per model, seed {}; {}; {} cores; {}; {}; source {}; {}; "
-      "load average {} at start, {} at end; run time {}.\n\n",
-      b.command, c.n, c.reps, b.target.threads(), c.seed, cpu_model(), std::thread::hardware_concurrency(),
+  out("`{}` — {} tokens per run, {} rep(s), {} thread(s) per model, {} kernels, seed {}; {}; {} cores; {}; {}; "
+      "source {}; {}; load average {} at start, {} at end; run time {}.\n\n",
+      b.command, c.n, c.reps, b.target.threads(), specsample::isa_name(b.target.kernels()), c.seed, cpu_model(), std::thread::hardware_concurrency(),
       "g++ " __VERSION__, compile_flags(), revision(), b.date, b.load_start, load_end, fmt_duration(total_seconds));
   out("Correctness guard (T = 0): every strategy's tokens == autoregressive tokens in {}/{} runs: **{}**\n\n",
       greedy_identical, greedy_runs, greedy_runs == 0 ? "not run (no T = 0)" : guard_ok ? "PASS" : "FAIL");
@@ -1089,7 +1100,8 @@ int run_strategies(const bench_setup& b) {
     j["machine"] = machine_json(b.date, b.load_start, load_end, total_seconds);
     j["config"] = {{"target", b.target_dir.string()}, {"draft", b.draft_dir.string()},
                    {"prompts_file", b.prompts_file.string()}, {"n", c.n}, {"reps", c.reps},
-                   {"threads", b.target.threads()}, {"seed", c.seed}, {"warmup_tokens", c.warmup_tokens},
+                   {"threads", b.target.threads()}, {"kernels", specsample::isa_name(b.target.kernels())},
+                   {"seed", c.seed}, {"warmup_tokens", c.warmup_tokens},
                    {"best_k_from", c.best_k_from ? c.best_k_from->string() : std::string()}, {"quick", c.quick}};
     j["guard"] = {{"greedy_runs", greedy_runs}, {"identical", greedy_identical}, {"pass", guard_ok}};
     json cj = json::array();
@@ -1142,6 +1154,7 @@ int run(int argc, char** argv) {
   }
   specsample::gpt2::options opts;
   opts.threads = c.threads;
+  opts.kernels = c.kernels;
   opts.batch_capacity = std::max<std::size_t>(16, c.k_max + 2);
   auto target = specsample::gpt2::model::load(target_dir, opts);
   auto draft = specsample::gpt2::model::load(draft_dir, opts);
@@ -1397,9 +1410,10 @@ int run(int argc, char** argv) {
     md += fmt::format(f, std::forward<A>(args)...);
   };
   out("### Sweep: {} drafting for {}\n\n", draft_dir.filename().string(), target_dir.filename().string());
-  out("`{}` — {} prompts × {} reps × {} tokens, K = 1..{}, T ∈ {{{}}}, {} thread(s) per model; {}; "
+  out("`{}` — {} prompts × {} reps × {} tokens, K = 1..{}, T ∈ {{{}}}, {} thread(s) per model, {} kernels; {}; "
       "{} cores; {}; {}; source {}; {}; load average {} at start, {} at end; run time {}.\n\n",
-      command, prompts.size(), c.reps, c.n, c.k_max, fmt::join(c.temperatures, ", "), threads, cpu_model(),
+      command, prompts.size(), c.reps, c.n, c.k_max, fmt::join(c.temperatures, ", "), threads,
+      specsample::isa_name(target.kernels()), cpu_model(),
       std::thread::hardware_concurrency(), "g++ " __VERSION__, compile_flags(), revision(), date, load_start,
       load_end, fmt_duration(total_seconds));
   out("Correctness guard (T = 0): speculative == autoregressive tokens in {}/{} runs: **{}**\n\n", greedy_identical,
@@ -1600,7 +1614,7 @@ int run(int argc, char** argv) {
                    {"reps", c.reps},
                    {"k_max", c.k_max},
                    {"temperatures", c.temperatures},
-                   {"threads", threads},
+                   {"threads", threads}, {"kernels", specsample::isa_name(target.kernels())},
                    {"seed", c.seed},
                    {"quick", c.quick}};
     const auto cost_json = [](const cost_result& r) {
