@@ -696,6 +696,123 @@ inline SPECSAMPLE_TARGET_AVX2 void attend_avx2(const float* q, const float* kb, 
   }
 }
 
+/// Scores of NQ (2..4) queries against N (1..2) vectors of 8 keys from key p0 (a multiple of
+/// 16), the last `tail` lanes wide: as `avx2_scores` for each query, the queries sharing every
+/// key load. (N ≤ 2 keeps the NQ × N accumulators, the keys and the broadcast in the 16 ymm
+/// registers.)
+template <int NQ, int N>
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_tile_scores(const float* q, std::size_t ldq, const float* kb,
+                                                                  std::size_t HS, std::size_t p0, std::size_t tail,
+                                                                  float scale, float* att, std::size_t ldatt,
+                                                                  prefetch_stream& ahead) {
+  const float* b0 = kb + (p0 / key_block) * HS * key_block;  // both vectors lie in this block
+  const __m256i last = avx2_first(tail);
+  __m256 acc[NQ][N];
+#pragma GCC unroll 4
+  for (int i = 0; i < NQ; ++i) {
+#pragma GCC unroll 2
+    for (int j = 0; j < N; ++j) acc[i][j] = _mm256_setzero_ps();
+  }
+  for (std::size_t d = 0; d < HS; ++d) {
+    ahead.step();
+    const float* row = b0 + d * key_block;
+    __m256 kv[N];
+#pragma GCC unroll 2
+    for (int j = 0; j + 1 < N; ++j) kv[j] = _mm256_loadu_ps(row + 8 * j);
+    kv[N - 1] = _mm256_maskload_ps(row + 8 * (N - 1), last);
+#pragma GCC unroll 4
+    for (int i = 0; i < NQ; ++i) {
+      const __m256 qd = _mm256_broadcast_ss(q + static_cast<std::size_t>(i) * ldq + d);
+#pragma GCC unroll 2
+      for (int j = 0; j < N; ++j) acc[i][j] = _mm256_fmadd_ps(qd, kv[j], acc[i][j]);
+    }
+  }
+  const __m256 sc = _mm256_set1_ps(scale);
+#pragma GCC unroll 4
+  for (int i = 0; i < NQ; ++i) {
+    float* a = att + static_cast<std::size_t>(i) * ldatt + p0;
+#pragma GCC unroll 2
+    for (int j = 0; j + 1 < N; ++j) _mm256_storeu_ps(a + 8 * j, _mm256_mul_ps(acc[i][j], sc));
+    _mm256_maskstore_ps(a + 8 * (N - 1), last, _mm256_mul_ps(acc[i][N - 1], sc));
+  }
+}
+
+/// out_i[d0 + 8j + c] = Σ_{p < len0 + i} att_i[p]·v_p[d0 + 8j + c] for NQ (2..4) queries (query i
+/// sees len0 + i positions) and N (1..2) vectors of 8 channels, p in order for every query: as
+/// `avx2_values` for each query, the queries sharing the value loads of the first len0 positions;
+/// query i then adds its i causal-tail positions on its own.
+template <int NQ, int N>
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_tile_values(const float* att, std::size_t ldatt, const float* v,
+                                                                  std::size_t len0, std::size_t HS, std::size_t d0,
+                                                                  float* out, std::size_t ldo, prefetch_stream& ahead) {
+  __m256 o[NQ][N];
+#pragma GCC unroll 4
+  for (int i = 0; i < NQ; ++i) {
+#pragma GCC unroll 2
+    for (int j = 0; j < N; ++j) o[i][j] = _mm256_setzero_ps();
+  }
+  for (std::size_t p = 0; p < len0; ++p) {
+    ahead.step();
+    const float* vp = v + p * HS + d0;
+    __m256 vv[N];
+#pragma GCC unroll 2
+    for (int j = 0; j < N; ++j) vv[j] = _mm256_loadu_ps(vp + 8 * j);
+#pragma GCC unroll 4
+    for (int i = 0; i < NQ; ++i) {
+      const __m256 a = _mm256_set1_ps(att[static_cast<std::size_t>(i) * ldatt + p]);
+#pragma GCC unroll 2
+      for (int j = 0; j < N; ++j) o[i][j] = _mm256_fmadd_ps(a, vv[j], o[i][j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 1; i < NQ; ++i) {  // the causal tail: query i also sees positions len0 .. len0 + i − 1
+    for (std::size_t p = len0; p < len0 + static_cast<std::size_t>(i); ++p) {
+      const float* vp = v + p * HS + d0;
+      const __m256 a = _mm256_set1_ps(att[static_cast<std::size_t>(i) * ldatt + p]);
+#pragma GCC unroll 2
+      for (int j = 0; j < N; ++j) o[i][j] = _mm256_fmadd_ps(a, _mm256_loadu_ps(vp + 8 * j), o[i][j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < NQ; ++i) {
+#pragma GCC unroll 2
+    for (int j = 0; j < N; ++j) _mm256_storeu_ps(out + static_cast<std::size_t>(i) * ldo + d0 + 8 * j, o[i][j]);
+  }
+}
+
+/// NQ (2..4) consecutive queries of one head (query i sees len0 + i positions): scores of 16 keys
+/// per pass over the channels, per-query softmax, values in passes of 16 channels; every query's
+/// result is bit for bit `attend_avx2`'s.
+template <int NQ>
+SPECSAMPLE_TARGET_AVX2 void attend_avx2_tile(const float* q, std::size_t ldq, const float* kb, const float* v,
+                                           std::size_t len0, std::size_t HS, float scale, float* att,
+                                           std::size_t ldatt, float* out, std::size_t ldo, prefetch_stream ahead) {
+  const std::size_t len = len0 + NQ - 1;  // keys scored (the last query's); row i uses len0 + i
+  for (std::size_t p0 = 0; p0 < len; p0 += key_block) {
+    const std::size_t n = std::min<std::size_t>(key_block, len - p0);
+    if (n > 8) {
+      avx2_tile_scores<NQ, 2>(q, ldq, kb, HS, p0, n - 8, scale, att, ldatt, ahead);
+    } else {
+      avx2_tile_scores<NQ, 1>(q, ldq, kb, HS, p0, n, scale, att, ldatt, ahead);
+    }
+  }
+  for (int i = 0; i < NQ; ++i) softmax_row(isa::avx2, att + static_cast<std::size_t>(i) * ldatt, len0 + static_cast<std::size_t>(i));
+  std::size_t d = 0;
+  for (; HS - d >= 16; d += 16) avx2_tile_values<NQ, 2>(att, ldatt, v, len0, HS, d, out, ldo, ahead);
+  if (HS - d >= 8) {
+    avx2_tile_values<NQ, 1>(att, ldatt, v, len0, HS, d, out, ldo, ahead);
+    d += 8;
+  }
+  for (int i = 0; i < NQ; ++i) {  // the last HS mod 8 channels, one at a time (as attend_avx2)
+    const float* a = att + static_cast<std::size_t>(i) * ldatt;
+    for (std::size_t c = d; c < HS; ++c) {
+      float o = 0;
+      for (std::size_t p = 0; p < len0 + static_cast<std::size_t>(i); ++p) o = std::fma(a[p], v[p * HS + c], o);
+      out[static_cast<std::size_t>(i) * ldo + c] = o;
+    }
+  }
+}
+
 /// Scores of NQ (1..4) queries against N (1..4) key blocks from key p0 (a multiple of 16), the
 /// last `tail` keys wide: att_i[p] = scale · Σ_d q_i[d]·k_p[d], d in order (one lane per key).
 /// The queries share every key load; each score is still its own FMA chain. (Every loop over i
@@ -840,13 +957,17 @@ inline void attend(isa level, const float* q, std::size_t ldq, std::size_t nq, c
     }
   }
 #endif
-  for (std::size_t i = 0; i < nq; ++i) {
 #if SPECSAMPLE_X86
-    if (level == isa::avx2) {
-      attend_avx2(q + i * ldq, kb, v, len0 + i, HS, scale, att + i * ldatt, out + i * ldo, ahead);
-      continue;
+  if (level == isa::avx2) {
+    switch (nq) {
+      case 1: return attend_avx2(q, kb, v, len0, HS, scale, att, out, ahead);
+      case 2: return attend_avx2_tile<2>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+      case 3: return attend_avx2_tile<3>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+      default: return attend_avx2_tile<4>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
     }
+  }
 #endif
+  for (std::size_t i = 0; i < nq; ++i) {
     attend_generic(q + i * ldq, kb, v, len0 + i, HS, scale, att + i * ldatt, out + i * ldo);
   }
   (void)level;
