@@ -128,13 +128,6 @@ std::vector<double> parse_temperatures(std::string_view flag, std::string_view l
   return ts;
 }
 
-specsample::isa parse_kernels(std::string_view flag, std::string_view name) {
-  for (const auto level : {specsample::isa::best, specsample::isa::avx512, specsample::isa::avx2, specsample::isa::generic}) {
-    if (name == specsample::isa_name(level)) return level;
-  }
-  usage_error(fmt::format("{} expects best, avx512, avx2 or generic, got '{}'", flag, name));
-}
-
 cli parse(int argc, char** argv) {
   cli c;
   std::vector<std::string> given;
@@ -156,7 +149,12 @@ cli parse(int argc, char** argv) {
     else if (a == "--reps") c.reps = parse_number<std::size_t>(a, value());
     else if (a == "--k-max") c.k_max = parse_number<std::size_t>(a, value());
     else if (a == "--threads") c.threads = parse_number<std::size_t>(a, value());
-    else if (a == "--kernels") c.kernels = parse_kernels(a, value());
+    else if (a == "--kernels") {
+      const std::string_view v = value();
+      const auto level = specsample::isa_from_name(v);
+      if (!level) usage_error(fmt::format("--kernels expects best, avx512, avx2 or generic, got '{}'", v));
+      c.kernels = *level;
+    }
     else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
     else if (a == "--cost-samples") c.cost_samples = parse_number<std::size_t>(a, value());
     else if (a == "--max-prompts") c.max_prompts = parse_number<std::size_t>(a, value());
@@ -748,7 +746,8 @@ struct strategy_run {
   std::uint64_t seed = 0;
   specsample::generation_stats stats;
   double warmup_seconds = 0.0;  // auto-K: calibrate() (warm-up generation + single-call timing)
-  std::size_t chosen_k = 0;     // auto-K: the K calibrate() picked
+  bool calibrated = false;      // auto-K ran
+  std::size_t chosen_k = 0;     // auto-K: the K calibrate() picked, 0 when no K pays (autoregressive)
   double predicted = 0.0;       // auto-K: its predicted speedup
   bool identical = false;       // same tokens as the autoregressive run of the group
   double speedup = 0.0;         // AR seconds / these seconds (same prompt and seed)
@@ -775,7 +774,7 @@ struct strategy_cell {
       spw.push_back(r.speedup_with_warmup);
       w.push_back(r.warmup_seconds);
       ks.push_back(static_cast<double>(r.chosen_k));
-      if (r.chosen_k > 0) {
+      if (r.calibrated) {
         if (chosen_k_counts.size() <= r.chosen_k) chosen_k_counts.resize(r.chosen_k + 1, 0);
         ++chosen_k_counts[r.chosen_k];
       }
@@ -828,10 +827,15 @@ strategy_run run_strategy(const strategy& s, specsample::gpt2::model& draft, spe
       const auto t0 = steady::now();
       const auto cal = specsample::calibrate(draft, target, prompt, params, warm_rng, s.k, warmup_tokens);
       r.warmup_seconds = seconds_since(t0);
-      r.chosen_k = cal.best_k;
+      r.calibrated = true;
+      r.chosen_k = cal.pays() ? cal.best_k : 0;
       r.predicted = cal.predicted;
-      params.draft_length = cal.best_k;
-      g = specsample::speculative_sample(draft, target, prompt, params, rng);
+      if (cal.pays()) {
+        params.draft_length = cal.best_k;
+        g = specsample::speculative_sample(draft, target, prompt, params, rng);
+      } else {  // as a user would: no K is predicted to pay
+        g = specsample::autoregressive_sample(target, prompt, params, rng);
+      }
       break;
     }
     case method::ngram: {
@@ -897,7 +901,8 @@ struct bench_setup {
 std::string fmt_k_counts(const std::vector<std::size_t>& counts) {
   std::vector<std::string> parts;
   for (std::size_t k = 0; k < counts.size(); ++k) {
-    if (counts[k] > 0) parts.push_back(fmt::format("K={}: {}", k, counts[k]));
+    if (counts[k] == 0) continue;
+    parts.push_back(k == 0 ? fmt::format("autoregressive: {}", counts[k]) : fmt::format("K={}: {}", k, counts[k]));
   }
   return fmt::format("{}", fmt::join(parts, ", "));
 }

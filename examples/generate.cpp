@@ -2,13 +2,14 @@
 //
 //   specsample-generate [--target DIR] [--draft DIR] [--prompt TEXT | --prompt-file F]
 //                       [-n N] [-k K|auto] [--p-min P] [--adaptive] [--temperature T] [--top-k N] [--top-p P] [--min-p P]
-//                       [--seed S] [--threads N] [--mode speculative|autoregressive|compare]
+//                       [--seed S] [--threads N] [--kernels LEVEL] [--mode speculative|autoregressive|compare]
 //                       [--verify tokenwise|block] [--leniency B] [--repeat R] [--stream]
 //                       [--verbose] [--json]
 //
 // Defaults: the bundled Tiny Shakespeare pair (models/shakespeare-target, -draft), compare mode.
 // --draft ngram drafts by prompt lookup (no draft model); --draft a,b,c measures each candidate on
-// a warm-up and keeps the one with the best predicted speedup; -k auto picks K the same way.
+// a warm-up and keeps the one with the best predicted speedup; -k auto picks K the same way (and,
+// in speculative mode, decodes autoregressively when no K is predicted to pay).
 // Before generating it checks that the draft's and target's tokenizers are identical.
 
 #include <specsample/gpt2.hpp>
@@ -49,6 +50,7 @@ struct cli {
   specsample::speculative_params params{};
   std::uint64_t seed = 42;
   std::size_t threads = 0;
+  specsample::isa kernels = specsample::isa::best;
   std::string mode = "compare";
   std::size_t repeat = 1;
   bool stream = false, verbose = false, json = false;
@@ -93,6 +95,7 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
   --top-k N, --top-p P, --min-p P   filters (default off)
   --seed S              random seed (default 42)
   --threads N           kernel threads per model (default: all cores)
+  --kernels LEVEL       best (default), avx512, avx2 or generic (capped at what the CPU has)
   --mode M              speculative | autoregressive | compare (default compare)
   --verify V            tokenwise | block (Sun et al. 2025; both exact; default tokenwise)
   --leniency B          LOSSY if < 1: token-wise acceptance uniform from U[0, B) (default 1, exact)
@@ -133,6 +136,12 @@ cli parse(int argc, char** argv) {
     else if (a == "--top-p") c.params.sampling.top_p = parse_number<float>(a, value());
     else if (a == "--min-p") c.params.sampling.min_p = parse_number<float>(a, value());
     else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
+    else if (a == "--kernels") {
+      const std::string_view v = value();
+      const auto level = specsample::isa_from_name(v);
+      if (!level) usage_error(fmt::format("--kernels expects best, avx512, avx2 or generic, got '{}'", v));
+      c.kernels = *level;
+    }
     else if (a == "--threads") c.threads = parse_number<std::size_t>(a, value());
     else if (a == "--mode") {
       c.mode = value();
@@ -328,6 +337,7 @@ int run(int argc, char** argv) {
   const auto tok = specsample::bpe_tokenizer::load(target_dir);
   specsample::gpt2::options opts;
   opts.threads = c.threads;
+  opts.kernels = c.kernels;
   auto target = specsample::gpt2::model::load(target_dir, opts);
   if (target.vocab_size() != tok.vocab_size()) {
     throw specsample::error(fmt::format("{}: the model has {} tokens but its tokenizer has {}", target_dir.string(),
@@ -350,6 +360,7 @@ int run(int argc, char** argv) {
 
   // Several candidates or -k auto: measure each on a warm-up and keep the best predicted speedup.
   cli run_cli = c;
+  std::string mode = c.mode;  // -k auto may turn speculative into autoregressive (below)
   std::size_t chosen = 0;
   nlohmann::json calibrations = nlohmann::json::array();
   if (!drafts.empty() && (drafts.size() > 1 || c.auto_k)) {
@@ -389,23 +400,31 @@ int run(int argc, char** argv) {
                  d == chosen ? "  <- chosen" : "");
       calibrations.push_back({{"draft", candidates[d].string()}, {"acceptance_by_position", cal[d].acceptance},
                               {"cost_ratio", cal[d].cost_ratio}, {"best_k", cal[d].best_k},
-                              {"predicted_speedup", cal[d].predicted}});
+                              {"predicted_speedup", cal[d].predicted}, {"pays", cal[d].pays()}});
     }
     if (c.auto_k) run_cli.params.draft_length = cal[chosen].best_k;
+    if (!cal[chosen].pays()) {
+      // -k auto in speculative mode decodes the fastest way the calibration predicts; compare
+      // mode still runs both, to show it.
+      const bool fall_back = c.auto_k && mode == "speculative";
+      fmt::print(out, "no K is predicted to beat autoregressive decoding here (best {:.2f}x at K = {}){}\n",
+                 cal[chosen].predicted, cal[chosen].best_k, fall_back ? ": decoding autoregressively" : "");
+      if (fall_back) mode = "autoregressive";
+    }
   }
   const fs::path draft_dir = drafts.empty() ? fs::path(ngram ? "ngram" : "") : candidates[chosen];
   specsample::drafters::ngram lookup(target.vocab_size());
 
   std::vector<run_record> spec_runs, ar_runs;
-  for (std::size_t r = 0; r < (c.mode == "compare" ? c.repeat : 1); ++r) {
+  for (std::size_t r = 0; r < (mode == "compare" ? c.repeat : 1); ++r) {
     const bool stream = c.stream && r == 0 && !c.json;  // repeats are timing runs of the same text
-    if (c.mode != "speculative") {
+    if (mode != "speculative") {
       std::mt19937_64 rng(c.seed);
       ar_runs.push_back(timed(c, tok, "autoregressive", stream, [&](reporter& rep) {
         return specsample::autoregressive_sample(target, prompt, c.params, rng, rep);
       }));
     }
-    if (c.mode != "autoregressive") {
+    if (mode != "autoregressive") {
       std::mt19937_64 rng(c.seed);
       spec_runs.push_back(timed(c, tok, "speculative", stream, [&](reporter& rep) {
         if (ngram) return specsample::speculative_sample(lookup, target, prompt, run_cli.params, rng, rep);
@@ -425,12 +444,12 @@ int run(int argc, char** argv) {
     ar_all.push_back(r.seconds);
   }
   const bool greedy = c.params.sampling.temperature == 0.0f;
-  const bool compare = c.mode == "compare";
+  const bool compare = mode == "compare";
   const bool identical = compare && spec_runs.front().result.tokens == ar_runs.front().result.tokens;
 
   if (c.json) {
     nlohmann::json j{{"target", target_dir.string()},
-                     {"mode", c.mode},
+                     {"mode", mode},
                      {"prompt_tokens", prompt.size()},
                      {"max_new_tokens", c.params.max_new_tokens},
                      {"draft_length", run_cli.params.draft_length},

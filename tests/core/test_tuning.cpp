@@ -64,6 +64,32 @@ TEST_CASE("calibration picks a longer draft for a better draft model", "[tuning]
   for (const double v : g.verify_cost) CHECK((std::isfinite(v) && v > 0.0));
   // With a cheap draft (c = 0.05), the measured acceptance asks for a longer K from the good draft.
   CHECK(best_draft_length(g.acceptance, 0.05, 8) > best_draft_length(p.acceptance, 0.05, 8));
+  // A draft that costs about what the target costs and is rarely accepted (~1.05 tokens per
+  // round for ≥ 2 calls' worth of time) cannot pay.
+  CHECK(p.pays() == (p.predicted > 1.0));
+  CHECK_FALSE(p.pays());
+}
+
+TEST_CASE("a calibration pays only when its best K is predicted to beat autoregressive decoding",
+          "[tuning]") {
+  // The bundled pair's acceptance on a CPU whose 2-token target call costs 1.7 single-token calls
+  // (AVX2 kernels on this project's machine): no K pays.
+  const std::vector<double> a(8, 0.62);
+  std::vector<double> dear{1.0}, cheap{1.0};
+  for (int k = 1; k <= 8; ++k) {
+    dear.push_back(1.0 + 0.7 * k);
+    cheap.push_back(1.0 + 0.1 * k);
+  }
+  for (const auto& [verify, pays] : {std::pair{&dear, false}, std::pair{&cheap, true}}) {
+    calibration c;
+    c.acceptance = a;
+    c.cost_ratio = 0.08;
+    c.verify_cost = *verify;
+    c.best_k = best_draft_length(a, c.cost_ratio, 8, *verify);
+    c.predicted = predicted_speedup(a, c.cost_ratio, c.best_k, *verify);
+    INFO("best K " << c.best_k << ", predicted " << c.predicted);
+    CHECK(c.pays() == pays);
+  }
 }
 
 TEST_CASE("calibration over several prompts pools their acceptance", "[tuning]") {

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <string_view>
 
 // SPECSAMPLE_X86: 1 where the x86 fast paths are compiled (x86-64 with GCC or Clang), else 0.
 // Defining it to 0 beforehand builds the portable code only, as on any other architecture (the
@@ -54,6 +56,14 @@ enum class isa : std::uint8_t {
     case isa::best: return "best";
   }
   return "?";
+}
+
+/// The level `isa_name` calls `name` ("best", "avx512", "avx2", "generic"), or nothing.
+[[nodiscard]] constexpr std::optional<isa> isa_from_name(std::string_view name) noexcept {
+  for (const isa i : {isa::best, isa::avx512, isa::avx2, isa::generic}) {
+    if (name == isa_name(i)) return i;
+  }
+  return std::nullopt;
 }
 
 namespace simd {

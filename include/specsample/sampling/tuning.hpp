@@ -103,10 +103,15 @@ namespace detail {
 /// The cost ratios a calibration needs, measured after all but the last token of `context`:
 /// c = single-token draft call / single-token target call and v[K] = (K+1)-token target call /
 /// single-token target call (v[0] = 1), K = 1..k_max (v repeats its last value where K+1 tokens
-/// would not fit). Each of `reps` rounds times, back to back, two draft calls (the second, with
-/// the draft's weights in cache, as most draft calls of a round find them) and the target calls
-/// of 1..k_max+1 tokens; every ratio is the median of its per-round ratios, so drift of a shared
-/// machine between rounds cancels instead of biasing one side.
+/// would not fit). Each call is timed where the loop it stands for makes it: the single-token
+/// target call right after another (autoregressive decoding), a draft call right after a draft
+/// call (the draft's weights in cache, as most draft calls of a round find them), and every
+/// (K+1)-token target call right after a draft call (a speculative round; right after a target
+/// call it finds more of its own weights in the caches: 2–3% cheaper on the bundled target).
+/// Every ratio is the median of its per-round ratios over `reps` rounds, so drift of a shared
+/// machine between rounds cancels instead of biasing one side. Inside the loop the costs run
+/// somewhat higher still (the first draft call of a round follows a target call; more data passes
+/// through the caches between calls), so the predictions built on them lean optimistic.
 template <language_model Draft, language_model Target>
 std::pair<double, std::vector<double>> cost_ratios(Draft& draft, Target& target, std::span<const token> context,
                                                    std::size_t k_max, std::size_t reps = 15) {
@@ -125,11 +130,14 @@ std::pair<double, std::vector<double>> cost_ratios(Draft& draft, Target& target,
   };
   std::vector<std::vector<double>> ratio(widest + 1);  // [0]: c; [j]: (j+1)-token / 1-token call
   for (std::size_t r = 0; r < reps; ++r) {
-    (void)timed(draft, 1);
-    const double d = timed(draft, 1);
+    (void)timed(target, 1);
     const double t1 = std::max(timed(target, 1), 1e-9);  // (a toy model's call can round to 0 s)
-    ratio[0].push_back(d / t1);
-    for (std::size_t j = 1; j < widest; ++j) ratio[j].push_back(timed(target, j + 1) / t1);
+    (void)timed(draft, 1);
+    ratio[0].push_back(timed(draft, 1) / t1);
+    for (std::size_t j = 1; j < widest; ++j) {
+      (void)timed(draft, 1);
+      ratio[j].push_back(timed(target, j + 1) / t1);
+    }
   }
   const auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -150,6 +158,13 @@ struct calibration {
   std::vector<double> verify_cost;  ///< [K] = (K+1)-token target call / 1-token call, K = 0..k_max
   std::size_t best_k = 1;           ///< argmax of the predicted speedup over K in [1, k_max]
   double predicted = 1.0;           ///< the predicted speedup at best_k, verification cost included
+
+  /// Whether speculating at best_k is predicted to beat autoregressive decoding (predicted > 1).
+  /// It may not: where a few-token target call costs much more than a single-token one (a CPU
+  /// whose FMA units rather than its memory bound the batched call; docs/gpt2.md, "Speed") or the
+  /// draft is dear or poor, no K pays — decode with `autoregressive_sample` then. The prediction
+  /// leans optimistic (`detail::cost_ratios`): a prediction just above 1 may still lose.
+  [[nodiscard]] bool pays() const noexcept { return predicted > 1.0; }
 };
 
 /// Runs a short speculative generation with K = k_max from each of `prompts` (`warmup_tokens`
