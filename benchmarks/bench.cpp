@@ -1,8 +1,8 @@
 // specsample-bench: the speculative-sampling sweep behind docs/benchmarks.md.
 //
 //   specsample-bench [--target DIR] [--draft DIR] [--prompts FILE] [-n N] [--reps R] [--k-max K]
-//                    [--temperatures 0,0.7,1] [--threads N] [--seed S] [--cost-samples N]
-//                    [--out DIR] [--quick]
+//                    [--temperatures 0,0.7,1] [--threads N] [--kernels LEVEL] [--seed S]
+//                    [--cost-samples N] [--out DIR] [--quick]
 //
 // For every temperature T and draft length K = 1..k-max it generates -n tokens from each prompt,
 // --reps times, with plain autoregressive decoding and with speculative sampling, the two runs of
@@ -11,7 +11,8 @@
 // tokens per target call, the cost ratio c and the predicted speedup
 // (1 − α^(K+1)) / ((1 − α)(cK + 1)); per temperature the best K and the time outside the models.
 // It also measures the cost ratio directly (single-token appends, interleaved), the target's cost of
-// verifying j tokens in one call, and a streaming-read memory-bandwidth probe.
+// verifying j tokens in one call, a streaming-read memory-bandwidth probe (and the single-token
+// decode side by side with it), the FMA peak, and from them the machine floors of every call.
 //
 // At temperature 0 every speculative output must equal the autoregressive one (same prompt): the
 // harness checks it for every run and exits with status 1 if any differs.
@@ -1116,7 +1117,9 @@ int run_strategies(const bench_setup& b) {
         runs.push_back({{"prompt", r.prompt}, {"rep", r.rep}, {"seed", r.seed}, {"position", r.position},
                         {"identical_to_autoregressive", r.identical}, {"speedup", r.speedup},
                         {"speedup_with_warmup", r.speedup_with_warmup}, {"warmup_seconds", r.warmup_seconds},
-                        {"chosen_k", r.chosen_k}, {"predicted", r.predicted}, {"stats", stats_json(r.stats)}});
+                        {"chosen_k", r.chosen_k}, {"predicted", r.predicted},
+                        {"autoregressive_fallback", r.calibrated && r.chosen_k == 0},  // auto-K: no K paid
+                        {"stats", stats_json(r.stats)}});
       }
       cj.push_back({{"suite", cl.suite}, {"temperature", cl.temperature}, {"strategy", cl.s.name}, {"k", cl.s.k},
                     {"tokens_per_second", to_json(cl.tps)}, {"speedup_paired", to_json(cl.speedup)},
@@ -1277,7 +1280,7 @@ int run(int argc, char** argv) {
 
   fmt::print(stderr, "specsample-bench: cost ratio again (drift check) and memory bandwidth probe\n");
   const cost_result costs_after = measure_costs(draft, target, stream, context, c.k_max, c.cost_samples);
-  // The figures below (decode bandwidth, machine floors, targets) use the quieter of the two cost
+  // The figures below (machine floors, c, targets) use the quieter of the two cost
   // measurements: the one whose single-token target call has the lower median (a slow phase of
   // the shared machine during one of them shows as a slower median).
   const bool before_quieter = costs_before.target_j.front().median <= costs_after.target_j.front().median;
@@ -1329,7 +1332,8 @@ int run(int argc, char** argv) {
   // floors: tokens per call / (c·K + v_floor(K + 1)), with the measured c (`ceiling`: the target's
   // calls at their floors) or with c_floor (`ceiling_all`: the draft's too). Tokens per call come
   // from the acceptance, a property of the two models, not of the kernels: at this acceptance no
-  // kernel that reads the weights once per call beats ceiling_all (up to the probes' noise).
+  // kernel of this level (its FMA peak, its probes) that reads the weights once per call beats
+  // ceiling_all (up to the probes' noise).
   const auto ceiling = [&](const cell& cl) {
     return cl.tokens_per_call / (cl.c_stats * static_cast<double>(cl.k) + v_floor(cl.k + 1));
   };
@@ -1465,7 +1469,7 @@ int run(int argc, char** argv) {
   out("\n#### Cost of one forward call (context {} tokens, median of {} interleaved samples)\n\n", context,
       c.cost_samples);
   out("Ratios are medians of per-sample ratios (a sample's calls run back to back); *after* repeats the "
-      "measurement after the sweep, as a drift check. The decode bandwidth, the machine floors, the c column of "
+      "measurement after the sweep, as a drift check. The machine floors, the c column of "
       "the sweep table and the targets use the quieter of the two (the lower single-token median): **{}**.\n\n",
       costs_name);
   out("| call | before sweep, ms (min–max) | after sweep, ms | ratio to target 1-token (after) |\n|---|---|---|---|\n");
@@ -1512,8 +1516,8 @@ int run(int argc, char** argv) {
       "the target's floor.\n\nSpeedup with the calls at the machine floors — each cell's measured tokens per call, "
       "the single-token and the (K + 1)-token target calls at their floors: tokens per call / (c·K + "
       "v_floor(K + 1)), with the cell's measured c or with c_floor as well (tokens per call depend on the models' "
-      "acceptance, not on the kernels: at this run's acceptance no kernel that reads the weights once per call "
-      "beats the last column, up to the noise of the probes); the best K per temperature:\n\n"
+      "acceptance, not on the kernels: at this run's acceptance no kernel of this level that reads the weights "
+      "once per call beats the last column, up to the noise of the probes); the best K per temperature:\n\n"
       "| T | measured best | target calls at their floors | draft's calls too |\n|---|---|---|---|\n",
       static_cast<double>(draft.weights().matmul_bytes()) * 1e-6, probe_at(draft_bytes), macs_draft * 1e-6,
       draft_floor * 1e6, c_floor);

@@ -82,7 +82,8 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
   --target DIR          target checkpoint (config.json, model.safetensors, vocab.json, merges.txt)
   --draft DIR           draft checkpoint with the same tokenizer; "ngram" for prompt-lookup drafting
                         (no model); DIR1,DIR2,... to measure each and keep the best predicted
-  -k auto               pick K from a warm-up (acceptance by position, cost ratio c)
+  -k auto               pick K from a warm-up (acceptance by position, cost ratio c); with
+                        --mode speculative, decode autoregressively if no K is predicted to pay
   --calibration-prompts F   warm up -k auto and a draft choice on the prompts of F (one per line,
                         \n escapes, # comments; e.g. benchmarks/prompts.txt) instead of the prompt
   --p-min P             stop drafting a round when the draft's top probability is below P
@@ -361,6 +362,7 @@ int run(int argc, char** argv) {
   // Several candidates or -k auto: measure each on a warm-up and keep the best predicted speedup.
   cli run_cli = c;
   std::string mode = c.mode;  // -k auto may turn speculative into autoregressive (below)
+  bool fell_back = false;
   std::size_t chosen = 0;
   nlohmann::json calibrations = nlohmann::json::array();
   if (!drafts.empty() && (drafts.size() > 1 || c.auto_k)) {
@@ -408,8 +410,15 @@ int run(int argc, char** argv) {
       // mode still runs both, to show it.
       const bool fall_back = c.auto_k && mode == "speculative";
       fmt::print(out, "no K is predicted to beat autoregressive decoding here (best {:.2f}x at K = {}){}\n",
-                 cal[chosen].predicted, cal[chosen].best_k, fall_back ? ": decoding autoregressively" : "");
-      if (fall_back) mode = "autoregressive";
+                 cal[chosen].predicted, cal[chosen].best_k,
+                 fall_back  ? std::string(": decoding autoregressively")
+                 : c.auto_k ? std::string()
+                            : fmt::format("; speculating at K = {} as asked (-k auto would decode autoregressively)",
+                                          run_cli.params.draft_length));
+      if (fall_back) {
+        mode = "autoregressive";
+        fell_back = true;
+      }
     }
   }
   const fs::path draft_dir = drafts.empty() ? fs::path(ngram ? "ngram" : "") : candidates[chosen];
@@ -461,9 +470,11 @@ int run(int argc, char** argv) {
                      {"verify", c.params.verify == specsample::verification::block ? "block" : "tokenwise"},
                      {"leniency", c.params.leniency},
                      {"threads", target.threads()},
+                     {"kernels", specsample::isa_name(target.kernels())},
                      {"load_seconds", load_seconds}};
     if (need_draft) j["draft"] = draft_dir.string();
     if (!calibrations.empty()) j["draft_choice"] = calibrations;
+    if (fell_back) j["requested_mode"] = c.mode;  // speculative: no K was predicted to pay
     if (!spec_runs.empty()) {
       j["speculative"] = stats_json(spec_runs.front());
       j["speculative"]["text"] = tok.decode(spec_runs.front().result.tokens);

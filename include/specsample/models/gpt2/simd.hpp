@@ -20,6 +20,7 @@
 /// count. Different ISAs give (slightly) different bits; a model uses one ISA.
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -615,8 +616,9 @@ inline SPECSAMPLE_TARGET_AVX2 void gelu_avx2(float* out, const float* in, std::s
 // --- attention heads (scores a lane per key, values a lane per channel) ---------------------------
 // A head's keys (transposed blocks) and values (rows) are one contiguous region each (the cache
 // is head-major). Softmax is `softmax_row` with this level's vector exp (~1 ulp); the value
-// sum keeps up to 4 vector accumulators in flight (one per 16 or 8 channels), p increasing per
-// channel, so no channel's result depends on how many channels are computed together.
+// sum keeps several vector accumulators in flight (one per 16 or 8 channels and query), p
+// increasing per channel, so no channel's result depends on how many channels or queries are
+// computed together.
 
 // The attention loops below never issue a load for a vector wholly past the data (a load with an
 // all-zero mask still costs a microcode assist on some CPUs when its address is on a page never
@@ -947,6 +949,7 @@ inline constexpr std::size_t query_tile = 4;
 inline void attend(isa level, const float* q, std::size_t ldq, std::size_t nq, const float* kb,
                    const float* v, std::size_t len0, std::size_t HS, float scale, float* att,
                    std::size_t ldatt, float* out, std::size_t ldo, prefetch_stream ahead = {}) noexcept {
+  assert(nq >= 1 && nq <= query_tile);
 #if SPECSAMPLE_X86
   if (level == isa::avx512) {
     switch (nq) {
