@@ -390,18 +390,21 @@ int run(int argc, char** argv) {
       if (cal[d].predicted > cal[chosen].predicted) chosen = d;
     }
     std::FILE* out = c.json ? stderr : stdout;
-    fmt::print(out, "draft choice (warm-up of 64 tokens at K = {} from each of {} prompt(s); predicted = E[tokens per round] / (cK + v[K]), v[K] = "
-                    "measured cost of a (K+1)-token target call over a 1-token call):\n", k_max, warmup.size());
+    fmt::print(out, "draft choice (warm-up of 64 tokens at K = {} from each of {} prompt(s); predicted = E[tokens per round] / "
+                    "(c_1st + c(K - 1) + v[K]), c_1st = a round's first draft call, v[K] = measured cost of a (K+1)-token "
+                    "target call over a 1-token call):\n", k_max, warmup.size());
     std::size_t width = 5;
     for (const auto& path : candidates) width = std::max(width, path.string().size());
-    fmt::print(out, "  {:<{}} {:>8} {:>8} {:>7} {:>3} {:>10}\n", "draft", width, "alpha_0", "alpha_3", "c", "K",
-               "predicted");
+    fmt::print(out, "  {:<{}} {:>8} {:>8} {:>7} {:>7} {:>3} {:>10}\n", "draft", width, "alpha_0", "alpha_3", "c_1st", "c",
+               "K", "predicted");
     for (std::size_t d = 0; d < drafts.size(); ++d) {
-      fmt::print(out, "  {:<{}} {:>8.3f} {:>8.3f} {:>7.4f} {:>3} {:>9.2f}x{}\n", candidates[d].string(), width,
-                 cal[d].acceptance[0], cal[d].acceptance[3], cal[d].cost_ratio, cal[d].best_k, cal[d].predicted,
+      fmt::print(out, "  {:<{}} {:>8.3f} {:>8.3f} {:>7.4f} {:>7.4f} {:>3} {:>9.2f}x{}\n", candidates[d].string(), width,
+                 cal[d].acceptance[0], cal[d].acceptance[3], cal[d].first_cost_ratio, cal[d].cost_ratio, cal[d].best_k,
+                 cal[d].predicted,
                  d == chosen ? "  <- chosen" : "");
       calibrations.push_back({{"draft", candidates[d].string()}, {"acceptance_by_position", cal[d].acceptance},
-                              {"cost_ratio", cal[d].cost_ratio}, {"best_k", cal[d].best_k},
+                              {"cost_ratio", cal[d].cost_ratio}, {"first_cost_ratio", cal[d].first_cost_ratio},
+                              {"best_k", cal[d].best_k},
                               {"predicted_speedup", cal[d].predicted}, {"pays", cal[d].pays()}});
     }
     if (c.auto_k) run_cli.params.draft_length = cal[chosen].best_k;

@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -57,9 +58,19 @@ TEST_CASE("calibration picks a longer draft for a better draft model", "[tuning]
                        << p.best_k);
   CHECK(g.acceptance[0] > p.acceptance[0]);
   CHECK(g.cost_ratio > 0.0);  // toy models cost about the same, so c is near 1 and K = 1 wins here
-  CHECK(g.best_k == best_draft_length(g.acceptance, g.cost_ratio, 8, g.verify_cost));
+  CHECK(g.first_cost_ratio > 0.0);
+  CHECK(g.best_k == best_draft_length(g.acceptance, g.cost_ratio, 8, g.round_cost()));
+  CHECK(g.predicted == predicted_speedup(g.acceptance, g.cost_ratio, g.best_k, g.round_cost()));
   REQUIRE(g.verify_cost.size() == 9);
   CHECK(g.verify_cost[0] == 1.0);
+  // A round's first draft call is charged at first_cost_ratio, the others at cost_ratio.
+  const auto round = g.round_cost();
+  REQUIRE(round.size() == 9);
+  CHECK(round[0] == 1.0);
+  for (std::size_t k = 1; k < 9; ++k) {
+    CHECK(g.cost_ratio * double(k) + round[k] ==
+          Approx(std::max(g.first_cost_ratio, g.cost_ratio) + g.cost_ratio * double(k - 1) + g.verify_cost[k]));
+  }
   // Timings, so only their sanity is a test (which is larger depends on the machine's load).
   for (const double v : g.verify_cost) CHECK((std::isfinite(v) && v > 0.0));
   // With a cheap draft (c = 0.05), the measured acceptance asks for a longer K from the good draft.
@@ -68,6 +79,20 @@ TEST_CASE("calibration picks a longer draft for a better draft model", "[tuning]
   // round for ~2 calls' worth of time) cannot pay.
   CHECK(p.pays() == (p.predicted > 1.0));
   CHECK_FALSE(p.pays());
+}
+
+TEST_CASE("a calibration charges a round's first draft call apart", "[tuning]") {
+  calibration c;
+  c.cost_ratio = 0.08;
+  c.first_cost_ratio = 0.2;  // the first draft call of a round follows a target call
+  c.verify_cost = {1.0, 1.1, 1.2};
+  const auto round = c.round_cost();
+  REQUIRE(round.size() == 3);
+  CHECK(round[0] == 1.0);  // K = 0: no draft call
+  CHECK(round[1] == Approx(1.1 + 0.12));
+  CHECK(round[2] == Approx(1.2 + 0.12));
+  c.first_cost_ratio = 0.05;  // never charged below cost_ratio
+  CHECK(c.round_cost() == c.verify_cost);
 }
 
 TEST_CASE("a calibration pays only when its best K is predicted to beat autoregressive decoding",

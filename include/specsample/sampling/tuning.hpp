@@ -17,7 +17,6 @@
 #include <cmath>
 #include <cstddef>
 #include <span>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -100,21 +99,28 @@ class position_acceptance {
 
 namespace detail {
 
-/// The cost ratios a calibration needs, measured after all but the last token of `context`:
-/// c = single-token draft call / single-token target call and v[K] = (K+1)-token target call /
-/// single-token target call (v[0] = 1), K = 1..k_max (v repeats its last value where K+1 tokens
-/// would not fit). Each call is timed where the loop it stands for makes it: the single-token
-/// target call right after another (autoregressive decoding), a draft call right after a draft
-/// call (the draft's weights in cache, as most draft calls of a round find them), and every
-/// (K+1)-token target call right after a draft call (a speculative round; right after a target
-/// call it finds more of its own weights in the caches: 2–3% cheaper on the bundled target).
+/// What `cost_ratios` measures (see there).
+struct measured_costs {
+  double c = 0.0, c_first = 0.0;
+  std::vector<double> v;
+};
+
+/// The cost ratios a calibration needs, measured after all but the last token of `context`, each
+/// over a single-token target call: c (a draft call), c_first (a round's first draft call) and
+/// v[K] (a (K+1)-token target call; v[0] = 1, K = 1..k_max, v repeating its last value where K+1
+/// tokens would not fit). Each call is timed where the loop it stands for makes it: the
+/// single-token target call right after another (autoregressive decoding), c_first's draft call
+/// right after a target call (which has pushed part of the draft out of the caches: at K = 1 every
+/// draft call is such a call), c's right after a draft call (as a round's later drafts find it),
+/// and every (K+1)-token target call right after a draft call (a speculative round; right after a
+/// target call it finds more of its own weights in the caches: 2–3% cheaper on the bundled target).
 /// Every ratio is the median of its per-round ratios over `reps` rounds, so drift of a shared
-/// machine between rounds cancels instead of biasing one side. Inside the loop the costs run
-/// somewhat higher still (the first draft call of a round follows a target call; more data passes
-/// through the caches between calls), so the predictions built on them lean optimistic.
+/// machine between rounds cancels instead of biasing one side. Inside the loop the verification
+/// call still runs a few percent dearer (more data passes through the caches between calls), so
+/// the predictions built on these costs lean optimistic.
 template <language_model Draft, language_model Target>
-std::pair<double, std::vector<double>> cost_ratios(Draft& draft, Target& target, std::span<const token> context,
-                                                   std::size_t k_max, std::size_t reps = 15) {
+measured_costs cost_ratios(Draft& draft, Target& target, std::span<const token> context, std::size_t k_max,
+                           std::size_t reps = 15) {
   const std::size_t keep = context.size() - 1;
   detail::prefill(draft, context, static_cast<std::size_t>(draft.vocab_size()), "draft");
   detail::prefill(target, context, static_cast<std::size_t>(target.vocab_size()), "target");
@@ -129,10 +135,11 @@ std::pair<double, std::vector<double>> cost_ratios(Draft& draft, Target& target,
     return s;
   };
   std::vector<std::vector<double>> ratio(widest + 1);  // [0]: c; [j]: (j+1)-token / 1-token call
+  std::vector<double> first;                           // c_first
   for (std::size_t r = 0; r < reps; ++r) {
     (void)timed(target, 1);
     const double t1 = std::max(timed(target, 1), 1e-9);  // (a toy model's call can round to 0 s)
-    (void)timed(draft, 1);
+    first.push_back(timed(draft, 1) / t1);
     ratio[0].push_back(timed(draft, 1) / t1);
     for (std::size_t j = 1; j < widest; ++j) {
       (void)timed(draft, 1);
@@ -144,9 +151,9 @@ std::pair<double, std::vector<double>> cost_ratios(Draft& draft, Target& target,
     const std::size_t n = v.size();
     return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
   };
-  std::vector<double> v{1.0};
-  for (std::size_t k = 1; k <= k_max; ++k) v.push_back(k < widest ? median(ratio[k]) : v.back());
-  return {median(ratio[0]), std::move(v)};
+  measured_costs m{median(ratio[0]), median(first), {1.0}};
+  for (std::size_t k = 1; k <= k_max; ++k) m.v.push_back(k < widest ? median(ratio[k]) : m.v.back());
+  return m;
 }
 
 }  // namespace detail
@@ -155,9 +162,20 @@ std::pair<double, std::vector<double>> cost_ratios(Draft& draft, Target& target,
 struct calibration {
   std::vector<double> acceptance;   ///< per draft position, see position_acceptance
   double cost_ratio = 0.0;          ///< c: single-token draft call / single-token target call
+  double first_cost_ratio = 0.0;    ///< the same for a round's first draft call (after a target call)
   std::vector<double> verify_cost;  ///< [K] = (K+1)-token target call / 1-token call, K = 0..k_max
   std::size_t best_k = 1;           ///< argmax of the predicted speedup over K in [1, k_max]
-  double predicted = 1.0;           ///< the predicted speedup at best_k, verification cost included
+  double predicted = 1.0;           ///< the predicted speedup at best_k, round_cost included
+
+  /// [K] = what a round with K drafts costs besides K draft calls at cost_ratio, in single-token
+  /// target calls: verify_cost[K] plus what its first draft call costs beyond cost_ratio ([0] = 1,
+  /// no draft). best_k and predicted come from `best_draft_length` / `predicted_speedup` with it as
+  /// their verify_cost, so that c·K + round_cost[K] = c_first + c·(K − 1) + verify_cost[K].
+  [[nodiscard]] std::vector<double> round_cost() const {
+    std::vector<double> r = verify_cost;
+    for (std::size_t k = 1; k < r.size(); ++k) r[k] += std::max(0.0, first_cost_ratio - cost_ratio);
+    return r;
+  }
 
   /// Whether speculating at best_k is predicted to beat autoregressive decoding (predicted > 1).
   /// It may not: where a few-token target call costs much more than a single-token one (a CPU
@@ -169,9 +187,10 @@ struct calibration {
 
 /// Runs a short speculative generation with K = k_max from each of `prompts` (`warmup_tokens`
 /// tokens each, the caller's sampling parameters) to measure acceptance by position, pooled over
-/// the prompts; times single-token calls of both models for c and the target's (K+1)-token calls
-/// for the verification cost (after the first prompt; medians of per-round ratios, see
-/// `detail::cost_ratios`), and picks the K that maximises the predicted speedup. A few prompts give a steadier estimate than one: acceptance varies from one
+/// the prompts; times single-token calls of both models for c (a round's first draft call apart)
+/// and the target's (K+1)-token calls for the verification cost (after the first prompt; medians
+/// of per-round ratios, see `detail::cost_ratios`), and picks the K that maximises the predicted
+/// speedup. A few prompts give a steadier estimate than one: acceptance varies from one
 /// text to the next.
 template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng>
 [[nodiscard]] calibration calibrate(Draft& draft, Target& target, std::span<const std::vector<token>> prompts,
@@ -187,9 +206,13 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   for (const std::vector<token>& prompt : prompts) (void)speculative_sample(draft, target, prompt, warm, rng, positions);
   calibration c;
   c.acceptance = positions.rates();
-  std::tie(c.cost_ratio, c.verify_cost) = detail::cost_ratios(draft, target, std::span<const token>(prompts.front()), k_max);
-  c.best_k = best_draft_length(c.acceptance, c.cost_ratio, k_max, c.verify_cost);
-  c.predicted = predicted_speedup(c.acceptance, c.cost_ratio, c.best_k, c.verify_cost);
+  auto m = detail::cost_ratios(draft, target, std::span<const token>(prompts.front()), k_max);
+  c.cost_ratio = m.c;
+  c.first_cost_ratio = m.c_first;
+  c.verify_cost = std::move(m.v);
+  const std::vector<double> round = c.round_cost();
+  c.best_k = best_draft_length(c.acceptance, c.cost_ratio, k_max, round);
+  c.predicted = predicted_speedup(c.acceptance, c.cost_ratio, c.best_k, round);
   return c;
 }
 
