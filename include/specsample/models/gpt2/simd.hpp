@@ -629,103 +629,42 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256i avx2_first(std::size_t n
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-/// Scores of N (1..4) vectors of 8 keys from key p0 (a multiple of 8), the last `tail` lanes
-/// wide: att[p] = scale · Σ_d q[d]·k_p[d], d in order.
-template <int N>
-SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_scores(const float* q, const float* kb, std::size_t HS,
-                                                             std::size_t p0, std::size_t tail, float scale,
-                                                             float* att, prefetch_stream& ahead) {
+/// Vectors of 8 keys (or channels) an AVX2 pass takes for a tile of NQ queries: the NQ × N
+/// accumulators, the N loaded vectors and a broadcast within the 16 ymm registers.
+template <int NQ>
+inline constexpr int avx2_vectors = NQ == 1 ? 4 : 2;
+
+/// Scores of NQ (1..4) queries against N vectors of 8 keys from key p0 (a multiple of 8), the
+/// last `tail` lanes wide: att_i[p] = scale · Σ_d q_i[d]·k_p[d], d in order (one lane per key).
+/// The queries share every key load; each score is still its own FMA chain.
+template <int NQ, int N>
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_scores(const float* q, std::size_t ldq, const float* kb,
+                                                             std::size_t HS, std::size_t p0, std::size_t tail,
+                                                             float scale, float* att, std::size_t ldatt,
+                                                             prefetch_stream& ahead) {
   const float* at[N];
+#pragma GCC unroll 4
   for (int j = 0; j < N; ++j) {
     const std::size_t p = p0 + 8 * static_cast<std::size_t>(j);
     at[j] = kb + (p / key_block) * HS * key_block + p % key_block;
   }
   const __m256i last = avx2_first(tail);
-  __m256 acc[N];
-  for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
-  for (std::size_t d = 0; d < HS; ++d) {
-    ahead.step();
-    const __m256 qd = _mm256_broadcast_ss(q + d);
-    for (int j = 0; j + 1 < N; ++j) acc[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(at[j] + d * key_block), acc[j]);
-    acc[N - 1] = _mm256_fmadd_ps(qd, _mm256_maskload_ps(at[N - 1] + d * key_block, last), acc[N - 1]);
-  }
-  const __m256 sc = _mm256_set1_ps(scale);
-  for (int j = 0; j + 1 < N; ++j) _mm256_storeu_ps(att + p0 + 8 * static_cast<std::size_t>(j), _mm256_mul_ps(acc[j], sc));
-  _mm256_maskstore_ps(att + p0 + 8 * (N - 1), last, _mm256_mul_ps(acc[N - 1], sc));
-}
-
-/// out[d0 + 8j + i] = Σ_p att[p]·v_p[d0 + 8j + i] for N (1..4) vectors of 8 channels, p in order.
-template <int N>
-SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_values(const float* att, const float* v, std::size_t len,
-                                                             std::size_t HS, std::size_t d0, float* out,
-                                                             prefetch_stream& ahead) {
-  __m256 o[N];
-  for (int j = 0; j < N; ++j) o[j] = _mm256_setzero_ps();
-  for (std::size_t p = 0; p < len; ++p) {
-    ahead.step();
-    const __m256 a = _mm256_set1_ps(att[p]);
-    const float* vp = v + p * HS + d0;
-    for (int j = 0; j < N; ++j) o[j] = _mm256_fmadd_ps(a, _mm256_loadu_ps(vp + 8 * j), o[j]);
-  }
-  for (int j = 0; j < N; ++j) _mm256_storeu_ps(out + d0 + 8 * j, o[j]);
-}
-
-inline SPECSAMPLE_TARGET_AVX2 void attend_avx2(const float* q, const float* kb, const float* v,
-                                             std::size_t len, std::size_t HS, float scale,
-                                             float* att, float* out, prefetch_stream& ahead) {
-  for (std::size_t p0 = 0; p0 < len; p0 += 32) {  // up to 4 × 8 keys per pass over the channels
-    const std::size_t n = std::min<std::size_t>(32, len - p0), vecs = (n + 7) / 8, tail = n - 8 * (vecs - 1);
-    switch (vecs) {
-      case 1: avx2_scores<1>(q, kb, HS, p0, tail, scale, att, ahead); break;
-      case 2: avx2_scores<2>(q, kb, HS, p0, tail, scale, att, ahead); break;
-      case 3: avx2_scores<3>(q, kb, HS, p0, tail, scale, att, ahead); break;
-      default: avx2_scores<4>(q, kb, HS, p0, tail, scale, att, ahead); break;
-    }
-  }
-  softmax_row(isa::avx2, att, len);
-  std::size_t d = 0;
-  for (; HS - d >= 32; d += 32) avx2_values<4>(att, v, len, HS, d, out, ahead);
-  switch ((HS - d) / 8) {
-    case 1: avx2_values<1>(att, v, len, HS, d, out, ahead); break;
-    case 2: avx2_values<2>(att, v, len, HS, d, out, ahead); break;
-    case 3: avx2_values<3>(att, v, len, HS, d, out, ahead); break;
-    default: break;
-  }
-  for (d += (HS - d) / 8 * 8; d < HS; ++d) {  // the last HS mod 8 channels, one at a time
-    float o = 0;
-    for (std::size_t p = 0; p < len; ++p) o = std::fma(att[p], v[p * HS + d], o);
-    out[d] = o;
-  }
-}
-
-/// Scores of NQ (2..4) queries against N (1..2) vectors of 8 keys from key p0 (a multiple of
-/// 16), the last `tail` lanes wide: as `avx2_scores` for each query, the queries sharing every
-/// key load. (N ≤ 2 keeps the NQ × N accumulators, the keys and the broadcast in the 16 ymm
-/// registers.)
-template <int NQ, int N>
-SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_tile_scores(const float* q, std::size_t ldq, const float* kb,
-                                                                  std::size_t HS, std::size_t p0, std::size_t tail,
-                                                                  float scale, float* att, std::size_t ldatt,
-                                                                  prefetch_stream& ahead) {
-  const float* b0 = kb + (p0 / key_block) * HS * key_block;  // both vectors lie in this block
-  const __m256i last = avx2_first(tail);
   __m256 acc[NQ][N];
 #pragma GCC unroll 4
   for (int i = 0; i < NQ; ++i) {
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int j = 0; j < N; ++j) acc[i][j] = _mm256_setzero_ps();
   }
   for (std::size_t d = 0; d < HS; ++d) {
     ahead.step();
-    const float* row = b0 + d * key_block;
     __m256 kv[N];
-#pragma GCC unroll 2
-    for (int j = 0; j + 1 < N; ++j) kv[j] = _mm256_loadu_ps(row + 8 * j);
-    kv[N - 1] = _mm256_maskload_ps(row + 8 * (N - 1), last);
+#pragma GCC unroll 4
+    for (int j = 0; j + 1 < N; ++j) kv[j] = _mm256_loadu_ps(at[j] + d * key_block);
+    kv[N - 1] = _mm256_maskload_ps(at[N - 1] + d * key_block, last);
 #pragma GCC unroll 4
     for (int i = 0; i < NQ; ++i) {
       const __m256 qd = _mm256_broadcast_ss(q + static_cast<std::size_t>(i) * ldq + d);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
       for (int j = 0; j < N; ++j) acc[i][j] = _mm256_fmadd_ps(qd, kv[j], acc[i][j]);
     }
   }
@@ -733,36 +672,36 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_tile_scores(const floa
 #pragma GCC unroll 4
   for (int i = 0; i < NQ; ++i) {
     float* a = att + static_cast<std::size_t>(i) * ldatt + p0;
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int j = 0; j + 1 < N; ++j) _mm256_storeu_ps(a + 8 * j, _mm256_mul_ps(acc[i][j], sc));
     _mm256_maskstore_ps(a + 8 * (N - 1), last, _mm256_mul_ps(acc[i][N - 1], sc));
   }
 }
 
-/// out_i[d0 + 8j + c] = Σ_{p < len0 + i} att_i[p]·v_p[d0 + 8j + c] for NQ (2..4) queries (query i
-/// sees len0 + i positions) and N (1..2) vectors of 8 channels, p in order for every query: as
-/// `avx2_values` for each query, the queries sharing the value loads of the first len0 positions;
-/// query i then adds its i causal-tail positions on its own.
+/// out_i[d0 + 8j + c] = Σ_{p < len0 + i} att_i[p]·v_p[d0 + 8j + c] for NQ (1..4) queries (query i
+/// sees len0 + i positions) and N vectors of 8 channels, p in order for every query. The queries
+/// share the value loads of the first len0 positions; query i then adds its i causal-tail
+/// positions on its own (still in p order).
 template <int NQ, int N>
-SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_tile_values(const float* att, std::size_t ldatt, const float* v,
-                                                                  std::size_t len0, std::size_t HS, std::size_t d0,
-                                                                  float* out, std::size_t ldo, prefetch_stream& ahead) {
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_values(const float* att, std::size_t ldatt, const float* v,
+                                                             std::size_t len0, std::size_t HS, std::size_t d0,
+                                                             float* out, std::size_t ldo, prefetch_stream& ahead) {
   __m256 o[NQ][N];
 #pragma GCC unroll 4
   for (int i = 0; i < NQ; ++i) {
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int j = 0; j < N; ++j) o[i][j] = _mm256_setzero_ps();
   }
   for (std::size_t p = 0; p < len0; ++p) {
     ahead.step();
     const float* vp = v + p * HS + d0;
     __m256 vv[N];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int j = 0; j < N; ++j) vv[j] = _mm256_loadu_ps(vp + 8 * j);
 #pragma GCC unroll 4
     for (int i = 0; i < NQ; ++i) {
       const __m256 a = _mm256_set1_ps(att[static_cast<std::size_t>(i) * ldatt + p]);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
       for (int j = 0; j < N; ++j) o[i][j] = _mm256_fmadd_ps(a, vv[j], o[i][j]);
     }
   }
@@ -771,41 +710,56 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_tile_values(const floa
     for (std::size_t p = len0; p < len0 + static_cast<std::size_t>(i); ++p) {
       const float* vp = v + p * HS + d0;
       const __m256 a = _mm256_set1_ps(att[static_cast<std::size_t>(i) * ldatt + p]);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
       for (int j = 0; j < N; ++j) o[i][j] = _mm256_fmadd_ps(a, _mm256_loadu_ps(vp + 8 * j), o[i][j]);
     }
   }
 #pragma GCC unroll 4
   for (int i = 0; i < NQ; ++i) {
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int j = 0; j < N; ++j) _mm256_storeu_ps(out + static_cast<std::size_t>(i) * ldo + d0 + 8 * j, o[i][j]);
   }
 }
 
-/// NQ (2..4) consecutive queries of one head (query i sees len0 + i positions): scores of 16 keys
-/// per pass over the channels, per-query softmax, values in passes of 16 channels; every query's
-/// result is bit for bit `attend_avx2`'s.
+/// NQ (1..4) consecutive queries of one head (query i sees len0 + i positions): scores of up to
+/// 8 · avx2_vectors<NQ> keys per pass over the channels, per-query softmax, values in passes of
+/// as many channels, the last HS mod 8 channels one at a time. How many queries run together
+/// changes no query's result.
 template <int NQ>
-SPECSAMPLE_TARGET_AVX2 void attend_avx2_tile(const float* q, std::size_t ldq, const float* kb, const float* v,
-                                           std::size_t len0, std::size_t HS, float scale, float* att,
-                                           std::size_t ldatt, float* out, std::size_t ldo, prefetch_stream ahead) {
+SPECSAMPLE_TARGET_AVX2 void attend_avx2(const float* q, std::size_t ldq, const float* kb, const float* v,
+                                      std::size_t len0, std::size_t HS, float scale, float* att,
+                                      std::size_t ldatt, float* out, std::size_t ldo, prefetch_stream ahead) {
+  constexpr int V = avx2_vectors<NQ>;
+  constexpr std::size_t step = 8 * V;
   const std::size_t len = len0 + NQ - 1;  // keys scored (the last query's); row i uses len0 + i
-  for (std::size_t p0 = 0; p0 < len; p0 += key_block) {
-    const std::size_t n = std::min<std::size_t>(key_block, len - p0);
-    if (n > 8) {
-      avx2_tile_scores<NQ, 2>(q, ldq, kb, HS, p0, n - 8, scale, att, ldatt, ahead);
-    } else {
-      avx2_tile_scores<NQ, 1>(q, ldq, kb, HS, p0, n, scale, att, ldatt, ahead);
+  for (std::size_t p0 = 0; p0 < len; p0 += step) {
+    const std::size_t n = std::min(step, len - p0), vecs = (n + 7) / 8, tail = n - 8 * (vecs - 1);
+    switch (vecs) {  // (vecs <= V)
+      case 1: avx2_scores<NQ, 1>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
+      case 2: avx2_scores<NQ, 2>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
+      case 3:
+        if constexpr (V >= 3) avx2_scores<NQ, 3>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead);
+        break;
+      default:
+        if constexpr (V >= 4) avx2_scores<NQ, 4>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead);
+        break;
     }
   }
   for (int i = 0; i < NQ; ++i) softmax_row(isa::avx2, att + static_cast<std::size_t>(i) * ldatt, len0 + static_cast<std::size_t>(i));
   std::size_t d = 0;
-  for (; HS - d >= 16; d += 16) avx2_tile_values<NQ, 2>(att, ldatt, v, len0, HS, d, out, ldo, ahead);
-  if (HS - d >= 8) {
-    avx2_tile_values<NQ, 1>(att, ldatt, v, len0, HS, d, out, ldo, ahead);
-    d += 8;
+  for (; HS - d >= step; d += step) avx2_values<NQ, V>(att, ldatt, v, len0, HS, d, out, ldo, ahead);
+  switch ((HS - d) / 8) {  // (< V)
+    case 1: avx2_values<NQ, 1>(att, ldatt, v, len0, HS, d, out, ldo, ahead); break;
+    case 2:
+      if constexpr (V >= 3) avx2_values<NQ, 2>(att, ldatt, v, len0, HS, d, out, ldo, ahead);
+      break;
+    case 3:
+      if constexpr (V >= 4) avx2_values<NQ, 3>(att, ldatt, v, len0, HS, d, out, ldo, ahead);
+      break;
+    default: break;
   }
-  for (int i = 0; i < NQ; ++i) {  // the last HS mod 8 channels, one at a time (as attend_avx2)
+  d += (HS - d) / 8 * 8;
+  for (int i = 0; i < NQ; ++i) {  // the last HS mod 8 channels, one at a time
     const float* a = att + static_cast<std::size_t>(i) * ldatt;
     for (std::size_t c = d; c < HS; ++c) {
       float o = 0;
@@ -963,10 +917,10 @@ inline void attend(isa level, const float* q, std::size_t ldq, std::size_t nq, c
 #if SPECSAMPLE_X86
   if (level == isa::avx2) {
     switch (nq) {
-      case 1: return attend_avx2(q, kb, v, len0, HS, scale, att, out, ahead);
-      case 2: return attend_avx2_tile<2>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-      case 3: return attend_avx2_tile<3>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-      default: return attend_avx2_tile<4>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+      case 1: return attend_avx2<1>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+      case 2: return attend_avx2<2>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+      case 3: return attend_avx2<3>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+      default: return attend_avx2<4>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
     }
   }
 #endif
