@@ -97,18 +97,40 @@ class position_acceptance {
   std::vector<std::size_t> reached_, accepted_;
 };
 
-namespace detail {
+/// What a warm-up measured for one draft.
+struct calibration {
+  std::vector<double> acceptance;   ///< per draft position, see position_acceptance
+  double cost_ratio = 0.0;          ///< c: single-token draft call / single-token target call
+  double first_cost_ratio = 0.0;    ///< the same for a round's first draft call (after a target call)
+  std::vector<double> verify_cost;  ///< [K] = (K+1)-token target call / 1-token call, K = 0..k_max
+  std::size_t best_k = 1;           ///< argmax of the predicted speedup over K in [1, k_max]
+  double predicted = 1.0;           ///< the predicted speedup at best_k, round_cost included
 
-/// What `cost_ratios` measures (see there).
-struct measured_costs {
-  double c = 0.0, c_first = 0.0;
-  std::vector<double> v;
+  /// [K] = what a round with K drafts costs besides K draft calls at cost_ratio, in single-token
+  /// target calls: verify_cost[K] plus what its first draft call costs beyond cost_ratio ([0] = 1,
+  /// no draft). best_k and predicted come from `best_draft_length` / `predicted_speedup` with it as
+  /// their verify_cost, so that c·K + round_cost[K] = c_first + c·(K − 1) + verify_cost[K].
+  [[nodiscard]] std::vector<double> round_cost() const {
+    std::vector<double> r = verify_cost;
+    for (std::size_t k = 1; k < r.size(); ++k) r[k] += std::max(0.0, first_cost_ratio - cost_ratio);
+    return r;
+  }
+
+  /// Whether speculating at best_k is predicted to beat autoregressive decoding (predicted > 1).
+  /// It may not: where a few-token target call costs much more than a single-token one (a CPU
+  /// whose FMA units rather than its memory bound the batched call; docs/gpt2.md, "Speed") or the
+  /// draft is dear or poor, no K pays — decode with `autoregressive_sample` then. The prediction
+  /// leans optimistic (`detail::cost_ratios`): a prediction just above 1 may still lose.
+  [[nodiscard]] bool pays() const noexcept { return predicted > 1.0; }
 };
 
-/// The cost ratios a calibration needs, measured after all but the last token of `context`, each
-/// over a single-token target call: c (a draft call), c_first (a round's first draft call) and
-/// v[K] (a (K+1)-token target call; v[0] = 1, K = 1..k_max, v repeating its last value where K+1
-/// tokens would not fit). Each call is timed where the loop it stands for makes it: the
+namespace detail {
+
+/// The cost ratios a calibration needs (its cost_ratio, first_cost_ratio and verify_cost; the
+/// rest left default), measured after all but the last token of `context`, each over a
+/// single-token target call: c (a draft call), c_first (a round's first draft call) and v[K] (a
+/// (K+1)-token target call; v[0] = 1, K = 1..k_max, v repeating its last value where K+1 tokens
+/// would not fit). Each call is timed where the loop it stands for makes it: the
 /// single-token target call right after another (autoregressive decoding), c_first's draft call
 /// right after a target call (which has pushed part of the draft out of the caches: at K = 1 every
 /// draft call is such a call), c's right after a draft call (as a round's later drafts find it),
@@ -119,8 +141,8 @@ struct measured_costs {
 /// call still runs a few percent dearer (more data passes through the caches between calls), so
 /// the predictions built on these costs lean optimistic.
 template <language_model Draft, language_model Target>
-measured_costs cost_ratios(Draft& draft, Target& target, std::span<const token> context, std::size_t k_max,
-                           std::size_t reps = 15) {
+calibration cost_ratios(Draft& draft, Target& target, std::span<const token> context, std::size_t k_max,
+                        std::size_t reps = 15) {
   const std::size_t keep = context.size() - 1;
   detail::prefill(draft, context, static_cast<std::size_t>(draft.vocab_size()), "draft");
   detail::prefill(target, context, static_cast<std::size_t>(target.vocab_size()), "target");
@@ -151,39 +173,18 @@ measured_costs cost_ratios(Draft& draft, Target& target, std::span<const token> 
     const std::size_t n = v.size();
     return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
   };
-  measured_costs m{median(ratio[0]), median(first), {1.0}};
-  for (std::size_t k = 1; k <= k_max; ++k) m.v.push_back(k < widest ? median(ratio[k]) : m.v.back());
+  calibration m;
+  m.cost_ratio = median(ratio[0]);
+  m.first_cost_ratio = median(first);
+  m.verify_cost = {1.0};
+  for (std::size_t k = 1; k <= k_max; ++k) {
+    m.verify_cost.push_back(k < widest ? median(ratio[k]) : m.verify_cost.back());
+  }
   return m;
 }
 
 }  // namespace detail
 
-/// What a warm-up measured for one draft.
-struct calibration {
-  std::vector<double> acceptance;   ///< per draft position, see position_acceptance
-  double cost_ratio = 0.0;          ///< c: single-token draft call / single-token target call
-  double first_cost_ratio = 0.0;    ///< the same for a round's first draft call (after a target call)
-  std::vector<double> verify_cost;  ///< [K] = (K+1)-token target call / 1-token call, K = 0..k_max
-  std::size_t best_k = 1;           ///< argmax of the predicted speedup over K in [1, k_max]
-  double predicted = 1.0;           ///< the predicted speedup at best_k, round_cost included
-
-  /// [K] = what a round with K drafts costs besides K draft calls at cost_ratio, in single-token
-  /// target calls: verify_cost[K] plus what its first draft call costs beyond cost_ratio ([0] = 1,
-  /// no draft). best_k and predicted come from `best_draft_length` / `predicted_speedup` with it as
-  /// their verify_cost, so that c·K + round_cost[K] = c_first + c·(K − 1) + verify_cost[K].
-  [[nodiscard]] std::vector<double> round_cost() const {
-    std::vector<double> r = verify_cost;
-    for (std::size_t k = 1; k < r.size(); ++k) r[k] += std::max(0.0, first_cost_ratio - cost_ratio);
-    return r;
-  }
-
-  /// Whether speculating at best_k is predicted to beat autoregressive decoding (predicted > 1).
-  /// It may not: where a few-token target call costs much more than a single-token one (a CPU
-  /// whose FMA units rather than its memory bound the batched call; docs/gpt2.md, "Speed") or the
-  /// draft is dear or poor, no K pays — decode with `autoregressive_sample` then. The prediction
-  /// leans optimistic (`detail::cost_ratios`): a prediction just above 1 may still lose.
-  [[nodiscard]] bool pays() const noexcept { return predicted > 1.0; }
-};
 
 /// Runs a short speculative generation with K = k_max from each of `prompts` (`warmup_tokens`
 /// tokens each, the caller's sampling parameters) to measure acceptance by position, pooled over
@@ -204,12 +205,8 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   warm.adaptive_draft_length = false;
   position_acceptance positions(k_max);
   for (const std::vector<token>& prompt : prompts) (void)speculative_sample(draft, target, prompt, warm, rng, positions);
-  calibration c;
+  calibration c = detail::cost_ratios(draft, target, std::span<const token>(prompts.front()), k_max);
   c.acceptance = positions.rates();
-  auto m = detail::cost_ratios(draft, target, std::span<const token>(prompts.front()), k_max);
-  c.cost_ratio = m.c;
-  c.first_cost_ratio = m.c_first;
-  c.verify_cost = std::move(m.v);
   const std::vector<double> round = c.round_cost();
   c.best_k = best_draft_length(c.acceptance, c.cost_ratio, k_max, round);
   c.predicted = predicted_speedup(c.acceptance, c.cost_ratio, c.best_k, round);
