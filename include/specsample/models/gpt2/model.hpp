@@ -26,22 +26,29 @@ namespace specsample::gpt2 {
 
 /// Keys and values of every layer for the positions in the context: per layer
 /// `kernels::kv_layer_size(P, C, NH)` floats each, head-major, keys in transposed 16-key blocks
-/// (the layout the attention kernel reads, simd.hpp "attention layout").
+/// (the layout the attention kernel reads, simd.hpp "attention layout"), in `huge_page_allocator`
+/// storage (a decode reads every layer's keys and values up to the length).
 struct kv_cache {
-  xt::xtensor<float, 2> k;  // (L, kv_layer_size)
-  xt::xtensor<float, 2> v;  // (L, kv_layer_size)
+  using tensor = xt::xtensor<float, 2, xt::layout_type::row_major, huge_page_allocator<float>>;
+  tensor k;                 // (L, kv_layer_size)
+  tensor v;                 // (L, kv_layer_size)
   std::size_t length = 0;   ///< valid positions; rows past it are stale and never read
 
   /// Allocates room for `n_positions` positions of every layer, zeroed: slots past the length
   /// that a vector kernel loads (and discards) are never indeterminate.
   kv_cache(std::size_t n_layer, std::size_t n_head, std::size_t n_positions, std::size_t n_embd)
-      : k(xt::zeros<float>({n_layer, kernels::kv_layer_size(n_positions, n_embd, n_head)})),
-        v(xt::zeros<float>({n_layer, kernels::kv_layer_size(n_positions, n_embd, n_head)})) {}
+      : k(shape(n_layer, n_head, n_positions, n_embd), 0.0f), v(shape(n_layer, n_head, n_positions, n_embd), 0.0f) {}
 
   /// Layer `l`'s keys.
   [[nodiscard]] std::span<float> keys(std::size_t l) noexcept { return {k.data() + l * k.shape(1), k.shape(1)}; }
   /// Layer `l`'s values.
   [[nodiscard]] std::span<float> values(std::size_t l) noexcept { return {v.data() + l * v.shape(1), v.shape(1)}; }
+
+ private:
+  static tensor::shape_type shape(std::size_t n_layer, std::size_t n_head, std::size_t n_positions,
+                                  std::size_t n_embd) {
+    return {n_layer, kernels::kv_layer_size(n_positions, n_embd, n_head)};
+  }
 };
 
 /// A GPT-2 model with a KV cache on CPU.
