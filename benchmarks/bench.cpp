@@ -116,7 +116,8 @@ strategy comparison (instead of the sweep):
                         n-gram drafting (no model); then a repetitive-input suite (each prompt
                         followed by its own first lines) for n-gram drafting. Writes
                         strategies.md / strategies.json to --out
-  --best-k-from FILE    a sweep.json: also run token-wise at its best measured K per temperature
+  --best-k-from FILE    a sweep.json: also run token-wise (and at T > 0 block verification) at its
+                        best measured K per temperature
   --warmup-tokens N     auto-K warm-up generation length (default 64; --quick: 16)
   --repetitive-temperatures LIST   temperatures of the repetitive suite (default 0,0.7)
 )";
@@ -987,9 +988,15 @@ int run_strategies(const bench_setup& b) {
       const double temp = su.temperatures[ti];
       std::vector<strategy> strategies = su.strategies;
       if (su.name == "held-out") {
+        // At the sweep's best K also token-wise (when that K is not 4) and block verification (at
+        // T > 0: at T = 0 the two are the same rule).
         if (const auto* best = sweep_at(temp); best && best->k != 4) {
           strategies.insert(strategies.begin() + 2, {fmt::format("token-wise K={} (sweep's best)", best->k),
                                                      method::token_wise, best->k});
+          if (temp > 0.0) {
+            strategies.insert(strategies.begin() + 4, {fmt::format("block K={} (sweep's best)", best->k),
+                                                       method::block, best->k});
+          }
         }
       }
       std::vector<strategy_cell> group(strategies.size());
@@ -1088,18 +1095,22 @@ int run_strategies(const bench_setup& b) {
     }
     out("\n");
   }
-  out("#### Block vs token-wise verification (K = 4, held-out prompts)\n\n");
-  out("| T | tokens/round token-wise | tokens/round block | block gain | speedup token-wise | speedup block "
-      "| paired time, token-wise / block, med (min–max) |\n|---|---|---|---|---|---|---|\n");
+  out("#### Block vs token-wise verification (K = 4 and the sweep's best K, held-out prompts)\n\n");
+  out("| T | K | tokens/round token-wise | tokens/round block | block gain | speedup token-wise | speedup block "
+      "| paired time, token-wise / block, med (min–max) |\n|---|---|---|---|---|---|---|---|\n");
   for (const double t : c.temperatures) {
-    const auto* tw = find("held-out", t, method::token_wise, 4);
-    const auto* bl = find("held-out", t, method::block, 4);
-    if (!tw || !bl) continue;
-    std::vector<double> ratio;
-    for (std::size_t i = 0; i < tw->runs.size(); ++i) ratio.push_back(tw->runs[i].stats.decode_seconds() / bl->runs[i].stats.decode_seconds());
-    out("| {} | {:.3f} | {:.3f} | {:+.1f}% | {:.2f}x | {:.2f}x | {} |\n", fmt_t(t), tw->tokens_per_round,
-        bl->tokens_per_round, 100.0 * (bl->tokens_per_round / tw->tokens_per_round - 1.0), tw->speedup.median,
-        bl->speedup.median, fmt_range(summarize(ratio), 3));
+    std::vector<std::size_t> ks{4};
+    if (const auto* best = sweep_at(t); best && best->k != 4) ks.push_back(best->k);
+    for (const std::size_t k : ks) {
+      const auto* tw = find("held-out", t, method::token_wise, k);
+      const auto* bl = find("held-out", t, method::block, k);
+      if (!tw || !bl) continue;
+      std::vector<double> ratio;
+      for (std::size_t i = 0; i < tw->runs.size(); ++i) ratio.push_back(tw->runs[i].stats.decode_seconds() / bl->runs[i].stats.decode_seconds());
+      out("| {} | {} | {:.3f} | {:.3f} | {:+.1f}% | {:.2f}x | {:.2f}x | {} |\n", fmt_t(t), k, tw->tokens_per_round,
+          bl->tokens_per_round, 100.0 * (bl->tokens_per_round / tw->tokens_per_round - 1.0), tw->speedup.median,
+          bl->speedup.median, fmt_range(summarize(ratio), 3));
+    }
   }
   out("\n#### Auto-K vs the best fixed K (held-out prompts)\n\n");
   out("| T | best fixed K (source) | its speedup here | sweep's speedup there | auto-K chosen K (runs) | auto-K speedup "
