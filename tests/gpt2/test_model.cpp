@@ -323,17 +323,23 @@ TEST_CASE("the matmul weights share one allocation in the order a forward pass s
     REQUIRE(reinterpret_cast<std::uintptr_t>(p.get()) % align == 0);
     REQUIRE(std::all_of(p.get(), p.get() + bytes, [](unsigned char c) { return c == 0; }));
   }
-  // The KV cache uses the same allocator: the bundled target's shape (2.5 MB of keys, as many of
-  // values) on huge pages, the drafts' (280 KB) 64-byte aligned; both zeroed.
+  // The KV cache uses the same allocator: the bundled target's shape (2.36 MB of keys, as many of
+  // values) on huge pages, the drafts' (262 KB) 64-byte aligned; both zeroed (a same-size block is
+  // dirtied and freed first, so that a cache that skipped its fill could see stale memory).
   struct kv_shape {
     std::size_t n_layer, n_head, n_embd, align;
   };
-  for (const kv_shape sh : {kv_shape{6, 6, 384, gpt2::huge_page_bytes}, kv_shape{2, 4, 128, 64}}) {
+  for (const kv_shape sh : {kv_shape{6, 6, 384, gpt2::huge_page_bytes}, kv_shape{2, 2, 128, 64}}) {
+    const std::size_t n = sh.n_layer * gpt2::kernels::kv_layer_size(256, sh.n_embd, sh.n_head);
+    gpt2::huge_page_allocator<float> alloc;
+    float* dirty = alloc.allocate(n);
+    std::fill(dirty, dirty + n, 1.0f);
+    alloc.deallocate(dirty, n);
     const gpt2::kv_cache cache(sh.n_layer, sh.n_head, 256, sh.n_embd);
     INFO("n_layer " << sh.n_layer << ", n_embd " << sh.n_embd);
     for (const auto* t : {&cache.k, &cache.v}) {
       REQUIRE(reinterpret_cast<std::uintptr_t>(t->data()) % sh.align == 0);
-      REQUIRE(t->size() == sh.n_layer * gpt2::kernels::kv_layer_size(256, sh.n_embd, sh.n_head));
+      REQUIRE(t->size() == n);
       REQUIRE(std::all_of(t->begin(), t->end(), [](float x) { return x == 0.0f; }));
     }
   }
