@@ -602,6 +602,11 @@ decode_bandwidth measure_decode_bandwidth(specsample::gpt2::model& m, std::size_
   const std::span<const token> ctx(stream.data(), context), next(stream.data() + context, 1);
   m.truncate(0);
   (void)m.append(ctx);
+  // A probe block: `block` untimed passes, then GB/s over `block` timed ones.
+  const auto steady_gbs = [](stream_probe& pr) {
+    (void)pr.seconds(block);
+    return pr.gb_per_s(block, pr.seconds(block));
+  };
   std::vector<double> per_token, dec, prb, ratio, ws, ws_ratio;
   for (std::size_t b = 0; b < r.blocks; ++b) {
     for (std::size_t i = 0; i < block; ++i) (void)time_append(m, next, context);
@@ -612,10 +617,8 @@ decode_bandwidth measure_decode_bandwidth(specsample::gpt2::model& m, std::size_
       s += t;
     }
     const double d = static_cast<double>(bytes) * static_cast<double>(block) / s / 1e9;
-    (void)probe.seconds(block);
-    const double p = probe.gb_per_s(block, probe.seconds(block));
-    (void)working_set.seconds(block);
-    const double w = working_set.gb_per_s(block, working_set.seconds(block));
+    const double p = steady_gbs(probe);
+    const double w = steady_gbs(working_set);
     dec.push_back(d);
     prb.push_back(p);
     ratio.push_back(d / p);

@@ -185,7 +185,6 @@ calibration cost_ratios(Draft& draft, Target& target, std::span<const token> con
 
 }  // namespace detail
 
-
 /// Runs a short speculative generation with K = k_max from each of `prompts` (`warmup_tokens`
 /// tokens each, the caller's sampling parameters) to measure acceptance by position, pooled over
 /// the prompts; times single-token calls of both models for c (a round's first draft call apart)
