@@ -887,9 +887,12 @@ struct sweep_best {
 };
 
 std::vector<sweep_best> read_sweep_best(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) throw specsample::error(fmt::format("{}: cannot open", path.string()));
-  const json j = json::parse(in);
+  json j;
+  try {
+    j = json::parse(specsample::io::read_file(path));
+  } catch (const json::exception& e) {
+    throw specsample::error(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
+  }
   std::vector<sweep_best> b;
   for (const auto& e : j.at("per_temperature")) {
     b.push_back({e.at("temperature").get<double>(), e.at("best_k_measured").get<std::size_t>(), e.at("speedup").get<double>()});

@@ -25,10 +25,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <random>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <unistd.h>
@@ -68,14 +66,6 @@ T parse_number(std::string_view flag, std::string_view text) {
     usage_error(fmt::format("{} expects a number, got '{}'", flag, text));
   }
   return value;
-}
-
-std::string read_text_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw specsample::error(fmt::format("{}: cannot open the prompt file", path.string()));
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 constexpr std::string_view help = R"(usage: specsample-generate [options]
@@ -123,7 +113,7 @@ cli parse(int argc, char** argv) {
     } else if (a == "--target") c.target = fs::path(value());
     else if (a == "--draft") c.draft = std::string(value());
     else if (a == "--prompt") c.prompt = value();
-    else if (a == "--prompt-file") c.prompt = read_text_file(value());
+    else if (a == "--prompt-file") c.prompt = specsample::io::read_file(value());
     else if (a == "--calibration-prompts") c.calibration_prompts = fs::path(value());
     else if (a == "-n" || a == "--max-new-tokens") c.params.max_new_tokens = parse_number<std::size_t>(a, value());
     else if (a == "-k" || a == "--draft-length") {

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace gpt2 = specsample::gpt2;
@@ -547,16 +548,33 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
     set_config("n_layer", -2);
     REQUIRE_THAT(load_error(dir), Contains("\"n_layer\" must be a positive integer, got -2"));
     set_config("n_layer", 2);
+    set_config("n_embd", std::uint64_t{1} << 62);  // n_inner (absent) would be 4 n_embd = 0
+    REQUIRE_THAT(load_error(dir), Contains("n_embd = 4611686018427387904 is implausibly large"));
+    set_config("n_embd", 16);
+    for (const double eps : {1e39, 2.0, 1e-50, 0.0}) {  // inf as a float; > 1; 0 as a float; 0
+      set_config("layer_norm_epsilon", eps);
+      REQUIRE_THAT(load_error(dir), Contains("\"layer_norm_epsilon\" must be a number in"));
+    }
+    set_config("layer_norm_epsilon", 1e-5);
+    REQUIRE(load_error(dir).empty());
     set_config("n_positions", nlohmann::json(nlohmann::json::value_t::discarded));
     REQUIRE(load_error(dir).empty());  // falls back to n_ctx
     write_text(cfg, "{ not json");
     REQUIRE_THAT(load_error(dir), Contains(cfg.string()) && Contains("not valid JSON"));
   }
-  SECTION("missing files") {
+  SECTION("missing files, and paths that are not regular files") {
     fs::remove(cfg);
-    REQUIRE_THAT(load_error(dir), Contains(cfg.string()) && Contains("cannot open"));
+    REQUIRE_THAT(load_error(dir), Contains(cfg.string()) && Contains("file not found"));
+    fs::create_directory(cfg);
+    REQUIRE_THAT(load_error(dir), Contains(cfg.string()) && Contains("is a directory"));
+    fs::remove(cfg);
+    REQUIRE(::mkfifo(cfg.c_str(), 0600) == 0);  // opening a FIFO would block: rejected instead
+    REQUIRE_THAT(load_error(dir), Contains(cfg.string()) && Contains("not a regular file"));
+    fs::remove(cfg);
     reset();
     fs::remove(st);
-    REQUIRE_THAT(load_error(dir), Contains(st.string()) && Contains("cannot open"));
+    REQUIRE_THAT(load_error(dir), Contains(st.string()) && Contains("file not found"));
+    REQUIRE(::mkfifo(st.c_str(), 0600) == 0);
+    REQUIRE_THAT(load_error(dir), Contains(st.string()) && Contains("not a regular file"));
   }
 }

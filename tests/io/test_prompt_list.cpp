@@ -6,6 +6,8 @@
 #include <fstream>
 #include <string>
 
+#include <sys/stat.h>
+
 namespace {
 std::filesystem::path write_file(const std::string& name, const std::string& text) {
   const auto path = std::filesystem::temp_directory_path() / name;
@@ -21,6 +23,10 @@ TEST_CASE("a prompt list reads one prompt per line with escapes, skipping commen
   REQUIRE(prompts.size() == 2);
   CHECK(prompts[0] == "ROMEO:\nO\tsoft\\light");
   CHECK(prompts[1] == "JULIET:");
+  // The same with CRLF line ends (a file from Windows): the same two prompts, no '\r' kept.
+  const auto crlf = specsample::io::read_prompt_list(
+      write_file("specsample_prompts_crlf.txt", "# a comment\r\n\r\nROMEO:\\nO\\tsoft\\\\light\r\nJULIET:\r\n"));
+  CHECK(crlf == prompts);
 }
 
 TEST_CASE("a bad prompt list is reported with the file, the line and the problem", "[io][prompts]") {
@@ -31,5 +37,12 @@ TEST_CASE("a bad prompt list is reported with the file, the line and the problem
                     Contains(":1: dangling backslash"));
   CHECK_THROWS_WITH(specsample::io::read_prompt_list(write_file("specsample_prompts_empty.txt", "# only\n\n")),
                     Contains("no prompts"));
-  CHECK_THROWS_WITH(specsample::io::read_prompt_list("/nonexistent/prompts.txt"), Contains("cannot open"));
+  CHECK_THROWS_WITH(specsample::io::read_prompt_list("/nonexistent/prompts.txt"), Contains("file not found"));
+  const auto dir = std::filesystem::temp_directory_path();
+  CHECK_THROWS_WITH(specsample::io::read_prompt_list(dir), Contains("is a directory"));
+  const auto fifo = dir / "specsample_prompts_fifo";
+  std::filesystem::remove(fifo);
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);  // opening it would block: rejected instead
+  CHECK_THROWS_WITH(specsample::io::read_prompt_list(fifo), Contains("not a regular file"));
+  std::filesystem::remove(fifo);
 }

@@ -332,9 +332,12 @@ TEST_CASE("every kind of malformed file is rejected with a message naming file a
                  Contains("__metadata__ entry 'k' is not a string"));
     REQUIRE_THAT(error_of(file(R"("__metadata__":[])")), Contains("__metadata__ is not a JSON object"));
   }
-  SECTION("a missing file") {
+  SECTION("a missing file, a directory, a device") {
     REQUIRE_THROWS_WITH(io::safetensors_file::open("/nonexistent/dir/x.safetensors"),
-                        Contains("/nonexistent/dir/x.safetensors") && Contains("cannot open"));
+                        Contains("/nonexistent/dir/x.safetensors") && Contains("file not found"));
+    REQUIRE_THROWS_WITH(io::safetensors_file::open(fs::temp_directory_path()),
+                        Contains("is a directory, expected a file"));
+    REQUIRE_THROWS_WITH(io::safetensors_file::open("/dev/null"), Contains("not a regular file"));
   }
   SECTION("the writer refuses inconsistent tensors") {
     std::vector<io::tensor_data> ts = sample_tensors();

@@ -397,15 +397,50 @@ TEST_CASE("draft and target tokenizers compare equal only with identical vocab a
   CHECK(specsample::vocabulary_difference(draft, gpt2()).value() ==
         "vocab sizes differ: 4096 vs 50257");
 
-  temp_dir dir;  // same tokens, one merge fewer
+  temp_dir dir;  // same tokens, one merge more (a second way to "Ġgate", after "Ġg ate")
   dir.write("vocab.json", slurp(source_dir / "models" / "shakespeare-draft" / "vocab.json"));
-  std::string merges = slurp(source_dir / "models" / "shakespeare-draft" / "merges.txt");
-  merges.erase(merges.rfind('\n', merges.size() - 2) + 1);
+  const std::string merges = slurp(source_dir / "models" / "shakespeare-draft" / "merges.txt");
+  dir.write("merges.txt", merges + "Ġga te\n");
+  const auto more = bpe_tokenizer::load(dir.path);
+  CHECK_FALSE(specsample::same_vocabulary(more, draft));
+  CHECK(specsample::vocabulary_difference(more, draft).value() ==
+        "merge counts differ: 3840 vs 3839");
+  // Same tokens and merges, the last two in the other order.
+  std::string swapped = merges;
+  const std::size_t last = swapped.rfind('\n', swapped.size() - 2) + 1;
+  const std::size_t before = swapped.rfind('\n', last - 2) + 1;
+  swapped = swapped.substr(0, before) + swapped.substr(last) + swapped.substr(before, last - before);
+  dir.write("merges.txt", swapped);
+  const auto reordered = bpe_tokenizer::load(dir.path);
+  CHECK(reordered.merge_count() == draft.merge_count());
+  CHECK(specsample::vocabulary_difference(reordered, draft).value() ==
+        "the merges differ (same tokens, different merge order)");
+}
+
+TEST_CASE("a merges.txt that leaves ordinary vocab tokens unreachable is rejected",
+          "[tokenizer][errors]") {
+  const fs::path src = source_dir / "models" / "shakespeare-draft";
+  const std::string merges = slurp(src / "merges.txt");
+  temp_dir dir;
+  dir.write("vocab.json", slurp(src / "vocab.json"));
+  // Cut after its second-to-last line (an interrupted download): "Ġgate" is produced by no merge.
+  // Loaded, it would be taken for a special token and matched literally in text.
+  dir.write("merges.txt", merges.substr(0, merges.rfind('\n', merges.size() - 2) + 1));
+  check_load_error(dir, (dir.path / "merges.txt").string(),
+                   "1 vocab token is produced by no merge (first: id 4094 \"Ġgate\")");
+  dir.write("merges.txt", "");  // empty: every merge result is unreachable
+  check_load_error(dir, "3839 vocab tokens are produced by no merge (first: id 256 \"Ġt\")",
+                   "0 merges for 4096 tokens");
+  dir.write("merges.txt", "#version: 0.2\n");
+  check_load_error(dir, "3839 vocab tokens are produced by no merge", "0 merges for 4096 tokens");
+  // A token that is several pre-tokens (the GPT-2 pattern splits it) is a special token.
+  std::string vocab = slurp(src / "vocab.json");
+  vocab.insert(vocab.rfind('}'), ", \"<|pad|>\": 4096");
+  dir.write("vocab.json", vocab);
   dir.write("merges.txt", merges);
-  const auto fewer = bpe_tokenizer::load(dir.path);
-  CHECK_FALSE(specsample::same_vocabulary(fewer, draft));
-  CHECK(specsample::vocabulary_difference(fewer, draft).value() ==
-        "merge counts differ: 3838 vs 3839");
+  const auto tok = bpe_tokenizer::load(dir.path);
+  CHECK(tok.special_tokens() == std::vector<token>{4095, 4096});
+  CHECK(tok.encode("a<|pad|>") == std::vector<token>{tok.encode("a")[0], 4096});
 }
 
 TEST_CASE("decode rejects out-of-range ids naming the id and the vocab size",

@@ -7,6 +7,7 @@
 
 #include <specsample/concepts.hpp>
 #include <specsample/error.hpp>
+#include <specsample/io/mapped_file.hpp>
 
 #ifndef PCRE2_CODE_UNIT_WIDTH
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -19,9 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <functional>
-#include <iterator>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -197,19 +196,6 @@ struct string_hash {
   }
 };
 
-inline std::string read_file(const std::filesystem::path& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec))
-    throw error(fmt::format("{}: file not found", path.string()));
-  if (std::filesystem::is_directory(path, ec))
-    throw error(fmt::format("{}: is a directory, expected a file", path.string()));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw error(fmt::format("{}: cannot open file", path.string()));
-  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw error(fmt::format("{}: read error", path.string()));
-  return data;
-}
-
 /// SAX handler that reads vocab.json (a flat object `{"spelling": id, ...}`) without building a
 /// DOM, rejecting anything else with a message naming the file.
 class vocab_reader : public nlohmann::json_sax<nlohmann::json> {
@@ -294,7 +280,7 @@ class bpe_tokenizer {
     bpe_tokenizer t;
     t.load_vocab(vocab_json);
     t.load_merges(merges_txt);
-    t.find_special_tokens();
+    t.find_special_tokens(merges_txt);
     return t;
   }
 
@@ -457,23 +443,31 @@ class bpe_tokenizer {
     return it == merges_.end() ? nullptr : &it->second;
   }
 
-  /// Encodes text without special tokens: splits it into valid-UTF-8 runs (pre-tokenized by the
-  /// GPT-2 regex) and runs of invalid bytes (one pre-token each), then BPEs each pre-token.
+  /// Encodes text without special tokens: BPEs each of its pre-tokens.
   void encode_plain(std::string_view text, std::vector<token>& out, encode_state& st) const {
+    for_each_pretoken(text, st, [&](std::string_view word) { bpe_word(word, out, st); });
+  }
+
+  /// Calls `f` on each pre-token of `text`, in order: the text is split into valid-UTF-8 runs,
+  /// pre-tokenized by the GPT-2 regex (every character belongs to some match), and runs of
+  /// invalid bytes (one pre-token each).
+  template <class F>
+  void for_each_pretoken(std::string_view text, encode_state& st, F&& f) const {
     std::size_t i = 0;
     while (i < text.size()) {
       const std::size_t start = i;
       std::size_t len = 0;
       while (i < text.size() && (len = detail::utf8_char_length(text, i)) != 0) i += len;
-      if (i > start) pretokenize(text.substr(start, i - start), out, st);
+      if (i > start) regex_pretokens(text.substr(start, i - start), st, f);
       const std::size_t bad = i;
       while (i < text.size() && detail::utf8_char_length(text, i) == 0) ++i;
-      if (i > bad) bpe_word(text.substr(bad, i - bad), out, st);
+      if (i > bad) f(text.substr(bad, i - bad));
     }
   }
 
-  /// Runs the GPT-2 pattern over valid UTF-8 `text`; every character belongs to some match.
-  void pretokenize(std::string_view text, std::vector<token>& out, encode_state& st) const {
+  /// Runs the GPT-2 pattern over valid UTF-8 `text`, calling `f` on each match.
+  template <class F>
+  void regex_pretokens(std::string_view text, encode_state& st, F& f) const {
     const pcre2_code* code = detail::gpt2_regex();
     if (st.match == nullptr) {
       st.match = pcre2_match_data_create_from_pattern(code, nullptr);
@@ -486,7 +480,7 @@ class bpe_tokenizer {
           pcre2_match(code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, st.match, nullptr);
       if (rc < 0) {
         if (rc == PCRE2_ERROR_NOMATCH) {  // unreachable for valid UTF-8; keep the bytes anyway
-          bpe_word(text.substr(pos), out, st);
+          f(text.substr(pos));
           return;
         }
         std::array<PCRE2_UCHAR, 256> msg{};
@@ -497,9 +491,9 @@ class bpe_tokenizer {
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(st.match);
       std::size_t begin = ov[0];
       std::size_t end = ov[1];
-      if (begin > pos) bpe_word(text.substr(pos, begin - pos), out, st);      // unreachable too
+      if (begin > pos) f(text.substr(pos, begin - pos));                      // unreachable too
       if (end <= begin) end = begin + detail::utf8_char_length(text, begin);  // no empty matches
-      bpe_word(text.substr(begin, end - begin), out, st);
+      f(text.substr(begin, end - begin));
       pos = end;
     }
   }
@@ -576,7 +570,7 @@ class bpe_tokenizer {
 
   void load_vocab(const std::filesystem::path& path) {
     const std::string file = path.string();
-    const std::string data = detail::read_file(path);
+    const std::string data = io::read_file(path);
     detail::vocab_reader reader(file);
     nlohmann::json::sax_parse(data, &reader);
     auto& entries = reader.entries;
@@ -628,7 +622,7 @@ class bpe_tokenizer {
 
   void load_merges(const std::filesystem::path& path) {
     const std::string file = path.string();
-    const std::string data = detail::read_file(path);
+    const std::string data = io::read_file(path);
     std::size_t line_no = 0;
     std::size_t pos = 0;
     merges_.reserve(data.size() / 8);
@@ -680,12 +674,33 @@ class bpe_tokenizer {
     }
   }
 
-  void find_special_tokens() {
+  /// Special tokens: the entries that are neither byte symbols nor merge results. An entry whose
+  /// bytes are one pre-token (text `encode` hands to the BPE whole) is an ordinary token that lost
+  /// its merge — merges.txt cut short, or written for another vocab — and an error: as a special
+  /// token it would be matched literally, and the text would encode differently (and slowly).
+  void find_special_tokens(const std::filesystem::path& merges_txt) {
     std::vector<bool> ordinary(spellings_.size(), false);
     for (const token b : byte_ids_) ordinary[static_cast<std::size_t>(b)] = true;
     for (const auto& [key, m] : merges_) ordinary[static_cast<std::size_t>(m.result)] = true;
+    std::vector<std::size_t> orphans;
+    encode_state st;
     for (std::size_t k = 0; k < spellings_.size(); ++k) {
-      if (!ordinary[k]) specials_.emplace_back(bytes_[k], static_cast<token>(k));
+      if (ordinary[k]) continue;
+      std::size_t pieces = 0;
+      for_each_pretoken(bytes_[k], st, [&](std::string_view) { ++pieces; });
+      if (pieces == 1) {
+        orphans.push_back(k);
+      } else {
+        specials_.emplace_back(bytes_[k], static_cast<token>(k));
+      }
+    }
+    if (!orphans.empty()) {
+      throw error(fmt::format(
+          "{}: {} vocab token{} produced by no merge (first: id {} \"{}\"); only special tokens "
+          "such as <|endoftext|> (more than one pre-token) may be; is merges.txt truncated or "
+          "written for another vocab ({} merges for {} tokens)?",
+          merges_txt.string(), orphans.size(), orphans.size() == 1 ? " is" : "s are", orphans[0],
+          spellings_[orphans[0]], merge_list_.size(), spellings_.size()));
     }
     eos_ = special_token("<|endoftext|>");
   }

@@ -1,16 +1,19 @@
 #pragma once
 /// @file mapped_file.hpp
-/// A read-only POSIX memory map of a whole file (RAII, move-only).
+/// A read-only POSIX memory map of a whole file (RAII, move-only), and `read_file`: the library
+/// opens every file it reads through `detail::open_regular_file`.
 
 #include <specsample/error.hpp>
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <span>
+#include <string>
 #include <utility>
 
 #include <fcntl.h>
@@ -20,45 +23,66 @@
 
 namespace specsample::io {
 
+namespace detail {
+
+/// An open file descriptor, closed at scope exit.
+struct file_descriptor {
+  int fd = -1;
+  file_descriptor() = default;
+  file_descriptor(const file_descriptor&) = delete;
+  file_descriptor& operator=(const file_descriptor&) = delete;
+  ~file_descriptor() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+/// Opens `path` read-only into `f` and returns its size. Throws `specsample::error` naming the file
+/// if it does not exist, cannot be opened or is not a regular file (a directory, a FIFO, a device:
+/// the open does not block on them).
+inline std::size_t open_regular_file(const std::filesystem::path& path, file_descriptor& f) {
+  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (f.fd < 0) {
+    const int e = errno;
+    if (e == ENOENT) throw error(fmt::format("{}: file not found", path.string()));
+    throw error(fmt::format("{}: cannot open file: {}", path.string(), std::strerror(e)));
+  }
+  struct ::stat st {};
+  if (::fstat(f.fd, &st) != 0) {
+    throw error(fmt::format("{}: cannot stat file: {}", path.string(), std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw error(fmt::format("{}: {}", path.string(),
+                            S_ISDIR(st.st_mode) ? "is a directory, expected a file"
+                                                : "not a regular file"));
+  }
+  return static_cast<std::size_t>(st.st_size);
+}
+
+}  // namespace detail
+
 /// A whole file mapped read-only into memory. The bytes stay valid (at the same address) for the
 /// lifetime of the object, including across moves. An empty file maps to an empty span.
 class mapped_file {
  public:
   mapped_file() = default;
 
-  /// Maps `path` read-only. Throws `specsample::error` naming the file if it cannot be opened,
-  /// is not a regular file, or cannot be mapped.
+  /// Maps `path` read-only. Throws `specsample::error` naming the file if it does not exist,
+  /// cannot be opened, is not a regular file (`detail::open_regular_file`) or cannot be mapped.
   [[nodiscard]] static mapped_file open(const std::filesystem::path& path) {
     mapped_file f;
     f.path_ = path;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      throw error(fmt::format("{}: cannot open file: {}", path.string(), std::strerror(errno)));
-    }
-    struct ::stat st {};
-    if (::fstat(fd, &st) != 0) {
-      const int e = errno;
-      ::close(fd);
-      throw error(fmt::format("{}: cannot stat file: {}", path.string(), std::strerror(e)));
-    }
-    if (!S_ISREG(st.st_mode)) {
-      ::close(fd);
-      throw error(fmt::format("{}: not a regular file", path.string()));
-    }
-    const auto size = static_cast<std::size_t>(st.st_size);
+    detail::file_descriptor fd;
+    const std::size_t size = detail::open_regular_file(path, fd);
     if (size > 0) {
-      void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+      void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.fd, 0);
       if (p == MAP_FAILED) {
-        const int e = errno;
-        ::close(fd);
         throw error(fmt::format("{}: cannot map file ({} bytes): {}", path.string(), size,
-                                std::strerror(e)));
+                                std::strerror(errno)));
       }
       f.data_ = static_cast<const std::byte*>(p);
       f.size_ = size;
     }
-    ::close(fd);  // the mapping keeps its own reference to the file
-    return f;
+    return f;  // the mapping keeps its own reference to the file
   }
 
   mapped_file(const mapped_file&) = delete;
@@ -97,5 +121,26 @@ class mapped_file {
   const std::byte* data_ = nullptr;
   std::size_t size_ = 0;
 };
+
+/// The whole of the regular file `path` as a string (read to its end: files under /proc report a
+/// size of 0); throws `specsample::error` naming the file as `detail::open_regular_file` does, or
+/// on a read error.
+[[nodiscard]] inline std::string read_file(const std::filesystem::path& path) {
+  detail::file_descriptor fd;
+  std::string data(std::max<std::size_t>(detail::open_regular_file(path, fd) + 1, 4096), '\0');
+  std::size_t n = 0;
+  for (;;) {
+    if (n == data.size()) data.resize(2 * data.size());
+    const ::ssize_t got = ::read(fd.fd, data.data() + n, data.size() - n);
+    if (got == 0) break;
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      throw error(fmt::format("{}: read error: {}", path.string(), std::strerror(errno)));
+    }
+    n += static_cast<std::size_t>(got);
+  }
+  data.resize(n);
+  return data;
+}
 
 }  // namespace specsample::io

@@ -1,32 +1,36 @@
 #pragma once
 /// @file prompt_list.hpp
 /// A list of prompts in a text file: one prompt per line, `\n` for a newline, `\t` for a tab and
-/// `\\` for a backslash; lines starting with `#` and blank lines are ignored (the format of
+/// `\\` for a backslash; lines starting with `#` and blank lines are ignored, LF or CRLF (the format of
 /// benchmarks/prompts.txt, read by specsample-bench and by specsample-generate's
 /// `--calibration-prompts`).
 
 #include <specsample/error.hpp>
+#include <specsample/io/mapped_file.hpp>
 
 #include <fmt/format.h>
 
 #include <cstddef>
 #include <filesystem>
-#include <fstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace specsample::io {
 
-/// Reads the prompts of `path`; throws `specsample::error` naming the file (and the line) when it
-/// cannot be read, an escape is unknown or dangling, or it holds no prompt.
+/// Reads the prompts of `path` (LF or CRLF line ends); throws `specsample::error` naming the file
+/// (and the line) when it cannot be read, an escape is unknown or dangling, or it holds no prompt.
 [[nodiscard]] inline std::vector<std::string> read_prompt_list(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw error(fmt::format("{}: cannot open the prompt file", path.string()));
+  const std::string data = read_file(path);
   std::vector<std::string> prompts;
-  std::string line;
   std::size_t number = 0;
-  while (std::getline(in, line)) {
+  for (std::size_t pos = 0; pos < data.size();) {
+    std::size_t eol = data.find('\n', pos);
+    if (eol == std::string::npos) eol = data.size();
+    std::string_view line(data.data() + pos, eol - pos);
+    pos = eol + 1;
     ++number;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.empty() || line.front() == '#') continue;
     std::string p;
     for (std::size_t i = 0; i < line.size(); ++i) {

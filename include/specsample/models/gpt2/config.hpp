@@ -3,6 +3,7 @@
 /// GPT-2 hyper-parameters (Hugging Face `config.json`) and load options.
 
 #include <specsample/error.hpp>
+#include <specsample/io/mapped_file.hpp>
 #include <specsample/models/gpt2/simd.hpp>
 
 #include <fmt/format.h>
@@ -11,7 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -46,25 +47,22 @@ struct config {
 
   /// Upper bound on every size (keeps all products of sizes far from overflow).
   static constexpr std::size_t max_dimension = std::size_t{1} << 24;
+  static_assert(max_dimension <= static_cast<std::size_t>(INT32_MAX), "token ids are int32");
+  /// Bounds of layer_norm_epsilon: the smallest normal float, and 1 (the variance is of unit
+  /// order; GPT-2 uses 1e-5). Outside them a layer norm would divide by zero or ignore its input.
+  static constexpr float min_epsilon = std::numeric_limits<float>::min();
 
   /// Channels per head (n_embd / n_head).
   [[nodiscard]] std::size_t head_dim() const noexcept { return n_embd / n_head; }
 
-  /// Throws `specsample::error` (prefixed with `source`) unless all sizes are positive and
-  /// n_embd is divisible by n_head.
+  /// Throws `specsample::error` (prefixed with `source`) unless all sizes are positive and at most
+  /// `max_dimension`, n_embd is divisible by n_head and layer_norm_epsilon is in [min_epsilon, 1].
   void validate(const std::string& source = "config") const {
-    const auto positive = [&](std::size_t v, const char* name) {
-      if (v == 0) throw error(fmt::format("{}: {} must be positive", source, name));
-    };
-    positive(n_layer, "n_layer");
-    positive(n_head, "n_head");
-    positive(n_embd, "n_embd");
-    positive(n_positions, "n_positions");
-    positive(vocab_size, "vocab_size");
-    positive(n_inner, "n_inner");
+    // In this order: n_inner defaults to 4 n_embd, which wraps when n_embd is absurd.
     for (const auto& [v, name] : {std::pair{n_layer, "n_layer"}, std::pair{n_head, "n_head"},
                                   std::pair{n_embd, "n_embd"}, std::pair{n_positions, "n_positions"},
                                   std::pair{vocab_size, "vocab_size"}, std::pair{n_inner, "n_inner"}}) {
+      if (v == 0) throw error(fmt::format("{}: {} must be positive", source, name));
       if (v > max_dimension) {
         throw error(fmt::format("{}: {} = {} is implausibly large (limit {})", source, name, v,
                                 max_dimension));
@@ -74,12 +72,9 @@ struct config {
       throw error(fmt::format("{}: n_embd = {} is not divisible by n_head = {}", source, n_embd,
                               n_head));
     }
-    if (!(layer_norm_epsilon > 0.0f)) {
-      throw error(fmt::format("{}: layer_norm_epsilon must be positive", source));
-    }
-    if (vocab_size > static_cast<std::size_t>(INT32_MAX)) {
-      throw error(fmt::format("{}: vocab_size = {} does not fit the int32 token type", source,
-                              vocab_size));
+    if (!(layer_norm_epsilon >= min_epsilon && layer_norm_epsilon <= 1.0f)) {
+      throw error(fmt::format("{}: layer_norm_epsilon = {} is outside [{}, 1]", source,
+                              layer_norm_epsilon, min_epsilon));
     }
   }
 
@@ -111,11 +106,12 @@ struct config {
       c.n_inner = 4 * c.n_embd;
     }
     if (const auto it = j.find("layer_norm_epsilon"); it != j.end()) {
-      if (!it->is_number() || !(it->get<double>() > 0.0)) {
-        throw error(fmt::format("{}: \"layer_norm_epsilon\" must be a positive number, got {}",
-                                source, it->dump()));
+      const double e = it->is_number() ? it->get<double>() : 0.0;
+      if (!(e >= double{min_epsilon} && e <= 1.0)) {  // also keeps the float conversion defined
+        throw error(fmt::format("{}: \"layer_norm_epsilon\" must be a number in [{}, 1], got {}",
+                                source, min_epsilon, it->dump()));
       }
-      c.layer_norm_epsilon = static_cast<float>(it->get<double>());
+      c.layer_norm_epsilon = static_cast<float>(e);
     }
     if (const auto it = j.find("activation_function"); it != j.end() && !it->is_null()) {
       // "gelu_pytorch_tanh" is the same tanh approximation under its newer transformers name.
@@ -132,11 +128,10 @@ struct config {
 
   /// Reads and validates `path` (a Hugging Face GPT-2 `config.json`).
   [[nodiscard]] static config load(const std::filesystem::path& path) {
-    std::ifstream f(path);
-    if (!f) throw error(fmt::format("{}: cannot open config file", path.string()));
+    const std::string text = io::read_file(path);
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(f);
+      j = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
       throw error(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
     }

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <filesystem>
 #include <memory>
+#include <new>
 #include <span>
 #include <utility>
 
@@ -71,8 +72,9 @@ class model {
     return model(cfg, std::move(w), opts);
   }
 
-  /// Builds a model from parameters already in memory (they must match `cfg`).
-  model(const gpt2::config& cfg, gpt2::weights w, options opts = {})
+  /// Builds a model from parameters already in memory (they must match `cfg`). Throws
+  /// `specsample::error` when they do not, or when the KV cache does not fit in memory.
+  model(const gpt2::config& cfg, gpt2::weights w, options opts = {}) try
       : cfg_(validated(cfg)),
         w_(std::move(w)),
         pool_(std::make_unique<thread_pool>(opts.threads)),
@@ -98,6 +100,13 @@ class model {
     }
     att_ = xt::xtensor<float, 2>::from_shape({pool_->size(), kernels::attention_scratch(P)});
     reserve(std::min(std::max<std::size_t>(opts.batch_capacity, 1), P));
+  } catch (const std::bad_alloc&) {
+    throw error(fmt::format(
+        "gpt2::model: out of memory for its buffers (the KV cache alone: {} layers x {} "
+        "positions x {} channels x 2 (keys, values) x 4 bytes = {:.3g} GB)",
+        cfg.n_layer, cfg.n_positions, cfg.n_embd,
+        8.0 * static_cast<double>(cfg.n_layer) * static_cast<double>(cfg.n_positions) *
+            static_cast<double>(cfg.n_embd) / 1e9));
   }
 
   model(model&&) noexcept = default;
