@@ -207,6 +207,15 @@ TEST_CASE("leniency below 1 is validated and drifts toward the draft", "[lenienc
   CHECK(lossy.p_value < fail_threshold);
   const auto exact = fit(draft, target, 2, 3, {}, tokenwise_verifier{.leniency = 1.0});
   CHECK(exact.p_value > pass_threshold);
+  // Without a verifier, speculative_fit checks the rule params name, leniency included.
+  params.verify = verification::token_wise;
+  params.max_new_tokens = 3;
+  std::mt19937_64 fit_rng(2025);
+  const auto from_params = testing::speculative_fit(draft, target, std::vector<token>{0}, params, 100'000, fit_rng);
+  CHECK(from_params.p_value < fail_threshold);
+  params.leniency = 1.0;
+  const auto exact_params = testing::speculative_fit(draft, target, std::vector<token>{0}, params, 100'000, fit_rng);
+  CHECK(exact_params.p_value > pass_threshold);
 }
 
 TEST_CASE("block verification stays exact with an early-stopping and with an adaptive draft length",

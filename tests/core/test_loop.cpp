@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 
 using namespace specsample;
 
@@ -193,6 +194,11 @@ TEST_CASE("bad parameters and inputs are reported with a specsample::error namin
   CHECK_THROWS_WITH(speculative_sample(other, target, prompt, make_params(4, 2), rng),
                     Contains("draft has 6 tokens") && Contains("target has 5"));
   CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, make_params(4, 0), rng), Contains("draft_length"));
+  CHECK(speculative_sample(draft, target, prompt, make_params(4, max_draft_length), rng).tokens.size() == 4);
+  for (const std::size_t k : {max_draft_length + 1, std::numeric_limits<std::size_t>::max()}) {
+    CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, make_params(4, k), rng),
+                      Contains("draft_length must be in 1..256") && Contains(std::to_string(k)));
+  }
   CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, make_params(4, 2, -1.0f), rng), Contains("temperature"));
   CHECK_THROWS_WITH(autoregressive_sample(target, prompt, make_params(4, 2, std::nanf("")), rng),
                     Contains("temperature"));
@@ -247,6 +253,49 @@ TEST_CASE("a model that breaks its contract is reported, not trusted", "[loop][e
   fixed_logits_model masked{Eigen::VectorXf::Constant(4, -std::numeric_limits<float>::infinity())};
   masked.logits(1) = 0.0f;
   CHECK(autoregressive_sample(masked, prompt, make_params(3, 1), rng).tokens == std::vector<token>{1, 1, 1});
+}
+
+TEST_CASE("a drafter's out-of-range token is reported before the target sees it", "[loop][errors]") {
+  struct wild_drafter {  // proposes a token the vocabulary does not have
+    std::size_t vocab_size() const { return 4; }
+    void begin(std::span<const token>) {}
+    void sync(std::span<const token>) {}
+    proposal propose(std::span<const token>, std::size_t k, Eigen::Ref<Eigen::MatrixXf> q, std::span<token> out,
+                     std::mt19937_64&) {
+      q.setConstant(0.25f);
+      for (std::size_t i = 0; i < k; ++i) out[i] = i == 1 ? token{1000000} : token{0};
+      return {k, 0, 0.0};
+    }
+  };
+  // The target counts what it is shown: nothing out of range may reach it.
+  struct checking_target : toy::markov {
+    explicit checking_target(toy::markov m) : toy::markov(std::move(m)) {}
+    Eigen::MatrixXf append(std::span<const token> t) {
+      for (const token x : t) REQUIRE(x < 4);
+      return toy::markov::append(t);
+    }
+  };
+  wild_drafter drafter;
+  checking_target target(toy::markov::random(4, 1, 1));
+  std::mt19937_64 rng(1);
+  CHECK_THROWS_WITH(speculative_sample(drafter, target, std::vector<token>{0}, make_params(4, 3), rng),
+                    Catch::Matchers::Contains("drafter proposed token 1000000 (draft 1 of 3)") &&
+                        Catch::Matchers::Contains("vocabulary of 4"));
+}
+
+TEST_CASE("a huge max_new_tokens with EOS generates up to the EOS", "[loop][eos]") {
+  // A model without a context limit: max_new_tokens is only a cap, and room for it is not reserved.
+  auto target = toy::markov::random(5, 1, 1);
+  auto draft = toy::markov::random(5, 1, 2);
+  std::mt19937_64 rng(3);
+  for (const std::size_t n : {std::size_t{100'000'000'000}, std::numeric_limits<std::size_t>::max()}) {
+    auto p = make_params(n, 3);
+    p.eos = 4;
+    const auto r = speculative_sample(draft, target, std::vector<token>{0}, p, rng);
+    REQUIRE(!r.tokens.empty());
+    CHECK(r.tokens.back() == 4);
+    CHECK(autoregressive_sample(target, std::vector<token>{0}, p, rng).tokens.back() == 4);
+  }
 }
 
 TEST_CASE("a context that cannot hold the generation is refused up front", "[loop][errors][context]") {

@@ -71,6 +71,9 @@ void check_distinct(const Draft& draft, const Target& target) {
   }
 }
 
+// Tokens the loop reserves room for up front when the target's context does not bound them.
+inline constexpr std::size_t reserve_limit = std::size_t{1} << 16;
+
 // Stands in for the drafter in autoregressive sampling.
 struct no_draft {};
 
@@ -102,9 +105,13 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
   generation_result result;
   generation_stats& stats = result.stats;
   stats.accepted_histogram.assign(max_k + 1, 0);
-  result.tokens.reserve(max_new);
+  // Room for the whole generation when the target's context bounds it (check_fits: then max_new
+  // fits the context), so that rounds allocate nothing; a model without a limit and a huge
+  // max_new_tokens (stopped by EOS) gets a start, and the vectors grow past it.
+  const std::size_t expected = std::min(max_new, reserve_limit);
+  result.tokens.reserve(expected);
   std::vector<token> ctx;
-  ctx.reserve(prompt.size() + max_new + max_k + 1);
+  ctx.reserve(prompt.size() + expected + max_k + 1);
   ctx.assign(prompt.begin(), prompt.end());
   const auto v = static_cast<Eigen::Index>(vocab);
   Eigen::MatrixXf q(v, static_cast<Eigen::Index>(max_k));      // q: (V, K) draft distributions
@@ -134,6 +141,13 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
         stats.draft_calls += made.forward_calls;
         if (made.tokens > k) throw error(fmt::format("drafter proposed {} tokens when asked for {}", made.tokens, k));
         k = made.tokens;
+        for (std::size_t i = 0; i < k; ++i) {  // before the target sees them
+          if (drafts[i] < 0 || static_cast<std::size_t>(drafts[i]) >= vocab) {
+            throw error(fmt::format("drafter proposed token {} (draft {} of {}), out of range for a vocabulary of "
+                                    "{} tokens",
+                                    drafts[i], i, k, vocab));
+          }
+        }
         ctx.insert(ctx.end(), drafts.begin(), drafts.begin() + static_cast<std::ptrdiff_t>(k));
       }
     }

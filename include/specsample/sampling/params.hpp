@@ -29,10 +29,15 @@ enum class verification {
   block,       ///< Sun et al. 2025: decide the accepted prefix jointly; never accepts fewer.
 };
 
+/// The largest draft length `validate` accepts. A round holds the target's distributions for
+/// K + 1 positions (V × (K + 1) floats: 52 MB at K = 256 with GPT-2's 50257 tokens), and no draft
+/// sees that many of its tokens accepted in a row.
+inline constexpr std::size_t max_draft_length = 256;
+
 /// Parameters of one generation call.
 struct speculative_params {
   std::size_t max_new_tokens = 128;  ///< emit exactly this many tokens unless `eos` comes first.
-  std::size_t draft_length = 4;      ///< K: tokens the draft proposes per round; >= 1.
+  std::size_t draft_length = 4;      ///< K: tokens the draft proposes per round; 1..max_draft_length.
   sampling_params sampling{};        ///< warping shared by draft and target.
   std::optional<token> eos{};        ///< stop right after emitting this token.
   verification verify = verification::token_wise;  ///< the verification rule.
@@ -68,8 +73,10 @@ inline void validate(const sampling_params& s) {
 /// `vocab` is the models' vocabulary size, used to check `eos`.
 inline void validate(const speculative_params& s, std::size_t vocab) {
   validate(s.sampling);
-  if (s.draft_length == 0) {
-    throw error("speculative_params.draft_length must be >= 1 (the draft proposes K >= 1 tokens per round)");
+  if (s.draft_length == 0 || s.draft_length > max_draft_length) {
+    throw error(fmt::format("speculative_params.draft_length must be in 1..{} (the draft proposes K tokens "
+                            "per round), got {}",
+                            max_draft_length, s.draft_length));
   }
   if (!(s.draft_min_probability >= 0.0f && s.draft_min_probability < 1.0f)) {
     throw error(fmt::format("speculative_params.draft_min_probability must be in [0, 1) (0 = off), got {}",

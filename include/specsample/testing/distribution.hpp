@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <limits>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 namespace specsample::testing {
@@ -215,9 +216,14 @@ inline fit_result g_test(const xt::xarray<double>& observed, const xt::xarray<do
   return table;
 }
 
+/// `speculative_fit`'s default verifier: the rule `params` name (`params.verify`, `params.leniency`),
+/// as `speculative_sample` without a verifier uses.
+struct verifier_from_params {};
+
 /// The whole exactness check for one pair: enumerates the target's exact distribution over
 /// sequences of `params.max_new_tokens` tokens after `prompt`, draws `samples` speculative samples
-/// (with `verifier`, token-wise by default) and G-tests them against it. `draft` is a model or
+/// (with `verifier`; by default the rule `params` name, lossy leniency included) and G-tests them
+/// against it. `draft` is a model or
 /// any `drafter` (n-gram, a `model_drafter` with early stopping, ...). With `params.eos` set,
 /// generation stops right after the first EOS, so both sides are compared over (V + 1)^L, every
 /// position after an EOS holding an "absent" marker (`eos_truncated_distribution`): a sampler
@@ -225,7 +231,7 @@ inline fit_result g_test(const xt::xarray<double>& observed, const xt::xarray<do
 /// plus `samples` generations, so keep the vocabulary and length small (or restrict a large model
 /// with top-k).
 template <class Draft, language_model Target, std::uniform_random_bit_generator Rng,
-          class Verifier = tokenwise_verifier>
+          class Verifier = verifier_from_params>
   requires(language_model<Draft> || drafter<Draft>)
 [[nodiscard]] fit_result speculative_fit(Draft& draft, Target& target, std::span<const token> prompt,
                                          const speculative_params& params, std::size_t samples, Rng& rng,
@@ -237,7 +243,9 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
   no_observer none;
   for (std::size_t i = 0; i < samples; ++i) {
     std::vector<token> out;
-    if constexpr (language_model<Draft>) {
+    if constexpr (std::is_same_v<Verifier, verifier_from_params>) {
+      out = speculative_sample(draft, target, prompt, params, rng, none).tokens;
+    } else if constexpr (language_model<Draft>) {
       out = speculative_sample(draft, target, prompt, params, rng, none, verifier).tokens;
     } else {
       out = specsample::detail::generate(draft, target, prompt, params, rng, none, verifier).tokens;
