@@ -104,7 +104,7 @@ constexpr std::string_view help = R"(usage: specsample-bench [options]
                         CPU has; the report names the level used)
   --seed S              base random seed (default 20240601)
   --cost-samples N      single-append timings for the cost ratio (default 200)
-  --max-prompts N       use only the first N prompts (default: all)
+  --max-prompts N       use only the first N prompts (default, or 0: all)
   --out DIR             also write DIR/sweep.md, sweep.json, speedup.dat, acceptance.dat
   --quick               smoke test: -n 32, 1 rep, K <= 3, 2 prompts, few timing samples
                         (explicit options still win)

@@ -101,6 +101,7 @@ cli parse(int argc, char** argv) {
   if (c.samples == 0 || c.long_runs == 0 || c.long_tokens == 0 || c.length == 0 || c.k == 0) {
     usage_error("--samples, --long-runs, --long-tokens, --length and -k must be >= 1");
   }
+  if (!(c.c >= 0.0 && std::isfinite(c.c))) usage_error(fmt::format("--c must be finite and >= 0, got {}", c.c));
   return c;
 }
 

@@ -14,10 +14,14 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
+#include <cstdint>
 #include <cstdlib>
 #include <random>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <type_traits>
 
 namespace {
 
@@ -55,12 +59,24 @@ bool check(Draft& draft, Target& target, const specsample::speculative_params& p
   return ok;
 }
 
-double number(int& i, int argc, char** argv) {
+// The value after flag argv[i] as a T; a missing value, a value that is not a T or one out of T's
+// range (a negative count, --top-k 1e10) ends the program with a message.
+template <class T>
+T number(int& i, int argc, char** argv) {
+  const std::string_view flag = argv[i];
   if (i + 1 >= argc) {
-    fmt::print(stderr, "{} needs a value\n", argv[i]);
+    fmt::print(stderr, "{} needs a value\n", flag);
     std::exit(2);
   }
-  return std::stod(argv[++i]);
+  const std::string_view text = argv[++i];
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc{} || end != text.data() + text.size()) {
+    fmt::print(stderr, "{} expects {}, got '{}'\n", flag,
+               std::is_floating_point_v<T> ? "a number" : std::is_signed_v<T> ? "an integer" : "a count (>= 0)", text);
+    std::exit(2);
+  }
+  return value;
 }
 
 }  // namespace
@@ -76,14 +92,14 @@ int main(int argc, char** argv) {
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string_view a = argv[i];
-      if (a == "--vocab") vocab = static_cast<std::size_t>(number(i, argc, argv));
-      else if (a == "--length") params.max_new_tokens = static_cast<std::size_t>(number(i, argc, argv));
-      else if (a == "-k") params.draft_length = static_cast<std::size_t>(number(i, argc, argv));
-      else if (a == "--temperature") params.sampling.temperature = static_cast<float>(number(i, argc, argv));
-      else if (a == "--top-k") params.sampling.top_k = static_cast<int>(number(i, argc, argv));
-      else if (a == "--similarity") similarity = number(i, argc, argv);
-      else if (a == "--samples") samples = static_cast<std::size_t>(number(i, argc, argv));
-      else if (a == "--seed") seed = static_cast<std::uint64_t>(number(i, argc, argv));
+      if (a == "--vocab") vocab = number<std::size_t>(i, argc, argv);
+      else if (a == "--length") params.max_new_tokens = number<std::size_t>(i, argc, argv);
+      else if (a == "-k") params.draft_length = number<std::size_t>(i, argc, argv);
+      else if (a == "--temperature") params.sampling.temperature = number<float>(i, argc, argv);
+      else if (a == "--top-k") params.sampling.top_k = number<int>(i, argc, argv);
+      else if (a == "--similarity") similarity = number<double>(i, argc, argv);
+      else if (a == "--samples") samples = number<std::size_t>(i, argc, argv);
+      else if (a == "--seed") seed = number<std::uint64_t>(i, argc, argv);
       else if (a == "--broken") broken = true;
       else {
         fmt::print(stderr, "unknown argument {}\n", a);

@@ -153,6 +153,7 @@ cli parse(int argc, char** argv) {
     else if (a == "--json") c.json = true;
     else usage_error(fmt::format("unknown argument '{}'", a));
   }
+  if (c.params.max_new_tokens == 0) usage_error("-n must be >= 1 (there is nothing to generate or time)");
   specsample::validate(c.params, std::numeric_limits<std::size_t>::max());
   return c;
 }

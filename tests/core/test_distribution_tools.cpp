@@ -6,6 +6,10 @@
 #include <xtensor/xview.hpp>
 #include <xtensor/xreducer.hpp>
 
+#include <cstddef>
+#include <random>
+#include <vector>
+
 using namespace specsample;
 
 TEST_CASE("the exact sequence distribution of a Markov chain is the product of its conditionals", "[testing]") {
@@ -24,6 +28,28 @@ TEST_CASE("the exact sequence distribution of a Markov chain is the product of i
   // Marginalising the last position gives the length-2 table.
   const auto two = testing::exact_sequence_distribution(m, prompt, 2, {});
   CHECK(xt::allclose(xt::sum(table, {2}), two, 1e-6, 1e-9));
+}
+
+TEST_CASE("the exactness tools refuse sizes they cannot enumerate or test", "[testing][errors]") {
+  using Catch::Matchers::Contains;
+  auto m = toy::markov::random(3, 1, 2);
+  const std::vector<token> prompt{1};
+  CHECK_THROWS_WITH(testing::exact_sequence_distribution(m, prompt, 0, {}), Contains("length must be in 1..64"));
+  // A huge length stops at the sequence cap at once (the count was multiplied out length times).
+  CHECK_THROWS_WITH(testing::exact_sequence_distribution(m, prompt, 20, {}), Contains("too many to enumerate"));
+  CHECK_THROWS_WITH(testing::exact_sequence_distribution(m, prompt, std::size_t(-1), {}),
+                    Contains("length must be in 1..64"));
+  // One token: any length is one sequence, but the enumeration recurses per token.
+  auto one = toy::markov::random(1, 0, 2);
+  CHECK(testing::exact_sequence_distribution(one, std::vector<token>{0}, 64, {}).size() == 1);
+  CHECK_THROWS_WITH(testing::exact_sequence_distribution(one, std::vector<token>{0}, 40'000, {}),
+                    Contains("length must be in 1..64"));
+  // No samples would be a vacuous PASS.
+  auto draft = toy::markov::random(3, 1, 3);
+  speculative_params params;
+  params.max_new_tokens = 2;
+  std::mt19937_64 rng(1);
+  CHECK_THROWS_WITH(testing::speculative_fit(draft, m, prompt, params, 0, rng), Contains("samples must be >= 1"));
 }
 
 TEST_CASE("the G-test accepts a fair sample and rejects a biased one", "[testing]") {

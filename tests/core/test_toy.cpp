@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <stdexcept>
 #include <vector>
@@ -63,6 +64,11 @@ TEST_CASE("transition tables with the wrong shape or no mass are refused", "[toy
   t.col(2).setZero();
   CHECK_THROWS_WITH(toy::markov(t, 1), Contains("column 2"));
   CHECK_THROWS_WITH(toy::markov::random(5000, 3, 1), Contains("too large"));
+  // Order 0 too: a huge vocab (or one whose + 1 wraps) is refused, not filled or divided by zero.
+  for (const std::size_t v : {std::size_t{3'000'000'000}, std::numeric_limits<std::size_t>::max()}) {
+    CHECK_THROWS_WITH(toy::markov::random(v, 0, 1), Contains("too large"));
+    CHECK_THROWS_WITH(toy::markov::random(v, 1, 1), Contains("too large"));
+  }
 }
 
 TEST_CASE("the callable adapter calls the function with the context so far", "[toy][callable]") {

@@ -30,6 +30,13 @@ TEST_CASE("the performance model matches its closed form", "[tuning]") {
   for (int k = 1; k <= 8; ++k) verify.push_back(1.0 + 0.4 * k);
   CHECK(best_draft_length(a, 0.075, 8, verify) < 4);
   CHECK(predicted_speedup(a, 0.075, 4, verify) == Approx(expected_tokens_per_round(a, 4) / (0.3 + 2.6)));
+  // A negative or non-finite cost is refused, not turned into a negative or NaN speedup.
+  using Catch::Matchers::Contains;
+  for (const double c : {-1.0, std::nan(""), HUGE_VAL}) {
+    CHECK_THROWS_WITH(predicted_speedup(0.6, c, 4), Contains("cost ratio c must be finite and >= 0"));
+  }
+  verify[4] = 0.0;
+  CHECK_THROWS_WITH(predicted_speedup(a, 0.075, 4, verify), Contains("verification cost v[4]"));
 }
 
 TEST_CASE("position acceptance counts each position only when it was reached", "[tuning]") {

@@ -11,10 +11,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <sys/stat.h>
@@ -383,6 +385,33 @@ TEST_CASE("the model reports its shape and handles empty appends, truncation and
   gpt2::model all = gpt2::model::load(test_models_dir / "tiny-random-gpt2",
                                       gpt2::options{.threads = 0});
   REQUIRE(all.threads() == std::max(1u, std::thread::hardware_concurrency()));
+
+  // reserve() is capped at n_positions: a huge batch neither allocates nor wraps its sizes to 0.
+  m.reserve(std::size_t{1} << 57);
+  m.truncate(0);
+  REQUIRE(m.append(many) == a);
+}
+
+TEST_CASE("a model built from parameters in memory checks every parameter's size", "[gpt2][model]") {
+  const gpt2::model m = gpt2::model::load(test_models_dir / "tiny-random-gpt2");
+  const std::size_t C = m.config().n_embd;
+  using vec = xt::xtensor<float, 1>;
+  const std::vector<std::pair<std::string, std::function<void(gpt2::weights&)>>> breaks = {
+      {"qkv bias of C, not 3C", [&](gpt2::weights& w) { w.layers[0].attn_qkv_bias = vec::from_shape({C}); }},
+      {"ln_1 weight of 1", [](gpt2::weights& w) { w.layers[0].ln_1_weight = vec::from_shape({1}); }},
+      {"ln_2 bias of 0", [](gpt2::weights& w) { w.layers[1].ln_2_bias = vec(); }},
+      {"fc bias of 3", [](gpt2::weights& w) { w.layers[1].mlp_fc_bias = vec::from_shape({3}); }},
+      {"proj bias of 2C", [&](gpt2::weights& w) { w.layers[1].mlp_proj_bias = vec::from_shape({2 * C}); }},
+      {"ln_f bias of 0", [](gpt2::weights& w) { w.ln_f_bias = vec(); }},
+  };
+  for (const auto& [what, apply] : breaks) {
+    INFO(what);
+    gpt2::weights w = m.weights();
+    apply(w);
+    REQUIRE_THROWS_WITH(gpt2::model(m.config(), std::move(w)),
+                        Catch::Contains("weights do not match the config"));
+  }
+  REQUIRE_NOTHROW(gpt2::model(m.config(), gpt2::weights(m.weights())));
 }
 
 TEST_CASE("bad tokens and context overflow throw before touching the state", "[gpt2][model]") {

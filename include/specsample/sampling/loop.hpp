@@ -67,7 +67,7 @@ template <class Draft, class Target>
 void check_distinct(const Draft& draft, const Target& target) {
   if (static_cast<const void*>(std::addressof(draft)) == static_cast<const void*>(std::addressof(target))) {
     throw error("the draft and the target are the same model object: the loop keeps them at different "
-                "context lengths; pass a copy of the model as the draft");
+                "context lengths; pass a second instance as the draft (e.g. the checkpoint loaded twice)");
   }
 }
 
@@ -245,7 +245,7 @@ generation_result generate_with(Drafter& drafter, Target& target, std::span<cons
 /// first; on return each holds a prefix of prompt + tokens (the target: all but the last token),
 /// so a follow-up call continues correctly. Throws `specsample::error` on bad parameters, an empty
 /// or out-of-range prompt, mismatched vocabularies, context overflow, `draft` and `target` being
-/// one object (pass a copy), or a model that breaks its contract (wrong logits shape, NaN / +inf
+/// one object (pass a second instance), or a model that breaks its contract (wrong logits shape, NaN / +inf
 /// logits).
 ///
 /// @param observer called with a `round_event` after every round (tracing, streaming).

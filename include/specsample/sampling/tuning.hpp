@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <span>
 #include <utility>
 #include <vector>
@@ -34,18 +35,6 @@ namespace specsample {
   return expected;
 }
 
-/// The speedup the performance model predicts: expected tokens per round / (c·K + 1), where c is
-/// the cost of one draft call relative to one target call (Leviathan et al., Theorem 3.8).
-[[nodiscard]] inline double predicted_speedup(std::span<const double> acceptance, double c, std::size_t k) {
-  return expected_tokens_per_round(acceptance, k) / (c * static_cast<double>(k) + 1.0);
-}
-
-/// The same with one acceptance probability α for every position: (1 - α^(K+1)) / ((1 - α)(cK + 1)).
-[[nodiscard]] inline double predicted_speedup(double alpha, double c, std::size_t k) {
-  const std::vector<double> a(k, alpha);
-  return predicted_speedup(std::span<const double>(a), c, k);
-}
-
 /// The speedup with the measured cost of verification: expected tokens per round /
 /// (c·K + v[K]), where v[K] = time of a (K+1)-token target call / time of a 1-token call (the
 /// classic formula takes v = 1: "verifying K+1 positions costs one forward pass", true when a
@@ -54,7 +43,25 @@ namespace specsample {
 [[nodiscard]] inline double predicted_speedup(std::span<const double> acceptance, double c, std::size_t k,
                                               std::span<const double> verify_cost) {
   const double v = k < verify_cost.size() ? verify_cost[k] : 1.0;
+  if (!(c >= 0.0 && c < std::numeric_limits<double>::infinity())) {
+    throw error(fmt::format("predicted_speedup: the cost ratio c must be finite and >= 0, got {}", c));
+  }
+  if (!(v > 0.0 && v < std::numeric_limits<double>::infinity())) {
+    throw error(fmt::format("predicted_speedup: the verification cost v[{}] must be finite and > 0, got {}", k, v));
+  }
   return expected_tokens_per_round(acceptance, k) / (c * static_cast<double>(k) + v);
+}
+
+/// The speedup the performance model predicts: expected tokens per round / (c·K + 1), where c is
+/// the cost of one draft call relative to one target call (Leviathan et al., Theorem 3.8).
+[[nodiscard]] inline double predicted_speedup(std::span<const double> acceptance, double c, std::size_t k) {
+  return predicted_speedup(acceptance, c, k, {});
+}
+
+/// The same with one acceptance probability α for every position: (1 - α^(K+1)) / ((1 - α)(cK + 1)).
+[[nodiscard]] inline double predicted_speedup(double alpha, double c, std::size_t k) {
+  const std::vector<double> a(k, alpha);
+  return predicted_speedup(std::span<const double>(a), c, k);
 }
 
 /// The K in [1, k_max] with the highest predicted speedup (the smaller K on ties); with

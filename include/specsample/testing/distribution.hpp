@@ -84,6 +84,10 @@ inline double gamma_q(double a, double x) {
 
 }  // namespace detail
 
+/// The longest sequence `exact_sequence_distribution` enumerates (it recurses once per token; with
+/// V >= 2 the 1e7-sequence cap already stops it at 23).
+inline constexpr std::size_t max_sequence_length = 64;
+
 /// The exact probability of every sequence of `length` tokens that sampling from `model` after
 /// `prompt` with warping `sampling` can produce, as an L-dimensional (V, ..., V) table
 /// (entry [x0, ..., x(L-1)] = P(x0 ... x(L-1))). Enumerates every prefix with positive probability
@@ -93,10 +97,13 @@ template <language_model M>
 [[nodiscard]] xt::xarray<double> exact_sequence_distribution(M& model, std::span<const token> prompt,
                                                             std::size_t length, const sampling_params& sampling) {
   if (prompt.empty()) throw error("exact_sequence_distribution: the prompt must not be empty");
-  if (length == 0) throw error("exact_sequence_distribution: length must be >= 1");
+  if (length == 0 || length > max_sequence_length) {
+    throw error(fmt::format("exact_sequence_distribution: length must be in 1..{}, got {}", max_sequence_length,
+                            length));
+  }
   const auto v = static_cast<std::size_t>(model.vocab_size());
   double cells = 1.0;
-  for (std::size_t i = 0; i < length; ++i) cells *= static_cast<double>(v);
+  for (std::size_t i = 0; i < length && cells <= 1e7; ++i) cells *= static_cast<double>(v);
   if (cells > 1e7) {
     throw error(fmt::format("exact_sequence_distribution: {}^{} sequences are too many to enumerate", v, length));
   }
@@ -236,6 +243,7 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
 [[nodiscard]] fit_result speculative_fit(Draft& draft, Target& target, std::span<const token> prompt,
                                          const speculative_params& params, std::size_t samples, Rng& rng,
                                          Verifier verifier = {}) {
+  if (samples == 0) throw error("speculative_fit: samples must be >= 1");
   const std::size_t L = params.max_new_tokens, V = static_cast<std::size_t>(target.vocab_size());
   const auto full = exact_sequence_distribution(target, prompt, L, params.sampling);
   const auto exact = params.eos ? eos_truncated_distribution(full, V, L, *params.eos) : full;

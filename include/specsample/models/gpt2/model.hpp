@@ -89,13 +89,19 @@ class model {
     const auto shaped = [](const weight_matrix& m, std::size_t r, std::size_t c) {
       return m.rows() == r && m.cols() == c;
     };
+    const auto sized = [](const xt::xtensor<float, 1>& v, std::size_t n) { return v.size() == n; };
+    const std::size_t I = cfg_.n_inner;
     for (const layer_weights& lw : w_.layers) {
       if (!shaped(lw.attn_qkv_weight, 3 * C, C) || !shaped(lw.attn_proj_weight, C, C) ||
-          !shaped(lw.mlp_fc_weight, cfg_.n_inner, C) || !shaped(lw.mlp_proj_weight, C, cfg_.n_inner)) {
+          !shaped(lw.mlp_fc_weight, I, C) || !shaped(lw.mlp_proj_weight, C, I) ||
+          !sized(lw.ln_1_weight, C) || !sized(lw.ln_1_bias, C) || !sized(lw.ln_2_weight, C) ||
+          !sized(lw.ln_2_bias, C) || !sized(lw.attn_qkv_bias, 3 * C) || !sized(lw.attn_proj_bias, C) ||
+          !sized(lw.mlp_fc_bias, I) || !sized(lw.mlp_proj_bias, C)) {
         throw error("gpt2::model: weights do not match the config");
       }
     }
-    if (!shaped(w_.output_embedding(), cfg_.vocab_size, C)) {
+    if (!shaped(w_.output_embedding(), cfg_.vocab_size, C) || !sized(w_.ln_f_weight, C) ||
+        !sized(w_.ln_f_bias, C)) {
       throw error("gpt2::model: weights do not match the config");
     }
     att_ = xt::xtensor<float, 2>::from_shape({pool_->size(), kernels::attention_scratch(P)});
@@ -130,8 +136,10 @@ class model {
   /// The kernel instruction set in use (`options::kernels` capped at what the CPU supports).
   [[nodiscard]] isa kernels() const noexcept { return isa_; }
 
-  /// Grows the scratch buffers so that appends of up to `batch` tokens allocate nothing.
+  /// Grows the scratch buffers so that appends of up to `batch` tokens (at most n_positions: no
+  /// append is longer) allocate nothing.
   void reserve(std::size_t batch) {
+    batch = std::min(batch, cfg_.n_positions);  // (so that no buffer size wraps either)
     if (batch <= capacity_) return;
     const std::size_t C = cfg_.n_embd;
     x_ = xt::xtensor<float, 2>::from_shape({batch, C});

@@ -9,11 +9,16 @@
 /// descheduled worker delays nothing (the model only splits ops that are big enough:
 /// `options::min_parallel_work`). No allocation and no lock per `parallel_for`.
 
+#include <specsample/error.hpp>
+
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <thread>
 #include <type_traits>
@@ -55,16 +60,18 @@ class thread_pool {
     if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
     threads = std::min<std::size_t>(threads, max_threads);
     workers_.reserve(threads - 1);
-    for (std::size_t id = 1; id < threads; ++id) workers_.emplace_back([this] { run(); });
+    try {
+      for (std::size_t id = 1; id < threads; ++id) workers_.emplace_back([this] { run(); });
+    } catch (const std::exception& e) {  // e.g. no memory for a stack: join those started
+      const std::size_t started = workers_.size();
+      stop();
+      throw error(fmt::format("thread_pool: cannot start thread {} of {}: {}", started + 1, threads,
+                              e.what()));
+    }
   }
   thread_pool(const thread_pool&) = delete;
   thread_pool& operator=(const thread_pool&) = delete;
-  ~thread_pool() {
-    stop_.store(true, std::memory_order_seq_cst);
-    generation_.fetch_add(1, std::memory_order_seq_cst);
-    generation_.notify_all();
-    for (std::thread& t : workers_) t.join();
-  }
+  ~thread_pool() { stop(); }
 
   /// Most threads a pool runs.
   static constexpr std::size_t max_threads = 1024;
@@ -109,6 +116,13 @@ class thread_pool {
   }
 
  private:
+  // Wakes every worker to exit, and joins them.
+  void stop() noexcept {
+    stop_.store(true, std::memory_order_seq_cst);
+    generation_.fetch_add(1, std::memory_order_seq_cst);
+    generation_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
   // ticket_: generation (bits 63..32) | chunks of the task (31..16) | next unclaimed chunk (15..0)
   static constexpr std::uint64_t make_ticket(std::uint32_t gen, std::size_t chunks,
                                              std::size_t next) noexcept {

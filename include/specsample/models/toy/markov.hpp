@@ -110,15 +110,22 @@ class markov {
   }
 
  private:
+  // Contexts of the (V, states) table; it holds at most 2^26 floats (256 MB), which also keeps
+  // every token id an int32 and no product of sizes wrapping.
   static std::size_t state_count(std::size_t vocab, std::size_t order) {
+    constexpr std::size_t max_cells = std::size_t{1} << 26;
+    const auto too_large = [&] {
+      return error(fmt::format("toy::markov: vocab {} with order {} needs a table too large to store densely "
+                               "(more than {} entries)",
+                               vocab, order, max_cells));
+    };
+    if (vocab > max_cells) throw too_large();
     std::size_t s = 1;
     for (std::size_t i = 0; i < order; ++i) {
-      if (s > (std::size_t{1} << 26) / (vocab + 1)) {
-        throw error(fmt::format("toy::markov: vocab {} with order {} needs a table too large to store densely",
-                                vocab, order));
-      }
+      if (s > max_cells / (vocab + 1)) throw too_large();
       s *= vocab + 1;
     }
+    if (vocab * s > max_cells) throw too_large();
     return s;
   }
 
