@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -184,6 +185,11 @@ TEST_CASE("verify rejects inconsistent inputs", "[verify][errors]") {
   CHECK_THROWS_WITH(verify_tokenwise(std::span<const token>(&y, 1), q, p2, rng), Contains("out of range"));
   Eigen::MatrixXf q0 = Eigen::MatrixXf::Zero(3, 1);
   CHECK_THROWS_WITH(verify_tokenwise(std::span<const token>(&x, 1), q0, p2, rng), Contains("zero draft probability"));
+  // A verifier built directly is checked too: leniency 0 would accept every draft, NaN none.
+  for (const double b : {0.0, -0.5, 1.5, std::nan("")}) {
+    CHECK_THROWS_WITH((tokenwise_verifier{.leniency = b}(std::span<const token>(&x, 1), q, p2, rng)),
+                      Contains("leniency must be in (0, 1]"));
+  }
 }
 
 TEST_CASE("the vector weight sums of draws and of block verification equal the scalar sums bit for bit on every "

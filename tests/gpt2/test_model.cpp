@@ -13,6 +13,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -540,6 +541,29 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
     const Eigen::MatrixXf a = prefixed.append(t);
     const Eigen::MatrixXf b = plain.append(t);
     REQUIRE(a == b);
+  }
+  SECTION("a NaN or an infinity in a tensor, in every precision") {
+    rewrite([](std::vector<io::tensor_data>& ts) {
+      for (io::tensor_data& t : ts) {
+        if (t.name != "h.1.mlp.c_fc.weight") continue;
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        std::memcpy(t.data.data() + 4 * 37, &nan, 4);
+      }
+    });
+    REQUIRE_THAT(load_error(dir), Contains(st.string()) &&
+                                      Contains("tensor 'h.1.mlp.c_fc.weight' holds nan at element 37") &&
+                                      Contains("corrupt or diverged checkpoint"));
+    for (const io::dtype d : {io::dtype::f16, io::dtype::bf16}) {
+      rewrite([d](std::vector<io::tensor_data>& ts) {
+        for (io::tensor_data& t : ts) {
+          if (t.name != "ln_f.bias") continue;
+          std::vector<float> v(t.shape[0], 0.5f);
+          v[5] = -std::numeric_limits<float>::infinity();
+          t = io::make_tensor(t.name, t.shape, v, d);
+        }
+      });
+      REQUIRE_THAT(load_error(dir), Contains("tensor 'ln_f.bias' holds -inf at element 5"));
+    }
   }
   SECTION("a config that disagrees with the tensors") {
     set_config("n_embd", 32);

@@ -100,6 +100,9 @@ struct tokenwise_verifier {
                            const Eigen::Ref<const Eigen::MatrixXf>& p, Rng& rng) const {
     const auto k = static_cast<Eigen::Index>(drafts.size());
     detail::check_verify_inputs(drafts, q, p);
+    if (!(leniency > 0.0 && leniency <= 1.0)) {  // 0 would accept every draft, NaN none
+      throw error(fmt::format("tokenwise_verifier: leniency must be in (0, 1] (1 = exact), got {}", leniency));
+    }
     for (Eigen::Index i = 0; i < k; ++i) {
       const token x = drafts[static_cast<std::size_t>(i)];
       const double qx = q(x, i);

@@ -286,6 +286,43 @@ inline void convert_floats(const io::tensor_view& t, std::size_t first, std::siz
   }
 }
 
+/// The index of the first of the `n` values of type U at `p` whose bits include all of
+/// `exponent` (n when none). A block of 4096 values is tested without a branch per value, an OR
+/// reduction of U-sized flags that GCC 12 vectorises at -O3 (0.9 ms for 24.6 MB of F16 in a
+/// scratch benchmark; a `bool` flag stayed scalar, 4.3 ms).
+template <class U>
+[[nodiscard]] std::size_t first_with_bits(const std::byte* p, std::size_t n, U exponent) {
+  constexpr std::size_t block = 4096;
+  for (std::size_t b = 0; b < n; b += block) {
+    const std::size_t e = std::min(n, b + block);
+    U hits = 0;
+    for (std::size_t i = b; i < e; ++i) {
+      U u{};
+      std::memcpy(&u, p + sizeof(U) * i, sizeof(U));
+      hits |= static_cast<U>((u & exponent) == exponent);
+    }
+    if (hits == 0) continue;
+    for (std::size_t i = b; i < e; ++i) {
+      U u{};
+      std::memcpy(&u, p + sizeof(U) * i, sizeof(U));
+      if ((u & exponent) == exponent) return i;
+    }
+  }
+  return n;
+}
+
+/// The index of the first NaN or infinity (all exponent bits set) in floating-point tensor `t`,
+/// or its numel() when there is none.
+[[nodiscard]] inline std::size_t first_non_finite(const io::tensor_view& t) {
+  const std::byte* p = t.data.data();
+  switch (t.dtype) {
+    case io::dtype::f32: return first_with_bits(p, t.numel(), std::uint32_t{0x7F800000});
+    case io::dtype::f16: return first_with_bits(p, t.numel(), std::uint16_t{0x7C00});
+    case io::dtype::bf16: return first_with_bits(p, t.numel(), std::uint16_t{0x7F80});
+    default: return t.numel();
+  }
+}
+
 /// Looks tensors up with the checkpoint's prefix and checks dtype and shape.
 class tensor_loader {
  public:
@@ -334,6 +371,7 @@ class tensor_loader {
     std::copy(shape.begin(), shape.end(), s.begin());
     dst = xt::xtensor<float, N>::from_shape(s);
     convert_floats(t, 0, t.numel(), dst.data());
+    check_finite(t);
   }
 
   /// A matmul weight to load: the tensor `name`, the (rows, cols) matrix it becomes (row o =
@@ -359,6 +397,7 @@ class tensor_loader {
                                                         std::move(storage))
                           : weight_matrix::from_rows(format_of(t.dtype), m.rows, m.cols, t.data.data(),
                                                      std::move(storage));
+    check_finite(t);
   }
 
   /// Throws if the file has blocks beyond n_layer (the config disagrees with the tensors).
@@ -385,6 +424,19 @@ class tensor_loader {
   [[nodiscard]] const io::safetensors_file& file() const noexcept { return file_; }
 
  private:
+  // Every value of `t` finite: a NaN or an infinity in a checkpoint (a corrupt file, a diverged
+  // training run) is reported at load, naming the tensor, not as NaN logits later. Run right
+  // after the tensor is copied, while its bytes are still in cache. Loading the bundled target
+  // (-O3, min of 21 loads, three runs): 14.4–15.0 ms without the check, 15.4–16.0 ms with it.
+  void check_finite(const io::tensor_view& t) const {
+    const std::size_t i = first_non_finite(t);
+    if (i == t.numel()) return;
+    float value = 0.0f;
+    convert_floats(t, i, 1, &value);
+    throw error(fmt::format("{}: tensor '{}' holds {} at element {}: a corrupt or diverged checkpoint",
+                            file_.path().string(), t.name, value, i));
+  }
+
   const io::tensor_view& view(const matrix_spec& m) const {
     return m.transposed ? get(m.name, {m.cols, m.rows}) : get(m.name, {m.rows, m.cols}, m.top_level);
   }
@@ -430,7 +482,7 @@ inline weights weights::load(const io::safetensors_file& file, const config& cfg
   (void)ld.get("ln_f.bias", {C});
   if (has_lm_head) (void)ld.get("lm_head.weight", {V, C}, /*top_level=*/true);
 
-  // Pass 2: convert. The matmul weights share one allocation (`allocate_weight_storage`: huge
+  // Pass 2: convert, checking that every value is finite. The matmul weights share one allocation (`allocate_weight_storage`: huge
   // pages when large), laid out in the order a forward pass streams them — block 0's qkv, proj,
   // fc and proj, block 1's, …, the output projection — and wte last (the embedding reads one row
   // per token; tied, wte is the output projection itself).
