@@ -623,18 +623,10 @@ class bpe_tokenizer {
   void load_merges(const std::filesystem::path& path) {
     const std::string file = path.string();
     const std::string data = io::read_file(path);
-    std::size_t line_no = 0;
-    std::size_t pos = 0;
     merges_.reserve(data.size() / 8);
-    while (pos < data.size()) {
-      std::size_t eol = data.find('\n', pos);
-      if (eol == std::string::npos) eol = data.size();
-      std::string_view line(data.data() + pos, eol - pos);
-      pos = eol + 1;
-      ++line_no;
-      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-      if (line_no == 1 && line.starts_with("#version")) continue;
-      if (line.empty()) continue;
+    io::detail::for_each_line(data, [&](std::size_t line_no, std::string_view line) {
+      if (line_no == 1 && line.starts_with("#version")) return;
+      if (line.empty()) return;
       std::vector<std::string_view> fields;
       std::size_t k = 0;
       while (k < line.size()) {
@@ -671,7 +663,7 @@ class bpe_tokenizer {
             fmt::format("{}:{}: duplicate merge \"{} {}\"", file, line_no, fields[0], fields[1]));
       }
       merge_list_.emplace_back(*a, *b);
-    }
+    });
   }
 
   /// Special tokens: the entries that are neither byte symbols nor merge results. An entry whose

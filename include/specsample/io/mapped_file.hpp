@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <fcntl.h>
@@ -142,5 +143,24 @@ class mapped_file {
   data.resize(n);
   return data;
 }
+
+namespace detail {
+
+/// Calls `f(number, line)` for each line of `text` (numbered from 1; LF or CRLF ends, the ending
+/// not included; a last line without an ending counts too).
+template <class F>
+void for_each_line(std::string_view text, F&& f) {
+  std::size_t number = 0;
+  for (std::size_t pos = 0; pos < text.size();) {
+    std::size_t eol = text.find('\n', pos);
+    if (eol == std::string_view::npos) eol = text.size();
+    std::string_view line = text.substr(pos, eol - pos);
+    pos = eol + 1;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    f(++number, line);
+  }
+}
+
+}  // namespace detail
 
 }  // namespace specsample::io

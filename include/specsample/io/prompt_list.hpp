@@ -23,15 +23,8 @@ namespace specsample::io {
 [[nodiscard]] inline std::vector<std::string> read_prompt_list(const std::filesystem::path& path) {
   const std::string data = read_file(path);
   std::vector<std::string> prompts;
-  std::size_t number = 0;
-  for (std::size_t pos = 0; pos < data.size();) {
-    std::size_t eol = data.find('\n', pos);
-    if (eol == std::string::npos) eol = data.size();
-    std::string_view line(data.data() + pos, eol - pos);
-    pos = eol + 1;
-    ++number;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.empty() || line.front() == '#') continue;
+  detail::for_each_line(data, [&](std::size_t number, std::string_view line) {
+    if (line.empty() || line.front() == '#') return;
     std::string p;
     for (std::size_t i = 0; i < line.size(); ++i) {
       if (line[i] != '\\') {
@@ -46,7 +39,7 @@ namespace specsample::io {
       else throw error(fmt::format("{}:{}: unknown escape \\{}", path.string(), number, e));
     }
     prompts.push_back(std::move(p));
-  }
+  });
   if (prompts.empty()) throw error(fmt::format("{}: no prompts", path.string()));
   return prompts;
 }
