@@ -143,7 +143,7 @@ class model_drafter {
       });
       ++made.forward_calls;
       if (min_probability_ > 0.0f && q.col(col).maxCoeff() < min_probability_) break;
-      out[i] = sample_categorical(q.col(col), rng);
+      out[i] = detail::draw_categorical(q.col(col), rng);
       made.tokens = i + 1;
     }
     return made;

@@ -4,10 +4,13 @@
 
 #include <specsample/concepts.hpp>
 #include <specsample/detail/simd.hpp>
+#include <specsample/error.hpp>
 
 #include <Eigen/Core>
+#include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <concepts>
 #include <cstdint>
@@ -123,23 +126,51 @@ template <class Weight, std::uniform_random_bit_generator Rng>
   for (std::size_t i = n; i-- > 0;) {
     if (weight(i) > 0.0) return static_cast<token>(i);
   }
-  return token{-1};  // no positive weight: excluded by the precondition
+  return token{-1};  // unreachable: a positive total means a positive weight
+}
+
+/// `draw_weighted` over weights whose total must be positive and finite: a NaN, an infinity, or
+/// no positive weight throws `specsample::error` naming the total.
+template <class Weight, std::uniform_random_bit_generator Rng>
+[[nodiscard]] token draw_checked(Weight& weight, std::size_t n, Rng& rng) {
+  const double total = total_weight(weight, n);
+  if (!(total > 0.0 && std::isfinite(total))) {
+    throw error(fmt::format("sample_categorical: the {} weights sum to {}; they must be finite and "
+                            "non-negative, with at least one positive",
+                            n, total));
+  }
+  return draw_weighted(weight, n, total, rng);
+}
+
+/// `sample_categorical` without its check of every weight, for weights the library computed
+/// itself (warped and residual distributions); still throws when their sum is not positive and
+/// finite.
+template <class Derived, std::uniform_random_bit_generator Rng>
+[[nodiscard]] token draw_categorical(const Eigen::DenseBase<Derived>& w, Rng& rng) {
+  const auto n = static_cast<std::size_t>(w.size());
+  if (const float* data = contiguous_floats(w)) {
+    float_weights weight{data};
+    return draw_checked(weight, n, rng);
+  }
+  auto weight = [&w](std::size_t i) { return static_cast<double>(w(static_cast<Eigen::Index>(i))); };
+  return draw_checked(weight, n, rng);
 }
 
 }  // namespace detail
 
-/// Draws an index from the unnormalised non-negative weights `w` (inverse CDF in double, blocked:
-/// `detail::draw_weighted`). Only indices with positive weight can be drawn. Precondition: some
-/// weight is positive.
+/// Draws an index from the unnormalised weights `w` (inverse CDF in double, blocked:
+/// `detail::draw_weighted`). Only indices with positive weight can be drawn. Throws
+/// `specsample::error` on a negative weight, naming it and its index (logits passed where
+/// probabilities belong, say), and when the sum is not positive and finite (a NaN or an infinity
+/// among the weights, no positive weight, an empty `w`).
 template <class Derived, std::uniform_random_bit_generator Rng>
 [[nodiscard]] token sample_categorical(const Eigen::DenseBase<Derived>& w, Rng& rng) {
-  const auto n = static_cast<std::size_t>(w.size());
-  if (const float* data = detail::contiguous_floats(w)) {
-    detail::float_weights weight{data};
-    return detail::draw_weighted(weight, n, detail::total_weight(weight, n), rng);
+  if (w.size() > 0 && w.minCoeff() < 0) {  // (the indexed minCoeff is not vectorised: 7x slower)
+    Eigen::Index at = 0;
+    const auto least = w.minCoeff(&at);
+    throw error(fmt::format("sample_categorical: weight {} at index {}; weights must be non-negative", least, at));
   }
-  auto weight = [&w](std::size_t i) { return static_cast<double>(w(static_cast<Eigen::Index>(i))); };
-  return detail::draw_weighted(weight, n, detail::total_weight(weight, n), rng);
+  return detail::draw_categorical(w, rng);  // (a NaN makes the sum NaN: draw_checked names it)
 }
 
 }  // namespace specsample

@@ -37,7 +37,7 @@ template <class P, class Q, std::uniform_random_bit_generator Rng>
   const auto n = static_cast<std::size_t>(p.size());
   const auto draw = [&](auto& residual) {
     const double mass = detail::total_weight(residual, n);
-    if (!(mass > residual_mass_epsilon)) return sample_categorical(p, rng);
+    if (!(mass > residual_mass_epsilon)) return detail::draw_categorical(p, rng);
     return detail::draw_weighted(residual, n, mass, rng);
   };
   const float* pd = detail::contiguous_floats(p);
@@ -110,7 +110,7 @@ struct tokenwise_verifier {
       if (px >= qx || uniform_01(rng) * leniency < px / qx) continue;
       return {static_cast<std::size_t>(i), sample_residual(p.col(i), q.col(i), rng), false};
     }
-    return {static_cast<std::size_t>(k), sample_categorical(p.col(k), rng), true};
+    return {static_cast<std::size_t>(k), detail::draw_categorical(p.col(k), rng), true};
   }
 };
 
@@ -154,7 +154,7 @@ struct block_verifier {
         w_tau = w;
       }
     }
-    if (tau == k) return {static_cast<std::size_t>(k), sample_categorical(p.col(k), rng), true};
+    if (tau == k) return {static_cast<std::size_t>(k), detail::draw_categorical(p.col(k), rng), true};
     return {static_cast<std::size_t>(tau), sample_residual(p.col(tau), q.col(tau), rng, w_tau), false};
   }
 };
