@@ -950,6 +950,12 @@ int run_strategies(const bench_setup& b) {
     }
     return nullptr;
   };
+  // The sweep's best K at temperature t when it is not the fixed K = 4 every run has: the strategy
+  // runs add it, and the block-vs-token-wise table reports it.
+  const auto extra_k = [&](double t) -> std::optional<std::size_t> {
+    if (const auto* best = sweep_at(t); best && best->k != 4) return best->k;
+    return std::nullopt;
+  };
 
   // Suite 1: the held-out prompts.
   suite held;
@@ -1000,12 +1006,12 @@ int run_strategies(const bench_setup& b) {
       if (su.name == "held-out") {
         // At the sweep's best K also token-wise (when that K is not 4) and block verification (at
         // T > 0: at T = 0 the two are the same rule).
-        if (const auto* best = sweep_at(temp); best && best->k != 4) {
-          strategies.insert(strategies.begin() + 2, {fmt::format("token-wise K={} (sweep's best)", best->k),
-                                                     method::token_wise, best->k});
+        if (const auto k = extra_k(temp)) {
+          strategies.insert(strategies.begin() + 2, {fmt::format("token-wise K={} (sweep's best)", *k),
+                                                     method::token_wise, *k});
           if (temp > 0.0) {
-            strategies.insert(strategies.begin() + 4, {fmt::format("block K={} (sweep's best)", best->k),
-                                                       method::block, best->k});
+            strategies.insert(strategies.begin() + 4, {fmt::format("block K={} (sweep's best)", *k),
+                                                       method::block, *k});
           }
         }
       }
@@ -1110,7 +1116,7 @@ int run_strategies(const bench_setup& b) {
       "| paired time, token-wise / block, med (min–max) |\n|---|---|---|---|---|---|---|---|\n");
   for (const double t : c.temperatures) {
     std::vector<std::size_t> ks{4};
-    if (const auto* best = sweep_at(t); best && best->k != 4) ks.push_back(best->k);
+    if (const auto k = extra_k(t)) ks.push_back(*k);
     for (const std::size_t k : ks) {
       const auto* tw = find("held-out", t, method::token_wise, k);
       const auto* bl = find("held-out", t, method::block, k);

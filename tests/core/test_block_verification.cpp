@@ -209,12 +209,10 @@ TEST_CASE("leniency below 1 is validated and drifts toward the draft", "[lenienc
   CHECK(exact.p_value > pass_threshold);
   // Without a verifier, speculative_fit checks the rule params name, leniency included.
   params.verify = verification::token_wise;
-  params.max_new_tokens = 3;
-  std::mt19937_64 fit_rng(2025);
-  const auto from_params = testing::speculative_fit(draft, target, std::vector<token>{0}, params, 100'000, fit_rng);
+  const auto from_params = test::fit_drafter(draft, target, {0}, params, testing::verifier_from_params{});
   CHECK(from_params.p_value < fail_threshold);
   params.leniency = 1.0;
-  const auto exact_params = testing::speculative_fit(draft, target, std::vector<token>{0}, params, 100'000, fit_rng);
+  const auto exact_params = test::fit_drafter(draft, target, {0}, params, testing::verifier_from_params{});
   CHECK(exact_params.p_value > pass_threshold);
 }
 

@@ -107,12 +107,11 @@ class model {
     att_ = xt::xtensor<float, 2>::from_shape({pool_->size(), kernels::attention_scratch(P)});
     reserve(std::min(std::max<std::size_t>(opts.batch_capacity, 1), P));
   } catch (const std::bad_alloc&) {
+    const auto per_layer = static_cast<double>(kernels::kv_layer_size(cfg.n_positions, cfg.n_embd, cfg.n_head));
     throw error(fmt::format(
-        "gpt2::model: out of memory for its buffers (the KV cache alone: {} layers x {} "
-        "positions x {} channels x 2 (keys, values) x 4 bytes = {:.3g} GB)",
-        cfg.n_layer, cfg.n_positions, cfg.n_embd,
-        8.0 * static_cast<double>(cfg.n_layer) * static_cast<double>(cfg.n_positions) *
-            static_cast<double>(cfg.n_embd) / 1e9));
+        "gpt2::model: out of memory for its buffers (the KV cache alone, for {} positions: {} layers x 2 "
+        "(keys, values) x {:.0f} floats x 4 bytes = {:.3g} GB)",
+        cfg.n_positions, cfg.n_layer, per_layer, 8.0 * static_cast<double>(cfg.n_layer) * per_layer / 1e9));
   }
 
   model(model&&) noexcept = default;
