@@ -334,11 +334,15 @@ TEST_CASE("attention over the KV cache matches its reference twin and is batch-i
   for (const isa level : levels()) {
     for (const std::size_t NH : {1u, 4u}) {
       for (const std::size_t C : {16u, 40u, 136u}) {  // head sizes 16, 40, 136, 4, 10, 34
-        // Contexts within one 16-key block and across several groups of 64 keys.
-        // T = 5, 6 and 7: a full tile of simd::query_tile queries plus a partial one of 1, 2 or 3.
+        // Contexts within one 16-key block and across several groups of 64 keys. The T queries
+        // run as tiles of 2, 5, 6 (= simd::query_tile), 3 + 4, 4 + 4 and 5 + 6 queries; every
+        // query also runs alone below.
         using shape = std::tuple<std::size_t, std::size_t, std::size_t>;  // P, pos0, T
-        for (const auto& [P, pos0, T] : {shape{24, 7, 5}, shape{24, 7, 6}, shape{24, 7, 7}, shape{150, 127, 5},
-                                         shape{150, 127, 6}, shape{150, 127, 7}}) {
+        std::vector<shape> shapes;
+        for (const std::size_t T : {2u, 5u, 6u, 7u, 8u, 11u}) {
+          shapes.insert(shapes.end(), {shape{24, 7, T}, shape{150, 127, T}});
+        }
+        for (const auto& [P, pos0, T] : shapes) {
           const auto qkv = random_vector(T * 3 * C, rng, 2.0f);
           // Older positions: random keys and values (every layout slot, so also the unused ones);
           // the new ones stored from qkv as the model does.

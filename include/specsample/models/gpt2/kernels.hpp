@@ -325,8 +325,9 @@ inline void store_kv(std::span<float> k_cache,        // kv_layer_size(P, C, NH)
 /// the values (P, HS) rows (simd.hpp, "attention layout"): one contiguous block per head, a
 /// score per vector lane. Position pos0 + t attends to positions [0, pos0 + t]; scores are
 /// scaled by 1/√HS. `scratch` holds `attention_scratch(P)` floats per pool worker. The work is
-/// split across the pool in (head, tile of up to `simd::query_tile` queries) tasks: the queries
-/// of a tile share every key and value load, and each query's scores and outputs are computed by
+/// split across the pool in (head, tile) tasks, the T queries cut into the fewest tiles of at
+/// most `simd::query_tile` queries, of sizes differing by at most one: the queries of a tile
+/// share every key and value load, and each query's scores and outputs are computed by
 /// one fixed-order sequence (simd::attend), so results do not depend on T, the tiling or the
 /// split. While a worker computes a head, it prefetches the keys and values of its next one
 /// (`simd::prefetch_stream`).
@@ -349,9 +350,8 @@ inline void attention(std::span<float> out,             // (T, C)
   detail::split(pool, NH * tiles, [&](std::size_t begin, std::size_t end, std::size_t worker) {
     float* att = scratch.data() + worker * stride;
     for (std::size_t task = begin; task < end; ++task) {
-      const std::size_t h = task / tiles;
-      const std::size_t t = (task % tiles) * simd::query_tile;
-      const std::size_t nq = std::min(simd::query_tile, T - t);
+      const std::size_t h = task / tiles, tile = task % tiles;
+      const std::size_t t = tile * T / tiles, nq = (tile + 1) * T / tiles - t;
       // The first tile of a head (the one that reads it from memory) prefetches the keys and
       // values of the next head when this chunk of tasks runs it too.
       simd::prefetch_stream ahead;
