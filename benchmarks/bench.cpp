@@ -563,7 +563,7 @@ probe_result probe_bandwidth(std::string label, std::size_t bytes, std::size_t t
 // model (at `context`) and of probe passes over a buffer of the model's file size, with the
 // model's thread count. Each block first runs `block` untimed calls or passes, then times `block`
 // more: right after the other side's data has gone through the caches both run ~30% slower and
-// take 5-10 calls to reach the steady state of repeated calls (part of a 25 MB working set stays
+// take 5-10 calls to reach the steady state of repeated calls (part of the 25 MB of weights stays
 // in the last-level cache from one call to the next), which is what the probe table and a decode
 // loop see. fraction = median over block pairs of (decode GB/s / probe GB/s): drift of the shared
 // machine, which moves the separate probe table by 10% between runs, hits both sides of a pair.
@@ -582,11 +582,11 @@ struct decode_bandwidth {
 };
 
 /// Bytes of keys and values a single-token append at `context` reads: every layer's values of its
-/// context + 1 positions and its keys in whole 16-position blocks (the attention layout).
+/// context + 1 positions and its keys in whole 16-position blocks (the attention layout:
+/// `simd::key_floats`, what the attention kernel prefetches).
 std::size_t kv_bytes_read(const specsample::gpt2::config& cfg, std::size_t context) {
-  namespace simd = specsample::gpt2::simd;
-  const std::size_t len = context + 1;
-  return cfg.n_layer * (simd::key_blocks(len) * simd::key_block + len) * cfg.n_embd * sizeof(float);
+  const std::size_t len = context + 1, C = cfg.n_embd;
+  return cfg.n_layer * (specsample::gpt2::simd::key_floats(len, C) + len * C) * sizeof(float);
 }
 
 decode_bandwidth measure_decode_bandwidth(specsample::gpt2::model& m, std::size_t bytes, const std::vector<token>& stream,
@@ -623,7 +623,7 @@ decode_bandwidth measure_decode_bandwidth(specsample::gpt2::model& m, std::size_
     prb.push_back(p);
     ratio.push_back(d / p);
     ws.push_back(w);
-    ws_ratio.push_back(d * static_cast<double>(bytes + r.kv_bytes) / static_cast<double>(bytes) / w);
+    ws_ratio.push_back(static_cast<double>(bytes + r.kv_bytes) * static_cast<double>(block) / s / 1e9 / w);
   }
   r.seconds_per_token = summarize(per_token);
   r.decode_gbs = summarize(dec);

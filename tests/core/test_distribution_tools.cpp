@@ -35,7 +35,8 @@ TEST_CASE("the exactness tools refuse sizes they cannot enumerate or test", "[te
   auto m = toy::markov::random(3, 1, 2);
   const std::vector<token> prompt{1};
   CHECK_THROWS_WITH(testing::exact_sequence_distribution(m, prompt, 0, {}), Contains("length must be in 1..64"));
-  // A huge length stops at the sequence cap at once (the count was multiplied out length times).
+  // A length in range whose V^L exceeds the 1e7 cap is refused by the cap; a huge one by the
+  // range check, before any counting.
   CHECK_THROWS_WITH(testing::exact_sequence_distribution(m, prompt, 20, {}), Contains("too many to enumerate"));
   CHECK_THROWS_WITH(testing::exact_sequence_distribution(m, prompt, std::size_t(-1), {}),
                     Contains("length must be in 1..64"));

@@ -329,8 +329,9 @@ TEST_CASE("the matmul weights share one allocation in the order a forward pass s
   // values) on huge pages, the drafts' (262 KB) 64-byte aligned; both zeroed. Two same-size blocks
   // (keys, values) are dirtied and freed first, so that a cache that skipped its fill could see
   // stale memory — where the allocator reuses them: glibc does once earlier large frees have
-  // raised its mmap threshold (the model loads before this in the suite); in a fresh process it
-  // maps new, zeroed pages, and the check then cannot fail.
+  // raised its mmap threshold, as freeing the models loaded at the top of this TEST_CASE (24.6 MB
+  // of weights) does; keep this block after them: in a fresh process glibc maps new, zeroed pages,
+  // and the check then cannot fail.
   struct kv_shape {
     std::size_t n_layer, n_head, n_embd, align;
   };

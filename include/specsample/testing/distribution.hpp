@@ -103,7 +103,7 @@ template <language_model M>
   }
   const auto v = static_cast<std::size_t>(model.vocab_size());
   double cells = 1.0;
-  for (std::size_t i = 0; i < length && cells <= 1e7; ++i) cells *= static_cast<double>(v);
+  for (std::size_t i = 0; i < length; ++i) cells *= static_cast<double>(v);
   if (cells > 1e7) {
     throw error(fmt::format("exact_sequence_distribution: {}^{} sequences are too many to enumerate", v, length));
   }

@@ -51,12 +51,14 @@ struct config {
   /// Bounds of layer_norm_epsilon: the smallest normal float, and 1 (the variance is of unit
   /// order; GPT-2 uses 1e-5). Outside them a layer norm would divide by zero or ignore its input.
   static constexpr float min_epsilon = std::numeric_limits<float>::min();
+  static constexpr float max_epsilon = 1.0f;
 
   /// Channels per head (n_embd / n_head).
   [[nodiscard]] std::size_t head_dim() const noexcept { return n_embd / n_head; }
 
   /// Throws `specsample::error` (prefixed with `source`) unless all sizes are positive and at most
-  /// `max_dimension`, n_embd is divisible by n_head and layer_norm_epsilon is in [min_epsilon, 1].
+  /// `max_dimension`, n_embd is divisible by n_head and layer_norm_epsilon is in
+  /// [min_epsilon, max_epsilon].
   void validate(const std::string& source = "config") const {
     // In this order: n_inner defaults to 4 n_embd, which wraps when n_embd is absurd.
     for (const auto& [v, name] : {std::pair{n_layer, "n_layer"}, std::pair{n_head, "n_head"},
@@ -72,9 +74,9 @@ struct config {
       throw error(fmt::format("{}: n_embd = {} is not divisible by n_head = {}", source, n_embd,
                               n_head));
     }
-    if (!(layer_norm_epsilon >= min_epsilon && layer_norm_epsilon <= 1.0f)) {
-      throw error(fmt::format("{}: layer_norm_epsilon = {} is outside [{}, 1]", source,
-                              layer_norm_epsilon, min_epsilon));
+    if (!(layer_norm_epsilon >= min_epsilon && layer_norm_epsilon <= max_epsilon)) {
+      throw error(fmt::format("{}: layer_norm_epsilon = {} is outside [{}, {}]", source,
+                              layer_norm_epsilon, min_epsilon, max_epsilon));
     }
   }
 
@@ -107,9 +109,9 @@ struct config {
     }
     if (const auto it = j.find("layer_norm_epsilon"); it != j.end()) {
       const double e = it->is_number() ? it->get<double>() : 0.0;
-      if (!(e >= double{min_epsilon} && e <= 1.0)) {  // also keeps the float conversion defined
-        throw error(fmt::format("{}: \"layer_norm_epsilon\" must be a number in [{}, 1], got {}",
-                                source, min_epsilon, it->dump()));
+      if (!(e >= double{min_epsilon} && e <= double{max_epsilon})) {  // keeps the conversion defined
+        throw error(fmt::format("{}: \"layer_norm_epsilon\" must be a number in [{}, {}], got {}",
+                                source, min_epsilon, max_epsilon, it->dump()));
       }
       c.layer_norm_epsilon = static_cast<float>(e);
     }

@@ -356,8 +356,7 @@ inline void attention(std::span<float> out,             // (T, C)
       // values of the next head when this chunk of tasks runs it too.
       simd::prefetch_stream ahead;
       if (task % tiles == 0 && (h + 1) * tiles < end) {
-        ahead = simd::prefetch_stream::of(k_cache.data() + (h + 1) * head,
-                                          simd::key_blocks(len) * HS * simd::key_block,
+        ahead = simd::prefetch_stream::of(k_cache.data() + (h + 1) * head, simd::key_floats(len, HS),
                                           v_cache.data() + (h + 1) * head, len * HS);
       }
       simd::attend(lv, qkv.data() + t * 3 * C + h * HS, 3 * C, nq, k_cache.data() + h * head,

@@ -240,6 +240,11 @@ inline constexpr std::size_t key_block = 16;
   return (positions + key_block - 1) / key_block;
 }
 
+/// Floats of one head's keys that attention over `positions` positions reads (whole blocks).
+[[nodiscard]] constexpr std::size_t key_floats(std::size_t positions, std::size_t HS) noexcept {
+  return key_blocks(positions) * key_block * HS;
+}
+
 /// Key blocks a cache allocates per head for `positions` positions: a multiple of 4, since the
 /// SIMD paths address 4 blocks (64 keys) at a time (loading only those below the length).
 [[nodiscard]] constexpr std::size_t key_cache_blocks(std::size_t positions) noexcept {
