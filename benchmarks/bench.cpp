@@ -99,7 +99,7 @@ constexpr std::string_view help = R"(usage: specsample-bench [options]
   --reps R              repetitions of every (prompt, K, temperature) (default 2; 4 with --strategies)
   --k-max K             sweep K = 1..K (default 8)
   --temperatures LIST   comma-separated temperatures (default 0,0.7,1)
-  --threads N           kernel threads per model (default 1; 0 = all cores)
+  --threads N           kernel threads, one pool shared by both models (default 1; 0 = all cores)
   --kernels LEVEL       kernel level: best (default), avx512, avx2 or generic (capped at what the
                         CPU has; the report names the level used)
   --seed S              base random seed (default 20240601)
@@ -1085,7 +1085,7 @@ int run_strategies(const bench_setup& b) {
     md += fmt::format(f, std::forward<A>(args)...);
   };
   out("### Strategies: {} drafting for {}\n\n", b.draft_dir.filename().string(), b.target_dir.filename().string());
-  out("`{}` — {} tokens per run, {} rep(s), {} thread(s) per model, {} kernels, seed {}; {}; {} cores; {}; {}; "
+  out("`{}` — {} tokens per run, {} rep(s), {} kernel thread(s) shared by the models, {} kernels, seed {}; {}; {} cores; {}; {}; "
       "source {}; {}; load average {} at start, {} at end; run time {}.\n\n",
       b.command, c.n, c.reps, b.target.threads(), specsample::isa_name(b.target.kernels()), c.seed, cpu_model(), std::thread::hardware_concurrency(),
       "g++ " __VERSION__, compile_flags(), revision(), b.date, b.load_start, load_end, fmt_duration(total_seconds));
@@ -1208,7 +1208,7 @@ int run(int argc, char** argv) {
     throw specsample::error(fmt::format("the draft and target tokenizers differ: {}", *diff));
   }
   specsample::gpt2::options opts;
-  opts.threads = c.threads;
+  opts.pool = std::make_shared<specsample::gpt2::thread_pool>(c.threads);  // shared by the two models
   opts.kernels = c.kernels;
   opts.batch_capacity = std::max<std::size_t>(16, c.k_max + 2);
   auto target = specsample::gpt2::model::load(target_dir, opts);
@@ -1405,6 +1405,7 @@ int run(int argc, char** argv) {
   if (std::thread::hardware_concurrency() >= 2) {
     fmt::print(stderr, "specsample-bench: thread scaling (target with 1 and 2 threads)\n");
     specsample::gpt2::options other = opts;
+    other.pool = nullptr;
     other.threads = threads == 1 ? 2 : 1;
     auto target2 = specsample::gpt2::model::load(target_dir, other);
     scaling5 = measure_thread_scaling(target, target2, stream, context, scale_tokens, c.cost_samples);
@@ -1466,7 +1467,7 @@ int run(int argc, char** argv) {
     md += fmt::format(f, std::forward<A>(args)...);
   };
   out("### Sweep: {} drafting for {}\n\n", draft_dir.filename().string(), target_dir.filename().string());
-  out("`{}` — {} prompts × {} reps × {} tokens, K = 1..{}, T ∈ {{{}}}, {} thread(s) per model, {} kernels; {}; "
+  out("`{}` — {} prompts × {} reps × {} tokens, K = 1..{}, T ∈ {{{}}}, {} kernel thread(s) shared by the models, {} kernels; {}; "
       "{} cores; {}; {}; source {}; {}; load average {} at start, {} at end; run time {}.\n\n",
       command, prompts.size(), c.reps, c.n, c.k_max, fmt::join(c.temperatures, ", "), threads,
       specsample::isa_name(target.kernels()), cpu_model(),

@@ -85,7 +85,7 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
   --temperature T       0 = greedy (default 0)
   --top-k N, --top-p P, --min-p P   filters (default off)
   --seed S              random seed (default 42)
-  --threads N           kernel threads per model (default: all cores)
+  --threads N           kernel threads, one pool shared by all models (default: all cores)
   --kernels LEVEL       best (default), avx512, avx2 or generic (capped at what the CPU has)
   --mode M              speculative | autoregressive | compare (default compare)
   --verify V            tokenwise | block (Sun et al. 2025; both exact; default tokenwise)
@@ -328,7 +328,7 @@ int run(int argc, char** argv) {
   if (!c.json) fmt::print(stderr, "loading {}...\n", target_dir.string());
   const auto tok = specsample::bpe_tokenizer::load(target_dir);
   specsample::gpt2::options opts;
-  opts.threads = c.threads;
+  opts.pool = std::make_shared<specsample::gpt2::thread_pool>(c.threads);  // one pool for every model
   opts.kernels = c.kernels;
   auto target = specsample::gpt2::model::load(target_dir, opts);
   if (target.vocab_size() != tok.vocab_size()) {

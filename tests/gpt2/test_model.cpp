@@ -16,6 +16,7 @@
 #include <functional>
 #include <iostream>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -234,6 +235,44 @@ TEST_CASE("a position's logits are bitwise identical alone, in batches of 1..9, 
       }
     }
   }
+}
+
+TEST_CASE("models sharing one thread pool give their own logits, called in turn or from two threads",
+          "[gpt2][model][threads]") {
+  // min_parallel_work = 1: every op of both models goes through the shared pool.
+  const auto pool = std::make_shared<gpt2::thread_pool>(2);
+  const gpt2::options shared{.pool = pool, .min_parallel_work = 1};
+  gpt2::model a = gpt2::model::load(models_dir / "shakespeare-draft", shared);
+  gpt2::model b = gpt2::model::load(models_dir / "shakespeare-draft-distilled", shared);
+  REQUIRE(a.threads() == 2);
+  gpt2::model a1 = gpt2::model::load(models_dir / "shakespeare-draft", {.threads = 1});
+  gpt2::model b1 = gpt2::model::load(models_dir / "shakespeare-draft-distilled", {.threads = 1});
+  std::vector<token> tokens(40);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<token>((i * 397 + 11) % 4096);
+  const Eigen::MatrixXf want_a = append_chunked(a1, tokens, 1), want_b = append_chunked(b1, tokens, 3);
+  const auto same = [](const Eigen::MatrixXf& x, const Eigen::MatrixXf& y) {
+    return x.size() == y.size() &&
+           std::memcmp(x.data(), y.data(), static_cast<std::size_t>(x.size()) * sizeof(float)) == 0;
+  };
+  // In turn, as the sampling loop calls a draft and its target.
+  REQUIRE(same(append_chunked(a, tokens, 1), want_a));
+  REQUIRE(same(append_chunked(b, tokens, 3), want_b));
+  // From two threads at once: whichever call finds the pool busy runs on its own thread alone.
+  for (int round = 0; round < (sanitized ? 2 : 10); ++round) {
+    a.truncate(0);
+    b.truncate(0);
+    Eigen::MatrixXf got_a, got_b;
+    std::thread other([&] { got_b = append_chunked(b, tokens, 3); });
+    got_a = append_chunked(a, tokens, 1);
+    other.join();
+    INFO("round " << round);
+    REQUIRE(same(got_a, want_a));
+    REQUIRE(same(got_b, want_b));
+  }
+  // A thread count that contradicts the pool is refused.
+  REQUIRE_THROWS_WITH(gpt2::model::load(models_dir / "shakespeare-draft", {.threads = 3, .pool = pool}),
+                      Catch::Contains("threads = 3") && Catch::Contains("pool given has 2 workers"));
+  REQUIRE(gpt2::model::load(models_dir / "shakespeare-draft", {.threads = 2, .pool = pool}).threads() == 2);
 }
 
 TEST_CASE("the fallback kernels (generic, AVX2) reproduce the reference logits and are "

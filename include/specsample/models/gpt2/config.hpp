@@ -5,6 +5,7 @@
 #include <specsample/error.hpp>
 #include <specsample/io/mapped_file.hpp>
 #include <specsample/models/gpt2/simd.hpp>
+#include <specsample/models/gpt2/thread_pool.hpp>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <limits>
 #include <string>
 #include <utility>
@@ -23,6 +25,12 @@ struct options {
   /// Worker threads for the kernels (the calling thread included); 0 = all hardware threads.
   /// Results are bitwise identical for every thread count.
   std::size_t threads = 0;
+  /// A pool to run the kernels on, shared with other models; null (default): the model starts its
+  /// own pool of `threads` workers. Give a draft and its target one pool: the sampling loop calls
+  /// them in turn, and with a pool each, the idle model's workers spin (then sleep) beside the busy
+  /// model's and wake late for its next call (docs/gpt2.md, "Threads"). With a pool, `threads` must
+  /// be 0 or the pool's size.
+  std::shared_ptr<thread_pool> pool = nullptr;
   /// Positions per `append` the scratch buffers are sized for at load; a bigger batch grows them
   /// once (an allocation), after which appends up to that size allocate nothing.
   std::size_t batch_capacity = 16;

@@ -77,7 +77,7 @@ class model {
   model(const gpt2::config& cfg, gpt2::weights w, options opts = {}) try
       : cfg_(validated(cfg)),
         w_(std::move(w)),
-        pool_(std::make_unique<thread_pool>(opts.threads)),
+        pool_(pool_of(opts)),
         isa_(simd::resolve(opts.kernels)),
         min_parallel_work_(opts.min_parallel_work),
         cache_(cfg.n_layer, cfg.n_head, cfg.n_positions, cfg.n_embd) {
@@ -240,10 +240,18 @@ class model {
     cfg.validate("gpt2::model");
     return cfg;
   }
+  static std::shared_ptr<thread_pool> pool_of(const options& opts) {
+    if (!opts.pool) return std::make_shared<thread_pool>(opts.threads);
+    if (opts.threads != 0 && opts.threads != opts.pool->size()) {
+      throw error(fmt::format("gpt2::options: threads = {} but the pool given has {} workers; set one or the other",
+                              opts.threads, opts.pool->size()));
+    }
+    return opts.pool;
+  }
 
   gpt2::config cfg_;
   gpt2::weights w_;
-  std::unique_ptr<thread_pool> pool_;
+  std::shared_ptr<thread_pool> pool_;
   isa isa_ = isa::generic;
   std::size_t min_parallel_work_ = 0;
   std::size_t capacity_ = 0;

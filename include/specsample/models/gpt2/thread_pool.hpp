@@ -8,6 +8,11 @@
 /// runs chunks too and takes over any chunk no worker has claimed yet, so a sleeping or
 /// descheduled worker delays nothing (the model only splits ops that are big enough:
 /// `options::min_parallel_work`). No allocation and no lock per `parallel_for`.
+///
+/// A pool may be shared, e.g. by a draft and its target (`options::pool`): one set of workers
+/// serves both and stays awake between their calls. A `parallel_for` issued while the pool runs
+/// another one (from a second thread, or from inside a chunk) runs its chunks on its own calling
+/// thread, in order: slower, never wrong.
 
 #include <specsample/error.hpp>
 
@@ -81,12 +86,13 @@ class thread_pool {
 
   /// Calls `f(begin, end, chunk)` on disjoint contiguous chunks covering [0, n), w = min(size(),
   /// n) chunks, chunk c = [n·c/w, n·(c+1)/w), and returns when all are done. `f` must not throw.
-  /// Not reentrant: call from one thread at a time.
+  /// Thread-safe: while the workers run one call, any other call (from another thread, or from
+  /// inside a chunk) runs all its chunks on its calling thread.
   template <class F>
   void parallel_for(std::size_t n, F&& f) {
     const std::size_t w = std::min(size(), n);
-    if (w <= 1) {
-      if (n != 0) f(std::size_t{0}, n, std::size_t{0});
+    if (w <= 1 || busy_.exchange(true, std::memory_order_acquire)) {
+      for (std::size_t c = 0; c < w; ++c) f(n * c / w, n * (c + 1) / w, c);
       return;
     }
     using fn_t = std::remove_reference_t<F>;
@@ -113,6 +119,7 @@ class thread_pool {
         std::this_thread::yield();  // a worker holding a chunk was descheduled
       }
     }
+    busy_.store(false, std::memory_order_release);
   }
 
  private:
@@ -175,6 +182,7 @@ class thread_pool {
   alignas(64) std::atomic<std::uint64_t> ticket_{0};
   alignas(64) std::atomic<std::size_t> done_{0};
   alignas(64) std::atomic<int> sleepers_{0};
+  std::atomic<bool> busy_{false};  // a parallel_for holds the workers
   // The task (written by the caller only while no other thread reads it).
   alignas(64) std::size_t n_ = 0;
   void* ctx_ = nullptr;
