@@ -13,8 +13,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <memory>
 #include <limits>
+#include <memory>
 #include <string>
 #include <utility>
 
