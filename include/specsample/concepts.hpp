@@ -43,6 +43,11 @@ concept has_max_size = requires(const M& cm) {
   { cm.max_size() } -> std::convertible_to<std::size_t>;
 };
 
+template <class M>
+concept has_append_last = requires(M& m, std::span<const token> t, std::size_t n) {
+  { m.append(t, n) } -> std::convertible_to<Eigen::MatrixXf>;
+};
+
 }  // namespace detail
 
 /// A causal language model with an internal context (a KV cache, or just a token list).
@@ -58,7 +63,10 @@ concept has_max_size = requires(const M& cm) {
 ///  4. `m.truncate(n)` keeps the first `n` tokens of the context (n <= size()).
 ///
 /// Optionally, `cm.max_size()` returns the longest context the model accepts; the sampling loops
-/// then check up front that the prompt and `max_new_tokens` fit. See docs/models.md.
+/// then check up front that the prompt and `max_new_tokens` fit. Optionally, `m.append(t, n)`
+/// appends `t` like `m.append(t)` and returns only the last `n` columns, (V, n); the loops then
+/// ask only for the logits they read (none for a prompt's prefill, one when a draft catches up).
+/// See docs/models.md.
 template <class M>
 concept language_model = detail::has_vocab_size<M> && detail::has_context_size<M> &&
                          detail::has_append<M> && detail::has_truncate<M>;

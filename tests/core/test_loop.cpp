@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -50,6 +51,23 @@ struct wrong_shape_model {
     return Eigen::MatrixXf::Zero(3, static_cast<Eigen::Index>(t.size()));  // one row short
   }
   void truncate(std::size_t m) { n = m; }
+};
+
+// A model with the optional append(t, n): records the n the loop asks for and returns the last n
+// columns of the wrapped model's logits (or, with `extra`, one column too many).
+struct last_columns_model {
+  toy::markov inner;
+  std::vector<std::size_t> asked;
+  Eigen::Index extra = 0;
+  std::size_t vocab_size() const { return inner.vocab_size(); }
+  std::size_t size() const { return inner.size(); }
+  Eigen::MatrixXf append(std::span<const token> t) { return append(t, t.size()); }
+  Eigen::MatrixXf append(std::span<const token> t, std::size_t n) {
+    asked.push_back(n);
+    const Eigen::MatrixXf all = inner.append(t);
+    return all.rightCols(std::min(all.cols(), static_cast<Eigen::Index>(n) + extra));
+  }
+  void truncate(std::size_t m) { inner.truncate(m); }
 };
 
 struct fixed_logits_model {
@@ -253,6 +271,32 @@ TEST_CASE("a model that breaks its contract is reported, not trusted", "[loop][e
   fixed_logits_model masked{Eigen::VectorXf::Constant(4, -std::numeric_limits<float>::infinity())};
   masked.logits(1) = 0.0f;
   CHECK(autoregressive_sample(masked, prompt, make_params(3, 1), rng).tokens == std::vector<token>{1, 1, 1});
+}
+
+TEST_CASE("a model with append(t, n) is asked only for the logits the loop reads", "[loop]") {
+  last_columns_model target{toy::markov::random(6, 1, 1), {}}, draft{toy::markov::random(6, 1, 2), {}};
+  auto plain_target = toy::markov::random(6, 1, 1), plain_draft = toy::markov::random(6, 1, 2);
+  const std::vector<token> prompt{0, 3, 1};
+  for (const std::size_t k : {1u, 3u}) {
+    target.asked.clear();
+    draft.asked.clear();
+    std::mt19937_64 a(5), b(5);
+    const auto r = speculative_sample(draft, target, prompt, make_params(20, k), a);
+    CHECK(r.tokens == speculative_sample(plain_draft, plain_target, prompt, make_params(20, k), b).tokens);
+    REQUIRE(target.asked.size() == 1 + r.stats.target_calls);
+    CHECK(target.asked[0] == 0);  // the prompt's prefill
+    // Each round's drafts and one more (k shrinks near max_new_tokens).
+    CHECK(std::all_of(target.asked.begin() + 1, target.asked.end(), [&](std::size_t n) { return n >= 1 && n <= k + 1; }));
+    CHECK(std::accumulate(target.asked.begin(), target.asked.end(), std::size_t{0}) == r.stats.rounds + r.stats.drafted);
+    REQUIRE(draft.asked.size() == 1 + r.stats.draft_calls);
+    CHECK(draft.asked[0] == 0);
+    CHECK(std::all_of(draft.asked.begin() + 1, draft.asked.end(), [](std::size_t n) { return n == 1; }));
+  }
+  std::mt19937_64 rng(1);
+  target.extra = 1;  // a column more than asked for
+  CHECK_THROWS_WITH(autoregressive_sample(target, prompt, make_params(3, 1), rng),
+                    Catch::Matchers::Contains("logits of shape (6, 1) for 2 tokens") &&
+                        Catch::Matchers::Contains("expected (6, 0)"));
 }
 
 TEST_CASE("a drafter's out-of-range token is reported before the target sees it", "[loop][errors]") {

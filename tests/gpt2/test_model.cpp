@@ -237,6 +237,39 @@ TEST_CASE("a position's logits are bitwise identical alone, in batches of 1..9, 
   }
 }
 
+TEST_CASE("append(tokens, n) returns the last n columns of append(tokens), bitwise, and the same cache",
+          "[gpt2][model][invariance]") {
+  for (const auto& c : all_checkpoints()) {
+    if (sanitized && std::string(c.name) == "shakespeare-target") continue;  // the drafts have the same code paths
+    DYNAMIC_SECTION(c.name) {
+      gpt2::model full = gpt2::model::load(c.dir, gpt2::options{.threads = 2, .min_parallel_work = 1});
+      gpt2::model part = gpt2::model::load(c.dir, gpt2::options{.threads = 1});
+      const std::size_t V = full.vocab_size();
+      std::vector<token> tokens(12);
+      for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<token>((i * 131 + 7) % V);
+      const std::span<const token> all(tokens);
+      const Eigen::MatrixXf want = full.append(all.first(9));
+      const Eigen::MatrixXf next = full.append(all.subspan(9));  // after the 9, from the cache
+      for (std::size_t n = 0; n <= 9; ++n) {
+        part.truncate(0);
+        const Eigen::MatrixXf got = part.append(all.first(9), n);
+        INFO(c.name << ", last " << n << " of 9");
+        REQUIRE(got.rows() == want.rows());
+        REQUIRE(static_cast<std::size_t>(got.cols()) == n);
+        REQUIRE((n == 0 || std::memcmp(got.data(), want.rightCols(static_cast<Eigen::Index>(n)).eval().data(),
+                                       static_cast<std::size_t>(got.size()) * sizeof(float)) == 0));  // (no data at n = 0)
+        REQUIRE(part.size() == 9);
+        const Eigen::MatrixXf after = part.append(all.subspan(9));
+        REQUIRE(std::memcmp(after.data(), next.data(), static_cast<std::size_t>(next.size()) * sizeof(float)) == 0);
+      }
+      part.truncate(0);
+      REQUIRE_THROWS_WITH(part.append(all.first(3), 4), Catch::Contains("last 4 of 3"));
+      REQUIRE(part.size() == 0);
+      REQUIRE(part.append(all.first(0), 0).cols() == 0);
+    }
+  }
+}
+
 TEST_CASE("models sharing one thread pool give their own logits, called in turn or from two threads",
           "[gpt2][model][threads]") {
   // min_parallel_work = 1: every op of both models goes through the shared pool.

@@ -59,27 +59,34 @@ inline double seconds_since(clock::time_point t0) {
   return std::chrono::duration<double>(clock::now() - t0).count();
 }
 
-// Calls m.append(t) and hands the (V, t.size()) logits to `use`, after checking that the model
-// kept its side of the contract (shape, and size() growing by t.size()). Returns the seconds
-// spent in m.append alone (the forward pass; not the checks, not `use`).
+// Appends t to m and hands the (V, n) logits of its last n tokens to `use` (n <= t.size()): via
+// m.append(t, n) when the model has it, else the last n columns of m.append(t). Checks first that
+// the model kept its side of the contract (shape, and size() growing by t.size()). Returns the
+// seconds spent in m.append alone (the forward pass; not the checks, not `use`).
 template <class M, class F>
-double forward(M& m, std::span<const token> t, std::size_t vocab, const char* role, F&& use) {
+double forward(M& m, std::span<const token> t, std::size_t n, std::size_t vocab, const char* role, F&& use) {
   const auto before = static_cast<std::size_t>(m.size());
   const auto t0 = clock::now();
-  auto&& out = m.append(t);
+  auto&& out = [&]() -> decltype(auto) {
+    if constexpr (has_append_last<M>) {
+      return m.append(t, n);
+    } else {
+      return m.append(t);
+    }
+  }();
   const double seconds = seconds_since(t0);
   const auto after = static_cast<std::size_t>(m.size());
   if (after != before + t.size()) {
     throw error(fmt::format("{} model reports size() = {} after appending {} tokens to a context of {}",
                             role, after, t.size(), before));
   }
+  const std::size_t cols = has_append_last<M> ? n : t.size();
   auto checked = [&](const auto& logits) {
-    if (static_cast<std::size_t>(logits.rows()) != vocab ||
-        static_cast<std::size_t>(logits.cols()) != t.size()) {
+    if (static_cast<std::size_t>(logits.rows()) != vocab || static_cast<std::size_t>(logits.cols()) != cols) {
       throw error(fmt::format("{} model returned logits of shape ({}, {}) for {} tokens; expected ({}, {})",
-                              role, logits.rows(), logits.cols(), t.size(), vocab, t.size()));
+                              role, logits.rows(), logits.cols(), t.size(), vocab, cols));
     }
-    use(logits);
+    use(logits.rightCols(static_cast<Eigen::Index>(n)));
   };
   using R = std::remove_cvref_t<decltype(out)>;
   if constexpr (std::is_base_of_v<Eigen::DenseBase<R>, R>) {
@@ -106,7 +113,7 @@ std::span<const token> missing(const M& m, std::span<const token> ctx, std::size
 template <class M>
 void prefill(M& m, std::span<const token> ctx, std::size_t vocab, const char* role) {
   m.truncate(0);
-  if (ctx.size() > 1) forward(m, ctx.first(ctx.size() - 1), vocab, role, [](const auto&) {});
+  if (ctx.size() > 1) forward(m, ctx.first(ctx.size() - 1), 0, vocab, role, [](const auto&) {});
 }
 
 }  // namespace detail
@@ -138,8 +145,8 @@ class model_drafter {
       const auto col = static_cast<Eigen::Index>(i);
       const std::span<const token> input =
           i == 0 ? detail::missing(*model_, ctx, ctx.size(), "draft") : std::span<const token>(&out[i - 1], 1);
-      made.forward_seconds += detail::forward(*model_, input, vocab_size(), "draft", [&](const auto& logits) {
-        warp_(logits.col(logits.cols() - 1), q.col(col));
+      made.forward_seconds += detail::forward(*model_, input, 1, vocab_size(), "draft", [&](const auto& logits) {
+        warp_(logits.col(0), q.col(col));
       });
       ++made.forward_calls;
       if (min_probability_ > 0.0f && q.col(col).maxCoeff() < min_probability_) break;

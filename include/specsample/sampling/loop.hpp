@@ -160,9 +160,8 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
                                 "(does the drafter share the target's model object?)",
                                 static_cast<std::size_t>(target.size()), len - 1));
       }
-      stats.target_seconds += forward(target, input, vocab, "target", [&](const auto& logits) {
-        const Eigen::Index first = logits.cols() - static_cast<Eigen::Index>(k) - 1;
-        for (Eigen::Index j = 0; j <= static_cast<Eigen::Index>(k); ++j) warp(logits.col(first + j), p.col(j));
+      stats.target_seconds += forward(target, input, k + 1, vocab, "target", [&](const auto& logits) {
+        for (Eigen::Index j = 0; j <= static_cast<Eigen::Index>(k); ++j) warp(logits.col(j), p.col(j));
       });
       ++stats.target_calls;
     }
