@@ -9,7 +9,9 @@
 #include <catch2/catch.hpp>
 
 #include "../support/broken_verifiers.hpp"
+#include "../support/last_columns_model.hpp"
 
+#include <algorithm>
 #include <random>
 #include <string>
 
@@ -140,6 +142,27 @@ TEST_CASE("the exactness test also holds for a vocabulary of 6 with a long draft
   auto target = target_model(6);
   scenario s{target, toy::markov::similar_to(target, 0.6, 3, 0.8f), {}, 5, 3};
   check_exact_and_broken(s, accept_with_target_probability{});
+}
+
+TEST_CASE("models with append(t, n), asked only for the columns the loop reads, stay exact",
+          "[exactness][draft_length]") {
+  // K = 3 over 6 tokens: rounds with every draft accepted make the draft catch up on two tokens.
+  test::last_columns_model target{target_model(4, 2), {}};
+  test::last_columns_model draft{toy::markov::similar_to(target.inner, 0.3, 99, 0.8f), {}};
+  speculative_params params;
+  params.max_new_tokens = 6;
+  params.draft_length = 3;
+  const std::vector<token> prompt{0};
+  std::mt19937_64 rng(12345);
+  const auto good = testing::speculative_fit(draft, target, prompt, params, 100'000, rng, tokenwise_verifier{});
+  INFO("exact:  G = " << good.statistic << ", dof = " << good.dof << ", p = " << good.p_value);
+  CHECK(good.impossible == 0);
+  CHECK(good.p_value > pass_threshold);
+  CHECK(std::count(draft.asked.begin(), draft.asked.end(), std::size_t{1}) > 0);
+  rng.seed(12345);
+  const auto bad = testing::speculative_fit(draft, target, prompt, params, 100'000, rng, resample_from_target{});
+  INFO("broken: G = " << bad.statistic << ", dof = " << bad.dof << ", p = " << bad.p_value);
+  CHECK(bad.p_value < fail_threshold);
 }
 
 TEST_CASE("autoregressive sampling matches the exact distribution it is the reference for", "[exactness][reference]") {

@@ -2,6 +2,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "../support/last_columns_model.hpp"
+
 #include <algorithm>
 #include <limits>
 #include <numeric>
@@ -51,23 +53,6 @@ struct wrong_shape_model {
     return Eigen::MatrixXf::Zero(3, static_cast<Eigen::Index>(t.size()));  // one row short
   }
   void truncate(std::size_t m) { n = m; }
-};
-
-// A model with the optional append(t, n): records the n the loop asks for and returns the last n
-// columns of the wrapped model's logits (or, with `extra`, one column too many).
-struct last_columns_model {
-  toy::markov inner;
-  std::vector<std::size_t> asked;
-  Eigen::Index extra = 0;
-  std::size_t vocab_size() const { return inner.vocab_size(); }
-  std::size_t size() const { return inner.size(); }
-  Eigen::MatrixXf append(std::span<const token> t) { return append(t, t.size()); }
-  Eigen::MatrixXf append(std::span<const token> t, std::size_t n) {
-    asked.push_back(n);
-    const Eigen::MatrixXf all = inner.append(t);
-    return all.rightCols(std::min(all.cols(), static_cast<Eigen::Index>(n) + extra));
-  }
-  void truncate(std::size_t m) { inner.truncate(m); }
 };
 
 struct fixed_logits_model {
@@ -274,6 +259,7 @@ TEST_CASE("a model that breaks its contract is reported, not trusted", "[loop][e
 }
 
 TEST_CASE("a model with append(t, n) is asked only for the logits the loop reads", "[loop]") {
+  using test::last_columns_model;
   last_columns_model target{toy::markov::random(6, 1, 1), {}}, draft{toy::markov::random(6, 1, 2), {}};
   auto plain_target = toy::markov::random(6, 1, 1), plain_draft = toy::markov::random(6, 1, 2);
   const std::vector<token> prompt{0, 3, 1};
