@@ -585,8 +585,8 @@ struct decode_bandwidth {
 /// context + 1 positions and its keys in whole 16-position blocks (the attention layout:
 /// `simd::key_floats`, what the attention kernel prefetches).
 std::size_t kv_bytes_read(const specsample::gpt2::config& cfg, std::size_t context) {
-  const std::size_t len = context + 1, C = cfg.n_embd;
-  return cfg.n_layer * (specsample::gpt2::simd::key_floats(len, C) + len * C) * sizeof(float);
+  const std::size_t len = context + 1, HS = cfg.head_dim();
+  return cfg.n_layer * cfg.n_head * (specsample::gpt2::simd::key_floats(len, HS) + len * HS) * sizeof(float);
 }
 
 decode_bandwidth measure_decode_bandwidth(specsample::gpt2::model& m, std::size_t bytes, const std::vector<token>& stream,
@@ -887,17 +887,16 @@ struct sweep_best {
 };
 
 std::vector<sweep_best> read_sweep_best(const fs::path& path) {
-  json j;
-  try {
-    j = json::parse(specsample::io::read_file(path));
+  const std::string text = specsample::io::read_file(path);
+  try {  // malformed JSON and a JSON without the fields read below alike
+    std::vector<sweep_best> b;
+    for (const auto& e : json::parse(text).at("per_temperature")) {
+      b.push_back({e.at("temperature").get<double>(), e.at("best_k_measured").get<std::size_t>(), e.at("speedup").get<double>()});
+    }
+    return b;
   } catch (const json::exception& e) {
-    throw specsample::error(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
+    throw specsample::error(fmt::format("{}: not a specsample-bench sweep.json: {}", path.string(), e.what()));
   }
-  std::vector<sweep_best> b;
-  for (const auto& e : j.at("per_temperature")) {
-    b.push_back({e.at("temperature").get<double>(), e.at("best_k_measured").get<std::size_t>(), e.at("speedup").get<double>()});
-  }
-  return b;
 }
 
 // A prompt that repeats itself: the passage, a blank line, then its own first two lines again

@@ -49,7 +49,8 @@ inline std::size_t open_regular_file(const std::filesystem::path& path, file_des
   }
   struct ::stat st {};
   if (::fstat(f.fd, &st) != 0) {
-    throw error(fmt::format("{}: cannot stat file: {}", path.string(), std::strerror(errno)));
+    const int e = errno;  // (before path.string() may allocate)
+    throw error(fmt::format("{}: cannot stat file: {}", path.string(), std::strerror(e)));
   }
   if (!S_ISREG(st.st_mode)) {
     throw error(fmt::format("{}: {}", path.string(),
@@ -77,8 +78,8 @@ class mapped_file {
     if (size > 0) {
       void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.fd, 0);
       if (p == MAP_FAILED) {
-        throw error(fmt::format("{}: cannot map file ({} bytes): {}", path.string(), size,
-                                std::strerror(errno)));
+        const int e = errno;
+        throw error(fmt::format("{}: cannot map file ({} bytes): {}", path.string(), size, std::strerror(e)));
       }
       f.data_ = static_cast<const std::byte*>(p);
       f.size_ = size;
@@ -135,8 +136,9 @@ class mapped_file {
     const ::ssize_t got = ::read(fd.fd, data.data() + n, data.size() - n);
     if (got == 0) break;
     if (got < 0) {
-      if (errno == EINTR) continue;
-      throw error(fmt::format("{}: read error: {}", path.string(), std::strerror(errno)));
+      const int e = errno;
+      if (e == EINTR) continue;
+      throw error(fmt::format("{}: read error: {}", path.string(), std::strerror(e)));
     }
     n += static_cast<std::size_t>(got);
   }

@@ -105,9 +105,9 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
   generation_result result;
   generation_stats& stats = result.stats;
   stats.accepted_histogram.assign(max_k + 1, 0);
-  // Room for the whole generation when the target's context bounds it (check_fits: then max_new
-  // fits the context), so that rounds allocate nothing; a model without a limit and a huge
-  // max_new_tokens (stopped by EOS) gets a start, and the vectors grow past it.
+  // Room for the whole generation up to reserve_limit new tokens (a bounded context such as
+  // GPT-2's always fits: check_fits), so that rounds allocate nothing; a model without a limit and
+  // a huge max_new_tokens (stopped by EOS) gets a start, and the vectors grow past it.
   const std::size_t expected = std::min(max_new, reserve_limit);
   result.tokens.reserve(expected);
   std::vector<token> ctx;

@@ -5,7 +5,6 @@
 #include <specsample/error.hpp>
 #include <specsample/io/mapped_file.hpp>
 #include <specsample/models/gpt2/simd.hpp>
-#include <specsample/models/gpt2/thread_pool.hpp>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -19,6 +18,8 @@
 #include <utility>
 
 namespace specsample::gpt2 {
+
+class thread_pool;  // thread_pool.hpp
 
 /// Options for `model::load`.
 struct options {

@@ -289,5 +289,7 @@ class model {
 static_assert(language_model<model>,
               "gpt2::model must model specsample::language_model (vocab_size, size, append, "
               "truncate)");
+static_assert(specsample::detail::has_append_last<model>,
+              "the sampling loops must find gpt2::model's append(tokens, n), or they fall back to every column");
 
 }  // namespace specsample::gpt2

@@ -12,7 +12,8 @@
 /// A pool may be shared, e.g. by a draft and its target (`options::pool`): one set of workers
 /// serves both and stays awake between their calls. A `parallel_for` issued while the pool runs
 /// another one (from a second thread, or from inside a chunk) runs its chunks on its own calling
-/// thread, in order: slower, never wrong.
+/// thread, in order, with the same chunk indices: slower, never wrong, as long as per-chunk
+/// scratch belongs to the caller (each `gpt2::model` has its own).
 
 #include <specsample/error.hpp>
 
