@@ -15,6 +15,11 @@ namespace specsample {
 /// A token id. Valid ids of a model are `[0, vocab_size())`.
 using token = std::int32_t;
 
+/// Whether `x` is a valid id in a vocabulary of `vocab` tokens: 0 <= x < vocab.
+[[nodiscard]] constexpr bool in_vocabulary(token x, std::size_t vocab) noexcept {
+  return x >= 0 && static_cast<std::size_t>(x) < vocab;
+}
+
 namespace detail {
 
 // Each requirement of `language_model` is its own small concept so that entry points can

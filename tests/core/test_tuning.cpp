@@ -37,6 +37,17 @@ TEST_CASE("the performance model matches its closed form", "[tuning]") {
   }
   verify[4] = 0.0;
   CHECK_THROWS_WITH(predicted_speedup(a, 0.075, 4, verify), Contains("verification cost v[4]"));
+  // best_draft_length checks its inputs even when there is no choice to make (k_max = 1).
+  CHECK_THROWS_WITH(best_draft_length(a, std::nan(""), 1), Contains("cost ratio c must be finite and >= 0"));
+  CHECK_THROWS_WITH(best_draft_length(a, 0.075, 0), Contains("k_max must be >= 1"));
+  // An acceptance rate outside [0, 1] is refused wherever it is read (past the end: the last rate).
+  for (const double bad : {-0.1, 1.5, std::nan("")}) {
+    std::vector<double> rates(3, 0.6);
+    rates[2] = bad;
+    CHECK(expected_tokens_per_round(rates, 2) == Approx(1 + 0.6 + 0.36));
+    CHECK_THROWS_WITH(expected_tokens_per_round(rates, 3), Contains("draft position 2 must be in [0, 1]"));
+    CHECK_THROWS_WITH(best_draft_length(rates, 0.075, 5), Contains("draft position 2 must be in [0, 1]"));
+  }
 }
 
 TEST_CASE("position acceptance counts each position only when it was reached", "[tuning]") {

@@ -4,10 +4,11 @@
 
 #include <catch2/catch.hpp>
 
+#include "../support/bitwise.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <random>
 #include <string>
 #include <thread>
@@ -17,6 +18,7 @@
 namespace k = specsample::gpt2::kernels;
 namespace gpt2 = specsample::gpt2;
 using specsample::gpt2::isa;
+using specsample::test::bitwise_equal;
 using specsample::gpt2::thread_pool;
 using specsample::gpt2::weight_format;
 
@@ -37,10 +39,6 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
     m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]) / (1.0 + std::abs(b[i])));
   }
   return m;
-}
-
-bool bitwise_equal(const float* a, const float* b, std::size_t n) {
-  return std::memcmp(a, b, n * sizeof(float)) == 0;
 }
 
 /// Every kernel level this CPU can run (the generic fallback always; AVX2 and AVX-512 when

@@ -5,12 +5,12 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "../support/bitwise.hpp"
 #include "../support/sanitizer.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -37,6 +37,7 @@ namespace {
 
 // Under ASan+UBSan (≈20x slower kernels) the two heaviest tests check a subset on the 12M-parameter
 // target: memory safety is what that build is for; the Release run checks everything.
+using specsample::test::bitwise_equal;
 using specsample::test::sanitized;
 
 const fs::path models_dir = fs::path(SPECSAMPLE_SOURCE_DIR) / "models";
@@ -224,13 +225,11 @@ TEST_CASE("a position's logits are bitwise identical alone, in batches of 1..9, 
           m.truncate(0);
           const Eigen::MatrixXf batched = append_chunked(m, tokens, batch);
           INFO(c.name << ", threads " << threads << ", batch " << batch);
-          REQUIRE(std::memcmp(batched.data(), alone.data(),
-                              static_cast<std::size_t>(alone.size()) * sizeof(float)) == 0);
+          REQUIRE(bitwise_equal(batched, alone));
           // After a rollback and re-append of the last 5 positions, still the same bits.
           m.truncate(n - 5);
           const Eigen::MatrixXf again = m.append(tokens.subspan(n - 5));
-          REQUIRE(std::memcmp(again.data(), alone.col(static_cast<Eigen::Index>(n - 5)).data(),
-                              5 * static_cast<std::size_t>(alone.rows()) * sizeof(float)) == 0);
+          REQUIRE(bitwise_equal(again, alone.rightCols(5)));
         }
       }
     }
@@ -256,11 +255,10 @@ TEST_CASE("append(tokens, n) returns the last n columns of append(tokens), bitwi
         INFO(c.name << ", last " << n << " of 9");
         REQUIRE(got.rows() == want.rows());
         REQUIRE(static_cast<std::size_t>(got.cols()) == n);
-        REQUIRE((n == 0 || std::memcmp(got.data(), want.rightCols(static_cast<Eigen::Index>(n)).eval().data(),
-                                       static_cast<std::size_t>(got.size()) * sizeof(float)) == 0));  // (no data at n = 0)
+        REQUIRE(bitwise_equal(got, want.rightCols(static_cast<Eigen::Index>(n))));
         REQUIRE(part.size() == 9);
         const Eigen::MatrixXf after = part.append(all.subspan(9));
-        REQUIRE(std::memcmp(after.data(), next.data(), static_cast<std::size_t>(next.size()) * sizeof(float)) == 0);
+        REQUIRE(bitwise_equal(after, next));
       }
       part.truncate(0);
       REQUIRE_THROWS_WITH(part.append(all.first(3), 4), Catch::Contains("last 4 of 3"));
@@ -283,13 +281,9 @@ TEST_CASE("models sharing one thread pool give their own logits, called in turn 
   std::vector<token> tokens(40);
   for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<token>((i * 397 + 11) % 4096);
   const Eigen::MatrixXf want_a = append_chunked(a1, tokens, 1), want_b = append_chunked(b1, tokens, 3);
-  const auto same = [](const Eigen::MatrixXf& x, const Eigen::MatrixXf& y) {
-    return x.size() == y.size() &&
-           std::memcmp(x.data(), y.data(), static_cast<std::size_t>(x.size()) * sizeof(float)) == 0;
-  };
   // In turn, as the sampling loop calls a draft and its target.
-  REQUIRE(same(append_chunked(a, tokens, 1), want_a));
-  REQUIRE(same(append_chunked(b, tokens, 3), want_b));
+  REQUIRE(bitwise_equal(append_chunked(a, tokens, 1), want_a));
+  REQUIRE(bitwise_equal(append_chunked(b, tokens, 3), want_b));
   // From two threads at once: whichever call finds the pool busy runs on its own thread alone.
   for (int round = 0; round < (sanitized ? 2 : 10); ++round) {
     a.truncate(0);
@@ -299,8 +293,8 @@ TEST_CASE("models sharing one thread pool give their own logits, called in turn 
     got_a = append_chunked(a, tokens, 1);
     other.join();
     INFO("round " << round);
-    REQUIRE(same(got_a, want_a));
-    REQUIRE(same(got_b, want_b));
+    REQUIRE(bitwise_equal(got_a, want_a));
+    REQUIRE(bitwise_equal(got_b, want_b));
   }
   // A thread count that contradicts the pool is refused.
   REQUIRE_THROWS_WITH(gpt2::model::load(models_dir / "shakespeare-draft", {.threads = 3, .pool = pool}),
@@ -345,8 +339,7 @@ TEST_CASE("the fallback kernels (generic, AVX2) reproduce the reference logits a
           for (const std::size_t batch : {std::size_t{3}, std::size_t{5}, std::size_t{9}}) {
             m.truncate(0);
             const Eigen::MatrixXf batched = append_chunked(m, tokens, batch);
-            REQUIRE(std::memcmp(batched.data(), alone.data(),
-                                static_cast<std::size_t>(alone.size()) * sizeof(float)) == 0);
+            REQUIRE(bitwise_equal(batched, alone));
           }
         }
       }

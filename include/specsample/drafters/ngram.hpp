@@ -44,7 +44,7 @@ class ngram {
     for (std::size_t i = 0; i < k; ++i) {
       const std::size_t at = start + i;  // in ctx + out: the copy may overlap its own output
       const token x = at < len ? ctx[at] : out[at - len];
-      if (x < 0 || static_cast<std::size_t>(x) >= vocab_) {
+      if (!in_vocabulary(x, vocab_)) {
         throw error(fmt::format("drafters::ngram: context token {} is out of range for vocabulary {}", x, vocab_));
       }
       out[i] = x;

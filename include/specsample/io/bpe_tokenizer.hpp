@@ -429,7 +429,7 @@ class bpe_tokenizer {
   bpe_tokenizer() = default;
 
   [[nodiscard]] std::size_t checked(token id) const {
-    if (id < 0 || static_cast<std::size_t>(id) >= spellings_.size()) {
+    if (!in_vocabulary(id, spellings_.size())) {
       throw error(fmt::format("bpe_tokenizer: token id {} is out of range for vocab size {}", id,
                               spellings_.size()));
     }

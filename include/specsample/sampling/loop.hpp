@@ -34,7 +34,7 @@ inline void check_prompt(std::span<const token> prompt, std::size_t vocab) {
                 "(use the tokenizer's <|endoftext|> id to start from nothing)");
   }
   for (std::size_t i = 0; i < prompt.size(); ++i) {
-    if (prompt[i] < 0 || static_cast<std::size_t>(prompt[i]) >= vocab) {
+    if (!in_vocabulary(prompt[i], vocab)) {
       throw error(fmt::format("prompt token {} at position {} is out of range for a vocabulary of {} tokens",
                               prompt[i], i, vocab));
     }
@@ -142,7 +142,7 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
         if (made.tokens > k) throw error(fmt::format("drafter proposed {} tokens when asked for {}", made.tokens, k));
         k = made.tokens;
         for (std::size_t i = 0; i < k; ++i) {  // before the target sees them
-          if (drafts[i] < 0 || static_cast<std::size_t>(drafts[i]) >= vocab) {
+          if (!in_vocabulary(drafts[i], vocab)) {
             throw error(fmt::format("drafter proposed token {} (draft {} of {}), out of range for a vocabulary of "
                                     "{} tokens",
                                     drafts[i], i, k, vocab));
@@ -169,7 +169,7 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
     const auto proposed = std::span<const token>(ctx).subspan(len, k);
     const auto ki = static_cast<Eigen::Index>(k);
     const verify_result outcome = verify(proposed, q.leftCols(ki), p.leftCols(ki + 1), rng);
-    if (outcome.accepted > k || outcome.next < 0 || static_cast<std::size_t>(outcome.next) >= vocab) {
+    if (outcome.accepted > k || !in_vocabulary(outcome.next, vocab)) {
       throw error(fmt::format("verifier returned {} accepted of {} drafts and next token {}",
                               outcome.accepted, k, outcome.next));
     }

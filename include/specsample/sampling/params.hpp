@@ -52,6 +52,15 @@ struct speculative_params {
   double leniency = 1.0;
 };
 
+namespace detail {
+// Leniency is checked by `validate` and by `tokenwise_verifier`, which can be used alone.
+inline void check_leniency(double leniency, const char* name) {
+  if (!(leniency > 0.0 && leniency <= 1.0)) {  // 0 would accept every draft, NaN none
+    throw error(fmt::format("{} must be in (0, 1] (1 = exact), got {}", name, leniency));
+  }
+}
+}  // namespace detail
+
 /// Throws `specsample::error` naming the first parameter that is out of its domain.
 inline void validate(const sampling_params& s) {
   if (!(s.temperature >= 0.0f) || std::isinf(s.temperature)) {
@@ -82,13 +91,11 @@ inline void validate(const speculative_params& s, std::size_t vocab) {
     throw error(fmt::format("speculative_params.draft_min_probability must be in [0, 1) (0 = off), got {}",
                             s.draft_min_probability));
   }
-  if (!(s.leniency > 0.0 && s.leniency <= 1.0)) {
-    throw error(fmt::format("speculative_params.leniency must be in (0, 1] (1 = exact), got {}", s.leniency));
-  }
+  detail::check_leniency(s.leniency, "speculative_params.leniency");
   if (s.leniency != 1.0 && s.verify != verification::token_wise) {
     throw error("speculative_params.leniency applies to token-wise verification only");
   }
-  if (s.eos && (*s.eos < 0 || static_cast<std::size_t>(*s.eos) >= vocab)) {
+  if (s.eos && !in_vocabulary(*s.eos, vocab)) {
     throw error(fmt::format("speculative_params.eos = {} is out of range for a vocabulary of {} tokens",
                             *s.eos, vocab));
   }

@@ -25,11 +25,17 @@ namespace specsample {
 
 /// Expected tokens per round with K drafts when draft i passes with probability a[i] given that
 /// drafts 0..i-1 passed: 1 + Σ_{j=1..K} Π_{i<j} a[i]. With a constant α this is
-/// (1 - α^(K+1)) / (1 - α).
+/// (1 - α^(K+1)) / (1 - α). Positions past the end of `acceptance` take its last rate (none: 0).
+/// Throws `specsample::error` for a rate outside [0, 1] (NaN included) among the first K.
 [[nodiscard]] inline double expected_tokens_per_round(std::span<const double> acceptance, std::size_t k) {
   double expected = 1.0, reach = 1.0;
   for (std::size_t i = 0; i < k; ++i) {
-    reach *= i < acceptance.size() ? acceptance[i] : (acceptance.empty() ? 0.0 : acceptance.back());
+    const double a = acceptance.empty() ? 0.0 : acceptance[std::min(i, acceptance.size() - 1)];
+    if (!(a >= 0.0 && a <= 1.0)) {
+      throw error(fmt::format("expected_tokens_per_round: the acceptance rate of draft position {} must be in "
+                              "[0, 1], got {}", i, a));
+    }
+    reach *= a;
     expected += reach;
   }
   return expected;
@@ -66,12 +72,17 @@ namespace specsample {
 
 /// The K in [1, k_max] with the highest predicted speedup (the smaller K on ties); with
 /// `verify_cost` (indexed by K, see above) the cost of the batched target call is included.
+/// Throws `specsample::error` for k_max = 0 and for any input `predicted_speedup` refuses.
 [[nodiscard]] inline std::size_t best_draft_length(std::span<const double> acceptance, double c, std::size_t k_max,
                                                    std::span<const double> verify_cost = {}) {
+  if (k_max == 0) throw error("best_draft_length: k_max must be >= 1");
   std::size_t best = 1;
+  double best_speedup = predicted_speedup(acceptance, c, 1, verify_cost);  // (checks c, also for k_max = 1)
   for (std::size_t k = 2; k <= k_max; ++k) {
-    if (predicted_speedup(acceptance, c, k, verify_cost) > predicted_speedup(acceptance, c, best, verify_cost) + 1e-12) {
+    const double s = predicted_speedup(acceptance, c, k, verify_cost);
+    if (s > best_speedup + 1e-12) {
       best = k;
+      best_speedup = s;
     }
   }
   return best;

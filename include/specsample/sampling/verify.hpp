@@ -8,6 +8,7 @@
 #include <specsample/concepts.hpp>
 #include <specsample/detail/simd.hpp>
 #include <specsample/error.hpp>
+#include <specsample/sampling/params.hpp>
 #include <specsample/sampling/random.hpp>
 
 #include <Eigen/Core>
@@ -72,7 +73,7 @@ inline void check_verify_inputs(std::span<const token> drafts, const Eigen::Ref<
   }
   for (Eigen::Index i = 0; i < k; ++i) {
     const token x = drafts[static_cast<std::size_t>(i)];
-    if (x < 0 || x >= p.rows()) {
+    if (!in_vocabulary(x, static_cast<std::size_t>(p.rows()))) {
       throw error(fmt::format("verify: draft token {} is out of range for a vocabulary of {}", x, p.rows()));
     }
     if (!(q(x, i) > 0.0f)) {
@@ -100,9 +101,7 @@ struct tokenwise_verifier {
                            const Eigen::Ref<const Eigen::MatrixXf>& p, Rng& rng) const {
     const auto k = static_cast<Eigen::Index>(drafts.size());
     detail::check_verify_inputs(drafts, q, p);
-    if (!(leniency > 0.0 && leniency <= 1.0)) {  // 0 would accept every draft, NaN none
-      throw error(fmt::format("tokenwise_verifier: leniency must be in (0, 1] (1 = exact), got {}", leniency));
-    }
+    detail::check_leniency(leniency, "tokenwise_verifier.leniency");
     for (Eigen::Index i = 0; i < k; ++i) {
       const token x = drafts[static_cast<std::size_t>(i)];
       const double qx = q(x, i);

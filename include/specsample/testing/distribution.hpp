@@ -130,7 +130,7 @@ class sequence_histogram {
     }
     std::size_t index = 0;
     for (const token x : sequence) {
-      if (x < 0 || static_cast<std::size_t>(x) >= vocab_) {
+      if (!in_vocabulary(x, vocab_)) {
         throw error(fmt::format("sequence_histogram: token {} out of range for vocabulary {}", x, vocab_));
       }
       index = index * vocab_ + static_cast<std::size_t>(x);

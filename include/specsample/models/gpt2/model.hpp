@@ -178,7 +178,7 @@ class model {
       throw error(fmt::format("gpt2: cannot return the logits of the last {} of {} appended tokens", logits, T));
     }
     for (std::size_t t = 0; t < T; ++t) {
-      if (tokens[t] < 0 || static_cast<std::size_t>(tokens[t]) >= V) {
+      if (!in_vocabulary(tokens[t], V)) {
         throw error(fmt::format("gpt2: token id {} (at index {}) is out of range for vocab_size {}",
                                 tokens[t], t, V));
       }

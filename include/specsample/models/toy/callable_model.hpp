@@ -37,7 +37,7 @@ class callable_model {
   /// side effects `f` itself has).
   Eigen::MatrixXf append(std::span<const token> t) {
     for (std::size_t j = 0; j < t.size(); ++j) {
-      if (t[j] < 0 || static_cast<std::size_t>(t[j]) >= vocab_) {
+      if (!in_vocabulary(t[j], vocab_)) {
         throw error(fmt::format("toy::callable_model::append: token {} at position {} is out of range for a "
                                 "vocabulary of {} tokens", t[j], j, vocab_));
       }

@@ -141,7 +141,7 @@ class markov {
   }
 
   static void check_token(token x, std::size_t vocab, const char* where) {
-    if (x < 0 || static_cast<std::size_t>(x) >= vocab) {
+    if (!in_vocabulary(x, vocab)) {
       throw error(fmt::format("{}: token {} is out of range for a vocabulary of {} tokens", where, x, vocab));
     }
   }
