@@ -889,8 +889,11 @@ struct sweep_best {
 std::vector<sweep_best> read_sweep_best(const fs::path& path) {
   const std::string text = specsample::io::read_file(path);
   try {  // malformed JSON and a JSON without the fields read below alike
+    // The parsed document must outlive the loop: a range-for over a member of the temporary
+    // json::parse(...) iterates a destroyed object (it found no temperatures at all).
+    const json sweep = json::parse(text);
     std::vector<sweep_best> b;
-    for (const auto& e : json::parse(text).at("per_temperature")) {
+    for (const auto& e : sweep.at("per_temperature")) {
       b.push_back({e.at("temperature").get<double>(), e.at("best_k_measured").get<std::size_t>(), e.at("speedup").get<double>()});
     }
     return b;
