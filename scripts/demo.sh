@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: speculative GPT-2 generation on the bundled Tiny Shakespeare pair (the target
-# drafted by the distilled draft, K = 3, one thread per model: the setting docs/benchmarks.md
+# drafted by the distilled draft, K = 3, one kernel thread shared by both models: the setting docs/benchmarks.md
 # measures), side by side with plain autoregressive decoding (greedy, so both print the same text).
 # Extra arguments go to specsample-generate (see --help), e.g. scripts/demo.sh --temperature 0.8
 set -euo pipefail
