@@ -239,6 +239,26 @@ BENCHMARK(BM_append)
     ->UseRealTime()
     ->MinTime(0.3);
 
+/// A 60-token prompt appended from an empty cache, with the logits of every position (logits:1,
+/// `append(tokens)`) or of none (logits:0, `append(tokens, 0)`: what the sampling loops do to
+/// prefill a prompt).
+void BM_prefill(benchmark::State& state) {
+  static const char* names[] = {"shakespeare-target", "shakespeare-draft",
+                                "shakespeare-draft-distilled"};
+  const char* name = names[state.range(0)];
+  const bool logits = state.range(1) != 0;
+  gpt2::model m = gpt2::model::load(models_dir / name, gpt2::options{.threads = 1});
+  std::vector<token> prompt(60);
+  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<token>(i * 37 % 4096);
+  for (auto _ : state) {
+    const auto out = logits ? m.append(prompt) : m.append(prompt, 0);
+    benchmark::DoNotOptimize(out.data());
+    m.truncate(0);
+  }
+  state.SetLabel(fmt::format("{} {}", name, gpt2::isa_name(m.kernels())));
+}
+BENCHMARK(BM_prefill)->ArgNames({"model", "logits"})->ArgsProduct({{0, 1, 2}, {0, 1}})->UseRealTime()->MinTime(0.3);
+
 // --- sampling primitives -------------------------------------------------------------------------
 
 /// range: vocabulary, temperature ×100, top_k, top_p ×100.
