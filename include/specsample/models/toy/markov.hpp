@@ -110,8 +110,8 @@ class markov {
   }
 
  private:
-  // Contexts of the (V, states) table; it holds at most 2^26 floats (256 MB; 512 MB with the log table), which also keeps
-  // every token id an int32 and no product of sizes wrapping.
+  // Contexts of the (V, states) table; it holds at most 2^26 floats (256 MB; 512 MB with the log
+  // table), which also keeps every token id an int32 and no product of sizes wrapping.
   static std::size_t state_count(std::size_t vocab, std::size_t order) {
     constexpr std::size_t max_cells = std::size_t{1} << 26;
     const auto too_large = [&] {
