@@ -2,7 +2,8 @@
 //
 //   specsample-generate [--target DIR] [--draft DIR] [--prompt TEXT | --prompt-file F]
 //                       [-n N] [-k K|auto] [--p-min P] [--adaptive] [--temperature T] [--top-k N] [--top-p P] [--min-p P]
-//                       [--seed S] [--threads N] [--kernels LEVEL] [--mode speculative|autoregressive|compare]
+//                       [--seed S] [--threads N] [--kernels LEVEL] [--weights f32|f16|bf16]
+//                       [--mode speculative|autoregressive|compare]
 //                       [--verify tokenwise|block] [--leniency B] [--repeat R] [--stream]
 //                       [--verbose] [--json]
 //
@@ -49,6 +50,7 @@ struct cli {
   std::uint64_t seed = 42;
   std::size_t threads = 0;
   specsample::isa kernels = specsample::isa::best;
+  std::optional<specsample::gpt2::weight_format> weights;  // matmul weights' precision; empty: the checkpoint's
   std::string mode = "compare";
   std::size_t repeat = 1;
   bool stream = false, verbose = false, json = false;
@@ -87,6 +89,9 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
   --seed S              random seed (default 42)
   --threads N           kernel threads, one pool shared by all models (default: all cores)
   --kernels LEVEL       best (default), avx512, avx2 or generic (capped at what the CPU has)
+  --weights F           hold every model's matmul weights as f32, f16 or bf16 (default: as the
+                        checkpoint stores them); f16 / bf16 halve an F32 checkpoint's bytes per
+                        token, rounding each weight (a slightly different model; docs/gpt2.md)
   --mode M              speculative | autoregressive | compare (default compare)
   --verify V            tokenwise | block (Sun et al. 2025; both exact; default tokenwise)
   --leniency B          LOSSY if < 1: token-wise acceptance uniform from U[0, B) (default 1, exact)
@@ -132,6 +137,13 @@ cli parse(int argc, char** argv) {
       const auto level = specsample::isa_from_name(v);
       if (!level) usage_error(fmt::format("--kernels expects best, avx512, avx2 or generic, got '{}'", v));
       c.kernels = *level;
+    }
+    else if (a == "--weights") {
+      const std::string_view v = value();
+      if (v == "f32") c.weights = specsample::gpt2::weight_format::f32;
+      else if (v == "f16") c.weights = specsample::gpt2::weight_format::f16;
+      else if (v == "bf16") c.weights = specsample::gpt2::weight_format::bf16;
+      else usage_error(fmt::format("--weights expects f32, f16 or bf16, got '{}'", v));
     }
     else if (a == "--threads") c.threads = parse_number<std::size_t>(a, value());
     else if (a == "--mode") {
@@ -330,6 +342,7 @@ int run(int argc, char** argv) {
   specsample::gpt2::options opts;
   opts.pool = std::make_shared<specsample::gpt2::thread_pool>(c.threads);  // one pool for every model
   opts.kernels = c.kernels;
+  opts.weight_storage = c.weights;
   auto target = specsample::gpt2::model::load(target_dir, opts);
   if (target.vocab_size() != tok.vocab_size()) {
     throw specsample::error(fmt::format("{}: the model has {} tokens but its tokenizer has {}", target_dir.string(),
@@ -465,6 +478,7 @@ int run(int argc, char** argv) {
                      {"leniency", c.params.leniency},
                      {"threads", target.threads()},
                      {"kernels", specsample::isa_name(target.kernels())},
+                     {"weights", c.weights ? specsample::gpt2::format_name(*c.weights) : "checkpoint"},
                      {"load_seconds", load_seconds}};
     if (need_draft) j["draft"] = draft_dir.string();
     if (!calibrations.empty()) j["draft_choice"] = calibrations;

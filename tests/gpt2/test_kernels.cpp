@@ -7,8 +7,11 @@
 #include "../support/bitwise.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -172,6 +175,83 @@ TEST_CASE("weight matrices pack rows and HF columns alike and convert exactly",
       REQUIRE(copy.to_float() == v);
     }
   }
+}
+
+TEST_CASE("bulk F16 conversions (F16C where the CPU has it) give the scalar conversions' bits",
+          "[gpt2][kernels]") {
+  namespace io = specsample::io;
+  // Every F16 pattern up to float.
+  std::vector<std::uint16_t> all(65536);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::uint16_t>(i);
+  std::vector<float> up(all.size());
+  gpt2::simd::convert(weight_format::f16, all.data(), 0, all.size(), up.data());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const float ref = io::f16_to_float(all[i]);
+    INFO("f16 pattern " << i);
+    if (std::isnan(ref)) {
+      REQUIRE(std::isnan(up[i]));  // (F16C quiets a signalling NaN: payload bits may differ)
+    } else {
+      REQUIRE(std::bit_cast<std::uint32_t>(up[i]) == std::bit_cast<std::uint32_t>(ref));
+    }
+  }
+  // Floats down to F16 and BF16: every F16 value, the midpoints between neighbours (ties to even)
+  // and one float either side of them, values that overflow, and random floats of every magnitude.
+  std::vector<float> x;
+  for (std::uint32_t h = 0; h < 0x7C00u; ++h) {
+    for (const std::uint32_t sign : {0u, 0x8000u}) {
+      const float a = io::f16_to_float(static_cast<std::uint16_t>(h | sign));
+      const float b = io::f16_to_float(static_cast<std::uint16_t>((h + 1) | sign));
+      const float mid = static_cast<float>((static_cast<double>(a) + b) / 2);  // exact in float
+      x.insert(x.end(), {a, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 2 * mid)});
+    }
+  }
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<std::uint32_t> bits;
+  for (int i = 0; i < 200000; ++i) x.push_back(std::bit_cast<float>(bits(rng) & 0xFFFFFFFFu));
+  x.insert(x.end(), {65504.0f, 65519.996f, 65520.0f, -65520.0f, 1e30f, std::numeric_limits<float>::infinity(),
+                     -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::denorm_min()});
+  for (const weight_format f : {weight_format::f16, weight_format::bf16}) {
+    std::vector<std::uint16_t> down(x.size());
+    gpt2::simd::narrow(f, x.data(), x.size(), down.data());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      if (std::isnan(x[i])) continue;
+      const std::uint16_t ref = f == weight_format::f16 ? io::float_to_f16(x[i]) : io::float_to_bf16(x[i]);
+      INFO("format " << static_cast<int>(f) << ", float bits " << std::bit_cast<std::uint32_t>(x[i]));
+      REQUIRE(down[i] == ref);
+    }
+  }
+}
+
+TEST_CASE("weight_matrix::converted keeps or rounds every weight and refuses an F16 overflow",
+          "[gpt2][kernels]") {
+  using Catch::Contains;
+  std::mt19937 rng(12);
+  const std::size_t rows = 130, cols = 7;
+  auto v = random_vector(rows * cols, rng);
+  v[3] = 1e-9f;  // F16: subnormal range, rounds to 0
+  v[70 * cols + 3] = 65519.0f;  // F16: rounds to 65504
+  const auto f32 = gpt2::weight_matrix::from_floats(weight_format::f32, rows, cols, v.data());
+  for (const weight_format f : {weight_format::f32, weight_format::f16, weight_format::bf16}) {
+    const gpt2::weight_matrix c = f32.converted(f);
+    REQUIRE(c.format() == f);
+    REQUIRE(c.bytes() == gpt2::weight_matrix::packed_bytes(f, rows, cols));
+    REQUIRE(c.to_float() == rounded(v, f));
+    // The same as packing values stored in `f` in the first place, padding rows (zero) included.
+    const auto direct = gpt2::weight_matrix::from_floats(f, rows, cols, v.data());
+    REQUIRE(std::memcmp(c.data(), direct.data(), c.bytes()) == 0);
+    // Back up to F32: exact.
+    REQUIRE(c.converted(weight_format::f32).to_float() == rounded(v, f));
+    // Into storage it is given.
+    const auto storage = gpt2::allocate_weight_storage(c.bytes());
+    REQUIRE(f32.converted(f, storage).data() == storage.get());
+  }
+  REQUIRE(f32.converted(weight_format::f16).at(70, 3) == 65504.0f);
+  v[70 * cols + 3] = -65520.0f;  // rounds to -inf in F16: refused, and named
+  const auto big = gpt2::weight_matrix::from_floats(weight_format::f32, rows, cols, v.data());
+  REQUIRE_THROWS_WITH(big.converted(weight_format::f16),
+                      Contains("weight (70, 3) = -65520 is outside the range of F16") &&
+                          Contains("hold this matrix as F32 or BF16"));
+  REQUIRE(big.converted(weight_format::bf16).at(70, 3) == -65536.0f);  // BF16's neighbour
 }
 
 TEST_CASE("dot and sum agree with the sequential double reference", "[gpt2][kernels]") {

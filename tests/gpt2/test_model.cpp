@@ -11,12 +11,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -362,10 +364,110 @@ TEST_CASE("weights stay in the checkpoint's precision", "[gpt2][model]") {
   REQUIRE(target.kernels() == gpt2::simd::detected());
 }
 
+TEST_CASE("options::weight_storage holds the matmul weights in another precision", "[gpt2][model]") {
+  const std::vector<token> tokens = {464, 2068, 758, 2183, 1804, 625, 262, 1693, 3290, 13, 198, 40};
+  const auto logits = [&](gpt2::model& m) {
+    m.truncate(0);
+    return Eigen::MatrixXf(m.append(tokens));
+  };
+  const auto matrices = [](const gpt2::weights& w) {
+    std::vector<const gpt2::weight_matrix*> out = {&w.wte};
+    for (const auto& l : w.layers) {
+      for (const auto* x : {&l.attn_qkv_weight, &l.attn_proj_weight, &l.mlp_fc_weight, &l.mlp_proj_weight}) {
+        out.push_back(x);
+      }
+    }
+    return out;
+  };
+  SECTION("up to F32: every weight kept, twice the bytes, bitwise the same logits") {
+    for (const fs::path& dir : {models_dir / "shakespeare-draft", test_models_dir / "tiny-random-gpt2-bf16"}) {
+      INFO(dir);
+      gpt2::model stored = gpt2::model::load(dir, {.threads = 1});
+      gpt2::model f32 = gpt2::model::load(dir, {.threads = 1, .weight_storage = gpt2::weight_format::f32});
+      for (const auto* m : matrices(f32.weights())) REQUIRE(m->format() == gpt2::weight_format::f32);
+      REQUIRE(f32.weights().matmul_bytes() == 2 * stored.weights().matmul_bytes());
+      REQUIRE(bitwise_equal(logits(f32), logits(stored)));
+    }
+  }
+  SECTION("down from F32: the logits of the checkpoint stored in F16 / BF16 in the first place") {
+    const fs::path src = test_models_dir / "tiny-random-gpt2";
+    gpt2::model full = gpt2::model::load(src, {.threads = 1});
+    const Eigen::MatrixXf full_logits = logits(full);
+    for (const gpt2::weight_format f : {gpt2::weight_format::f16, gpt2::weight_format::bf16}) {
+      const io::dtype d = f == gpt2::weight_format::f16 ? io::dtype::f16 : io::dtype::bf16;
+      INFO(io::dtype_name(d));
+      // The checkpoint with its matmul tensors rewritten in `d` (the loader then keeps them).
+      temp_dir tmp("gpt2-storage");
+      fs::copy_file(src / "config.json", tmp.path / "config.json");
+      std::vector<io::tensor_data> ts;
+      {
+        const auto file = io::safetensors_file::open(src / "model.safetensors");
+        for (const io::tensor_view& v : file.tensors()) {
+          const bool matmul = v.name == "wte.weight" ||
+                              (v.name.ends_with(".weight") && v.shape.size() == 2 && v.name != "wpe.weight");
+          ts.push_back(matmul ? io::make_tensor(v.name, v.shape, io::to_float_vector(v), d) : io::to_tensor_data(v));
+        }
+      }
+      io::write_safetensors(tmp.path / "model.safetensors", ts);
+      gpt2::model rewritten = gpt2::model::load(tmp.path, {.threads = 1});
+      for (const auto* m : matrices(rewritten.weights())) REQUIRE(m->format() == f);
+
+      gpt2::model converted = gpt2::model::load(src, {.threads = 1, .weight_storage = f});
+      for (const auto* m : matrices(converted.weights())) REQUIRE(m->format() == f);
+      REQUIRE(2 * converted.weights().matmul_bytes() == full.weights().matmul_bytes());
+      const Eigen::MatrixXf l = logits(converted);
+      REQUIRE(bitwise_equal(l, logits(rewritten)));
+      // A model built in memory converts the same way.
+      gpt2::weights copy = full.weights();
+      gpt2::model in_memory(full.config(), std::move(copy), {.threads = 1, .weight_storage = f});
+      REQUIRE(bitwise_equal(logits(in_memory), l));
+      // Rounded, so no longer bitwise the F32 model's logits, but close to them.
+      const double diff = (l - full_logits).cwiseAbs().maxCoeff();
+      std::cout << fmt::format("weight_storage {:<4} tiny-random-gpt2: max |logit - F32 logit| = {:.3g} (max |F32 logit| {:.3g})\n",
+                               io::dtype_name(d), diff, full_logits.cwiseAbs().maxCoeff());
+      // Every weight moves by at most the unit roundoff u (F16 2^-11, BF16 2^-8) of itself; the
+      // logits by a few u of their scale (observed: 1.5 u for F16, 1.1 u for BF16: the line above).
+      const double u = f == gpt2::weight_format::f16 ? 0x1p-11 : 0x1p-8;
+      REQUIRE(diff > 0);
+      REQUIRE(diff <= 4 * u * full_logits.cwiseAbs().maxCoeff());
+    }
+  }
+  SECTION("a weight F16 cannot hold is an error naming the tensor; BF16 holds it") {
+    const fs::path src = test_models_dir / "tiny-random-gpt2";
+    temp_dir tmp("gpt2-overflow");
+    fs::copy_file(src / "config.json", tmp.path / "config.json");
+    std::vector<io::tensor_data> ts;
+    {
+      const auto file = io::safetensors_file::open(src / "model.safetensors");
+      for (const io::tensor_view& v : file.tensors()) ts.push_back(io::to_tensor_data(v));
+    }
+    for (io::tensor_data& t : ts) {
+      if (t.name != "h.1.mlp.c_fc.weight") continue;  // [in 16, out 64]: element 37 = input 0, output 37
+      const float big = 1e5f;
+      std::memcpy(t.data.data() + 4 * 37, &big, 4);
+    }
+    io::write_safetensors(tmp.path / "model.safetensors", ts);
+    try {
+      (void)gpt2::model::load(tmp.path, {.weight_storage = gpt2::weight_format::f16});
+      FAIL("loaded a weight of 1e5 as F16");
+    } catch (const specsample::error& e) {
+      REQUIRE_THAT(e.what(), Catch::Contains((tmp.path / "model.safetensors").string()) &&
+                                 Catch::Contains("tensor 'h.1.mlp.c_fc.weight' (64 x 16 as output x input channels)") &&
+                                 Catch::Contains("weight (37, 0) = 100000 is outside the range of F16"));
+    }
+    gpt2::model bf16 = gpt2::model::load(tmp.path, {.threads = 1, .weight_storage = gpt2::weight_format::bf16});
+    REQUIRE(bf16.weights().layers[1].mlp_fc_weight.at(37, 0) == 99840.0f);  // 1e5 to nearest BF16
+    REQUIRE(gpt2::model::load(tmp.path, {.threads = 1}).weights().layers[1].mlp_fc_weight.at(37, 0) == 1e5f);
+  }
+}
+
 TEST_CASE("the matmul weights share one allocation in the order a forward pass streams them",
           "[gpt2][model]") {
-  for (const char* name : {"shakespeare-target", "shakespeare-draft"}) {
-    const auto m = gpt2::model::load(models_dir / name, {.threads = 1});
+  // As stored, and converted at load (each matrix into its place in the one allocation).
+  for (const auto& [name, storage] : {std::pair<const char*, std::optional<gpt2::weight_format>>{"shakespeare-target", {}},
+                                      {"shakespeare-draft", {}},
+                                      {"shakespeare-draft", gpt2::weight_format::f32}}) {
+    const auto m = gpt2::model::load(models_dir / name, {.threads = 1, .weight_storage = storage});
     const gpt2::weights& w = m.weights();
     std::vector<const gpt2::weight_matrix*> order;
     for (const auto& l : w.layers) {

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -21,7 +22,7 @@ namespace specsample::gpt2 {
 
 class thread_pool;  // thread_pool.hpp
 
-/// Options for `model::load`.
+/// Options for `model::load` and the in-memory `model` constructor.
 struct options {
   /// Worker threads for the kernels (the calling thread included); 0 = all hardware threads.
   /// Results are bitwise identical for every thread count.
@@ -42,6 +43,16 @@ struct options {
   /// (matmuls: OC × C; attention: positions × C per new row, times T): smaller ones run on the
   /// calling thread, where the wake-up and join of the pool would cost more than they save.
   std::size_t min_parallel_work = std::size_t{1} << 16;
+  /// Precision to hold the matmul weights in (the four matrices of every block and wte / lm_head:
+  /// all but a few percent of the bytes a token streams). Empty (the default): the checkpoint's,
+  /// bit for bit. `weight_format::f16` or `bf16` halves the memory and the bytes per token of an
+  /// F32 checkpoint (the released Hugging Face gpt2 files are F32), so roughly the time of a
+  /// decode bound by memory bandwidth, by rounding every weight once to nearest even: the model
+  /// then computes slightly different logits from the checkpoint's (docs/gpt2.md, "Storage
+  /// precision"); sampling, speculative or not, stays exact for the model as loaded. F32 keeps
+  /// every value exactly (and only costs bytes). A weight that F16 cannot hold (|w| >= 65520) is
+  /// an error naming its tensor, not an infinity.
+  std::optional<weight_format> weight_storage{};
 };
 
 /// GPT-2 hyper-parameters, as in a Hugging Face `config.json`.

@@ -54,8 +54,8 @@ struct kv_cache {
 
 /// A GPT-2 model with a KV cache on CPU.
 ///
-/// Storage: weights live in their checkpoint precision (F16/BF16/F32 `weight_matrix`es, small
-/// tensors F32) and the KV cache in xtensor containers (F32); the kernels work on spans, weight
+/// Storage: weights live in their checkpoint precision or in `options::weight_storage`
+/// (F16/BF16/F32 `weight_matrix`es, small tensors F32) and the KV cache in xtensor containers (F32); the kernels work on spans, weight
 /// views and Eigen maps over that same memory, so nothing is copied between the views.
 /// `append` runs all new positions in one batched pass; the logits of a position are bitwise
 /// identical whether it is appended alone or in a batch, and for every thread count.
@@ -68,12 +68,13 @@ class model {
     const std::filesystem::path weights_path = dir / "model.safetensors";
     gpt2::config cfg = gpt2::config::load(config_path);
     const io::safetensors_file file = io::safetensors_file::open(weights_path);
-    gpt2::weights w = gpt2::weights::load(file, cfg, config_path.string());
+    gpt2::weights w = gpt2::weights::load(file, cfg, config_path.string(), opts.weight_storage);
     return model(cfg, std::move(w), opts);
   }
 
-  /// Builds a model from parameters already in memory (they must match `cfg`). Throws
-  /// `specsample::error` when they do not, or when the KV cache does not fit in memory.
+  /// Builds a model from parameters already in memory (they must match `cfg`), converting the
+  /// matmul weights to `opts.weight_storage` when it is set (`weights::convert`). Throws
+  /// `specsample::error` when they do not match, or when the KV cache does not fit in memory.
   model(const gpt2::config& cfg, gpt2::weights w, options opts = {}) try
       : cfg_(validated(cfg)),
         w_(std::move(w)),
@@ -81,6 +82,7 @@ class model {
         isa_(simd::resolve(opts.kernels)),
         min_parallel_work_(opts.min_parallel_work),
         cache_(cfg.n_layer, cfg.n_head, cfg.n_positions, cfg.n_embd) {
+    if (opts.weight_storage) w_.convert(*opts.weight_storage);
     const std::size_t L = cfg_.n_layer, P = cfg_.n_positions, C = cfg_.n_embd;
     if (w_.layers.size() != L || w_.wte.shape(0) != cfg_.vocab_size || w_.wte.shape(1) != C ||
         w_.wpe.shape(0) != P || w_.wpe.shape(1) != C) {

@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include <specsample/detail/simd.hpp>
+#include <specsample/io/half.hpp>
 
 namespace specsample::gpt2 {
 
@@ -42,6 +43,11 @@ enum class weight_format : std::uint8_t { f32, f16, bf16 };
 /// The element type a matrix of format F is stored in (F16 and BF16 as their 16-bit patterns).
 template <weight_format F>
 using weight_t = std::conditional_t<F == weight_format::f32, float, std::uint16_t>;
+
+/// "F32", "F16" or "BF16" (the safetensors spelling).
+[[nodiscard]] constexpr const char* format_name(weight_format f) noexcept {
+  return f == weight_format::f32 ? "F32" : (f == weight_format::f16 ? "F16" : "BF16");
+}
 
 /// Bytes per element of a weight format.
 [[nodiscard]] constexpr std::size_t format_bytes(weight_format f) noexcept {
@@ -65,35 +71,7 @@ using specsample::simd::resolve;
 inline constexpr float gelu_k = 0.7978845608028654f;  // sqrt(2 / pi), for the GELU
 inline constexpr float gelu_c = 0.044715f;
 
-// --- scalar conversion ---------------------------------------------------------------------------
-
-/// IEEE binary16 -> float, exact.
-[[nodiscard]] inline float half_to_float(std::uint16_t h) noexcept {
-  const std::uint32_t sign = (static_cast<std::uint32_t>(h) & 0x8000u) << 16;
-  const std::uint32_t exp = (static_cast<std::uint32_t>(h) >> 10) & 0x1fu;
-  const std::uint32_t mant = static_cast<std::uint32_t>(h) & 0x3ffu;
-  std::uint32_t bits = 0;
-  if (exp == 0) {
-    const float v = static_cast<float>(mant) * 0x1p-24f;
-    return sign != 0 ? -v : v;
-  }
-  if (exp == 31) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else {
-    bits = sign | ((exp + 112u) << 23) | (mant << 13);
-  }
-  float f = 0;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-/// bfloat16 -> float, exact.
-[[nodiscard]] inline float bfloat_to_float(std::uint16_t h) noexcept {
-  const std::uint32_t bits = static_cast<std::uint32_t>(h) << 16;
-  float f = 0;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+// --- conversion ----------------------------------------------------------------------------------
 
 /// Element i of a weight buffer as float.
 template <weight_format F>
@@ -101,11 +79,32 @@ template <weight_format F>
   if constexpr (F == weight_format::f32) {
     return static_cast<const float*>(w)[i];
   } else if constexpr (F == weight_format::f16) {
-    return half_to_float(static_cast<const std::uint16_t*>(w)[i]);
+    return io::f16_to_float(static_cast<const std::uint16_t*>(w)[i]);
   } else {
-    return bfloat_to_float(static_cast<const std::uint16_t*>(w)[i]);
+    return io::bf16_to_float(static_cast<const std::uint16_t*>(w)[i]);
   }
 }
+
+#if SPECSAMPLE_X86
+// F16C converts exactly like io::f16_to_float and, with an explicit round-to-nearest-even
+// immediate (MXCSR's mode ignored), like io::float_to_f16 (NaN payloads aside), about 10x faster
+// (F32 to F16: 0.5 against 5.4 ns per weight).
+SPECSAMPLE_TARGET_AVX2 inline void f16_to_float_f16c(const std::uint16_t* src, std::size_t n, float* dst) noexcept {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+  for (; i < n; ++i) dst[i] = io::f16_to_float(src[i]);
+}
+SPECSAMPLE_TARGET_AVX2 inline void float_to_f16_f16c(const float* src, std::size_t n, std::uint16_t* dst) noexcept {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  for (; i < n; ++i) dst[i] = io::float_to_f16(src[i]);
+}
+#endif
 
 /// dst[i] = float(src[first + i]) for i < n (exact for every format).
 inline void convert(weight_format f, const void* src, std::size_t first, std::size_t n,
@@ -115,11 +114,31 @@ inline void convert(weight_format f, const void* src, std::size_t first, std::si
       std::memcpy(dst, static_cast<const float*>(src) + first, n * sizeof(float));
       return;
     case weight_format::f16:
+#if SPECSAMPLE_X86
+      if (detected() >= isa::avx2) {
+        f16_to_float_f16c(static_cast<const std::uint16_t*>(src) + first, n, dst);
+        return;
+      }
+#endif
       for (std::size_t i = 0; i < n; ++i) dst[i] = load_scalar<weight_format::f16>(src, first + i);
       return;
     case weight_format::bf16:
       for (std::size_t i = 0; i < n; ++i) dst[i] = load_scalar<weight_format::bf16>(src, first + i);
       return;
+  }
+}
+
+/// dst[i] = src[i] rounded to nearest even in `f` (F16 or BF16; overflow gives ±inf) for i < n.
+inline void narrow(weight_format f, const float* src, std::size_t n, std::uint16_t* dst) noexcept {
+  assert(f != weight_format::f32);
+#if SPECSAMPLE_X86
+  if (f == weight_format::f16 && detected() >= isa::avx2) {
+    float_to_f16_f16c(src, n, dst);
+    return;
+  }
+#endif
+  for (std::size_t i = 0; i < n; ++i) {
+    dst[i] = f == weight_format::f16 ? io::float_to_f16(src[i]) : io::float_to_bf16(src[i]);
   }
 }
 

@@ -21,11 +21,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <cstdlib>
 #include <limits>
 #include <memory>
 #include <new>
+#include <optional>
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
@@ -138,10 +140,38 @@ class weight_matrix {
                                                  std::size_t cols, const float* src) {
     if (format == weight_format::f32) return from_rows(format, rows, cols, src);
     std::vector<std::uint16_t> h(rows * cols);
-    for (std::size_t i = 0; i < h.size(); ++i) {
-      h[i] = format == weight_format::f16 ? io::float_to_f16(src[i]) : io::float_to_bf16(src[i]);
-    }
+    simd::narrow(format, src, h.size(), h.data());
     return from_rows(format, rows, cols, h.data());
+  }
+
+  /// This matrix stored in `format`: into `storage` when given (`packed_bytes(format, rows,
+  /// cols)` zeroed bytes, as the sharing constructor), else into storage of its own. To F32 every
+  /// weight is kept exactly; to F16 or BF16 each is rounded to nearest even (relative error at most
+  /// 2^-11 and 2^-8; F16 weights below 2^-14 lose precision, those up to 2^-25 become 0). Throws
+  /// `specsample::error` naming the first weight that a finite value would turn into an infinity
+  /// (F16: |w| >= 65520) instead of storing it.
+  [[nodiscard]] weight_matrix converted(weight_format format,
+                                        std::shared_ptr<unsigned char[]> storage = {}) const {
+    weight_matrix m = make(format, rows_, cols_, std::move(storage));
+    if (!m.data_) return m;
+    const std::size_t n = simd::panels(rows_) * cols_ * simd::panel;  // padding included (zeros)
+    constexpr std::size_t chunk = 4096;
+    std::vector<float> buf(std::min(chunk, n));
+    for (std::size_t first = 0; first < n; first += chunk) {
+      const std::size_t k = std::min(chunk, n - first);
+      simd::convert(format_, data(), first, k, buf.data());
+      if (format == weight_format::f32) {
+        std::memcpy(static_cast<float*>(m.raw()) + first, buf.data(), k * sizeof(float));
+        continue;
+      }
+      auto* out = static_cast<std::uint16_t*>(m.raw()) + first;
+      simd::narrow(format, buf.data(), k, out);
+      const std::uint16_t inf = format == weight_format::f16 ? 0x7C00u : 0x7F80u;
+      for (std::size_t i = 0; i < k; ++i) {
+        if ((out[i] & 0x7FFFu) == inf && std::isfinite(buf[i])) overflow(first + i, buf[i], format);
+      }
+    }
+    return m;
   }
 
   weight_matrix(weight_matrix&&) noexcept = default;
@@ -191,6 +221,18 @@ class weight_matrix {
     return weight_matrix(format, rows, cols, std::move(storage));
   }
   [[nodiscard]] std::size_t storage_bytes() const noexcept { return packed_bytes(format_, rows_, cols_); }
+  [[nodiscard]] void* raw() noexcept { return data_.get(); }
+  // Packed element i, finite `value`, would be infinite in `format`.
+  [[noreturn]] void overflow(std::size_t i, float value, weight_format format) const {
+    const std::size_t panel_elems = cols_ * simd::panel;
+    const std::size_t row = i / panel_elems * simd::panel + i % simd::panel;
+    const std::size_t col = i % panel_elems / simd::panel;
+    throw error(fmt::format("weight ({}, {}) = {} is outside the range of {} (largest finite value {}): "
+                            "hold this matrix as F32{}",
+                            row, col, value, format_name(format),
+                            format == weight_format::f16 ? "65504" : "3.39e+38",
+                            format == weight_format::f16 ? " or BF16" : ""));
+  }
 
   weight_format format_ = weight_format::f32;
   std::size_t rows_ = 0;
@@ -252,10 +294,26 @@ struct weights {
   /// Loads and checks every tensor against `cfg` (`config_name` names the config in errors).
   /// Accepts keys with or without the `transformer.` prefix, ignores `h.N.attn.bias` /
   /// `h.N.attn.masked_bias` buffers and anything else unknown, uses `lm_head.weight` when present.
+  /// The matmul weights keep the checkpoint's precision, or are held in `storage` when given
+  /// (`weight_matrix::converted`, one matrix at a time: `options::weight_storage`).
   /// Every shape is validated before anything is allocated. Throws `specsample::error` naming
-  /// the file, the tensor, and the expected and actual shape.
+  /// the file, the tensor, and the expected and actual shape (or the value out of range).
   [[nodiscard]] static weights load(const io::safetensors_file& file, const config& cfg,
-                                    const std::string& config_name = "config.json");
+                                    const std::string& config_name = "config.json",
+                                    std::optional<weight_format> storage = {});
+
+  /// Every matmul weight held in `format` (`weight_matrix::converted`; the others are F32
+  /// already). Matrices already in `format` are left as they are.
+  void convert(weight_format format) {
+    const auto to = [format](weight_matrix& m) {
+      if (m.size() != 0 && m.format() != format) m = m.converted(format);
+    };
+    for (layer_weights& l : layers) {
+      for (weight_matrix* m : {&l.attn_qkv_weight, &l.attn_proj_weight, &l.mlp_fc_weight, &l.mlp_proj_weight}) to(*m);
+    }
+    to(wte);
+    to(lm_head);
+  }
 };
 
 namespace detail {
@@ -326,8 +384,9 @@ template <class U>
 /// Looks tensors up with the checkpoint's prefix and checks dtype and shape.
 class tensor_loader {
  public:
-  tensor_loader(const io::safetensors_file& file, const config& cfg, std::string config_name)
-      : file_(file), cfg_(cfg), config_name_(std::move(config_name)) {
+  tensor_loader(const io::safetensors_file& file, const config& cfg, std::string config_name,
+                std::optional<weight_format> storage)
+      : file_(file), cfg_(cfg), config_name_(std::move(config_name)), storage_(storage) {
     if (file.contains("transformer.wte.weight")) {
       prefix_ = "transformer.";
     } else if (!file.contains("wte.weight")) {
@@ -384,20 +443,37 @@ class tensor_loader {
     bool top_level = false;
   };
 
-  /// Packed bytes of `m` in its checkpoint precision.
-  [[nodiscard]] std::size_t packed_bytes(const matrix_spec& m) const {
-    return weight_matrix::packed_bytes(format_of(view(m).dtype), m.rows, m.cols);
+  /// The precision `m` is held in: the checkpoint's, or the one asked for.
+  [[nodiscard]] weight_format format(const matrix_spec& m) const {
+    return storage_.value_or(format_of(view(m).dtype));
   }
 
-  /// Loads `m` into *m.dst, keeping F32 / F16 / BF16, packed into `storage` (packed_bytes(m)
-  /// zeroed bytes).
+  /// Packed bytes of `m` in that precision.
+  [[nodiscard]] std::size_t packed_bytes(const matrix_spec& m) const {
+    return weight_matrix::packed_bytes(format(m), m.rows, m.cols);
+  }
+
+  /// Loads `m` into *m.dst, packed into `storage` (packed_bytes(m) zeroed bytes): in the
+  /// checkpoint's precision, or packed in it first and then converted.
   void load_matrix(const matrix_spec& m, std::shared_ptr<unsigned char[]> storage) const {
     const io::tensor_view& t = view(m);
-    *m.dst = m.transposed ? weight_matrix::from_columns(format_of(t.dtype), m.rows, m.cols, t.data.data(),
-                                                        std::move(storage))
-                          : weight_matrix::from_rows(format_of(t.dtype), m.rows, m.cols, t.data.data(),
-                                                     std::move(storage));
+    const weight_format stored = format_of(t.dtype);
+    const bool keep = format(m) == stored;
+    weight_matrix packed = m.transposed ? weight_matrix::from_columns(stored, m.rows, m.cols, t.data.data(),
+                                                                      keep ? std::move(storage) : nullptr)
+                                        : weight_matrix::from_rows(stored, m.rows, m.cols, t.data.data(),
+                                                                   keep ? std::move(storage) : nullptr);
     check_finite(t);
+    if (keep) {
+      *m.dst = std::move(packed);
+      return;
+    }
+    try {
+      *m.dst = packed.converted(format(m), std::move(storage));
+    } catch (const error& e) {
+      throw error(fmt::format("{}: tensor '{}' ({} x {} as output x input channels), options::weight_storage: {}",
+                              file_.path().string(), t.name, m.rows, m.cols, e.what()));
+    }
   }
 
   /// Throws if the file has blocks beyond n_layer (the config disagrees with the tensors).
@@ -448,14 +524,15 @@ class tensor_loader {
   const io::safetensors_file& file_;
   const config& cfg_;
   std::string config_name_;
+  std::optional<weight_format> storage_;
   std::string prefix_;
 };
 
 }  // namespace detail
 
 inline weights weights::load(const io::safetensors_file& file, const config& cfg,
-                             const std::string& config_name) {
-  const detail::tensor_loader ld(file, cfg, config_name);
+                             const std::string& config_name, std::optional<weight_format> storage) {
+  const detail::tensor_loader ld(file, cfg, config_name, storage);
   const std::size_t C = cfg.n_embd, V = cfg.vocab_size, P = cfg.n_positions, I = cfg.n_inner;
   const bool has_lm_head = file.contains("lm_head.weight");
 
