@@ -1,7 +1,7 @@
 // specsample-bench: the speculative-sampling sweep behind docs/benchmarks.md.
 //
 //   specsample-bench [--target DIR] [--draft DIR] [--prompts FILE] [-n N] [--reps R] [--k-max K]
-//                    [--temperatures 0,0.7,1] [--threads N] [--kernels LEVEL] [--seed S]
+//                    [--temperatures 0,0.7,1] [--threads N] [--kernels LEVEL] [--weights F] [--seed S]
 //                    [--cost-samples N] [--out DIR] [--quick]
 //
 // For every temperature T and draft length K = 1..k-max it generates -n tokens from each prompt,
@@ -78,6 +78,7 @@ struct cli {
   std::vector<double> temperatures{0.0, 0.7, 1.0};
   std::uint64_t seed = 20240601;
   specsample::isa kernels = specsample::isa::best;
+  std::optional<specsample::gpt2::weight_format> weights;  // matmul weights' precision; empty: the checkpoints'
   bool quick = false;
   // --strategies
   bool strategies = false;
@@ -102,6 +103,9 @@ constexpr std::string_view help = R"(usage: specsample-bench [options]
   --threads N           kernel threads, one pool shared by both models (default 1; 0 = all cores)
   --kernels LEVEL       kernel level: best (default), avx512, avx2 or generic (capped at what the
                         CPU has; the report names the level used)
+  --weights F           hold both models' matmul weights as f32, f16 or bf16 (default: as the
+                        checkpoints store them; options::weight_storage); the bandwidth probes
+                        then cover the weights as held
   --seed S              base random seed (default 20240601)
   --cost-samples N      single-append timings for the cost ratio (default 200)
   --max-prompts N       use only the first N prompts (default, or 0: all)
@@ -121,6 +125,14 @@ strategy comparison (instead of the sweep):
   --warmup-tokens N     auto-K warm-up generation length (default 64; --quick: 16)
   --repetitive-temperatures LIST   temperatures of the repetitive suite (default 0,0.7)
 )";
+
+/// The report's note on the matmul weights' precision: nothing when they are as the checkpoints
+/// store them.
+std::string weights_note(const cli& c) {
+  if (!c.weights) return "";
+  return fmt::format(", both models' matmul weights held in {} (--weights; the targets are set for the checkpoints as "
+                     "stored)", specsample::gpt2::format_name(*c.weights));
+}
 
 std::vector<double> parse_temperatures(std::string_view flag, std::string_view list) {
   auto ts = specsample_bench::parse_list<double>(flag, list);
@@ -156,6 +168,11 @@ cli parse(int argc, char** argv) {
       const auto level = specsample::isa_from_name(v);
       if (!level) usage_error(fmt::format("--kernels expects best, avx512, avx2 or generic, got '{}'", v));
       c.kernels = *level;
+    }
+    else if (a == "--weights") {
+      const std::string_view v = value();
+      c.weights = specsample::gpt2::format_from_name(v);
+      if (!c.weights) usage_error(fmt::format("--weights expects f32, f16 or bf16, got '{}'", v));
     }
     else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
     else if (a == "--cost-samples") c.cost_samples = parse_number<std::size_t>(a, value());
@@ -1087,9 +1104,9 @@ int run_strategies(const bench_setup& b) {
     md += fmt::format(f, std::forward<A>(args)...);
   };
   out("### Strategies: {} drafting for {}\n\n", b.draft_dir.filename().string(), b.target_dir.filename().string());
-  out("`{}` — {} tokens per run, {} rep(s), {} kernel thread(s) shared by the models, {} kernels, seed {}; {}; {} cores; {}; {}; "
+  out("`{}` — {} tokens per run, {} rep(s), {} kernel thread(s) shared by the models, {} kernels{}, seed {}; {}; {} cores; {}; {}; "
       "source {}; {}; load average {} at start, {} at end; run time {}.\n\n",
-      b.command, c.n, c.reps, b.target.threads(), specsample::isa_name(b.target.kernels()), c.seed, cpu_model(), std::thread::hardware_concurrency(),
+      b.command, c.n, c.reps, b.target.threads(), specsample::isa_name(b.target.kernels()), weights_note(c), c.seed, cpu_model(), std::thread::hardware_concurrency(),
       "g++ " __VERSION__, compile_flags(), revision(), b.date, b.load_start, load_end, fmt_duration(total_seconds));
   out("Correctness guard (T = 0): every strategy's tokens == autoregressive tokens in {}/{} runs: **{}**\n\n",
       greedy_identical, greedy_runs, greedy_runs == 0 ? "not run (no T = 0)" : guard_ok ? "PASS" : "FAIL");
@@ -1213,8 +1230,12 @@ int run(int argc, char** argv) {
   opts.pool = std::make_shared<specsample::gpt2::thread_pool>(c.threads);  // shared by the two models
   opts.kernels = c.kernels;
   opts.batch_capacity = std::max<std::size_t>(16, c.k_max + 2);
+  opts.weight_storage = c.weights;
   auto target = specsample::gpt2::model::load(target_dir, opts);
   auto draft = specsample::gpt2::model::load(draft_dir, opts);
+  // What the probes' and the decode's weight bytes are.
+  const std::string weights_basis =
+      c.weights ? fmt::format("held in {} by --weights", specsample::gpt2::format_name(*c.weights)) : "file size";
 
   std::vector<std::string> prompt_text = specsample::io::read_prompt_list(prompts_file);
   if (c.max_prompts != 0 && prompt_text.size() > c.max_prompts) prompt_text.resize(c.max_prompts);
@@ -1336,15 +1357,22 @@ int run(int argc, char** argv) {
   const cost_result& costs = before_quieter ? costs_before : costs_after;
   const char* costs_name = before_quieter ? "before" : "after";
 
-  const auto file_size = [](const fs::path& p) { return static_cast<std::size_t>(fs::file_size(p)); };
-  const std::size_t target_bytes = file_size(target_dir / "model.safetensors");
-  const std::size_t draft_bytes = file_size(draft_dir / "model.safetensors");
+  // A model's weight bytes: its model.safetensors' size, or with --weights that size with the
+  // matmul weights' bytes as stored replaced by their bytes as held.
+  const auto weight_bytes = [&](const fs::path& dir, const specsample::gpt2::model& m) {
+    const auto file = static_cast<std::size_t>(fs::file_size(dir / "model.safetensors"));
+    if (!c.weights) return file;
+    const auto stored = specsample::gpt2::model::load(dir, {.threads = 1});
+    return file - stored.weights().matmul_bytes() + m.weights().matmul_bytes();
+  };
+  const std::size_t target_bytes = weight_bytes(target_dir, target);
+  const std::size_t draft_bytes = weight_bytes(draft_dir, draft);
   const std::size_t threads = target.threads();
   std::vector<probe_result> probes;
   const std::vector<std::pair<std::string, std::size_t>> sizes{
-      {"draft weights (file size)", draft_bytes},
-      {"target weights (file size)", target_bytes},
-      {"target weights × 2 (as float32)", 2 * target_bytes},
+      {fmt::format("draft weights ({})", weights_basis), draft_bytes},
+      {fmt::format("target weights ({})", weights_basis), target_bytes},
+      {c.weights ? "target weights × 2" : "target weights × 2 (as float32)", 2 * target_bytes},
       {"256 MiB (> last-level cache)", std::size_t{256} << 20}};
   std::vector<std::size_t> thread_counts{1};
   if (threads > 1) thread_counts.push_back(threads);
@@ -1469,10 +1497,10 @@ int run(int argc, char** argv) {
     md += fmt::format(f, std::forward<A>(args)...);
   };
   out("### Sweep: {} drafting for {}\n\n", draft_dir.filename().string(), target_dir.filename().string());
-  out("`{}` — {} prompts × {} reps × {} tokens, K = 1..{}, T ∈ {{{}}}, {} kernel thread(s) shared by the models, {} kernels; {}; "
+  out("`{}` — {} prompts × {} reps × {} tokens, K = 1..{}, T ∈ {{{}}}, {} kernel thread(s) shared by the models, {} kernels{}; {}; "
       "{} cores; {}; {}; source {}; {}; load average {} at start, {} at end; run time {}.\n\n",
       command, prompts.size(), c.reps, c.n, c.k_max, fmt::join(c.temperatures, ", "), threads,
-      specsample::isa_name(target.kernels()), cpu_model(),
+      specsample::isa_name(target.kernels()), weights_note(c), cpu_model(),
       std::thread::hardware_concurrency(), "g++ " __VERSION__, compile_flags(), revision(), date, load_start,
       load_end, fmt_duration(total_seconds));
   out("Correctness guard (T = 0): speculative == autoregressive tokens in {}/{} runs: **{}**\n\n", greedy_identical,
@@ -1536,14 +1564,16 @@ int run(int argc, char** argv) {
   out("| working set | bytes | threads | GB/s med (min–max) |\n|---|---|---|---|\n");
   for (const auto& p : probes) out("| {} | {} | {} | {} |\n", p.label, p.bytes, p.threads, fmt_range(p.gbs, 1));
   out("\nDecode beside the probe: {} alternating blocks of {} timed single-token appends (context {}), {} timed "
-      "probe passes over a buffer of the model's file size and as many over one of its working set (the file plus "
+      "probe passes over a buffer of the model's {} and as many over one of its working set ({} "
       "the KV cache the append reads), each block after as many untimed ones (the steady state of repeated "
       "calls); fraction = median over block pairs of decode GB/s / probe GB/s; working-set fraction = the same "
       "with the KV bytes counted in the decode's GB/s and the working-set probe's GB/s (GB/s: medians over "
       "blocks).\n\n"
-      "| model | weight bytes (file) | 1-token append, ms med (min–max) | effective GB/s | probe GB/s beside it | "
+      "| model | weight bytes ({}) | 1-token append, ms med (min–max) | effective GB/s | probe GB/s beside it | "
       "fraction | KV bytes read | working-set probe GB/s | working-set fraction |\n|---|---|---|---|---|---|---|---|---|\n",
-      target_bw.blocks, target_bw.block, context, target_bw.block);
+      target_bw.blocks, target_bw.block, context, target_bw.block,
+      c.weights ? fmt::format("weight bytes {}", weights_basis) : "file size",
+      c.weights ? "those bytes plus" : "the file plus", c.weights ? "as held" : "file");
   for (const auto& [name, bw] : {std::pair{"target", &target_bw}, std::pair{"draft", &draft_bw}}) {
     out("| {} | {} | {} | {:.2f} | {:.1f} | {:.1f}% | {} | {:.1f} | {:.1f}% |\n", name, bw->bytes,
         fmt_range({bw->seconds_per_token.median * 1e3, bw->seconds_per_token.min * 1e3, bw->seconds_per_token.max * 1e3}, 3),
@@ -1679,6 +1709,7 @@ int run(int argc, char** argv) {
                    {"k_max", c.k_max},
                    {"temperatures", c.temperatures},
                    {"threads", threads}, {"kernels", specsample::isa_name(target.kernels())},
+                   {"weights", c.weights ? specsample::gpt2::format_name(*c.weights) : "checkpoint"},
                    {"seed", c.seed},
                    {"quick", c.quick}};
     const auto cost_json = [](const cost_result& r) {
@@ -1721,7 +1752,9 @@ int run(int argc, char** argv) {
     }
     j["bandwidth"] = {
         {"probe", pj},
-        {"note", "weight bytes = model.safetensors file size (a proxy for the bytes a decode step reads)"},
+        {"note", c.weights ? "weight bytes = model.safetensors file size with the matmul weights' bytes as held "
+                             "(--weights) instead of as stored"
+                           : "weight bytes = model.safetensors file size (a proxy for the bytes a decode step reads)"},
         {"target", bandwidth_json(target_bw)},
         {"draft", bandwidth_json(draft_bw)}};
     if (scaling5) {

@@ -140,10 +140,8 @@ cli parse(int argc, char** argv) {
     }
     else if (a == "--weights") {
       const std::string_view v = value();
-      if (v == "f32") c.weights = specsample::gpt2::weight_format::f32;
-      else if (v == "f16") c.weights = specsample::gpt2::weight_format::f16;
-      else if (v == "bf16") c.weights = specsample::gpt2::weight_format::bf16;
-      else usage_error(fmt::format("--weights expects f32, f16 or bf16, got '{}'", v));
+      c.weights = specsample::gpt2::format_from_name(v);
+      if (!c.weights) usage_error(fmt::format("--weights expects f32, f16 or bf16, got '{}'", v));
     }
     else if (a == "--threads") c.threads = parse_number<std::size_t>(a, value());
     else if (a == "--mode") {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -225,6 +226,15 @@ TEST_CASE("bulk F16 conversions (F16C where the CPU has it) give the scalar conv
 TEST_CASE("weight_matrix::converted keeps or rounds every weight and refuses an F16 overflow",
           "[gpt2][kernels]") {
   using Catch::Contains;
+  for (const weight_format f : {weight_format::f32, weight_format::f16, weight_format::bf16}) {
+    const std::string name = gpt2::format_name(f);
+    REQUIRE(gpt2::format_from_name(name) == f);
+    std::string lower = name;
+    for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    REQUIRE(gpt2::format_from_name(lower) == f);
+  }
+  REQUIRE(!gpt2::format_from_name("f8"));
+  REQUIRE(!gpt2::format_from_name("Bf16"));
   std::mt19937 rng(12);
   const std::size_t rows = 130, cols = 7;
   auto v = random_vector(rows * cols, rng);

@@ -25,6 +25,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
+#include <string_view>
 #include <type_traits>
 
 #include <specsample/detail/simd.hpp>
@@ -47,6 +49,14 @@ using weight_t = std::conditional_t<F == weight_format::f32, float, std::uint16_
 /// "F32", "F16" or "BF16" (the safetensors spelling).
 [[nodiscard]] constexpr const char* format_name(weight_format f) noexcept {
   return f == weight_format::f32 ? "F32" : (f == weight_format::f16 ? "F16" : "BF16");
+}
+
+/// The format named "f32", "f16" or "bf16" (either case); nullopt for anything else.
+[[nodiscard]] constexpr std::optional<weight_format> format_from_name(std::string_view name) noexcept {
+  if (name == "f32" || name == "F32") return weight_format::f32;
+  if (name == "f16" || name == "F16") return weight_format::f16;
+  if (name == "bf16" || name == "BF16") return weight_format::bf16;
+  return std::nullopt;
 }
 
 /// Bytes per element of a weight format.
