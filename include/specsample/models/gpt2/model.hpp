@@ -55,8 +55,9 @@ struct kv_cache {
 /// A GPT-2 model with a KV cache on CPU.
 ///
 /// Storage: weights live in their checkpoint precision or in `options::weight_storage`
-/// (F16/BF16/F32 `weight_matrix`es, small tensors F32) and the KV cache in xtensor containers (F32); the kernels work on spans, weight
-/// views and Eigen maps over that same memory, so nothing is copied between the views.
+/// (F16/BF16/F32 `weight_matrix`es, small tensors F32) and the KV cache in xtensor containers
+/// (F32); the kernels work on spans, weight views and Eigen maps over that same memory, so
+/// nothing is copied between the views.
 /// `append` runs all new positions in one batched pass; the logits of a position are bitwise
 /// identical whether it is appended alone or in a batch, and for every thread count.
 class model {

@@ -5,7 +5,8 @@
 ///
 /// Storage: the big matrices (the four matmul weights of every block and wte / lm_head) are
 /// `weight_matrix`es kept in the checkpoint's precision — F16 stays F16 and BF16 stays BF16 (2
-/// bytes per parameter, converted to F32 exactly inside the matmul kernels), F32 stays F32 —
+/// bytes per parameter, converted to F32 exactly inside the matmul kernels), F32 stays F32 — or
+/// converted at load to the one `options::weight_storage` asks for (`weight_matrix::converted`),
 /// packed in the panel layout the kernels stream, all in one allocation in the order a forward
 /// pass streams them (`allocate_weight_storage`). The small tensors (layer-norm parameters,
 /// biases, wpe) are F32 `xt::xtensor`s.
