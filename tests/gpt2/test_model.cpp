@@ -379,14 +379,18 @@ TEST_CASE("options::weight_storage holds the matmul weights in another precision
     }
     return out;
   };
-  SECTION("up to F32: every weight kept, twice the bytes, bitwise the same logits") {
+  SECTION("up to F32: every weight kept, twice the bytes, bitwise the same logits at every kernel level") {
     for (const fs::path& dir : {models_dir / "shakespeare-draft", test_models_dir / "tiny-random-gpt2-bf16"}) {
-      INFO(dir);
-      gpt2::model stored = gpt2::model::load(dir, {.threads = 1});
-      gpt2::model f32 = gpt2::model::load(dir, {.threads = 1, .weight_storage = gpt2::weight_format::f32});
-      for (const auto* m : matrices(f32.weights())) REQUIRE(m->format() == gpt2::weight_format::f32);
-      REQUIRE(f32.weights().matmul_bytes() == 2 * stored.weights().matmul_bytes());
-      REQUIRE(bitwise_equal(logits(f32), logits(stored)));
+      for (const gpt2::isa level : {gpt2::isa::generic, gpt2::isa::avx2, gpt2::isa::avx512}) {
+        if (gpt2::simd::resolve(level) != level) continue;  // not on this CPU
+        INFO(dir << ", kernels " << gpt2::isa_name(level));
+        gpt2::model stored = gpt2::model::load(dir, {.threads = 1, .kernels = level});
+        gpt2::model f32 =
+            gpt2::model::load(dir, {.threads = 1, .kernels = level, .weight_storage = gpt2::weight_format::f32});
+        for (const auto* m : matrices(f32.weights())) REQUIRE(m->format() == gpt2::weight_format::f32);
+        REQUIRE(f32.weights().matmul_bytes() == 2 * stored.weights().matmul_bytes());
+        REQUIRE(bitwise_equal(logits(f32), logits(stored)));
+      }
     }
   }
   SECTION("down from F32: the logits of the checkpoint stored in F16 / BF16 in the first place") {
