@@ -125,7 +125,7 @@ class model {
 
   /// The hyper-parameters.
   [[nodiscard]] const gpt2::config& config() const noexcept { return cfg_; }
-  /// The parameters (matmul weights in the checkpoint's precision).
+  /// The parameters (matmul weights in the checkpoint's precision, or `options::weight_storage`).
   [[nodiscard]] const gpt2::weights& weights() const noexcept { return w_; }
   /// Vocabulary size V.
   [[nodiscard]] std::size_t vocab_size() const noexcept { return cfg_.vocab_size; }
