@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -25,7 +26,9 @@
 #include <utility>
 #include <vector>
 
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 namespace gpt2 = specsample::gpt2;
@@ -586,6 +589,51 @@ TEST_CASE("a model built from parameters in memory checks every parameter's size
                         Catch::Contains("weights do not match the config"));
   }
   REQUIRE_NOTHROW(gpt2::model(m.config(), gpt2::weights(m.weights())));
+}
+
+TEST_CASE("a model whose KV cache does not fit in memory is refused with the cache's size",
+          "[gpt2][model][errors]") {
+  if (sanitized) {
+    // ASan reserves terabytes of shadow address space, so an address-space limit cannot be set
+    // under it; the optimised build runs this test.
+    std::cout << "SKIPPED under the sanitizers (an RLIMIT_AS test): the optimised build runs it\n";
+    return;
+  }
+  // tiny-random-gpt2's weights with n_positions = 2^24 (wpe 1 GiB of it, uninitialised): its KV
+  // cache needs 2 x 2 layers x 2^24 positions x 16 channels x 4 bytes = 4.3 GB. A child process
+  // limits its address space to 3 GiB, so the wpe fits and the cache does not.
+  const gpt2::model small = gpt2::model::load(test_models_dir / "tiny-random-gpt2", {.threads = 1});
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const rlimit limit{std::size_t{3} << 30, std::size_t{3} << 30};
+    if (::setrlimit(RLIMIT_AS, &limit) != 0) ::_exit(3);
+    int code = 1;
+    try {
+      gpt2::config cfg = small.config();
+      cfg.n_positions = std::size_t{1} << 24;
+      gpt2::weights w = small.weights();
+      w.wpe = xt::xtensor<float, 2>::from_shape({cfg.n_positions, cfg.n_embd});
+      (void)gpt2::model(cfg, std::move(w), {.threads = 1});
+    } catch (const specsample::error& e) {
+      const std::string what = e.what();
+      code = what.find("gpt2::model: out of memory for its buffers (the KV cache alone, for 16777216 positions: "
+                       "2 layers x 2 (keys, values)") != std::string::npos &&
+                     what.find("= 4.29 GB)") != std::string::npos
+                 ? 0
+                 : 4;
+      if (code != 0) std::fprintf(stderr, "unexpected message: %s\n", what.c_str());
+    } catch (...) {
+      code = 5;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  INFO("child exit code " << WEXITSTATUS(status) << " (1: no error, 3: setrlimit failed, 4: another message, "
+       "5: another exception)");
+  REQUIRE(WEXITSTATUS(status) == 0);
 }
 
 TEST_CASE("bad tokens and context overflow throw before touching the state", "[gpt2][model]") {

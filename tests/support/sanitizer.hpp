@@ -6,8 +6,16 @@
 
 namespace specsample::test {
 
+// GCC defines __SANITIZE_ADDRESS__ under -fsanitize=address; Clang (the suite's sanitizer
+// build) does not, and answers __has_feature(address_sanitizer) instead.
 #if defined(__SANITIZE_ADDRESS__)
 inline constexpr bool sanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool sanitized = true;
+#else
+inline constexpr bool sanitized = false;
+#endif
 #else
 inline constexpr bool sanitized = false;
 #endif
