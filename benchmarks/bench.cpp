@@ -1173,6 +1173,7 @@ int run_strategies(const bench_setup& b) {
     j["config"] = {{"target", b.target_dir.string()}, {"draft", b.draft_dir.string()},
                    {"prompts_file", b.prompts_file.string()}, {"n", c.n}, {"reps", c.reps},
                    {"threads", b.target.threads()}, {"kernels", specsample::isa_name(b.target.kernels())},
+                   {"weights", c.weights ? specsample::gpt2::format_name(*c.weights) : "checkpoint"},
                    {"seed", c.seed}, {"warmup_tokens", c.warmup_tokens},
                    {"best_k_from", c.best_k_from ? c.best_k_from->string() : std::string()}, {"quick", c.quick}};
     j["guard"] = {{"greedy_runs", greedy_runs}, {"identical", greedy_identical}, {"pass", guard_ok}};
