@@ -207,15 +207,9 @@ BENCHMARK(BM_gelu)->Arg(1536)->Arg(5 * 1536);
 
 // --- the model -----------------------------------------------------------------------------------
 
-/// range: model (0 target, 1 draft, 2 distilled draft), n tokens, threads. The context holds a
-/// 64-token prefix; each iteration appends n tokens and truncates back.
-void BM_append(benchmark::State& state) {
-  static const char* names[] = {"shakespeare-target", "shakespeare-draft",
-                                "shakespeare-draft-distilled"};
-  const char* name = names[state.range(0)];
-  const auto n = static_cast<std::size_t>(state.range(1));
-  const auto threads = static_cast<std::size_t>(state.range(2));
-  gpt2::model m = gpt2::model::load(models_dir / name, gpt2::options{.threads = threads});
+/// Times `append` of n tokens to `m` after a 64-token prefix, truncating back each iteration,
+/// with tok/s and the weights' GB/s as counters.
+void time_appends(benchmark::State& state, gpt2::model& m, std::size_t n) {
   std::vector<token> tokens(64 + n);
   for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<token>(i * 37 % 4096);
   const std::size_t prefix = 64;
@@ -226,12 +220,23 @@ void BM_append(benchmark::State& state) {
     benchmark::DoNotOptimize(logits.data());
     m.truncate(prefix);
   }
-  state.SetLabel(fmt::format("{} {}", name, gpt2::isa_name(m.kernels())));
   state.counters["tok/s"] = benchmark::Counter(static_cast<double>(n),
                                                benchmark::Counter::kIsIterationInvariantRate);
   state.counters["weight_GB/s"] =
       benchmark::Counter(static_cast<double>(m.weights().matmul_bytes()) * 1e-9,
                          benchmark::Counter::kIsIterationInvariantRate);
+}
+
+/// range: model (0 target, 1 draft, 2 distilled draft), n tokens, threads. The context holds a
+/// 64-token prefix; each iteration appends n tokens and truncates back.
+void BM_append(benchmark::State& state) {
+  static const char* names[] = {"shakespeare-target", "shakespeare-draft",
+                                "shakespeare-draft-distilled"};
+  const char* name = names[state.range(0)];
+  const auto threads = static_cast<std::size_t>(state.range(2));
+  gpt2::model m = gpt2::model::load(models_dir / name, gpt2::options{.threads = threads});
+  time_appends(state, m, static_cast<std::size_t>(state.range(1)));
+  state.SetLabel(fmt::format("{} {}", name, gpt2::isa_name(m.kernels())));
 }
 BENCHMARK(BM_append)
     ->ArgNames({"model", "n", "threads"})
@@ -245,23 +250,11 @@ BENCHMARK(BM_append)
 /// BM_append.
 void BM_append_storage(benchmark::State& state) {
   const auto storage = static_cast<gpt2::weight_format>(state.range(0));
-  const auto n = static_cast<std::size_t>(state.range(1));
   gpt2::model m = gpt2::model::load(models_dir / "shakespeare-target",
                                     gpt2::options{.threads = 1, .weight_storage = storage});
-  std::vector<token> tokens(64 + n);
-  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<token>(i * 37 % 4096);
-  (void)m.append(std::span<const token>(tokens).first(64));
-  const auto next = std::span<const token>(tokens).subspan(64, n);
-  for (auto _ : state) {
-    const auto logits = m.append(next);
-    benchmark::DoNotOptimize(logits.data());
-    m.truncate(64);
-  }
+  time_appends(state, m, static_cast<std::size_t>(state.range(1)));
   state.SetLabel(fmt::format("{} MB of {} weights", m.weights().matmul_bytes() / 1000000,
                              gpt2::format_name(storage)));
-  state.counters["weight_GB/s"] =
-      benchmark::Counter(static_cast<double>(m.weights().matmul_bytes()) * 1e-9,
-                         benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_append_storage)
     ->ArgNames({"storage", "n"})

@@ -125,7 +125,9 @@ inline void convert(weight_format f, const void* src, std::size_t first, std::si
       return;
     case weight_format::f16:
 #if SPECSAMPLE_X86
-      if (detected() >= isa::avx2) {
+      // (Runs shorter than a vector, such as the embedding's and `at`'s single elements, stay
+      // scalar: no dispatch and no call on the embedding's per-token path.)
+      if (n >= 8 && detected() >= isa::avx2) {
         f16_to_float_f16c(static_cast<const std::uint16_t*>(src) + first, n, dst);
         return;
       }

@@ -459,7 +459,8 @@ class tensor_loader {
   void load_matrix(const matrix_spec& m, std::shared_ptr<unsigned char[]> storage) const {
     const io::tensor_view& t = view(m);
     const weight_format stored = format_of(t.dtype);
-    const bool keep = format(m) == stored;
+    const weight_format held = storage_.value_or(stored);
+    const bool keep = held == stored;
     weight_matrix packed = m.transposed ? weight_matrix::from_columns(stored, m.rows, m.cols, t.data.data(),
                                                                       keep ? std::move(storage) : nullptr)
                                         : weight_matrix::from_rows(stored, m.rows, m.cols, t.data.data(),
@@ -470,7 +471,7 @@ class tensor_loader {
       return;
     }
     try {
-      *m.dst = packed.converted(format(m), std::move(storage));
+      *m.dst = packed.converted(held, std::move(storage));
     } catch (const error& e) {
       throw error(fmt::format("{}: tensor '{}' ({} x {} as output x input channels), options::weight_storage: {}",
                               file_.path().string(), t.name, m.rows, m.cols, e.what()));
