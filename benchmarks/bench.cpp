@@ -697,16 +697,27 @@ double matmul_macs_per_token(const specsample::gpt2::config& cfg) {
 // ---------------------------------------------------------------------------------------------
 // Machine description
 
+// The CPU's model name with its family and model numbers (/proc/cpuinfo of the first CPU): a
+// hypervisor may show only "AMD EPYC", and those numbers tell the generations apart (family 25 is
+// Zen 3/Zen 4, with half the FMA width of family 26, Zen 5).
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
+  std::string line, name = "unknown", family, model;
+  const auto value = [&] {
+    const auto colon = line.find(':');
+    return colon == std::string::npos ? std::string() : line.substr(std::min(colon + 2, line.size()));
+  };
+  while (std::getline(in, line) && !line.empty()) {
     if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(colon + 2);
+      name = value();
+    } else if (line.rfind("cpu family", 0) == 0) {
+      family = value();
+    } else if (line.rfind("model", 0) == 0 && line.find_first_not_of(" \t", 5) == line.find(':')) {
+      model = value();
     }
   }
-  return "unknown";
+  if (family.empty()) return name;
+  return fmt::format("{} (family {}{})", name, family, model.empty() ? "" : ", model " + model);
 }
 
 std::string utc_now() {
@@ -1641,6 +1652,11 @@ int run(int argc, char** argv) {
     return nullptr;
   };
   const auto verdict = [](bool ok) { return ok ? "**met**" : "**not met**"; };
+  // A goal that even this machine's floors miss: every call of both models at its floor, the
+  // autoregressive baseline's single-token call included (see "Machine floors" above).
+  const auto verdict_or_limit = [&](bool ok, bool within_limits) {
+    return ok ? verdict(true) : within_limits ? verdict(false) : "**beyond this machine's limits**";
+  };
   out("\n#### Targets\n\n| target | measured in this run | verdict |\n|---|---|---|\n");
   const double fraction = target_bw.fraction;
   out("| single-token decode reads the target's weights at ≥ 70% of the probe's bandwidth at that size | {:.1f}% "
@@ -1655,7 +1671,7 @@ int run(int argc, char** argv) {
     const double bound = floor_seconds(5) / costs.target_j.front().median;
     out("| target append of 5 tokens ≤ 1.3 × append of 1 | {:.2f}× (with both calls at the machine floors: {:.2f}×; "
         "5 tokens at the FMA peak against the measured single token: {:.2f}×) | {} |\n", r5, v_floor(5), bound,
-        r5 <= 1.3 ? verdict(true) : bound > 1.3 ? "**not possible here**" : verdict(false));
+        verdict_or_limit(r5 <= 1.3, bound <= 1.3));
   }
   {
     // c as the loop pays it: draft seconds per draft call over target seconds per autoregressive
@@ -1666,7 +1682,7 @@ int run(int argc, char** argv) {
         "draft call follows a target call (the cold-cache cost table above); {:.3f} with both calls at their floors "
         "| {} |\n",
         c_loop, fmt_t(b->temperature), b->measured->k, costs.c(), c_floor,
-        verdict(c_loop <= 0.08));
+        verdict_or_limit(c_loop <= 0.08, c_floor <= 0.08));
   }
   for (const auto& [temp, goal] : {std::pair{0.0, 1.8}, std::pair{1.0, 1.9}}) {
     if (const best* b = best_at(temp)) {
@@ -1675,7 +1691,7 @@ int run(int argc, char** argv) {
       const double measured = b->measured->speedup.median;
       out("| best-K speedup at T = {} ≥ {:.1f}x | {:.2f}x (K = {}; {:.2f}x with every target call at its machine "
           "floor, {:.2f}x with the draft's too) | {} |\n", fmt_t(temp), goal, measured, b->measured->k, top, top_all,
-          verdict(measured >= goal));
+          verdict_or_limit(measured >= goal, top_all >= goal));
       out("| … and ≥ 90% of the formula's prediction from the measured α and c | {:.0f}% of {:.2f}x (with the "
           "measured verification cost: {:.0f}% of {:.2f}x) | {} |\n", 100.0 * ratio, b->measured->predicted,
           100.0 * b->measured->speedup.median / b->measured->predicted_verify, b->measured->predicted_verify,
