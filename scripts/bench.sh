@@ -52,6 +52,7 @@ run() {  # args for specsample-bench (the last --out wins)
     prev=$a
   done
   mkdir -p "$out"
+  out=$(cd "$out" && pwd)  # absolute: a relative --out under docs/ is spliced into the page too
   echo "== specsample-bench $* (results in $out) ==" >&2
   local status=0
   local args=("$@")
