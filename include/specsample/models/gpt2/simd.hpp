@@ -817,8 +817,9 @@ SPECSAMPLE_TARGET_AVX2 void attend_avx2(const float* q, std::size_t ldq, const f
 /// into `attend_*`: inlined, every attend_avx512<NQ> held 8 fully unrolled passes, and clang++ 14
 /// with ASan + UBSan took 38 of the 67–86 s of a test TU on them (`-ftime-trace`, Zen 4,
 /// 2026-11-23); apart, that TU compiles in 44 s. A call per 64 keys or 64 channels costs nothing
-/// measurable: 1- and 5-token appends of the bundled target, and 1- and 4-token ones of the
-/// draft, within 1% (medians and minima of 1000–4000 calls, four alternating runs).
+/// measurable: the minima of 1- and 5-token appends of the bundled target moved by −0.7 to +1.6%
+/// with no consistent sign (1000 calls each, four alternating pairs), those of the draft's 1- and
+/// 4-token appends by under 0.3% (4000 calls, three pairs).
 template <int NQ, int N>
 [[gnu::noinline]] SPECSAMPLE_TARGET_AVX512 prefetch_stream avx512_scores(const float* q, std::size_t ldq, const float* kb,
                                                                  std::size_t HS, std::size_t p0, std::size_t tail,
