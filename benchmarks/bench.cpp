@@ -1,7 +1,7 @@
 // specsample-bench: the speculative-sampling sweep behind docs/benchmarks.md.
 //
 //   specsample-bench [--target DIR] [--draft DIR] [--prompts FILE] [-n N] [--reps R] [--k-max K]
-//                    [--temperatures 0,0.7,1] [--threads N] [--kernels LEVEL] [--weights F] [--seed S]
+//                    [--temperatures 0,0.7,1] [--threads N] [--kernels LEVEL] [--weights F] [--kv F] [--seed S]
 //                    [--cost-samples N] [--out DIR] [--quick]
 //
 // For every temperature T and draft length K = 1..k-max it generates -n tokens from each prompt,
@@ -79,6 +79,7 @@ struct cli {
   std::uint64_t seed = 20240601;
   specsample::isa kernels = specsample::isa::best;
   std::optional<specsample::gpt2::weight_format> weights;  // matmul weights' precision; empty: the checkpoints'
+  specsample::gpt2::weight_format kv = specsample::gpt2::weight_format::f32;  // the KV caches' precision
   bool quick = false;
   // --strategies
   bool strategies = false;
@@ -106,6 +107,7 @@ constexpr std::string_view help = R"(usage: specsample-bench [options]
   --weights F           hold both models' matmul weights as f32, f16 or bf16 (default: as the
                         checkpoints store them; options::weight_storage); the bandwidth probes
                         then cover the weights as held
+  --kv F                hold both models' KV caches as f32 (default) or f16 (options::kv_storage)
   --seed S              base random seed (default 20240601)
   --cost-samples N      single-append timings for the cost ratio (default 200)
   --max-prompts N       use only the first N prompts (default, or 0: all)
@@ -126,12 +128,18 @@ strategy comparison (instead of the sweep):
   --repetitive-temperatures LIST   temperatures of the repetitive suite (default 0,0.7)
 )";
 
-/// The report's note on the matmul weights' precision: nothing when they are as the checkpoints
-/// store them.
+/// The report's note on the matmul weights' and KV caches' precision: nothing when the weights are
+/// as the checkpoints store them and the caches F32 (the defaults).
 std::string weights_note(const cli& c) {
-  if (!c.weights) return "";
-  return fmt::format(", both models' matmul weights held in {} (--weights; the targets are set for the checkpoints as "
-                     "stored)", specsample::gpt2::format_name(*c.weights));
+  std::string note;
+  if (c.weights) {
+    note = fmt::format(", both models' matmul weights held in {} (--weights; the targets are set for the checkpoints "
+                       "as stored)", specsample::gpt2::format_name(*c.weights));
+  }
+  if (c.kv != specsample::gpt2::weight_format::f32) {
+    note += fmt::format(", KV caches in {} (--kv)", specsample::gpt2::format_name(c.kv));
+  }
+  return note;
 }
 
 std::vector<double> parse_temperatures(std::string_view flag, std::string_view list) {
@@ -173,6 +181,12 @@ cli parse(int argc, char** argv) {
       const std::string_view v = value();
       c.weights = specsample::gpt2::format_from_name(v);
       if (!c.weights) usage_error(fmt::format("--weights expects f32, f16 or bf16, got '{}'", v));
+    }
+    else if (a == "--kv") {
+      const std::string_view v = value();
+      const auto f = specsample::gpt2::format_from_name(v);
+      if (!f || *f == specsample::gpt2::weight_format::bf16) usage_error(fmt::format("--kv expects f32 or f16, got '{}'", v));
+      c.kv = *f;
     }
     else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
     else if (a == "--cost-samples") c.cost_samples = parse_number<std::size_t>(a, value());
@@ -598,12 +612,13 @@ struct decode_bandwidth {
   double fraction = 0.0, working_set_fraction = 0.0;
 };
 
-/// Bytes of keys and values a single-token append at `context` reads: every layer's values of its
-/// context + 1 positions and its keys in whole 16-position blocks (the attention layout:
-/// `simd::key_floats`, what the attention kernel prefetches).
-std::size_t kv_bytes_read(const specsample::gpt2::config& cfg, std::size_t context) {
+/// Bytes of keys and values a single-token append at `context` reads from a cache of format `kv`:
+/// every layer's values of its context + 1 positions and its keys in whole 16-position blocks (the
+/// attention layout: `simd::key_floats`, what the attention kernel prefetches).
+std::size_t kv_bytes_read(const specsample::gpt2::config& cfg, std::size_t context, specsample::gpt2::weight_format kv) {
   const std::size_t len = context + 1, HS = cfg.head_dim();
-  return cfg.n_layer * cfg.n_head * (specsample::gpt2::simd::key_floats(len, HS) + len * HS) * sizeof(float);
+  return cfg.n_layer * cfg.n_head * (specsample::gpt2::simd::key_floats(len, HS) + len * HS) *
+         specsample::gpt2::format_bytes(kv);
 }
 
 decode_bandwidth measure_decode_bandwidth(specsample::gpt2::model& m, std::size_t bytes, const std::vector<token>& stream,
@@ -611,7 +626,7 @@ decode_bandwidth measure_decode_bandwidth(specsample::gpt2::model& m, std::size_
   constexpr std::size_t block = 10;
   decode_bandwidth r;
   r.bytes = bytes;
-  r.kv_bytes = kv_bytes_read(m.config(), context);
+  r.kv_bytes = kv_bytes_read(m.config(), context, m.kv_storage());
   r.block = block;
   r.blocks = std::max<std::size_t>(3, samples / block);
   stream_probe probe(bytes, m.threads(), m.kernels());
@@ -1185,6 +1200,7 @@ int run_strategies(const bench_setup& b) {
                    {"prompts_file", b.prompts_file.string()}, {"n", c.n}, {"reps", c.reps},
                    {"threads", b.target.threads()}, {"kernels", specsample::isa_name(b.target.kernels())},
                    {"weights", c.weights ? specsample::gpt2::format_name(*c.weights) : "checkpoint"},
+                   {"kv", specsample::gpt2::format_name(c.kv)},
                    {"seed", c.seed}, {"warmup_tokens", c.warmup_tokens},
                    {"best_k_from", c.best_k_from ? c.best_k_from->string() : std::string()}, {"quick", c.quick}};
     j["guard"] = {{"greedy_runs", greedy_runs}, {"identical", greedy_identical}, {"pass", guard_ok}};
@@ -1243,6 +1259,7 @@ int run(int argc, char** argv) {
   opts.kernels = c.kernels;
   opts.batch_capacity = std::max<std::size_t>(16, c.k_max + 2);
   opts.weight_storage = c.weights;
+  opts.kv_storage = c.kv;
   auto target = specsample::gpt2::model::load(target_dir, opts);
   auto draft = specsample::gpt2::model::load(draft_dir, opts);
   // What the probes' and the decode's weight bytes are.
@@ -1729,6 +1746,7 @@ int run(int argc, char** argv) {
                    {"temperatures", c.temperatures},
                    {"threads", threads}, {"kernels", specsample::isa_name(target.kernels())},
                    {"weights", c.weights ? specsample::gpt2::format_name(*c.weights) : "checkpoint"},
+                   {"kv", specsample::gpt2::format_name(c.kv)},
                    {"seed", c.seed},
                    {"quick", c.quick}};
     const auto cost_json = [](const cost_result& r) {

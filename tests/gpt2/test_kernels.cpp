@@ -432,7 +432,8 @@ TEST_CASE("the attention's prefetch walk gives every line of the next keys, then
     std::vector<std::uintptr_t> expected = lines_of(keys + a.first, a.second);
     const auto v = lines_of(values + b.first, b.second);
     expected.insert(expected.end(), v.begin(), v.end());
-    auto walk = simd::prefetch_stream::of(keys + a.first, a.second, values + b.first, b.second);
+    auto walk = simd::prefetch_stream::of(keys + a.first, a.second * sizeof(float), values + b.first,
+                                           b.second * sizeof(float));
     std::vector<std::uintptr_t> got;
     for (std::uintptr_t at = walk.advance(); at != 0; at = walk.advance()) {
       got.push_back(at);
@@ -443,7 +444,8 @@ TEST_CASE("the attention's prefetch walk gives every line of the next keys, then
     walk.step();                 // and a step past the end prefetches nothing, touches nothing
     CHECK(walk.advance() == 0);
     // A step takes lines_per_step lines of the same walk.
-    auto stepped = simd::prefetch_stream::of(keys + a.first, a.second, values + b.first, b.second);
+    auto stepped = simd::prefetch_stream::of(keys + a.first, a.second * sizeof(float), values + b.first,
+                                           b.second * sizeof(float));
     stepped.step();
     const std::size_t taken = std::min<std::size_t>(simd::prefetch_stream::lines_per_step, expected.size());
     CHECK(stepped.advance() == (taken < expected.size() ? expected[taken] : 0));
@@ -451,9 +453,10 @@ TEST_CASE("the attention's prefetch walk gives every line of the next keys, then
   CHECK(simd::prefetch_stream{}.advance() == 0);  // the default walk (no next head) is empty
 }
 
-TEST_CASE("attention over the KV cache matches its reference twin and is batch-invariant",
-          "[gpt2][kernels]") {
-  std::mt19937 rng(6);
+// `attention` with a KV cache held in F (F32 or F16) against `attention_reference` reading the
+// same stored values, on every level; a multi-threaded run and every query alone bitwise equal.
+template <weight_format F>
+void check_attention(std::mt19937& rng) {
   for (const isa level : levels()) {
     for (const std::size_t NH : {1u, 4u}) {
       for (const std::size_t C : {16u, 40u, 136u}) {  // head sizes 16, 40, 136, 4, 10, 34
@@ -469,25 +472,61 @@ TEST_CASE("attention over the KV cache matches its reference twin and is batch-i
           const auto qkv = random_vector(T * 3 * C, rng, 2.0f);
           // Older positions: random keys and values (every layout slot, so also the unused ones);
           // the new ones stored from qkv as the model does.
-          auto k_cache = random_vector(k::kv_layer_size(P, C, NH), rng);
-          auto v_cache = random_vector(k::kv_layer_size(P, C, NH), rng);
-          k::store_kv(k_cache, v_cache, qkv, pos0, T, C, NH, P);
+          // (The size is a parameter: clang++ 14 cannot capture the structured binding P.)
+          const auto held = [&rng](std::size_t n) {
+            const auto v = random_vector(n, rng);
+            std::vector<gpt2::weight_t<F>> h(v.size());
+            if constexpr (F == weight_format::f32) {
+              h = v;
+            } else {
+              gpt2::simd::narrow(F, v.data(), v.size(), h.data());
+            }
+            return h;
+          };
+          auto k_cache = held(k::kv_layer_size(P, C, NH)), v_cache = held(k::kv_layer_size(P, C, NH));
+          k::store_kv<F>(k_cache, v_cache, qkv, pos0, T, C, NH, P);
+          const std::span<const gpt2::weight_t<F>> kc(k_cache), vc(v_cache);
           std::vector<float> out(T * C), ref(T * C), out2(T * C), one(C);
           std::vector<float> scratch(k::attention_scratch(P)), scratch2(2 * k::attention_scratch(P));
-          k::attention(out, qkv, k_cache, v_cache, scratch, pos0, T, C, NH, P, nullptr, level);
-          k::attention_reference(ref, qkv, k_cache, v_cache, pos0, T, C, NH, P);
-          INFO(gpt2::isa_name(level) << ", NH = " << NH << ", C = " << C << ", pos0 = " << pos0 << ", T = " << T);
+          k::attention<F>(out, qkv, kc, vc, scratch, pos0, T, C, NH, P, nullptr, level);
+          k::attention_reference<F>(ref, qkv, kc, vc, pos0, T, C, NH, P);
+          INFO(gpt2::format_name(F) << " cache, " << gpt2::isa_name(level) << ", NH = " << NH << ", C = " << C
+                                    << ", pos0 = " << pos0 << ", T = " << T);
           REQUIRE(max_rel_diff(out, ref) < 1e-5);
           thread_pool pool(2);
-          k::attention(out2, qkv, k_cache, v_cache, scratch2, pos0, T, C, NH, P, &pool, level);
+          k::attention<F>(out2, qkv, kc, vc, scratch2, pos0, T, C, NH, P, &pool, level);
           REQUIRE(bitwise_equal(out.data(), out2.data(), out.size()));
           for (std::size_t t = 0; t < T; ++t) {
-            k::attention(one, std::span<const float>(qkv).subspan(t * 3 * C, 3 * C), k_cache,
-                         v_cache, scratch, pos0 + t, 1, C, NH, P, nullptr, level);
+            k::attention<F>(one, std::span<const float>(qkv).subspan(t * 3 * C, 3 * C), kc, vc, scratch,
+                            pos0 + t, 1, C, NH, P, nullptr, level);
             REQUIRE(bitwise_equal(one.data(), out.data() + t * C, C));
           }
         }
       }
     }
   }
+}
+
+TEST_CASE("attention over the KV cache matches its reference twin and is batch-invariant",
+          "[gpt2][kernels]") {
+  std::mt19937 rng(6);
+  check_attention<weight_format::f32>(rng);
+  check_attention<weight_format::f16>(rng);
+}
+
+TEST_CASE("an F16 KV cache holds each key and value rounded to nearest even", "[gpt2][kernels]") {
+  // The stored values are the F32 cache's narrowed: keys in their transposed blocks, values in rows.
+  std::mt19937 rng(7);
+  const std::size_t C = 40, NH = 2, P = 40, pos0 = 3, T = 5;
+  auto qkv = random_vector(T * 3 * C, rng, 3.0f);
+  qkv[C] = 70000.0f;  // beyond F16's range: stored as +inf
+  std::vector<float> k32(k::kv_layer_size(P, C, NH)), v32(k32.size());
+  std::vector<std::uint16_t> k16(k32.size()), v16(k32.size());
+  k::store_kv(k32, v32, qkv, pos0, T, C, NH, P);
+  k::store_kv<weight_format::f16>(k16, v16, qkv, pos0, T, C, NH, P);
+  for (std::size_t i = 0; i < k32.size(); ++i) {
+    REQUIRE(k16[i] == specsample::io::float_to_f16(k32[i]));
+    REQUIRE(v16[i] == specsample::io::float_to_f16(v32[i]));
+  }
+  REQUIRE(k16[gpt2::simd::key_offset(pos0, 0, C / NH)] == 0x7c00);  // head 0's key channel 0 at pos0
 }

@@ -212,33 +212,52 @@ TEST_CASE("appending in random chunks with truncate-and-reappend reproduces one 
 }
 
 TEST_CASE("a position's logits are bitwise identical alone, in batches of 1..9, for 1, 2 and 3 "
-          "threads",
+          "threads, with an F32 or an F16 KV cache",
           "[gpt2][model][invariance]") {
   for (const auto& [c, n] : {std::pair{all_checkpoints()[0], std::size_t{24}},
                              std::pair{all_checkpoints()[2], std::size_t{12}}}) {
-    DYNAMIC_SECTION(c.name) {
-      const reference ref = load_reference(c.dir);
-      const std::span<const token> tokens = std::span<const token>(ref.tokens.back()).first(n);
-      gpt2::model one = gpt2::model::load(c.dir, gpt2::options{.threads = 1});
-      const Eigen::MatrixXf alone = append_chunked(one, tokens, 1);
-      for (const std::size_t threads : {std::size_t{1}, std::size_t{2}, std::size_t{3}}) {
-        // min_parallel_work = 1: every op is split whenever there is more than one thread.
-        gpt2::model m = gpt2::model::load(
-            c.dir, gpt2::options{.threads = threads, .min_parallel_work = threads == 3 ? 1u : 65536u});
-        for (std::size_t batch = 1; batch <= 9; ++batch) {
-          if (sanitized && m.config().n_layer > 2 && batch % 4 != 1) continue;  // 1, 5, 9
-          m.truncate(0);
-          const Eigen::MatrixXf batched = append_chunked(m, tokens, batch);
-          INFO(c.name << ", threads " << threads << ", batch " << batch);
-          REQUIRE(bitwise_equal(batched, alone));
-          // After a rollback and re-append of the last 5 positions, still the same bits.
-          m.truncate(n - 5);
-          const Eigen::MatrixXf again = m.append(tokens.subspan(n - 5));
-          REQUIRE(bitwise_equal(again, alone.rightCols(5)));
+    for (const gpt2::weight_format kv : {gpt2::weight_format::f32, gpt2::weight_format::f16}) {
+      DYNAMIC_SECTION(c.name << ", " << gpt2::format_name(kv) << " KV cache") {
+        const reference ref = load_reference(c.dir);
+        const std::span<const token> tokens = std::span<const token>(ref.tokens.back()).first(n);
+        gpt2::model one = gpt2::model::load(c.dir, gpt2::options{.threads = 1, .kv_storage = kv});
+        const Eigen::MatrixXf alone = append_chunked(one, tokens, 1);
+        for (const std::size_t threads : {std::size_t{1}, std::size_t{2}, std::size_t{3}}) {
+          // min_parallel_work = 1: every op is split whenever there is more than one thread.
+          gpt2::model m = gpt2::model::load(
+              c.dir, gpt2::options{.threads = threads, .min_parallel_work = threads == 3 ? 1u : 65536u, .kv_storage = kv});
+          for (std::size_t batch = 1; batch <= 9; ++batch) {
+            if (sanitized && m.config().n_layer > 2 && batch % 4 != 1) continue;  // 1, 5, 9
+            m.truncate(0);
+            const Eigen::MatrixXf batched = append_chunked(m, tokens, batch);
+            INFO(c.name << ", " << gpt2::format_name(kv) << " KV cache, threads " << threads << ", batch " << batch);
+            REQUIRE(bitwise_equal(batched, alone));
+            // After a rollback and re-append of the last 5 positions, still the same bits.
+            m.truncate(n - 5);
+            const Eigen::MatrixXf again = m.append(tokens.subspan(n - 5));
+            REQUIRE(bitwise_equal(again, alone.rightCols(5)));
+          }
         }
       }
     }
   }
+}
+
+TEST_CASE("options::kv_storage F16 moves the logits by a few F16 roundings, and BF16 is refused",
+          "[gpt2][model]") {
+  const reference ref = load_reference(models_dir / "shakespeare-target");
+  const std::vector<token>& tokens = ref.tokens.back();
+  gpt2::model f32 = gpt2::model::load(models_dir / "shakespeare-target", {.threads = 1});
+  gpt2::model f16 = gpt2::model::load(models_dir / "shakespeare-target", {.threads = 1, .kv_storage = gpt2::weight_format::f16});
+  const Eigen::MatrixXf a = f32.append(tokens), b = f16.append(tokens);
+  const double diff = (a - b).cwiseAbs().maxCoeff(), scale = a.cwiseAbs().maxCoeff();
+  std::cout << fmt::format("kv_storage F16, shakespeare-target, {} tokens: max |logit - F32-cache logit| = {:.3g} "
+                           "(max |logit| {:.3g})\n", tokens.size(), diff, scale);
+  // Each key and value moves by at most F16's unit roundoff 2^-11 of itself.
+  REQUIRE(diff > 0);
+  REQUIRE(diff <= 4 * 0x1p-11 * scale);
+  REQUIRE_THROWS_WITH(gpt2::model::load(models_dir / "shakespeare-draft", {.kv_storage = gpt2::weight_format::bf16}),
+                      "gpt2::options: kv_storage must be F32 or F16, not BF16");
 }
 
 TEST_CASE("append(tokens, n) returns the last n columns of append(tokens), bitwise, and the same cache",
@@ -500,27 +519,32 @@ TEST_CASE("the matmul weights share one allocation in the order a forward pass s
     REQUIRE(std::all_of(p.get(), p.get() + bytes, [](unsigned char c) { return c == 0; }));
   }
   // The KV cache uses the same allocator: the bundled target's shape (2.36 MB of keys, as many of
-  // values) on huge pages, the drafts' (262 KB) 64-byte aligned; both zeroed. Two same-size blocks
+  // values, in F32; half in F16) on huge pages from 2 MiB up, the rest (the drafts': 262 KB in
+  // F32) 64-byte aligned; all zeroed. Two same-size blocks
   // (keys, values) are dirtied and freed first, so that a cache that skipped its fill could see
   // stale memory — where the allocator reuses them: glibc does once earlier large frees have
   // raised its mmap threshold, as freeing the models loaded at the top of this TEST_CASE (24.6 MB
   // of weights) does; keep this block after them: in a fresh process glibc maps new, zeroed pages,
   // and the check then cannot fail.
   struct kv_shape {
-    std::size_t n_layer, n_head, n_embd, align;
+    std::size_t n_layer, n_head, n_embd;
   };
-  for (const kv_shape sh : {kv_shape{6, 6, 384, gpt2::huge_page_bytes}, kv_shape{2, 2, 128, 64}}) {
-    const std::size_t n = sh.n_layer * gpt2::kernels::kv_layer_size(256, sh.n_embd, sh.n_head);
-    gpt2::huge_page_allocator<float> alloc;
-    float* dirty[2] = {alloc.allocate(n), alloc.allocate(n)};
-    for (float* d : dirty) std::fill(d, d + n, 1.0f);
-    for (float* d : dirty) alloc.deallocate(d, n);
-    const gpt2::kv_cache cache(sh.n_layer, sh.n_head, 256, sh.n_embd);
-    INFO("n_layer " << sh.n_layer << ", n_embd " << sh.n_embd);
-    for (const auto* t : {&cache.k, &cache.v}) {
-      REQUIRE(reinterpret_cast<std::uintptr_t>(t->data()) % sh.align == 0);
-      REQUIRE(t->size() == n);
-      REQUIRE(std::all_of(t->begin(), t->end(), [](float x) { return x == 0.0f; }));
+  for (const kv_shape sh : {kv_shape{6, 6, 384}, kv_shape{2, 2, 128}}) {
+    for (const gpt2::weight_format f : {gpt2::weight_format::f32, gpt2::weight_format::f16}) {
+      const std::size_t n = sh.n_layer * gpt2::kernels::kv_layer_size(256, sh.n_embd, sh.n_head) * gpt2::format_bytes(f);
+      gpt2::huge_page_allocator<unsigned char> alloc;
+      unsigned char* dirty[2] = {alloc.allocate(n), alloc.allocate(n)};
+      for (unsigned char* d : dirty) std::fill(d, d + n, 0xFF);
+      for (unsigned char* d : dirty) alloc.deallocate(d, n);
+      const gpt2::kv_cache cache(sh.n_layer, sh.n_head, 256, sh.n_embd, f);
+      INFO("n_layer " << sh.n_layer << ", n_embd " << sh.n_embd << ", " << gpt2::format_name(f));
+      REQUIRE(gpt2::kv_cache::total_bytes(sh.n_layer, sh.n_head, 256, sh.n_embd, f) == 2 * n);
+      const std::size_t align = n >= gpt2::huge_page_bytes ? gpt2::huge_page_bytes : 64;
+      for (const auto* t : {&cache.k, &cache.v}) {
+        REQUIRE(reinterpret_cast<std::uintptr_t>(t->data()) % align == 0);
+        REQUIRE(t->size() == n);
+        REQUIRE(std::all_of(t->begin(), t->end(), [](unsigned char c) { return c == 0; }));
+      }
     }
   }
   // A copy owns its own storage with the same contents.

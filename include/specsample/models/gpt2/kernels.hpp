@@ -298,19 +298,38 @@ inline void residual_add_reference(std::span<float> x, std::span<const float> y)
 }
 
 /// Stores the keys and values of T new positions (columns [C, 2C) and [2C, 3C) of each qkv row)
-/// in rows [pos0, pos0 + T) of one layer's caches.
-inline void store_kv(std::span<float> k_cache,        // kv_layer_size(P, C, NH)
-                     std::span<float> v_cache,        // kv_layer_size(P, C, NH)
-                     std::span<const float> qkv,      // (T, 3C)
-                     std::size_t pos0, std::size_t T, std::size_t C, std::size_t NH, std::size_t P) {
+/// in rows [pos0, pos0 + T) of one layer's caches, held in F: F32 (copied) or F16 (rounded to
+/// nearest even, like `simd::narrow`; beyond ±65504 a key or value becomes ±inf, and the
+/// logits NaN, which the sampling loops reject with an error).
+template <weight_format F = weight_format::f32>
+void store_kv(std::span<weight_t<F>> k_cache,  // kv_layer_size(P, C, NH)
+              std::span<weight_t<F>> v_cache,  // kv_layer_size(P, C, NH)
+              std::span<const float> qkv,      // (T, 3C)
+              std::size_t pos0, std::size_t T, std::size_t C, std::size_t NH, std::size_t P) {
+  static_assert(F != weight_format::bf16, "the KV cache is F32 or F16");
   const std::size_t HS = C / NH, head = kv_layer_size(P, C, NH) / NH;
   assert(pos0 + T <= P && k_cache.size() >= NH * head && v_cache.size() >= NH * head);
+  // Up to `chunk` channels of a row at a time, in the cache's format.
+  constexpr std::size_t chunk = 256;
+  weight_t<F> buf[chunk];
+  const auto in_format = [&](const float* src, std::size_t n) -> const weight_t<F>* {
+    if constexpr (F == weight_format::f32) {
+      return src;
+    } else {
+      simd::narrow(F, src, n, buf);
+      return buf;
+    }
+  };
   for (std::size_t t = 0; t < T; ++t) {
     const float* row = qkv.data() + t * 3 * C;
     for (std::size_t h = 0; h < NH; ++h) {
-      float* kh = k_cache.data() + h * head;
-      for (std::size_t d = 0; d < HS; ++d) kh[simd::key_offset(pos0 + t, d, HS)] = row[C + h * HS + d];
-      std::copy_n(row + 2 * C + h * HS, HS, v_cache.data() + h * head + (pos0 + t) * HS);
+      weight_t<F>* kh = k_cache.data() + h * head;
+      for (std::size_t d0 = 0; d0 < HS; d0 += chunk) {
+        const std::size_t n = std::min(chunk, HS - d0);
+        const weight_t<F>* k = in_format(row + C + h * HS + d0, n);
+        for (std::size_t d = 0; d < n; ++d) kh[simd::key_offset(pos0 + t, d0 + d, HS)] = k[d];
+        std::copy_n(in_format(row + 2 * C + h * HS + d0, n), n, v_cache.data() + h * head + (pos0 + t) * HS + d0);
+      }
     }
   }
 }
@@ -331,13 +350,14 @@ inline void store_kv(std::span<float> k_cache,        // kv_layer_size(P, C, NH)
 /// one fixed-order sequence (simd::attend), so results do not depend on T, the tiling or the
 /// split. While a worker computes a head, it prefetches the keys and values of its next one
 /// (`simd::prefetch_stream`).
-inline void attention(std::span<float> out,             // (T, C)
-                      std::span<const float> qkv,       // (T, 3C): q | k | v per row
-                      std::span<const float> k_cache,   // kv_layer_size(P, C, NH)
-                      std::span<const float> v_cache,   // kv_layer_size(P, C, NH)
-                      std::span<float> scratch,         // (workers, attention_scratch(P))
-                      std::size_t pos0, std::size_t T, std::size_t C, std::size_t NH, std::size_t P,
-                      thread_pool* pool = nullptr, isa level = isa::best) {
+template <weight_format F = weight_format::f32>
+void attention(std::span<float> out,                  // (T, C)
+               std::span<const float> qkv,            // (T, 3C): q | k | v per row
+               std::span<const weight_t<F>> k_cache,  // kv_layer_size(P, C, NH), F32 or F16
+               std::span<const weight_t<F>> v_cache,  // kv_layer_size(P, C, NH)
+               std::span<float> scratch,              // (workers, attention_scratch(P))
+               std::size_t pos0, std::size_t T, std::size_t C, std::size_t NH, std::size_t P,
+               thread_pool* pool = nullptr, isa level = isa::best) {
   const std::size_t HS = C / NH, head = kv_layer_size(P, C, NH) / NH;
   const std::size_t workers = pool != nullptr ? pool->size() : 1;
   const std::size_t stride = scratch.size() / workers, ldatt = stride / simd::query_tile;
@@ -356,10 +376,11 @@ inline void attention(std::span<float> out,             // (T, C)
       // values of the next head when this chunk of tasks runs it too.
       simd::prefetch_stream ahead;
       if (task % tiles == 0 && (h + 1) * tiles < end) {
-        ahead = simd::prefetch_stream::of(k_cache.data() + (h + 1) * head, simd::key_floats(len, HS),
-                                          v_cache.data() + (h + 1) * head, len * HS);
+        ahead = simd::prefetch_stream::of(k_cache.data() + (h + 1) * head,
+                                          simd::key_floats(len, HS) * sizeof(weight_t<F>),
+                                          v_cache.data() + (h + 1) * head, len * HS * sizeof(weight_t<F>));
       }
-      simd::attend(lv, qkv.data() + t * 3 * C + h * HS, 3 * C, nq, k_cache.data() + h * head,
+      simd::attend<F>(lv, qkv.data() + t * 3 * C + h * HS, 3 * C, nq, k_cache.data() + h * head,
                    v_cache.data() + h * head, pos0 + t + 1, HS, scale, att, ldatt,
                    out.data() + t * C + h * HS, C, ahead);
     }
@@ -367,10 +388,10 @@ inline void attention(std::span<float> out,             // (T, C)
 }
 
 /// Plain twin of `attention` (double, no scratch, no threads).
-inline void attention_reference(std::span<float> out, std::span<const float> qkv,
-                                std::span<const float> k_cache, std::span<const float> v_cache,
-                                std::size_t pos0, std::size_t T, std::size_t C, std::size_t NH,
-                                std::size_t P) {
+template <weight_format F = weight_format::f32>
+void attention_reference(std::span<float> out, std::span<const float> qkv,
+                         std::span<const weight_t<F>> k_cache, std::span<const weight_t<F>> v_cache,
+                         std::size_t pos0, std::size_t T, std::size_t C, std::size_t NH, std::size_t P) {
   const std::size_t HS = C / NH, head = kv_layer_size(P, C, NH) / NH;
   const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
   std::vector<double> att(pos0 + T);
@@ -382,7 +403,7 @@ inline void attention_reference(std::span<float> out, std::span<const float> qkv
         double s = 0;
         for (std::size_t d = 0; d < HS; ++d) {
           s += static_cast<double>(qkv[t * 3 * C + h * HS + d]) *
-               static_cast<double>(k_cache[h * head + simd::key_offset(p, d, HS)]);
+               static_cast<double>(simd::load_scalar<F>(k_cache.data(), h * head + simd::key_offset(p, d, HS)));
         }
         att[p] = s * scale;
         mx = std::max(mx, att[p]);
@@ -391,7 +412,9 @@ inline void attention_reference(std::span<float> out, std::span<const float> qkv
       for (std::size_t p = 0; p < len; ++p) z += (att[p] = std::exp(att[p] - mx));
       for (std::size_t d = 0; d < HS; ++d) {
         double o = 0;
-        for (std::size_t p = 0; p < len; ++p) o += att[p] / z * v_cache[h * head + p * HS + d];
+        for (std::size_t p = 0; p < len; ++p) {
+          o += att[p] / z * simd::load_scalar<F>(v_cache.data(), h * head + p * HS + d);
+        }
         out[t * C + h * HS + d] = static_cast<float>(o);
       }
     }

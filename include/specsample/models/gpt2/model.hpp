@@ -26,29 +26,52 @@
 namespace specsample::gpt2 {
 
 /// Keys and values of every layer for the positions in the context: per layer
-/// `kernels::kv_layer_size(P, C, NH)` floats each, head-major, keys in transposed 16-key blocks
-/// (the layout the attention kernel reads, simd.hpp "attention layout"), in `huge_page_allocator`
-/// storage (a decode reads every layer's keys and values up to the length).
+/// `kernels::kv_layer_size(P, C, NH)` elements each of `format` (F32 or F16:
+/// `options::kv_storage`), head-major, keys in transposed 16-key blocks (the layout the attention
+/// kernel reads, simd.hpp "attention layout"), in `huge_page_allocator` storage (a decode reads
+/// every layer's keys and values up to the length).
 struct kv_cache {
-  using tensor = xt::xtensor<float, 2, xt::layout_type::row_major, huge_page_allocator<float>>;
-  tensor k;                 // (L, kv_layer_size)
-  tensor v;                 // (L, kv_layer_size)
-  std::size_t length = 0;   ///< valid positions; rows past it are stale and never read
+  using storage = std::vector<unsigned char, huge_page_allocator<unsigned char>>;
+  weight_format format = weight_format::f32;
+  std::size_t layer_size = 0;  ///< elements per layer of keys (and of values)
+  storage k, v;                ///< (L, layer_size) elements of `format` each
+  std::size_t length = 0;      ///< valid positions; rows past it are stale and never read
 
   /// Allocates room for `n_positions` positions of every layer, zeroed: slots past the length
-  /// that a vector kernel loads (and discards) are never indeterminate.
-  kv_cache(std::size_t n_layer, std::size_t n_head, std::size_t n_positions, std::size_t n_embd)
-      : k(shape(n_layer, n_head, n_positions, n_embd), 0.0f), v(shape(n_layer, n_head, n_positions, n_embd), 0.0f) {}
+  /// that a vector kernel loads (and discards) are never indeterminate. Throws
+  /// `specsample::error` for a BF16 `format`.
+  kv_cache(std::size_t n_layer, std::size_t n_head, std::size_t n_positions, std::size_t n_embd,
+           weight_format format)
+      : format(supported(format)),
+        layer_size(kernels::kv_layer_size(n_positions, n_embd, n_head)),
+        k(bytes(n_layer, format)),
+        v(bytes(n_layer, format)) {}
 
-  /// Layer `l`'s keys.
-  [[nodiscard]] std::span<float> keys(std::size_t l) noexcept { return {k.data() + l * k.shape(1), k.shape(1)}; }
+  /// Bytes of keys and values a cache of these dimensions holds.
+  [[nodiscard]] static std::size_t total_bytes(std::size_t n_layer, std::size_t n_head, std::size_t n_positions,
+                                               std::size_t n_embd, weight_format format) noexcept {
+    return 2 * n_layer * kernels::kv_layer_size(n_positions, n_embd, n_head) * format_bytes(format);
+  }
+
+  /// Layer `l`'s keys (F: the cache's format).
+  template <weight_format F>
+  [[nodiscard]] std::span<weight_t<F>> keys(std::size_t l) noexcept { return layer<F>(k, l); }
   /// Layer `l`'s values.
-  [[nodiscard]] std::span<float> values(std::size_t l) noexcept { return {v.data() + l * v.shape(1), v.shape(1)}; }
+  template <weight_format F>
+  [[nodiscard]] std::span<weight_t<F>> values(std::size_t l) noexcept { return layer<F>(v, l); }
 
  private:
-  static tensor::shape_type shape(std::size_t n_layer, std::size_t n_head, std::size_t n_positions,
-                                  std::size_t n_embd) {
-    return {n_layer, kernels::kv_layer_size(n_positions, n_embd, n_head)};
+  static weight_format supported(weight_format f) {
+    if (f == weight_format::bf16) throw error("gpt2::options: kv_storage must be F32 or F16, not BF16");
+    return f;
+  }
+  [[nodiscard]] std::size_t bytes(std::size_t n_layer, weight_format f) const noexcept {
+    return n_layer * layer_size * format_bytes(f);
+  }
+  template <weight_format F>
+  [[nodiscard]] std::span<weight_t<F>> layer(storage& s, std::size_t l) noexcept {
+    assert(F == format);
+    return {reinterpret_cast<weight_t<F>*>(s.data()) + l * layer_size, layer_size};
   }
 };
 
@@ -82,7 +105,7 @@ class model {
         pool_(pool_of(opts)),
         isa_(simd::resolve(opts.kernels)),
         min_parallel_work_(opts.min_parallel_work),
-        cache_(cfg.n_layer, cfg.n_head, cfg.n_positions, cfg.n_embd) {
+        cache_(cfg.n_layer, cfg.n_head, cfg.n_positions, cfg.n_embd, opts.kv_storage) {
     if (opts.weight_storage) w_.convert(*opts.weight_storage);
     const std::size_t L = cfg_.n_layer, P = cfg_.n_positions, C = cfg_.n_embd;
     if (w_.layers.size() != L || w_.wte.shape(0) != cfg_.vocab_size || w_.wte.shape(1) != C ||
@@ -111,10 +134,13 @@ class model {
     reserve(std::min(std::max<std::size_t>(opts.batch_capacity, 1), P));
   } catch (const std::bad_alloc&) {
     const auto per_layer = static_cast<double>(kernels::kv_layer_size(cfg.n_positions, cfg.n_embd, cfg.n_head));
+    const std::size_t b = format_bytes(opts.kv_storage);
     throw error(fmt::format(
         "gpt2::model: out of memory for its buffers (the KV cache alone, for {} positions: {} layers x 2 "
-        "(keys, values) x {:.0f} floats x 4 bytes = {:.3g} GB)",
-        cfg.n_positions, cfg.n_layer, per_layer, 8.0 * static_cast<double>(cfg.n_layer) * per_layer / 1e9));
+        "(keys, values) x {:.0f} elements x {} bytes = {:.3g} GB)",
+        cfg.n_positions, cfg.n_layer, per_layer, b,
+        static_cast<double>(kv_cache::total_bytes(cfg.n_layer, cfg.n_head, cfg.n_positions, cfg.n_embd,
+                                                  opts.kv_storage)) / 1e9));
   }
 
   model(model&&) noexcept = default;
@@ -127,6 +153,8 @@ class model {
   [[nodiscard]] const gpt2::config& config() const noexcept { return cfg_; }
   /// The parameters (matmul weights in the checkpoint's precision, or `options::weight_storage`).
   [[nodiscard]] const gpt2::weights& weights() const noexcept { return w_; }
+  /// The KV cache's precision (`options::kv_storage`).
+  [[nodiscard]] weight_format kv_storage() const noexcept { return cache_.format; }
   /// Vocabulary size V.
   [[nodiscard]] std::size_t vocab_size() const noexcept { return cfg_.vocab_size; }
   /// Tokens currently in the context (KV cache).
@@ -215,28 +243,35 @@ class model {
     };
 
     kernels::embed(buf(x_), tokens, w_.wte.view(), vec(w_.wpe), pos0, C);
-    for (std::size_t l = 0; l < cfg_.n_layer; ++l) {
-      const layer_weights& lw = w_.layers[l];
-      const std::span<float> k_layer = cache_.keys(l);
-      const std::span<float> v_layer = cache_.values(l);
-      kernels::layer_norm(buf(ln_), cbuf(x_), vec(lw.ln_1_weight), vec(lw.ln_1_bias), n(), C,
-                          cfg_.layer_norm_epsilon);
-      mm(qkv_, ln_, lw.attn_qkv_weight, vec(lw.attn_qkv_bias));
-      kernels::store_kv(k_layer, v_layer, cbuf(qkv_), pos0, T, C, NH, P);
-      if (l + 1 == cfg_.n_layer) {
-        if (logits == 0) break;
-        first = T - logits;
+    const auto blocks = [&]<weight_format F>() {  // F: the KV cache's format
+      for (std::size_t l = 0; l < cfg_.n_layer; ++l) {
+        const layer_weights& lw = w_.layers[l];
+        const std::span<weight_t<F>> k_layer = cache_.keys<F>(l);
+        const std::span<weight_t<F>> v_layer = cache_.values<F>(l);
+        kernels::layer_norm(buf(ln_), cbuf(x_), vec(lw.ln_1_weight), vec(lw.ln_1_bias), n(), C,
+                            cfg_.layer_norm_epsilon);
+        mm(qkv_, ln_, lw.attn_qkv_weight, vec(lw.attn_qkv_bias));
+        kernels::store_kv<F>(k_layer, v_layer, cbuf(qkv_), pos0, T, C, NH, P);
+        if (l + 1 == cfg_.n_layer) {
+          if (logits == 0) break;
+          first = T - logits;
+        }
+        kernels::attention<F>(buf(atty_), cbuf(qkv_), k_layer, v_layer, {att_.data(), att_.size()},
+                              pos0 + first, n(), C, NH, P, pool_for(2 * (pos0 + T) * C), isa_);
+        mm(proj_, atty_, lw.attn_proj_weight, vec(lw.attn_proj_bias));
+        kernels::residual_add(buf(x_), cbuf(proj_));
+        kernels::layer_norm(buf(ln_), cbuf(x_), vec(lw.ln_2_weight), vec(lw.ln_2_bias), n(), C,
+                            cfg_.layer_norm_epsilon);
+        mm(fc_, ln_, lw.mlp_fc_weight, vec(lw.mlp_fc_bias));
+        kernels::gelu(buf(fc_), cbuf(fc_), isa_);
+        mm(proj_, fc_, lw.mlp_proj_weight, vec(lw.mlp_proj_bias));
+        kernels::residual_add(buf(x_), cbuf(proj_));
       }
-      kernels::attention(buf(atty_), cbuf(qkv_), k_layer, v_layer, {att_.data(), att_.size()},
-                         pos0 + first, n(), C, NH, P, pool_for(2 * (pos0 + T) * C), isa_);
-      mm(proj_, atty_, lw.attn_proj_weight, vec(lw.attn_proj_bias));
-      kernels::residual_add(buf(x_), cbuf(proj_));
-      kernels::layer_norm(buf(ln_), cbuf(x_), vec(lw.ln_2_weight), vec(lw.ln_2_bias), n(), C,
-                          cfg_.layer_norm_epsilon);
-      mm(fc_, ln_, lw.mlp_fc_weight, vec(lw.mlp_fc_bias));
-      kernels::gelu(buf(fc_), cbuf(fc_), isa_);
-      mm(proj_, fc_, lw.mlp_proj_weight, vec(lw.mlp_proj_bias));
-      kernels::residual_add(buf(x_), cbuf(proj_));
+    };
+    if (cache_.format == weight_format::f16) {
+      blocks.template operator()<weight_format::f16>();
+    } else {
+      blocks.template operator()<weight_format::f32>();
     }
     cache_.length += T;
     if (logits == 0) return {logits_.data(), rows, 0};

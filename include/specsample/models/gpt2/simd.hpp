@@ -291,14 +291,16 @@ inline constexpr std::size_t key_block = 16;
 /// layout above, `kb` the head's first block), softmax, then out = Σ_p att[p]·v_p with
 /// v_p = v + p·HS (p increasing for every output channel). Every score is summed over d in
 /// order, every output channel over p in order, on every path: nothing depends on how many
-/// keys, queries or channels are computed together. Generic path: multiply then add.
-inline void attend_generic(const float* q, const float* kb, const float* v, std::size_t len,
+/// keys, queries or channels are computed together. Generic path: multiply then add. Keys and
+/// values are held in F (F32 or F16: `options::kv_storage`) and read as floats.
+template <weight_format F>
+inline void attend_generic(const float* q, const weight_t<F>* kb, const weight_t<F>* v, std::size_t len,
                            std::size_t HS, float scale, float* att, float* out) noexcept {
   for (std::size_t b = 0; b < key_blocks(len); ++b) {
-    const float* blk = kb + b * HS * key_block;
+    const weight_t<F>* blk = kb + b * HS * key_block;
     float acc[key_block] = {};
     for (std::size_t d = 0; d < HS; ++d) {
-      for (std::size_t j = 0; j < key_block; ++j) acc[j] += q[d] * blk[d * key_block + j];
+      for (std::size_t j = 0; j < key_block; ++j) acc[j] += q[d] * load_scalar<F>(blk, d * key_block + j);
     }
     for (std::size_t j = 0; j < key_block && b * key_block + j < len; ++j) {
       att[b * key_block + j] = acc[j] * scale;
@@ -308,8 +310,7 @@ inline void attend_generic(const float* q, const float* kb, const float* v, std:
   std::fill(out, out + HS, 0.0f);
   for (std::size_t p = 0; p < len; ++p) {
     const float a = att[p];
-    const float* vp = v + p * HS;
-    for (std::size_t d = 0; d < HS; ++d) out[d] += a * vp[d];
+    for (std::size_t d = 0; d < HS; ++d) out[d] += a * load_scalar<F>(v, p * HS + d);
   }
 }
 
@@ -331,13 +332,12 @@ struct prefetch_stream {
   std::uintptr_t cur = 0, end = 0;            ///< the range being walked: lines [cur, end)
   std::uintptr_t next = 0, next_end = 0;      ///< the range after it
 
-  /// Every cache line holding one of the `a_floats` floats at `a`, then of the `b_floats` at `b`
+  /// Every cache line holding one of the `a_bytes` bytes at `a`, then of the `b_bytes` at `b`
   /// (kept as integer addresses: no pointer past an array is ever formed).
-  [[nodiscard]] static prefetch_stream of(const float* a, std::size_t a_floats, const float* b,
-                                          std::size_t b_floats) noexcept {
+  [[nodiscard]] static prefetch_stream of(const void* a, std::size_t a_bytes, const void* b,
+                                          std::size_t b_bytes) noexcept {
     const auto ia = reinterpret_cast<std::uintptr_t>(a), ib = reinterpret_cast<std::uintptr_t>(b);
-    return {ia & ~(line - 1), ia + a_floats * sizeof(float), ib & ~(line - 1),
-            ib + b_floats * sizeof(float)};
+    return {ia & ~(line - 1), ia + a_bytes, ib & ~(line - 1), ib + b_bytes};
   }
 
   /// The address of the next line of the walk, 0 once every line has been given.
@@ -528,6 +528,19 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE __m512 avx512_load_w(const voi
   }
 }
 
+/// `avx512_load_w` of the lanes in `m` only (the others zero, their memory not read); F32 or F16.
+template <weight_format F>
+SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE __m512 avx512_maskload_w(const void* w, std::size_t i,
+                                                                         __mmask16 m) {
+  static_assert(F != weight_format::bf16, "no masked BF16 loads: the KV cache is F32 or F16");
+  if constexpr (F == weight_format::f32) {
+    return _mm512_maskz_loadu_ps(m, static_cast<const float*>(w) + i);
+  } else {
+    return _mm512_mask_cvtph_ps(_mm512_setzero_ps(), 0xFFFF,
+                                _mm256_maskz_loadu_epi16(m, static_cast<const std::uint16_t*>(w) + i));
+  }
+}
+
 /// Steps [k0, k1) of an AVX-512 panel: acc[t][j] += w[k][16j..16j+15] · x[t][k]. With
 /// `Prefetch`, each step first prefetches its weights `ahead` bytes on (`prefetched_steps`).
 template <weight_format F, int TT, bool Prefetch>
@@ -672,13 +685,16 @@ inline constexpr int avx2_vectors = NQ == 1 ? 4 : 2;
 
 /// Scores of NQ (1..6) queries against N vectors of 8 keys from key p0 (a multiple of 8), the
 /// last `tail` lanes wide: att_i[p] = scale · Σ_d q_i[d]·k_p[d], d in order (one lane per key).
-/// The queries share every key load; each score is still its own FMA chain.
-template <int NQ, int N>
-[[gnu::noinline]] SPECSAMPLE_TARGET_AVX2 prefetch_stream avx2_scores(const float* q, std::size_t ldq, const float* kb,
-                                                             std::size_t HS, std::size_t p0, std::size_t tail,
-                                                             float scale, float* att, std::size_t ldatt,
+/// The queries share every key load; each score is still its own FMA chain. Every vector is
+/// loaded whole: the last one's lanes past `tail` lie in the same 16-key block (the cache holds
+/// whole blocks) and are computed but never stored.
+template <int NQ, int N, weight_format F>
+[[gnu::noinline]] SPECSAMPLE_TARGET_AVX2 prefetch_stream avx2_scores(const float* q, std::size_t ldq,
+                                                             const weight_t<F>* kb, std::size_t HS,
+                                                             std::size_t p0, std::size_t tail, float scale,
+                                                             float* att, std::size_t ldatt,
                                                              prefetch_stream ahead) {
-  const float* at[N];
+  const weight_t<F>* at[N];
 #pragma GCC unroll 4
   for (int j = 0; j < N; ++j) {
     const std::size_t p = p0 + 8 * static_cast<std::size_t>(j);
@@ -695,8 +711,7 @@ template <int NQ, int N>
     ahead.step();
     __m256 kv[N];
 #pragma GCC unroll 4
-    for (int j = 0; j + 1 < N; ++j) kv[j] = _mm256_loadu_ps(at[j] + d * key_block);
-    kv[N - 1] = _mm256_maskload_ps(at[N - 1] + d * key_block, last);
+    for (int j = 0; j < N; ++j) kv[j] = avx2_load_w<F>(at[j], d * key_block);
 #pragma GCC unroll 8
     for (int i = 0; i < NQ; ++i) {
       const __m256 qd = _mm256_broadcast_ss(q + static_cast<std::size_t>(i) * ldq + d);
@@ -719,10 +734,11 @@ template <int NQ, int N>
 /// sees len0 + i positions) and N vectors of 8 channels, p in order for every query. The queries
 /// share the value loads of the first len0 positions; query i then adds its i causal-tail
 /// positions on its own (still in p order).
-template <int NQ, int N>
-[[gnu::noinline]] SPECSAMPLE_TARGET_AVX2 prefetch_stream avx2_values(const float* att, std::size_t ldatt, const float* v,
-                                                             std::size_t len0, std::size_t HS, std::size_t d0,
-                                                             float* out, std::size_t ldo, prefetch_stream ahead) {
+template <int NQ, int N, weight_format F>
+[[gnu::noinline]] SPECSAMPLE_TARGET_AVX2 prefetch_stream avx2_values(const float* att, std::size_t ldatt,
+                                                             const weight_t<F>* v, std::size_t len0,
+                                                             std::size_t HS, std::size_t d0, float* out,
+                                                             std::size_t ldo, prefetch_stream ahead) {
   __m256 o[NQ][N];
 #pragma GCC unroll 8
   for (int i = 0; i < NQ; ++i) {
@@ -731,10 +747,10 @@ template <int NQ, int N>
   }
   for (std::size_t p = 0; p < len0; ++p) {
     ahead.step();
-    const float* vp = v + p * HS + d0;
+    const weight_t<F>* vp = v + p * HS + d0;
     __m256 vv[N];
 #pragma GCC unroll 4
-    for (int j = 0; j < N; ++j) vv[j] = _mm256_loadu_ps(vp + 8 * j);
+    for (int j = 0; j < N; ++j) vv[j] = avx2_load_w<F>(vp, static_cast<std::size_t>(8 * j));
 #pragma GCC unroll 8
     for (int i = 0; i < NQ; ++i) {
       const __m256 a = _mm256_set1_ps(att[static_cast<std::size_t>(i) * ldatt + p]);
@@ -745,10 +761,12 @@ template <int NQ, int N>
 #pragma GCC unroll 8
   for (int i = 1; i < NQ; ++i) {  // the causal tail: query i also sees positions len0 .. len0 + i − 1
     for (std::size_t p = len0; p < len0 + static_cast<std::size_t>(i); ++p) {
-      const float* vp = v + p * HS + d0;
+      const weight_t<F>* vp = v + p * HS + d0;
       const __m256 a = _mm256_set1_ps(att[static_cast<std::size_t>(i) * ldatt + p]);
 #pragma GCC unroll 4
-      for (int j = 0; j < N; ++j) o[i][j] = _mm256_fmadd_ps(a, _mm256_loadu_ps(vp + 8 * j), o[i][j]);
+      for (int j = 0; j < N; ++j) {
+        o[i][j] = _mm256_fmadd_ps(a, avx2_load_w<F>(vp, static_cast<std::size_t>(8 * j)), o[i][j]);
+      }
     }
   }
 #pragma GCC unroll 8
@@ -763,8 +781,8 @@ template <int NQ, int N>
 /// 8 · avx2_vectors<NQ> keys per pass over the channels, per-query softmax, values in passes of
 /// as many channels, the last HS mod 8 channels one at a time. How many queries run together
 /// changes no query's result.
-template <int NQ>
-SPECSAMPLE_TARGET_AVX2 void attend_avx2(const float* q, std::size_t ldq, const float* kb, const float* v,
+template <int NQ, weight_format F>
+SPECSAMPLE_TARGET_AVX2 void attend_avx2(const float* q, std::size_t ldq, const weight_t<F>* kb, const weight_t<F>* v,
                                       std::size_t len0, std::size_t HS, float scale, float* att,
                                       std::size_t ldatt, float* out, std::size_t ldo, prefetch_stream ahead) {
   constexpr int V = avx2_vectors<NQ>;
@@ -773,26 +791,26 @@ SPECSAMPLE_TARGET_AVX2 void attend_avx2(const float* q, std::size_t ldq, const f
   for (std::size_t p0 = 0; p0 < len; p0 += step) {
     const std::size_t n = std::min(step, len - p0), vecs = (n + 7) / 8, tail = n - 8 * (vecs - 1);
     switch (vecs) {  // (vecs <= V)
-      case 1: ahead = avx2_scores<NQ, 1>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
-      case 2: ahead = avx2_scores<NQ, 2>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
+      case 1: ahead = avx2_scores<NQ, 1, F>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
+      case 2: ahead = avx2_scores<NQ, 2, F>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
       case 3:
-        if constexpr (V >= 3) ahead = avx2_scores<NQ, 3>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead);
+        if constexpr (V >= 3) ahead = avx2_scores<NQ, 3, F>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead);
         break;
       default:
-        if constexpr (V >= 4) ahead = avx2_scores<NQ, 4>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead);
+        if constexpr (V >= 4) ahead = avx2_scores<NQ, 4, F>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead);
         break;
     }
   }
   for (int i = 0; i < NQ; ++i) softmax_row(isa::avx2, att + static_cast<std::size_t>(i) * ldatt, len0 + static_cast<std::size_t>(i));
   std::size_t d = 0;
-  for (; HS - d >= step; d += step) ahead = avx2_values<NQ, V>(att, ldatt, v, len0, HS, d, out, ldo, ahead);
+  for (; HS - d >= step; d += step) ahead = avx2_values<NQ, V, F>(att, ldatt, v, len0, HS, d, out, ldo, ahead);
   switch ((HS - d) / 8) {  // (< V)
-    case 1: ahead = avx2_values<NQ, 1>(att, ldatt, v, len0, HS, d, out, ldo, ahead); break;
+    case 1: ahead = avx2_values<NQ, 1, F>(att, ldatt, v, len0, HS, d, out, ldo, ahead); break;
     case 2:
-      if constexpr (V >= 3) ahead = avx2_values<NQ, 2>(att, ldatt, v, len0, HS, d, out, ldo, ahead);
+      if constexpr (V >= 3) ahead = avx2_values<NQ, 2, F>(att, ldatt, v, len0, HS, d, out, ldo, ahead);
       break;
     case 3:
-      if constexpr (V >= 4) ahead = avx2_values<NQ, 3>(att, ldatt, v, len0, HS, d, out, ldo, ahead);
+      if constexpr (V >= 4) ahead = avx2_values<NQ, 3, F>(att, ldatt, v, len0, HS, d, out, ldo, ahead);
       break;
     default: break;
   }
@@ -801,7 +819,9 @@ SPECSAMPLE_TARGET_AVX2 void attend_avx2(const float* q, std::size_t ldq, const f
     const float* a = att + static_cast<std::size_t>(i) * ldatt;
     for (std::size_t c = d; c < HS; ++c) {
       float o = 0;
-      for (std::size_t p = 0; p < len0 + static_cast<std::size_t>(i); ++p) o = std::fma(a[p], v[p * HS + c], o);
+      for (std::size_t p = 0; p < len0 + static_cast<std::size_t>(i); ++p) {
+        o = std::fma(a[p], load_scalar<F>(v, p * HS + c), o);
+      }
       out[static_cast<std::size_t>(i) * ldo + c] = o;
     }
   }
@@ -820,12 +840,13 @@ SPECSAMPLE_TARGET_AVX2 void attend_avx2(const float* q, std::size_t ldq, const f
 /// measurable: the minima of 1- and 5-token appends of the bundled target moved by −0.7 to +1.6%
 /// with no consistent sign (1000 calls each, four alternating pairs), those of the draft's 1- and
 /// 4-token appends by under 0.3% (4000 calls, three pairs).
-template <int NQ, int N>
-[[gnu::noinline]] SPECSAMPLE_TARGET_AVX512 prefetch_stream avx512_scores(const float* q, std::size_t ldq, const float* kb,
-                                                                 std::size_t HS, std::size_t p0, std::size_t tail,
-                                                                 float scale, float* att, std::size_t ldatt,
+template <int NQ, int N, weight_format F>
+[[gnu::noinline]] SPECSAMPLE_TARGET_AVX512 prefetch_stream avx512_scores(const float* q, std::size_t ldq,
+                                                                 const weight_t<F>* kb, std::size_t HS,
+                                                                 std::size_t p0, std::size_t tail, float scale,
+                                                                 float* att, std::size_t ldatt,
                                                                  prefetch_stream ahead) {
-  const float* b0 = kb + (p0 / key_block) * HS * key_block;
+  const weight_t<F>* b0 = kb + (p0 / key_block) * HS * key_block;
   const std::size_t bs = HS * key_block;
   const __mmask16 last = avx512_first(tail);
   __m512 acc[NQ][N];
@@ -836,11 +857,11 @@ template <int NQ, int N>
   }
   for (std::size_t d = 0; d < HS; ++d) {
     ahead.step();
-    const float* row = b0 + d * key_block;
+    const weight_t<F>* row = b0 + d * key_block;
     __m512 kv[N];
 #pragma GCC unroll 4
-    for (int j = 0; j + 1 < N; ++j) kv[j] = _mm512_loadu_ps(row + static_cast<std::size_t>(j) * bs);
-    kv[N - 1] = _mm512_maskz_loadu_ps(last, row + static_cast<std::size_t>(N - 1) * bs);
+    for (int j = 0; j + 1 < N; ++j) kv[j] = avx512_load_w<F>(row, static_cast<std::size_t>(j) * bs);
+    kv[N - 1] = avx512_maskload_w<F>(row, static_cast<std::size_t>(N - 1) * bs, last);
 #pragma GCC unroll 8
     for (int i = 0; i < NQ; ++i) {
       const __m512 qd = _mm512_set1_ps(q[static_cast<std::size_t>(i) * ldq + d]);
@@ -863,10 +884,11 @@ template <int NQ, int N>
 /// sees len0 + i positions) and N (1..4) vectors of channels, the last `tail` channels wide; p in
 /// order for every query. The queries share the value loads of the first len0 positions; query i
 /// then adds its i causal-tail positions on its own (still in p order).
-template <int NQ, int N>
-[[gnu::noinline]] SPECSAMPLE_TARGET_AVX512 prefetch_stream avx512_values(const float* att, std::size_t ldatt, const float* v,
-                                                                 std::size_t len0, std::size_t HS, std::size_t d0,
-                                                                 std::size_t tail, float* out, std::size_t ldo,
+template <int NQ, int N, weight_format F>
+[[gnu::noinline]] SPECSAMPLE_TARGET_AVX512 prefetch_stream avx512_values(const float* att, std::size_t ldatt,
+                                                                 const weight_t<F>* v, std::size_t len0,
+                                                                 std::size_t HS, std::size_t d0, std::size_t tail,
+                                                                 float* out, std::size_t ldo,
                                                                  prefetch_stream ahead) {
   const __mmask16 last = avx512_first(tail);
   __m512 o[NQ][N];
@@ -877,11 +899,11 @@ template <int NQ, int N>
   }
   for (std::size_t p = 0; p < len0; ++p) {
     ahead.step();
-    const float* vp = v + p * HS + d0;
+    const weight_t<F>* vp = v + p * HS + d0;
     __m512 vv[N];
 #pragma GCC unroll 4
-    for (int j = 0; j + 1 < N; ++j) vv[j] = _mm512_loadu_ps(vp + 16 * j);
-    vv[N - 1] = _mm512_maskz_loadu_ps(last, vp + 16 * (N - 1));
+    for (int j = 0; j + 1 < N; ++j) vv[j] = avx512_load_w<F>(vp, static_cast<std::size_t>(16 * j));
+    vv[N - 1] = avx512_maskload_w<F>(vp, static_cast<std::size_t>(16 * (N - 1)), last);
 #pragma GCC unroll 8
     for (int i = 0; i < NQ; ++i) {
       const __m512 a = _mm512_set1_ps(att[static_cast<std::size_t>(i) * ldatt + p]);
@@ -892,11 +914,14 @@ template <int NQ, int N>
 #pragma GCC unroll 8
   for (int i = 1; i < NQ; ++i) {  // the causal tail: query i also sees positions len0 .. len0 + i − 1
     for (std::size_t p = len0; p < len0 + static_cast<std::size_t>(i); ++p) {
-      const float* vp = v + p * HS + d0;
+      const weight_t<F>* vp = v + p * HS + d0;
       const __m512 a = _mm512_set1_ps(att[static_cast<std::size_t>(i) * ldatt + p]);
 #pragma GCC unroll 4
-      for (int j = 0; j + 1 < N; ++j) o[i][j] = _mm512_fmadd_ps(a, _mm512_loadu_ps(vp + 16 * j), o[i][j]);
-      o[i][N - 1] = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(last, vp + 16 * (N - 1)), o[i][N - 1]);
+      for (int j = 0; j + 1 < N; ++j) {
+        o[i][j] = _mm512_fmadd_ps(a, avx512_load_w<F>(vp, static_cast<std::size_t>(16 * j)), o[i][j]);
+      }
+      o[i][N - 1] = _mm512_fmadd_ps(a, avx512_maskload_w<F>(vp, static_cast<std::size_t>(16 * (N - 1)), last),
+                                    o[i][N - 1]);
     }
   }
 #pragma GCC unroll 8
@@ -911,8 +936,8 @@ template <int NQ, int N>
 
 /// NQ consecutive queries of one head (query i sees len0 + i positions): scores of up to 64 keys
 /// per pass over the channels, per-query softmax, values in passes of up to 64 channels.
-template <int NQ>
-SPECSAMPLE_TARGET_AVX512 void attend_avx512(const float* q, std::size_t ldq, const float* kb, const float* v,
+template <int NQ, weight_format F>
+SPECSAMPLE_TARGET_AVX512 void attend_avx512(const float* q, std::size_t ldq, const weight_t<F>* kb, const weight_t<F>* v,
                                           std::size_t len0, std::size_t HS, float scale, float* att,
                                           std::size_t ldatt, float* out, std::size_t ldo,
                                           prefetch_stream ahead) {
@@ -920,20 +945,20 @@ SPECSAMPLE_TARGET_AVX512 void attend_avx512(const float* q, std::size_t ldq, con
   for (std::size_t p0 = 0; p0 < len; p0 += 64) {
     const std::size_t n = std::min<std::size_t>(64, len - p0), vecs = (n + 15) / 16, tail = n - 16 * (vecs - 1);
     switch (vecs) {
-      case 1: ahead = avx512_scores<NQ, 1>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
-      case 2: ahead = avx512_scores<NQ, 2>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
-      case 3: ahead = avx512_scores<NQ, 3>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
-      default: ahead = avx512_scores<NQ, 4>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
+      case 1: ahead = avx512_scores<NQ, 1, F>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
+      case 2: ahead = avx512_scores<NQ, 2, F>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
+      case 3: ahead = avx512_scores<NQ, 3, F>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
+      default: ahead = avx512_scores<NQ, 4, F>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
     }
   }
   for (int i = 0; i < NQ; ++i) softmax_row(isa::avx512, att + static_cast<std::size_t>(i) * ldatt, len0 + static_cast<std::size_t>(i));
   for (std::size_t d = 0; d < HS; d += 64) {
     const std::size_t n = std::min<std::size_t>(64, HS - d), vecs = (n + 15) / 16, tail = n - 16 * (vecs - 1);
     switch (vecs) {
-      case 1: ahead = avx512_values<NQ, 1>(att, ldatt, v, len0, HS, d, tail, out, ldo, ahead); break;
-      case 2: ahead = avx512_values<NQ, 2>(att, ldatt, v, len0, HS, d, tail, out, ldo, ahead); break;
-      case 3: ahead = avx512_values<NQ, 3>(att, ldatt, v, len0, HS, d, tail, out, ldo, ahead); break;
-      default: ahead = avx512_values<NQ, 4>(att, ldatt, v, len0, HS, d, tail, out, ldo, ahead); break;
+      case 1: ahead = avx512_values<NQ, 1, F>(att, ldatt, v, len0, HS, d, tail, out, ldo, ahead); break;
+      case 2: ahead = avx512_values<NQ, 2, F>(att, ldatt, v, len0, HS, d, tail, out, ldo, ahead); break;
+      case 3: ahead = avx512_values<NQ, 3, F>(att, ldatt, v, len0, HS, d, tail, out, ldo, ahead); break;
+      default: ahead = avx512_values<NQ, 4, F>(att, ldatt, v, len0, HS, d, tail, out, ldo, ahead); break;
     }
   }
 }
@@ -951,37 +976,40 @@ inline constexpr std::size_t query_tile = 6;
 /// query i (at q + i·ldq) attends to len0 + i positions; its scores go to att + i·ldatt (room for
 /// len0 + nq − 1 floats), its output to out + i·ldo. Every query's result is exactly that of
 /// `attend_generic`'s fixed order on this level — whether it runs alone or in a tile. The vector
-/// paths prefetch `ahead` (the next head's keys and values) as they go.
-inline void attend(isa level, const float* q, std::size_t ldq, std::size_t nq, const float* kb,
-                   const float* v, std::size_t len0, std::size_t HS, float scale, float* att,
+/// paths prefetch `ahead` (the next head's keys and values) as they go. Keys and values are held
+/// in F: F32, or F16 (`options::kv_storage`), converted exactly to F32 as they are loaded.
+template <weight_format F = weight_format::f32>
+inline void attend(isa level, const float* q, std::size_t ldq, std::size_t nq, const weight_t<F>* kb,
+                   const weight_t<F>* v, std::size_t len0, std::size_t HS, float scale, float* att,
                    std::size_t ldatt, float* out, std::size_t ldo, prefetch_stream ahead = {}) noexcept {
+  static_assert(F != weight_format::bf16, "the KV cache is F32 or F16");
   assert(nq >= 1 && nq <= query_tile);
 #if SPECSAMPLE_X86
   if (level == isa::avx512) {
     switch (nq) {
-      case 1: return attend_avx512<1>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-      case 2: return attend_avx512<2>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-      case 3: return attend_avx512<3>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-      case 4: return attend_avx512<4>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-      case 5: return attend_avx512<5>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-      default: return attend_avx512<6>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+      case 1: return attend_avx512<1, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+      case 2: return attend_avx512<2, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+      case 3: return attend_avx512<3, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+      case 4: return attend_avx512<4, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+      case 5: return attend_avx512<5, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+      default: return attend_avx512<6, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
     }
   }
 #endif
 #if SPECSAMPLE_X86
   if (level == isa::avx2) {
     switch (nq) {
-      case 1: return attend_avx2<1>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-      case 2: return attend_avx2<2>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-      case 3: return attend_avx2<3>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-      case 4: return attend_avx2<4>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-      case 5: return attend_avx2<5>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-      default: return attend_avx2<6>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+      case 1: return attend_avx2<1, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+      case 2: return attend_avx2<2, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+      case 3: return attend_avx2<3, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+      case 4: return attend_avx2<4, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+      case 5: return attend_avx2<5, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+      default: return attend_avx2<6, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
     }
   }
 #endif
   for (std::size_t i = 0; i < nq; ++i) {
-    attend_generic(q + i * ldq, kb, v, len0 + i, HS, scale, att + i * ldatt, out + i * ldo);
+    attend_generic<F>(q + i * ldq, kb, v, len0 + i, HS, scale, att + i * ldatt, out + i * ldo);
   }
   (void)level;
   (void)ahead;  // the generic path does not prefetch
