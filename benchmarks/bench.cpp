@@ -614,10 +614,10 @@ struct decode_bandwidth {
 
 /// Bytes of keys and values a single-token append at `context` reads from a cache of format `kv`:
 /// every layer's values of its context + 1 positions and its keys in whole 16-position blocks (the
-/// attention layout: `simd::key_floats`, what the attention kernel prefetches).
+/// attention layout: `simd::key_elements`, what the attention kernel prefetches).
 std::size_t kv_bytes_read(const specsample::gpt2::config& cfg, std::size_t context, specsample::gpt2::weight_format kv) {
   const std::size_t len = context + 1, HS = cfg.head_dim();
-  return cfg.n_layer * cfg.n_head * (specsample::gpt2::simd::key_floats(len, HS) + len * HS) *
+  return cfg.n_layer * cfg.n_head * (specsample::gpt2::simd::key_elements(len, HS) + len * HS) *
          specsample::gpt2::format_bytes(kv);
 }
 

@@ -518,33 +518,31 @@ TEST_CASE("the matmul weights share one allocation in the order a forward pass s
     REQUIRE(reinterpret_cast<std::uintptr_t>(p.get()) % align == 0);
     REQUIRE(std::all_of(p.get(), p.get() + bytes, [](unsigned char c) { return c == 0; }));
   }
-  // The KV cache uses the same allocator: the bundled target's shape (2.36 MB of keys, as many of
-  // values, in F32; half in F16) on huge pages from 2 MiB up, the rest (the drafts': 262 KB in
-  // F32) 64-byte aligned; all zeroed. Two same-size blocks
-  // (keys, values) are dirtied and freed first, so that a cache that skipped its fill could see
-  // stale memory — where the allocator reuses them: glibc does once earlier large frees have
-  // raised its mmap threshold, as freeing the models loaded at the top of this TEST_CASE (24.6 MB
-  // of weights) does; keep this block after them: in a fresh process glibc maps new, zeroed pages,
-  // and the check then cannot fail.
+  // The KV cache uses the same allocator, keys and values in one buffer: the bundled target's
+  // shape (4.7 MB in F32, 2.4 MB in F16) on huge pages, the drafts' (524 KB in F32) 64-byte
+  // aligned; all zeroed. A same-size block is dirtied and freed first, so that a cache that
+  // skipped its fill could see stale memory — where the allocator reuses it: glibc does once
+  // earlier large frees have raised its mmap threshold, as freeing the models loaded at the top of
+  // this TEST_CASE (24.6 MB of weights) does; keep this block after them: in a fresh process glibc
+  // maps new, zeroed pages, and the check then cannot fail.
   struct kv_shape {
     std::size_t n_layer, n_head, n_embd;
   };
   for (const kv_shape sh : {kv_shape{6, 6, 384}, kv_shape{2, 2, 128}}) {
     for (const gpt2::weight_format f : {gpt2::weight_format::f32, gpt2::weight_format::f16}) {
-      const std::size_t n = sh.n_layer * gpt2::kernels::kv_layer_size(256, sh.n_embd, sh.n_head) * gpt2::format_bytes(f);
+      const std::size_t n = 2 * sh.n_layer * gpt2::kernels::kv_layer_size(256, sh.n_embd, sh.n_head) * gpt2::format_bytes(f);
       gpt2::huge_page_allocator<unsigned char> alloc;
-      unsigned char* dirty[2] = {alloc.allocate(n), alloc.allocate(n)};
-      for (unsigned char* d : dirty) std::fill(d, d + n, 0xFF);
-      for (unsigned char* d : dirty) alloc.deallocate(d, n);
+      unsigned char* dirty = alloc.allocate(n);
+      std::fill(dirty, dirty + n, 0xFF);
+      alloc.deallocate(dirty, n);
       const gpt2::kv_cache cache(sh.n_layer, sh.n_head, 256, sh.n_embd, f);
       INFO("n_layer " << sh.n_layer << ", n_embd " << sh.n_embd << ", " << gpt2::format_name(f));
-      REQUIRE(gpt2::kv_cache::total_bytes(sh.n_layer, sh.n_head, 256, sh.n_embd, f) == 2 * n);
+      REQUIRE(gpt2::kv_cache::total_bytes(sh.n_layer, sh.n_head, 256, sh.n_embd, f) == n);
+      REQUIRE(cache.data.size() == n);
       const std::size_t align = n >= gpt2::huge_page_bytes ? gpt2::huge_page_bytes : 64;
-      for (const auto* t : {&cache.k, &cache.v}) {
-        REQUIRE(reinterpret_cast<std::uintptr_t>(t->data()) % align == 0);
-        REQUIRE(t->size() == n);
-        REQUIRE(std::all_of(t->begin(), t->end(), [](unsigned char c) { return c == 0; }));
-      }
+      REQUIRE(align == (sh.n_layer == 6 ? gpt2::huge_page_bytes : 64));  // the target's, in both formats
+      REQUIRE(reinterpret_cast<std::uintptr_t>(cache.data.data()) % align == 0);
+      REQUIRE(std::all_of(cache.data.begin(), cache.data.end(), [](unsigned char c) { return c == 0; }));
     }
   }
   // A copy owns its own storage with the same contents.

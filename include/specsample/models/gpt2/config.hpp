@@ -59,8 +59,8 @@ struct options {
   /// released gpt2 at c = 1024), by rounding each key and value once to nearest even as it is
   /// stored; attention computes in F32 as before. Logits then differ slightly from the F32 cache's
   /// (docs/gpt2.md, "KV cache precision"); batch invariance and exact sampling for the model as
-  /// configured hold the same. A key or value beyond ±65504 becomes ±inf, its logits NaN, which
-  /// the sampling loops reject with an error.
+  /// configured hold the same. A key or value of magnitude 65520 or more becomes ±inf (F16's
+  /// largest finite value is 65504), its logits NaN, which the sampling loops reject with an error.
   weight_format kv_storage = weight_format::f32;
 };
 

@@ -291,7 +291,7 @@ inline void residual_add_reference(std::span<float> x, std::span<const float> y)
 
 // --- attention --------------------------------------------------------------------------------
 
-/// Floats of one layer's key cache (and of its value cache) for `P` positions: per head,
+/// Elements of one layer's key cache (and of its value cache) for `P` positions: per head,
 /// `simd::key_cache_blocks(P)` blocks of (HS, 16) keys, the layout of `simd::key_offset`.
 [[nodiscard]] constexpr std::size_t kv_layer_size(std::size_t P, std::size_t C, std::size_t NH) noexcept {
   return NH * simd::key_cache_blocks(P) * simd::key_block * (C / NH);
@@ -299,8 +299,8 @@ inline void residual_add_reference(std::span<float> x, std::span<const float> y)
 
 /// Stores the keys and values of T new positions (columns [C, 2C) and [2C, 3C) of each qkv row)
 /// in rows [pos0, pos0 + T) of one layer's caches, held in F: F32 (copied) or F16 (rounded to
-/// nearest even, like `simd::narrow`; beyond ±65504 a key or value becomes ±inf, and the
-/// logits NaN, which the sampling loops reject with an error).
+/// nearest even, like `simd::narrow`: from magnitude 65520 on a key or value becomes ±inf, and
+/// the logits NaN, which the sampling loops reject with an error).
 template <weight_format F = weight_format::f32>
 void store_kv(std::span<weight_t<F>> k_cache,  // kv_layer_size(P, C, NH)
               std::span<weight_t<F>> v_cache,  // kv_layer_size(P, C, NH)
@@ -309,15 +309,15 @@ void store_kv(std::span<weight_t<F>> k_cache,  // kv_layer_size(P, C, NH)
   static_assert(F != weight_format::bf16, "the KV cache is F32 or F16");
   const std::size_t HS = C / NH, head = kv_layer_size(P, C, NH) / NH;
   assert(pos0 + T <= P && k_cache.size() >= NH * head && v_cache.size() >= NH * head);
-  // Up to `chunk` channels of a row at a time, in the cache's format.
+  // Keys are scattered into their blocks through a buffer of up to `chunk` channels in the
+  // cache's format; value rows are contiguous and written (narrowed) in place.
   constexpr std::size_t chunk = 256;
   weight_t<F> buf[chunk];
-  const auto in_format = [&](const float* src, std::size_t n) -> const weight_t<F>* {
+  const auto put = [](const float* src, std::size_t n, weight_t<F>* dst) {
     if constexpr (F == weight_format::f32) {
-      return src;
+      std::copy_n(src, n, dst);
     } else {
-      simd::narrow(F, src, n, buf);
-      return buf;
+      simd::narrow(F, src, n, dst);
     }
   };
   for (std::size_t t = 0; t < T; ++t) {
@@ -326,10 +326,10 @@ void store_kv(std::span<weight_t<F>> k_cache,  // kv_layer_size(P, C, NH)
       weight_t<F>* kh = k_cache.data() + h * head;
       for (std::size_t d0 = 0; d0 < HS; d0 += chunk) {
         const std::size_t n = std::min(chunk, HS - d0);
-        const weight_t<F>* k = in_format(row + C + h * HS + d0, n);
-        for (std::size_t d = 0; d < n; ++d) kh[simd::key_offset(pos0 + t, d0 + d, HS)] = k[d];
-        std::copy_n(in_format(row + 2 * C + h * HS + d0, n), n, v_cache.data() + h * head + (pos0 + t) * HS + d0);
+        put(row + C + h * HS + d0, n, buf);
+        for (std::size_t d = 0; d < n; ++d) kh[simd::key_offset(pos0 + t, d0 + d, HS)] = buf[d];
       }
+      put(row + 2 * C + h * HS, HS, v_cache.data() + h * head + (pos0 + t) * HS);
     }
   }
 }
@@ -377,7 +377,7 @@ void attention(std::span<float> out,                  // (T, C)
       simd::prefetch_stream ahead;
       if (task % tiles == 0 && (h + 1) * tiles < end) {
         ahead = simd::prefetch_stream::of(k_cache.data() + (h + 1) * head,
-                                          simd::key_floats(len, HS) * sizeof(weight_t<F>),
+                                          simd::key_elements(len, HS) * sizeof(weight_t<F>),
                                           v_cache.data() + (h + 1) * head, len * HS * sizeof(weight_t<F>));
       }
       simd::attend<F>(lv, qkv.data() + t * 3 * C + h * HS, 3 * C, nq, k_cache.data() + h * head,

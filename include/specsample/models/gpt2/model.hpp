@@ -16,26 +16,30 @@
 #include <xtensor/xtensor.hpp>
 
 #include <algorithm>
+#include <cassert>
 #include <cstddef>
 #include <filesystem>
 #include <memory>
 #include <new>
 #include <span>
 #include <utility>
+#include <vector>
 
 namespace specsample::gpt2 {
 
 /// Keys and values of every layer for the positions in the context: per layer
 /// `kernels::kv_layer_size(P, C, NH)` elements each of `format` (F32 or F16:
 /// `options::kv_storage`), head-major, keys in transposed 16-key blocks (the layout the attention
-/// kernel reads, simd.hpp "attention layout"), in `huge_page_allocator` storage (a decode reads
-/// every layer's keys and values up to the length).
+/// kernel reads, simd.hpp "attention layout"). Every layer's keys, then every layer's values, in
+/// one `huge_page_allocator` buffer (a decode reads every layer's keys and values up to the
+/// length; one buffer reaches the huge-page size where two halves might not: the bundled target's
+/// F16 cache is 2 × 1.18 MB).
 struct kv_cache {
   using storage = std::vector<unsigned char, huge_page_allocator<unsigned char>>;
   weight_format format = weight_format::f32;
-  std::size_t layer_size = 0;  ///< elements per layer of keys (and of values)
-  storage k, v;                ///< (L, layer_size) elements of `format` each
-  std::size_t length = 0;      ///< valid positions; rows past it are stale and never read
+  std::size_t n_layer = 0, layer_size = 0;  ///< layers; elements per layer of keys (and of values)
+  storage data;                             ///< (2, L, layer_size) elements of `format`
+  std::size_t length = 0;                   ///< valid positions; rows past it are stale and never read
 
   /// Allocates room for `n_positions` positions of every layer, zeroed: slots past the length
   /// that a vector kernel loads (and discards) are never indeterminate. Throws
@@ -43,9 +47,9 @@ struct kv_cache {
   kv_cache(std::size_t n_layer, std::size_t n_head, std::size_t n_positions, std::size_t n_embd,
            weight_format format)
       : format(supported(format)),
+        n_layer(n_layer),
         layer_size(kernels::kv_layer_size(n_positions, n_embd, n_head)),
-        k(bytes(n_layer, format)),
-        v(bytes(n_layer, format)) {}
+        data(total_bytes(n_layer, n_head, n_positions, n_embd, format)) {}
 
   /// Bytes of keys and values a cache of these dimensions holds.
   [[nodiscard]] static std::size_t total_bytes(std::size_t n_layer, std::size_t n_head, std::size_t n_positions,
@@ -55,31 +59,28 @@ struct kv_cache {
 
   /// Layer `l`'s keys (F: the cache's format).
   template <weight_format F>
-  [[nodiscard]] std::span<weight_t<F>> keys(std::size_t l) noexcept { return layer<F>(k, l); }
+  [[nodiscard]] std::span<weight_t<F>> keys(std::size_t l) noexcept { return slice<F>(l); }
   /// Layer `l`'s values.
   template <weight_format F>
-  [[nodiscard]] std::span<weight_t<F>> values(std::size_t l) noexcept { return layer<F>(v, l); }
+  [[nodiscard]] std::span<weight_t<F>> values(std::size_t l) noexcept { return slice<F>(n_layer + l); }
 
  private:
   static weight_format supported(weight_format f) {
     if (f == weight_format::bf16) throw error("gpt2::options: kv_storage must be F32 or F16, not BF16");
     return f;
   }
-  [[nodiscard]] std::size_t bytes(std::size_t n_layer, weight_format f) const noexcept {
-    return n_layer * layer_size * format_bytes(f);
-  }
   template <weight_format F>
-  [[nodiscard]] std::span<weight_t<F>> layer(storage& s, std::size_t l) noexcept {
+  [[nodiscard]] std::span<weight_t<F>> slice(std::size_t i) noexcept {
     assert(F == format);
-    return {reinterpret_cast<weight_t<F>*>(s.data()) + l * layer_size, layer_size};
+    return {reinterpret_cast<weight_t<F>*>(data.data()) + i * layer_size, layer_size};
   }
 };
 
 /// A GPT-2 model with a KV cache on CPU.
 ///
 /// Storage: weights live in their checkpoint precision or in `options::weight_storage`
-/// (F16/BF16/F32 `weight_matrix`es, small tensors F32) and the KV cache in xtensor containers
-/// (F32); the kernels work on spans, weight views and Eigen maps over that same memory, so
+/// (F16/BF16/F32 `weight_matrix`es, small tensors F32 in xtensor containers) and the KV cache in
+/// `options::kv_storage` (F32 or F16, `kv_cache`); the kernels work on spans, weight views and Eigen maps over that same memory, so
 /// nothing is copied between the views.
 /// `append` runs all new positions in one batched pass; the logits of a position are bitwise
 /// identical whether it is appended alone or in a batch, and for every thread count.

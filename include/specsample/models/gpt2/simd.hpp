@@ -271,8 +271,9 @@ inline constexpr std::size_t key_block = 16;
   return (positions + key_block - 1) / key_block;
 }
 
-/// Floats of one head's keys that attention over `positions` positions reads (whole blocks).
-[[nodiscard]] constexpr std::size_t key_floats(std::size_t positions, std::size_t HS) noexcept {
+/// Elements (of the cache's format) of one head's keys that attention over `positions` positions
+/// reads (whole blocks).
+[[nodiscard]] constexpr std::size_t key_elements(std::size_t positions, std::size_t HS) noexcept {
   return key_blocks(positions) * key_block * HS;
 }
 
@@ -320,7 +321,7 @@ inline void attend_generic(const float* q, const weight_t<F>* kb, const weight_t
 /// hardware prefetchers pick up late. `attend` walks the next head's key blocks, then its value
 /// rows, `lines_per_step` cache lines per step of its score and value loops, as far as the steps
 /// reach: every key and value line on the AVX2 path, every key line and the first value rows on
-/// the AVX-512 path (at context 141: 90 of 564 value lines), which start the hardware's own
+/// the AVX-512 path (at context 141 with an F32 cache: 90 of 564 value lines), which start the hardware's own
 /// prefetch of the rest. Prefetches only: no result changes. Measured on the bundled target at
 /// context 141 (paired calls with and without; see the commit that introduced it): appends of 1–9
 /// tokens 1.8–3.2% faster (the keys alone: 0.3–3.3%, least for 1–3 tokens), on the AVX2 path
@@ -671,7 +672,10 @@ inline SPECSAMPLE_TARGET_AVX2 void gelu_avx2(float* out, const float* in, std::s
 
 // The attention loops below never issue a load for a vector wholly past the data (a load with an
 // all-zero mask still costs a microcode assist on some CPUs when its address is on a page never
-// touched): the number of vectors in flight is a template parameter, only the last one masked.
+// touched): the number of vectors in flight is a template parameter. On the AVX-512 path the last
+// one is masked; the AVX2 scores load it whole (its lanes past the keys lie in the same 16-key
+// block, which the cache holds) and store only the valid lanes, and the AVX2 values take no
+// partial vectors (the last HS mod 8 channels run one at a time).
 
 /// AVX2 lane mask of the first n (0..8) lanes.
 SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256i avx2_first(std::size_t n) {
