@@ -515,18 +515,22 @@ TEST_CASE("attention over the KV cache matches its reference twin and is batch-i
 }
 
 TEST_CASE("an F16 KV cache holds each key and value rounded to nearest even", "[gpt2][kernels]") {
-  // The stored values are the F32 cache's narrowed: keys in their transposed blocks, values in rows.
+  // The stored values are the F32 cache's narrowed: keys in their transposed blocks, values in rows
+  // (head sizes 20 and 300: the keys' narrowing runs in chunks of 256 channels).
   std::mt19937 rng(7);
-  const std::size_t C = 40, NH = 2, P = 40, pos0 = 3, T = 5;
-  auto qkv = random_vector(T * 3 * C, rng, 3.0f);
-  qkv[C] = 70000.0f;  // beyond F16's range: stored as +inf
-  std::vector<float> k32(k::kv_layer_size(P, C, NH)), v32(k32.size());
-  std::vector<std::uint16_t> k16(k32.size()), v16(k32.size());
-  k::store_kv(k32, v32, qkv, pos0, T, C, NH, P);
-  k::store_kv<weight_format::f16>(k16, v16, qkv, pos0, T, C, NH, P);
-  for (std::size_t i = 0; i < k32.size(); ++i) {
-    REQUIRE(k16[i] == specsample::io::float_to_f16(k32[i]));
-    REQUIRE(v16[i] == specsample::io::float_to_f16(v32[i]));
+  for (const auto& [C, NH] : {std::pair<std::size_t, std::size_t>{40, 2}, std::pair<std::size_t, std::size_t>{600, 2}}) {
+    const std::size_t P = 40, pos0 = 3, T = 5;
+    auto qkv = random_vector(T * 3 * C, rng, 3.0f);
+    qkv[C] = 70000.0f;  // beyond F16's range: stored as +inf
+    std::vector<float> k32(k::kv_layer_size(P, C, NH)), v32(k32.size());
+    std::vector<std::uint16_t> k16(k32.size()), v16(k32.size());
+    k::store_kv(k32, v32, qkv, pos0, T, C, NH, P);
+    k::store_kv<weight_format::f16>(k16, v16, qkv, pos0, T, C, NH, P);
+    INFO("C = " << C);
+    for (std::size_t i = 0; i < k32.size(); ++i) {
+      REQUIRE(k16[i] == specsample::io::float_to_f16(k32[i]));
+      REQUIRE(v16[i] == specsample::io::float_to_f16(v32[i]));
+    }
+    REQUIRE(k16[gpt2::simd::key_offset(pos0, 0, C / NH)] == 0x7c00);  // head 0's key channel 0 at pos0
   }
-  REQUIRE(k16[gpt2::simd::key_offset(pos0, 0, C / NH)] == 0x7c00);  // head 0's key channel 0 at pos0
 }

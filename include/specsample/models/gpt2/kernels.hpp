@@ -309,10 +309,8 @@ void store_kv(std::span<weight_t<F>> k_cache,  // kv_layer_size(P, C, NH)
   static_assert(F != weight_format::bf16, "the KV cache is F32 or F16");
   const std::size_t HS = C / NH, head = kv_layer_size(P, C, NH) / NH;
   assert(pos0 + T <= P && k_cache.size() >= NH * head && v_cache.size() >= NH * head);
-  // Keys are scattered into their blocks through a buffer of up to `chunk` channels in the
-  // cache's format; value rows are contiguous and written (narrowed) in place.
-  constexpr std::size_t chunk = 256;
-  weight_t<F> buf[chunk];
+  // Value rows are contiguous: written (narrowed) in place. Keys are scattered into their blocks:
+  // F32 straight from qkv, F16 through a buffer of up to `chunk` narrowed channels.
   const auto put = [](const float* src, std::size_t n, weight_t<F>* dst) {
     if constexpr (F == weight_format::f32) {
       std::copy_n(src, n, dst);
@@ -320,14 +318,24 @@ void store_kv(std::span<weight_t<F>> k_cache,  // kv_layer_size(P, C, NH)
       simd::narrow(F, src, n, dst);
     }
   };
+  constexpr std::size_t chunk = 256;
+  weight_t<F> buf[F == weight_format::f32 ? 1 : chunk];
+  const std::size_t step = F == weight_format::f32 ? HS : chunk;
   for (std::size_t t = 0; t < T; ++t) {
     const float* row = qkv.data() + t * 3 * C;
     for (std::size_t h = 0; h < NH; ++h) {
       weight_t<F>* kh = k_cache.data() + h * head;
-      for (std::size_t d0 = 0; d0 < HS; d0 += chunk) {
-        const std::size_t n = std::min(chunk, HS - d0);
-        put(row + C + h * HS + d0, n, buf);
-        for (std::size_t d = 0; d < n; ++d) kh[simd::key_offset(pos0 + t, d0 + d, HS)] = buf[d];
+      for (std::size_t d0 = 0; d0 < HS; d0 += step) {
+        const std::size_t n = std::min(step, HS - d0);
+        const float* src = row + C + h * HS + d0;
+        const weight_t<F>* k = nullptr;
+        if constexpr (F == weight_format::f32) {
+          k = src;
+        } else {
+          put(src, n, buf);
+          k = buf;
+        }
+        for (std::size_t d = 0; d < n; ++d) kh[simd::key_offset(pos0 + t, d0 + d, HS)] = k[d];
       }
       put(row + 2 * C + h * HS, HS, v_cache.data() + h * head + (pos0 + t) * HS);
     }

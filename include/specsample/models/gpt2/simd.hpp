@@ -976,6 +976,20 @@ SPECSAMPLE_TARGET_AVX512 void attend_avx512(const float* q, std::size_t ldq, con
 /// attention of 5 and 6 queries alone (cache warm) 26–29% faster on AVX-512, 15–21% on AVX2.
 inline constexpr std::size_t query_tile = 6;
 
+/// Calls `f.template operator()<NQ>()` with NQ = nq (1..query_tile), a compile-time tile size.
+template <class Fn>
+void with_query_tile(std::size_t nq, Fn&& f) {
+  switch (nq) {
+    case 1: return f.template operator()<1>();
+    case 2: return f.template operator()<2>();
+    case 3: return f.template operator()<3>();
+    case 4: return f.template operator()<4>();
+    case 5: return f.template operator()<5>();
+    default: return f.template operator()<6>();
+  }
+}
+static_assert(query_tile == 6, "with_query_tile covers 1..6");
+
 /// `nq` (1..query_tile) consecutive queries of one attention head with the kernels of `level`:
 /// query i (at q + i·ldq) attends to len0 + i positions; its scores go to att + i·ldatt (room for
 /// len0 + nq − 1 floats), its output to out + i·ldo. Every query's result is exactly that of
@@ -990,26 +1004,14 @@ inline void attend(isa level, const float* q, std::size_t ldq, std::size_t nq, c
   assert(nq >= 1 && nq <= query_tile);
 #if SPECSAMPLE_X86
   if (level == isa::avx512) {
-    switch (nq) {
-      case 1: return attend_avx512<1, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-      case 2: return attend_avx512<2, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-      case 3: return attend_avx512<3, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-      case 4: return attend_avx512<4, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-      case 5: return attend_avx512<5, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-      default: return attend_avx512<6, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-    }
+    return with_query_tile(nq, [&]<int NQ>() {
+      attend_avx512<NQ, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+    });
   }
-#endif
-#if SPECSAMPLE_X86
   if (level == isa::avx2) {
-    switch (nq) {
-      case 1: return attend_avx2<1, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-      case 2: return attend_avx2<2, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-      case 3: return attend_avx2<3, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-      case 4: return attend_avx2<4, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-      case 5: return attend_avx2<5, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-      default: return attend_avx2<6, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-    }
+    return with_query_tile(nq, [&]<int NQ>() {
+      attend_avx2<NQ, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+    });
   }
 #endif
   for (std::size_t i = 0; i < nq; ++i) {
