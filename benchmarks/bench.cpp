@@ -1,7 +1,7 @@
 // specsample-bench: the speculative-sampling sweep behind docs/benchmarks.md.
 //
 //   specsample-bench [--target DIR] [--draft DIR] [--prompts FILE] [-n N] [--reps R] [--k-max K]
-//                    [--temperatures 0,0.7,1] [--threads N] [--kernels LEVEL] [--weights F] [--kv F] [--seed S]
+//                    [--temperatures 0,0.7,1] [--threads N] [--kernels LEVEL] [--weights F] [--kv F] [--matmul P] [--seed S]
 //                    [--cost-samples N] [--out DIR] [--quick]
 //
 // For every temperature T and draft length K = 1..k-max it generates -n tokens from each prompt,
@@ -80,6 +80,7 @@ struct cli {
   specsample::isa kernels = specsample::isa::best;
   std::optional<specsample::gpt2::weight_format> weights;  // matmul weights' precision; empty: the checkpoints'
   specsample::gpt2::weight_format kv = specsample::gpt2::weight_format::f32;  // the KV caches' precision
+  specsample::gpt2::matmul_precision matmul = specsample::gpt2::matmul_precision::f32;  // how the matmuls multiply
   bool quick = false;
   // --strategies
   bool strategies = false;
@@ -108,6 +109,9 @@ constexpr std::string_view help = R"(usage: specsample-bench [options]
                         checkpoints store them; options::weight_storage); the bandwidth probes
                         then cover the weights as held
   --kv F                hold both models' KV caches as f32 (default) or f16 (options::kv_storage)
+  --matmul P            both models' matmuls in f32 (default) or bf16: weights and activations
+                        rounded to BF16, vdpbf16ps where the CPU has AVX512_BF16
+                        (options::matmul_precision); the FMA peak is then vdpbf16ps's
   --seed S              base random seed (default 20240601)
   --cost-samples N      single-append timings for the cost ratio (default 200)
   --max-prompts N       use only the first N prompts (default, or 0: all)
@@ -128,8 +132,8 @@ strategy comparison (instead of the sweep):
   --repetitive-temperatures LIST   temperatures of the repetitive suite (default 0,0.7)
 )";
 
-/// The report's note on the matmul weights' and KV caches' precision: nothing when the weights are
-/// as the checkpoints store them and the caches F32 (the defaults).
+/// The report's note on the matmul weights', KV caches' and matmuls' precision: nothing when the
+/// weights are as the checkpoints store them, the caches F32 and the matmuls F32 (the defaults).
 std::string weights_note(const cli& c) {
   std::string note;
   if (c.weights) {
@@ -138,6 +142,10 @@ std::string weights_note(const cli& c) {
   }
   if (c.kv != specsample::gpt2::weight_format::f32) {
     note += fmt::format(", KV caches in {} (--kv)", specsample::gpt2::format_name(c.kv));
+  }
+  if (c.matmul == specsample::gpt2::matmul_precision::bf16) {
+    note += ", BF16 matmuls (--matmul bf16: weights and activations rounded to BF16; the targets are set for F32 "
+            "matmuls of the checkpoints as stored)";
   }
   return note;
 }
@@ -187,6 +195,12 @@ cli parse(int argc, char** argv) {
       const auto f = specsample::gpt2::format_from_name(v);
       if (!f || *f == specsample::gpt2::weight_format::bf16) usage_error(fmt::format("--kv expects f32 or f16, got '{}'", v));
       c.kv = *f;
+    }
+    else if (a == "--matmul") {
+      const std::string_view v = value();
+      const auto p = specsample::gpt2::precision_from_name(v);
+      if (!p) usage_error(fmt::format("--matmul expects f32 or bf16, got '{}'", v));
+      c.matmul = *p;
     }
     else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
     else if (a == "--cost-samples") c.cost_samples = parse_number<std::size_t>(a, value());
@@ -679,11 +693,12 @@ json bandwidth_json(const decode_bandwidth& b) {
 
 struct fma_probe_result {
   specsample::isa level = specsample::isa::generic;
+  const char* instruction = "";  // fma_loop::instruction
   summary gmacs;
 };
 
-fma_probe_result probe_fma(specsample::isa level, std::size_t reps) {
-  const specsample_bench::fma_loop loop = specsample_bench::fma_loop_for(level);
+fma_probe_result probe_fma(specsample::isa level, specsample::gpt2::matmul_precision precision, std::size_t reps) {
+  const specsample_bench::fma_loop loop = specsample_bench::fma_loop_for(level, precision);
   volatile float sink = loop.run(1000);  // warm up (and wake the wide vector units)
   std::size_t iters = std::size_t{1} << 16;
   for (;;) {  // ~20 ms per sample
@@ -699,7 +714,7 @@ fma_probe_result probe_fma(specsample::isa level, std::size_t reps) {
     gmacs.push_back(static_cast<double>(iters * loop.macs_per_iteration) / seconds_since(t0) / 1e9);
   }
   (void)sink;
-  return {level, summarize(gmacs)};
+  return {level, loop.instruction, summarize(gmacs)};
 }
 
 /// Multiply-adds of the GPT-2 matmuls for one token (the four matmuls of every block and the
@@ -1201,6 +1216,7 @@ int run_strategies(const bench_setup& b) {
                    {"threads", b.target.threads()}, {"kernels", specsample::isa_name(b.target.kernels())},
                    {"weights", c.weights ? specsample::gpt2::format_name(*c.weights) : "checkpoint"},
                    {"kv", specsample::gpt2::format_name(c.kv)},
+                   {"matmul", specsample::gpt2::precision_name(c.matmul)},
                    {"seed", c.seed}, {"warmup_tokens", c.warmup_tokens},
                    {"best_k_from", c.best_k_from ? c.best_k_from->string() : std::string()}, {"quick", c.quick}};
     j["guard"] = {{"greedy_runs", greedy_runs}, {"identical", greedy_identical}, {"pass", guard_ok}};
@@ -1260,11 +1276,14 @@ int run(int argc, char** argv) {
   opts.batch_capacity = std::max<std::size_t>(16, c.k_max + 2);
   opts.weight_storage = c.weights;
   opts.kv_storage = c.kv;
+  opts.matmul_precision = c.matmul;
   auto target = specsample::gpt2::model::load(target_dir, opts);
   auto draft = specsample::gpt2::model::load(draft_dir, opts);
   // What the probes' and the decode's weight bytes are.
+  const bool held_otherwise = c.weights || c.matmul == specsample::gpt2::matmul_precision::bf16;
   const std::string weights_basis =
-      c.weights ? fmt::format("held in {} by --weights", specsample::gpt2::format_name(*c.weights)) : "file size";
+      c.weights ? fmt::format("held in {} by --weights", specsample::gpt2::format_name(*c.weights))
+                : (held_otherwise ? "held in BF16 by --matmul bf16" : "file size");
 
   std::vector<std::string> prompt_text = specsample::io::read_prompt_list(prompts_file);
   if (c.max_prompts != 0 && prompt_text.size() > c.max_prompts) prompt_text.resize(c.max_prompts);
@@ -1390,7 +1409,7 @@ int run(int argc, char** argv) {
   // matmul weights' bytes as stored replaced by their bytes as held.
   const auto weight_bytes = [&](const fs::path& dir, const specsample::gpt2::model& m) {
     const auto file = static_cast<std::size_t>(fs::file_size(dir / "model.safetensors"));
-    if (!c.weights) return file;
+    if (!held_otherwise) return file;
     const auto stored = specsample::gpt2::model::load(dir, {.threads = 1});
     return file - stored.weights().matmul_bytes() + m.weights().matmul_bytes();
   };
@@ -1401,7 +1420,7 @@ int run(int argc, char** argv) {
   const std::vector<std::pair<std::string, std::size_t>> sizes{
       {fmt::format("draft weights ({})", weights_basis), draft_bytes},
       {fmt::format("target weights ({})", weights_basis), target_bytes},
-      {c.weights ? "target weights × 2" : "target weights × 2 (as float32)", 2 * target_bytes},
+      {held_otherwise ? "target weights × 2" : "target weights × 2 (as float32)", 2 * target_bytes},
       {"256 MiB (> last-level cache)", std::size_t{256} << 20}};
   std::vector<std::size_t> thread_counts{1};
   if (threads > 1) thread_counts.push_back(threads);
@@ -1418,7 +1437,7 @@ int run(int argc, char** argv) {
   // weights at the probe's bandwidth and its matmuls' multiply-adds at the FMA peak (attention,
   // norms and everything else counted as free). v_floor(j) = floor(j) / floor(1).
   fmt::print(stderr, "specsample-bench: FMA peak probe ({})\n", specsample::isa_name(target.kernels()));
-  const fma_probe_result fma = probe_fma(target.kernels(), c.probe_reps);
+  const fma_probe_result fma = probe_fma(target.kernels(), target.matmul_precision(), c.probe_reps);
   const double macs_token = matmul_macs_per_token(target.config());
   const double stream_floor = static_cast<double>(target.weights().matmul_bytes()) / (probe_at(target_bytes) * 1e9);
   const auto floor_seconds = [&](std::size_t j) {
@@ -1609,11 +1628,11 @@ int run(int argc, char** argv) {
         bw->decode_gbs.median, bw->probe_gbs.median, 100.0 * bw->fraction, bw->kv_bytes,
         bw->working_set_gbs.median, 100.0 * bw->working_set_fraction);
   }
-  out("\n#### Machine floors\n\nFMA peak (register-only fused multiply-adds, {} vectors, median (min–max) of {} "
+  out("\n#### Machine floors\n\nFMA peak (register-only multiply-adds: {}, {} vectors, median (min–max) of {} "
       "reps): {} GMAC/s. One token of the target is {:.2f} M multiply-adds in its matmuls. A j-token call takes at "
       "least the longer of streaming the {:.1f} MB of matmul weights at the probe's {:.1f} GB/s ({:.3f} ms) and "
       "j × {:.2f} M multiply-adds at the FMA peak; attention, norms and the rest count as free.\n\n",
-      specsample::isa_name(fma.level), c.probe_reps, fmt_range(fma.gmacs, 1), macs_token * 1e-6,
+      fma.instruction, specsample::isa_name(fma.level), c.probe_reps, fmt_range(fma.gmacs, 1), macs_token * 1e-6,
       static_cast<double>(target.weights().matmul_bytes()) * 1e-6, probe_at(target_bytes), stream_floor * 1e3,
       macs_token * 1e-6);
   out("| target call | floor, ms (bound) | measured, ms | measured / floor | ratio to 1 token: floor | measured |\n"
@@ -1747,6 +1766,7 @@ int run(int argc, char** argv) {
                    {"threads", threads}, {"kernels", specsample::isa_name(target.kernels())},
                    {"weights", c.weights ? specsample::gpt2::format_name(*c.weights) : "checkpoint"},
                    {"kv", specsample::gpt2::format_name(c.kv)},
+                   {"matmul", specsample::gpt2::precision_name(c.matmul)},
                    {"seed", c.seed},
                    {"quick", c.quick}};
     const auto cost_json = [](const cost_result& r) {
@@ -1774,6 +1794,7 @@ int run(int argc, char** argv) {
                       {"ceiling_draft_at_floor", ceiling_all(cl)}});
       }
       j["machine_floors"] = {{"fma_isa", specsample::isa_name(fma.level)},
+                             {"fma_instruction", fma.instruction},
                              {"fma_gmacs", to_json(fma.gmacs)},
                              {"matmul_macs_per_token", macs_token},
                              {"matmul_weight_bytes", target.weights().matmul_bytes()},

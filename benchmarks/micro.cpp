@@ -61,7 +61,7 @@ gpt2::thread_pool* pool_for(std::size_t threads) {
 
 /// Register-only fused multiply-adds with the kernels' vectors: this core's FMA peak.
 void BM_fma_peak(benchmark::State& state) {
-  const specsample_bench::fma_loop loop = specsample_bench::fma_loop_for(gpt2::simd::detected());
+  const specsample_bench::fma_loop loop = specsample_bench::fma_loop_for(gpt2::simd::detected(), gpt2::matmul_precision::f32);
   constexpr std::size_t iters = 1u << 16;
   for (auto _ : state) benchmark::DoNotOptimize(loop.run(iters));
   state.counters["GMAC/s"] = benchmark::Counter(static_cast<double>(iters * loop.macs_per_iteration) * 1e-9,
@@ -259,6 +259,25 @@ void BM_append_storage(benchmark::State& state) {
 BENCHMARK(BM_append_storage)
     ->ArgNames({"storage", "n"})
     ->ArgsProduct({{0, 1, 2}, {1, 5}})
+    ->UseRealTime()
+    ->MinTime(0.3);
+
+/// range: precision (0 F32, 1 BF16: `options::matmul_precision`), n tokens. The bundled target
+/// multiplying in each precision after a 64-token prefix, as BM_append.
+void BM_append_precision(benchmark::State& state) {
+  const auto precision = static_cast<gpt2::matmul_precision>(state.range(0));
+  gpt2::model m = gpt2::model::load(models_dir / "shakespeare-target",
+                                    gpt2::options{.threads = 1, .matmul_precision = precision});
+  time_appends(state, m, static_cast<std::size_t>(state.range(1)));
+  state.SetLabel(fmt::format("{} matmuls{}", gpt2::precision_name(precision),
+                             precision == gpt2::matmul_precision::bf16 && gpt2::simd::has_avx512_bf16() &&
+                                     m.kernels() == gpt2::isa::avx512
+                                 ? " (vdpbf16ps)"
+                                 : ""));
+}
+BENCHMARK(BM_append_precision)
+    ->ArgNames({"precision", "n"})
+    ->ArgsProduct({{0, 1}, {1, 2, 3, 5, 9}})
     ->UseRealTime()
     ->MinTime(0.3);
 

@@ -4,6 +4,7 @@
 // batched matmuls' compute is compared with. Both use the kernels' instruction set.
 
 #include <specsample/detail/simd.hpp>
+#include <specsample/models/gpt2/config.hpp>
 #include <specsample/models/gpt2/simd.hpp>
 #include <specsample/models/gpt2/weights.hpp>
 
@@ -119,6 +120,22 @@ SPECSAMPLE_TARGET_AVX512 __attribute__((noinline)) inline float fma_loop_avx512(
   return std::accumulate(out, out + 16, 0.0f);
 }
 
+// The BF16 dot products of `matmul_precision::bf16` (vdpbf16ps: two multiply-adds per 32-bit
+// lane), 16 chains as above.
+SPECSAMPLE_TARGET_AVX512_BF16 __attribute__((noinline)) inline float dot_loop_avx512_bf16(std::size_t iters) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(0.001f * static_cast<float>(i));
+  const __m512i x = _mm512_set1_epi32(0x3F7F3F7F), y = _mm512_set1_epi32(0x38D138D1);  // 0.996, 1e-4
+  for (std::size_t n = 0; n < iters; ++n) {
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)x, (__m512bh)y);
+  }
+  for (int i = 1; i < 16; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
+  alignas(64) float out[16];
+  _mm512_store_ps(out, acc[0]);
+  return std::accumulate(out, out + 16, 0.0f);
+}
+
 SPECSAMPLE_TARGET_AVX2 __attribute__((noinline)) inline float fma_loop_avx2(std::size_t iters) {
   __m256 acc[12];
   for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(0.001f * static_cast<float>(i));
@@ -151,16 +168,23 @@ __attribute__((noinline)) inline float fma_loop_generic(std::size_t iters) {
 struct fma_loop {
   float (*run)(std::size_t);
   std::size_t macs_per_iteration;
+  const char* instruction;  ///< what multiplies: "F32 FMA" or "BF16 dot product (vdpbf16ps)"
 };
 
-/// The FMA loop of `level`.
-inline fma_loop fma_loop_for(specsample::isa level) {
+/// The multiply-add loop of the matmuls of `level` and `precision`: vdpbf16ps for BF16 matmuls
+/// at the AVX-512 level of a CPU with AVX512_BF16, else F32 FMAs (what the kernels then use).
+inline fma_loop fma_loop_for(specsample::isa level, specsample::gpt2::matmul_precision precision) {
 #if SPECSAMPLE_X86
-  if (level == specsample::isa::avx512) return {fma_loop_avx512, 16 * 16};
-  if (level == specsample::isa::avx2) return {fma_loop_avx2, 12 * 8};
+  if (level == specsample::isa::avx512 && precision == specsample::gpt2::matmul_precision::bf16 &&
+      specsample::simd::has_avx512_bf16()) {
+    return {dot_loop_avx512_bf16, 16 * 32, "BF16 dot product (vdpbf16ps)"};
+  }
+  if (level == specsample::isa::avx512) return {fma_loop_avx512, 16 * 16, "F32 FMA"};
+  if (level == specsample::isa::avx2) return {fma_loop_avx2, 12 * 8, "F32 FMA"};
 #endif
   (void)level;
-  return {fma_loop_generic, 12 * 4};
+  (void)precision;
+  return {fma_loop_generic, 12 * 4, "F32 multiply then add"};
 }
 
 }  // namespace specsample_bench

@@ -2,7 +2,7 @@
 //
 //   specsample-generate [--target DIR] [--draft DIR] [--prompt TEXT | --prompt-file F]
 //                       [-n N] [-k K|auto] [--p-min P] [--adaptive] [--temperature T] [--top-k N] [--top-p P] [--min-p P]
-//                       [--seed S] [--threads N] [--kernels LEVEL] [--weights f32|f16|bf16] [--kv f32|f16]
+//                       [--seed S] [--threads N] [--kernels LEVEL] [--weights f32|f16|bf16] [--kv f32|f16] [--matmul f32|bf16]
 //                       [--mode speculative|autoregressive|compare]
 //                       [--verify tokenwise|block] [--leniency B] [--repeat R] [--stream]
 //                       [--verbose] [--json]
@@ -52,6 +52,7 @@ struct cli {
   specsample::isa kernels = specsample::isa::best;
   std::optional<specsample::gpt2::weight_format> weights;  // matmul weights' precision; empty: the checkpoint's
   specsample::gpt2::weight_format kv = specsample::gpt2::weight_format::f32;  // the KV caches' precision
+  specsample::gpt2::matmul_precision matmul = specsample::gpt2::matmul_precision::f32;  // how the matmuls multiply
   std::string mode = "compare";
   std::size_t repeat = 1;
   bool stream = false, verbose = false, json = false;
@@ -95,6 +96,9 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
                         token, rounding each weight (a slightly different model; docs/gpt2.md)
   --kv F                hold every model's KV cache as f32 (default) or f16: half the cache's
                         memory and bytes per token, each key and value rounded once (docs/gpt2.md)
+  --matmul P            every model's matmuls in f32 (default) or bf16: weights and activations
+                        rounded to BF16, products summed in F32 (vdpbf16ps where the CPU has
+                        AVX512_BF16: cheaper calls of several tokens; docs/gpt2.md)
   --mode M              speculative | autoregressive | compare (default compare)
   --verify V            tokenwise | block (Sun et al. 2025; both exact; default tokenwise)
   --leniency B          LOSSY if < 1: token-wise acceptance uniform from U[0, B) (default 1, exact)
@@ -151,6 +155,12 @@ cli parse(int argc, char** argv) {
       const auto f = specsample::gpt2::format_from_name(v);
       if (!f || *f == specsample::gpt2::weight_format::bf16) usage_error(fmt::format("--kv expects f32 or f16, got '{}'", v));
       c.kv = *f;
+    }
+    else if (a == "--matmul") {
+      const std::string_view v = value();
+      const auto p = specsample::gpt2::precision_from_name(v);
+      if (!p) usage_error(fmt::format("--matmul expects f32 or bf16, got '{}'", v));
+      c.matmul = *p;
     }
     else if (a == "--threads") c.threads = parse_number<std::size_t>(a, value());
     else if (a == "--mode") {
@@ -351,6 +361,7 @@ int run(int argc, char** argv) {
   opts.kernels = c.kernels;
   opts.weight_storage = c.weights;
   opts.kv_storage = c.kv;
+  opts.matmul_precision = c.matmul;
   auto target = specsample::gpt2::model::load(target_dir, opts);
   if (target.vocab_size() != tok.vocab_size()) {
     throw specsample::error(fmt::format("{}: the model has {} tokens but its tokenizer has {}", target_dir.string(),
@@ -488,6 +499,7 @@ int run(int argc, char** argv) {
                      {"kernels", specsample::isa_name(target.kernels())},
                      {"weights", c.weights ? specsample::gpt2::format_name(*c.weights) : "checkpoint"},
                      {"kv", specsample::gpt2::format_name(c.kv)},
+                   {"matmul", specsample::gpt2::precision_name(c.matmul)},
                      {"load_seconds", load_seconds}};
     if (need_draft) j["draft"] = draft_dir.string();
     if (!calibrations.empty()) j["draft_choice"] = calibrations;

@@ -59,8 +59,31 @@ std::vector<float> rounded(std::vector<float> v, weight_format f) {
   for (float& x : v) {
     if (f == weight_format::f16) x = specsample::io::f16_to_float(specsample::io::float_to_f16(x));
     if (f == weight_format::bf16) x = specsample::io::bf16_to_float(specsample::io::float_to_bf16(x));
+    if (f == weight_format::bf16_pairs) x = specsample::io::bf16_to_float(gpt2::simd::bf16_operand(x));
   }
   return v;
+}
+
+/// The matmul of `bf16_pairs` weights as vdpbf16ps defines it, on scalars: per output, for every
+/// column pair, acc = fma(w[2k+1], x[2k+1], acc), then fma(w[2k], x[2k], acc), operands rounded by
+/// bf16_operand (a missing last column of an odd C counts as 0), then + bias.
+std::vector<float> bf16_dot_reference(const std::vector<float>& inp, const std::vector<float>& w,
+                                      const std::vector<float>& bias, std::size_t T, std::size_t C,
+                                      std::size_t OC) {
+  const auto op = [](float v) { return specsample::io::bf16_to_float(gpt2::simd::bf16_operand(v)); };
+  std::vector<float> out(T * OC);
+  for (std::size_t t = 0; t < T; ++t) {
+    for (std::size_t o = 0; o < OC; ++o) {
+      float acc = 0.0f;
+      for (std::size_t k = 0; k < C; k += 2) {
+        const float x1 = k + 1 < C ? op(inp[t * C + k + 1]) : 0.0f, w1 = k + 1 < C ? op(w[o * C + k + 1]) : 0.0f;
+        acc = std::fma(w1, x1, acc);
+        acc = std::fma(op(w[o * C + k]), op(inp[t * C + k]), acc);
+      }
+      out[t * OC + o] = bias.empty() ? acc : acc + bias[o];
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -300,7 +323,7 @@ TEST_CASE("matmul matches its reference twin and is bitwise batch- and thread-in
   std::mt19937 rng(3);
   thread_pool pool2(2), pool3(3);
   for (const isa level : levels()) {
-    for (const weight_format f : {weight_format::f32, weight_format::f16, weight_format::bf16}) {
+    for (const weight_format f : {weight_format::f32, weight_format::f16, weight_format::bf16, weight_format::bf16_pairs}) {
       for (const std::size_t C : {1u, 5u, 8u, 67u, 128u}) {
         for (const std::size_t OC : {1u, 13u, 64u, 100u}) {
           for (const bool with_bias : {false, true}) {
@@ -311,7 +334,8 @@ TEST_CASE("matmul matches its reference twin and is bitwise batch- and thread-in
             const auto bias = with_bias ? random_vector(OC, rng) : std::vector<float>{};
             std::vector<float> out(T * OC), ref(T * OC), out2(T * OC), out3(T * OC), row(OC);
             k::matmul(out, inp, packed.view(), bias, T, C, OC, nullptr, level);
-            k::matmul_reference(ref, inp, w, bias, T, C, OC);
+            // (BF16 pairs multiply the activations rounded to BF16.)
+            k::matmul_reference(ref, f == weight_format::bf16_pairs ? rounded(inp, f) : inp, w, bias, T, C, OC);
             INFO(gpt2::isa_name(level) << ", format " << static_cast<int>(f) << ", C = " << C
                                        << ", OC = " << OC << ", bias = " << with_bias);
             REQUIRE(max_rel_diff(out, ref) < 1e-5);
@@ -338,6 +362,115 @@ TEST_CASE("matmul matches its reference twin and is bitwise batch- and thread-in
             }
           }
         }
+      }
+    }
+  }
+}
+
+TEST_CASE("BF16 pairs hold every weight as a BF16 operand, in column pairs, and refuse an overflow",
+          "[gpt2][kernels]") {
+  using Catch::Contains;
+  std::mt19937 rng(31);
+  for (const std::size_t cols : {1u, 7u, 8u}) {
+    const std::size_t rows = 130;
+    auto v = random_vector(rows * cols, rng);
+    v[0] = 1e-39f;                 // subnormal F32: 0
+    v[rows * cols - 1] = -3.3e38f;  // near BF16's largest finite value
+    const auto f32 = gpt2::weight_matrix::from_floats(weight_format::f32, rows, cols, v.data());
+    const gpt2::weight_matrix p = f32.converted(weight_format::bf16_pairs);
+    INFO("cols = " << cols);
+    REQUIRE(p.format() == weight_format::bf16_pairs);
+    REQUIRE(p.bytes() == 3 * ((cols + 1) / 2 * 2) * 64 * 2);  // 3 panels of (cols rounded up to even) x 64
+    REQUIRE(p.to_float() == rounded(v, weight_format::bf16_pairs));
+    REQUIRE(p.at(0, 0) == 0.0f);
+    // The layout: weights (o, 2k) and (o, 2k + 1) adjacent, the pairs of a panel's outputs contiguous.
+    const auto* h = static_cast<const std::uint16_t*>(p.data());
+    for (std::size_t o = 0; o < rows; ++o) {
+      for (std::size_t c = 0; c < cols; ++c) {
+        const std::size_t i = o / 64 * ((cols + 1) / 2 * 2) * 64 + c / 2 * 128 + o % 64 * 2 + c % 2;
+        REQUIRE(h[i] == gpt2::simd::bf16_operand(v[o * cols + c]));
+      }
+    }
+    // Every other way to the same matrix, and back out of it.
+    REQUIRE(std::memcmp(gpt2::weight_matrix::from_floats(weight_format::bf16_pairs, rows, cols, v.data()).data(),
+                        p.data(), p.bytes()) == 0);
+    auto v16 = v;
+    v16.back() = 1.0f;  // (F16 has no -3.3e38)
+    REQUIRE(gpt2::weight_matrix::from_floats(weight_format::f16, rows, cols, v16.data())
+                .converted(weight_format::bf16_pairs)
+                .to_float() == rounded(rounded(v16, weight_format::f16), weight_format::bf16_pairs));
+    REQUIRE(p.converted(weight_format::f32).to_float() == rounded(v, weight_format::bf16_pairs));
+    REQUIRE(p.converted(weight_format::bf16).to_float() == rounded(v, weight_format::bf16_pairs));
+    REQUIRE(std::memcmp(p.converted(weight_format::bf16_pairs).data(), p.data(), p.bytes()) == 0);
+    REQUIRE_THROWS_WITH(p.converted(weight_format::f16), Contains("is outside the range of F16"));
+  }
+  std::vector<float> big(64 * 3, 1.0f);
+  big[70] = 3.4e38f;  // (1, 6) rounds to inf in BF16
+  REQUIRE_THROWS_WITH(gpt2::weight_matrix::from_floats(weight_format::f32, 64, 3, big.data()).converted(weight_format::bf16_pairs),
+                      Contains("weight (23, 1) = 3.4e+38 is outside the range of BF16 pairs"));
+}
+
+TEST_CASE("BF16 operands: every level rounds as bf16_operand, for every kind of float", "[gpt2][kernels]") {
+  std::vector<float> x = {0.0f, -0.0f, 1.0f, -1.5f, 1e-39f, -1e-40f, 0x1p-126f, 0x1.fffffcp-127f,
+                          std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::max(),
+                          3.3895e38f, 1.00390625f, 1.01171875f, 1.0078125f};  // ties: to even, both ways
+  std::mt19937 rng(32);
+  for (int i = 0; i < 200000; ++i) x.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(rng())));
+  const std::size_t T = 3, C = x.size() / 3, ld = C + 5;
+  std::vector<std::uint16_t> want(T * ld, 0);
+  for (std::size_t t = 0; t < T; ++t) {
+    for (std::size_t c = 0; c < C; ++c) want[t * ld + c] = gpt2::simd::bf16_operand(x[t * C + c]);
+  }
+  REQUIRE(gpt2::simd::bf16_operand(1e-39f) == 0);
+  REQUIRE(gpt2::simd::bf16_operand(-1e-40f) == 0x8000);
+  REQUIRE(gpt2::simd::bf16_operand(1.00390625f) == 0x3F80);  // halfway: to the even 1.0
+  REQUIRE(gpt2::simd::bf16_operand(1.01171875f) == 0x3F82);  // halfway: to the even 1.015625
+  REQUIRE(gpt2::simd::bf16_operand(0x1.fffffcp-127f) == 0);  // the largest subnormal
+  for (const isa level : levels()) {
+    std::vector<std::uint16_t> got(T * ld, 0xFFFF);
+    gpt2::simd::bf16_operands(level, x.data(), C, T, C, got.data(), ld);
+    INFO(gpt2::isa_name(level));
+    REQUIRE(got == want);  // (padding zeroed)
+  }
+}
+
+TEST_CASE("matmul of BF16 pairs gives vdpbf16ps's sums bit for bit on every level", "[gpt2][kernels]") {
+  // The reference is vdpbf16ps's definition on scalars; the AVX-512 level runs vdpbf16ps itself
+  // where the CPU has AVX512_BF16, and its emulation (F32 FMAs) is run directly as well.
+  std::mt19937 rng(33);
+  thread_pool pool2(2);
+  for (const std::size_t C : {1u, 2u, 5u, 67u, 128u, 385u}) {
+    for (const std::size_t OC : {1u, 13u, 64u, 130u}) {
+      for (const std::size_t T : {1u, 2u, 3u, 4u, 5u, 6u, 7u, 13u}) {  // every tile of 6 and of 4, and more
+      auto inp = random_vector(T * C, rng, 3.0f);
+      inp[0] = 1e-39f;  // a subnormal activation counts as 0
+      const auto w = random_vector(OC * C, rng, 0.2f);
+      const auto bias = random_vector(OC, rng);
+      const auto packed = gpt2::weight_matrix::from_floats(weight_format::bf16_pairs, OC, C, w.data());
+      for (const bool with_bias : {false, true}) {
+        const std::vector<float> b = with_bias ? bias : std::vector<float>{};
+        const std::vector<float> want = bf16_dot_reference(inp, w, b, T, C, OC);
+        for (const isa level : levels()) {
+          INFO(gpt2::isa_name(level) << ", C = " << C << ", OC = " << OC << ", T = " << T << ", bias = " << with_bias);
+          std::vector<float> out(T * OC);
+          k::matmul(out, inp, packed.view(), b, T, C, OC, level == isa::avx2 ? &pool2 : nullptr, level);
+          REQUIRE(bitwise_equal(out.data(), want.data(), out.size()));
+        }
+#if SPECSAMPLE_X86
+        if (gpt2::simd::has_avx512_bf16()) {
+          INFO("the AVX-512 emulation, C = " << C << ", OC = " << OC << ", T = " << T << ", bias = " << with_bias);
+          const std::size_t ld = gpt2::simd::packed_cols(weight_format::bf16_pairs, C);
+          std::vector<std::uint16_t> xh(T * ld);
+          gpt2::simd::bf16_operands(isa::generic, inp.data(), C, T, C, xh.data(), ld);
+          std::vector<float> out(T * OC);
+          const gpt2::simd::matmul_args a{out.data(), OC, inp.data(), C, T, C, OC, packed.data(),
+                                          with_bias ? b.data() : nullptr, xh.data(), ld};
+          gpt2::simd::matmul_avx512<weight_format::bf16_pairs>(a, 0, gpt2::simd::panels(OC));
+          REQUIRE(bitwise_equal(out.data(), want.data(), out.size()));
+        }
+#endif
+      }
       }
     }
   }

@@ -212,25 +212,33 @@ TEST_CASE("appending in random chunks with truncate-and-reappend reproduces one 
 }
 
 TEST_CASE("a position's logits are bitwise identical alone, in batches of 1..9, for 1, 2 and 3 "
-          "threads, with an F32 or an F16 KV cache",
+          "threads, with an F32 or an F16 KV cache and with BF16 matmuls",
           "[gpt2][model][invariance]") {
+  const std::pair<const char*, gpt2::options> configurations[] = {
+      {"F32 KV cache", {}},
+      {"F16 KV cache", {.kv_storage = gpt2::weight_format::f16}},
+      {"BF16 matmuls", {.matmul_precision = gpt2::matmul_precision::bf16}},
+  };
   for (const auto& [c, n] : {std::pair{all_checkpoints()[0], std::size_t{24}},
                              std::pair{all_checkpoints()[2], std::size_t{12}}}) {
-    for (const gpt2::weight_format kv : {gpt2::weight_format::f32, gpt2::weight_format::f16}) {
-      DYNAMIC_SECTION(c.name << ", " << gpt2::format_name(kv) << " KV cache") {
+    for (const auto& [what, base] : configurations) {
+      DYNAMIC_SECTION(c.name << ", " << what) {
         const reference ref = load_reference(c.dir);
         const std::span<const token> tokens = std::span<const token>(ref.tokens.back()).first(n);
-        gpt2::model one = gpt2::model::load(c.dir, gpt2::options{.threads = 1, .kv_storage = kv});
+        gpt2::options opts = base;
+        opts.threads = 1;
+        gpt2::model one = gpt2::model::load(c.dir, opts);
         const Eigen::MatrixXf alone = append_chunked(one, tokens, 1);
         for (const std::size_t threads : {std::size_t{1}, std::size_t{2}, std::size_t{3}}) {
           // min_parallel_work = 1: every op is split whenever there is more than one thread.
-          gpt2::model m = gpt2::model::load(
-              c.dir, gpt2::options{.threads = threads, .min_parallel_work = threads == 3 ? 1u : 65536u, .kv_storage = kv});
+          opts.threads = threads;
+          opts.min_parallel_work = threads == 3 ? 1u : 65536u;
+          gpt2::model m = gpt2::model::load(c.dir, opts);
           for (std::size_t batch = 1; batch <= 9; ++batch) {
             if (sanitized && m.config().n_layer > 2 && batch % 4 != 1) continue;  // 1, 5, 9
             m.truncate(0);
             const Eigen::MatrixXf batched = append_chunked(m, tokens, batch);
-            INFO(c.name << ", " << gpt2::format_name(kv) << " KV cache, threads " << threads << ", batch " << batch);
+            INFO(c.name << ", " << what << ", threads " << threads << ", batch " << batch);
             REQUIRE(bitwise_equal(batched, alone));
             // After a rollback and re-append of the last 5 positions, still the same bits.
             m.truncate(n - 5);
@@ -258,6 +266,63 @@ TEST_CASE("options::kv_storage F16 moves the logits by a few F16 roundings, and 
   REQUIRE(diff <= 4 * 0x1p-11 * scale);
   REQUIRE_THROWS_WITH(gpt2::model::load(models_dir / "shakespeare-draft", {.kv_storage = gpt2::weight_format::bf16}),
                       "gpt2::options: kv_storage must be F32 or F16, not BF16");
+}
+
+TEST_CASE("options::matmul_precision BF16 rounds weights and activations to BF16, logits move by "
+          "about 1%, and contradicting options are refused",
+          "[gpt2][model]") {
+  using Catch::Contains;
+  for (const char* name : {"shakespeare-target", "shakespeare-draft"}) {
+    const reference ref = load_reference(models_dir / name);
+    const std::vector<token>& tokens = ref.tokens.back();
+    gpt2::model f32 = gpt2::model::load(models_dir / name, {.threads = 1});
+    gpt2::model bf16 = gpt2::model::load(models_dir / name, {.threads = 1, .matmul_precision = gpt2::matmul_precision::bf16});
+    REQUIRE(f32.matmul_precision() == gpt2::matmul_precision::f32);
+    REQUIRE(bf16.matmul_precision() == gpt2::matmul_precision::bf16);
+    REQUIRE(bf16.weights().wte.format() == gpt2::weight_format::bf16_pairs);
+    REQUIRE(bf16.weights().layers[0].mlp_proj_weight.format() == gpt2::weight_format::bf16_pairs);
+    // Every weight is the F32 one rounded by bf16_operand.
+    const gpt2::weight_matrix& w = f32.weights().layers[0].attn_qkv_weight;
+    const gpt2::weight_matrix& wb = bf16.weights().layers[0].attn_qkv_weight;
+    for (std::size_t r = 0; r < w.rows(); r += 7) {
+      for (std::size_t c = 0; c < w.cols(); c += 5) {
+        REQUIRE(wb.at(r, c) == specsample::io::bf16_to_float(gpt2::simd::bf16_operand(w.at(r, c))));
+      }
+    }
+    // The same model in memory, converted by the constructor.
+    gpt2::model built(f32.config(), f32.weights(), {.threads = 1, .matmul_precision = gpt2::matmul_precision::bf16});
+    const Eigen::MatrixXf a = f32.append(tokens), b = bf16.append(tokens), b2 = built.append(tokens);
+    REQUIRE(bitwise_equal(b, b2));
+    const double diff = (a - b).cwiseAbs().maxCoeff(), scale = a.cwiseAbs().maxCoeff();
+    Eigen::Index same = 0;
+    for (Eigen::Index j = 0; j < a.cols(); ++j) {
+      Eigen::Index ia = 0, ib = 0;
+      a.col(j).maxCoeff(&ia);
+      b.col(j).maxCoeff(&ib);
+      same += ia == ib ? 1 : 0;
+    }
+    std::cout << fmt::format("matmul_precision BF16, {}, {} tokens: max |logit - F32 logit| = {:.3g} (max |logit| "
+                             "{:.3g}), same argmax at {} of {} positions\n",
+                             name, tokens.size(), diff, scale, same, a.cols());
+    REQUIRE(diff > 0);
+    REQUIRE(diff <= 0.01 * scale);
+    REQUIRE(same >= a.cols() * 9 / 10);
+  }
+  const auto draft = models_dir / "shakespeare-draft";
+  REQUIRE_THROWS_WITH(gpt2::model::load(draft, {.weight_storage = gpt2::weight_format::f16,
+                                                .matmul_precision = gpt2::matmul_precision::bf16}),
+                      "gpt2::options: matmul_precision BF16 multiplies BF16 weights, but weight_storage asks for F16");
+  REQUIRE(gpt2::model::load(draft, {.weight_storage = gpt2::weight_format::bf16,
+                                    .matmul_precision = gpt2::matmul_precision::bf16})
+              .matmul_precision() == gpt2::matmul_precision::bf16);
+  REQUIRE_THROWS_WITH(gpt2::model::load(draft, {.weight_storage = gpt2::weight_format::bf16_pairs}),
+                      Contains("weight_storage BF16 pairs is the layout of matmul_precision BF16"));
+  REQUIRE_THROWS_WITH(gpt2::model::load(draft, {.kv_storage = gpt2::weight_format::bf16_pairs}),
+                      "gpt2::options: kv_storage must be F32 or F16, not BF16 pairs");
+  REQUIRE(gpt2::precision_from_name("bf16") == gpt2::matmul_precision::bf16);
+  REQUIRE(gpt2::precision_from_name("f32") == gpt2::matmul_precision::f32);
+  REQUIRE(!gpt2::precision_from_name("f16"));
+  REQUIRE(gpt2::precision_name(gpt2::matmul_precision::bf16) == std::string("bf16"));
 }
 
 TEST_CASE("append(tokens, n) returns the last n columns of append(tokens), bitwise, and the same cache",

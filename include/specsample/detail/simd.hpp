@@ -34,6 +34,8 @@
 #define SPECSAMPLE_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define SPECSAMPLE_TARGET_AVX512 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define SPECSAMPLE_TARGET_AVX512_BF16 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
 #define SPECSAMPLE_ALWAYS_INLINE inline __attribute__((always_inline))
 #endif
 
@@ -89,6 +91,22 @@ namespace simd {
   return level;
 #else
   return isa::generic;
+#endif
+}
+
+/// Whether the CPU runs the AVX-512 level and AVX512_BF16's dot products (vdpbf16ps; Zen 4 and
+/// later, Cooper Lake, Sapphire Rapids): the BF16 matmuls of `gpt2::matmul_precision::bf16` use
+/// them at the AVX-512 level (detected once; CPUID leaf 7, sub-leaf 1, EAX bit 5).
+[[nodiscard]] inline bool has_avx512_bf16() noexcept {
+#if SPECSAMPLE_X86
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return detected() == isa::avx512 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 &&
+           (eax & (1u << 5)) != 0;
+  }();
+  return has;
+#else
+  return false;
 #endif
 }
 

@@ -16,11 +16,30 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace specsample::gpt2 {
 
 class thread_pool;  // thread_pool.hpp
+
+/// How the matmuls multiply (`options::matmul_precision`).
+enum class matmul_precision : std::uint8_t {
+  f32,   ///< F32 activations times the weights converted exactly to F32 (the default)
+  bf16,  ///< activations and weights rounded to BF16, their exact products summed in F32
+};
+
+/// "f32" or "bf16".
+[[nodiscard]] constexpr const char* precision_name(matmul_precision p) noexcept {
+  return p == matmul_precision::bf16 ? "bf16" : "f32";
+}
+
+/// The precision named "f32" or "bf16"; nullopt for anything else.
+[[nodiscard]] constexpr std::optional<matmul_precision> precision_from_name(std::string_view name) noexcept {
+  if (name == "f32") return matmul_precision::f32;
+  if (name == "bf16") return matmul_precision::bf16;
+  return std::nullopt;
+}
 
 /// Options for `model::load` and the in-memory `model` constructor.
 struct options {
@@ -62,6 +81,19 @@ struct options {
   /// configured hold the same. A key or value of magnitude 65520 or more becomes ±inf (F16's
   /// largest finite value is 65504), its logits NaN, which the sampling loops reject with an error.
   weight_format kv_storage = weight_format::f32;
+  /// How the matmuls multiply. `f32` (the default): F32 activations times the weights converted
+  /// exactly to F32, the checkpoint's numbers. `bf16`: the matmul weights are held in BF16
+  /// (rounded once to nearest even at load, whatever the checkpoint holds; wte included, so the
+  /// embedding reads the rounded values too) and every matmul rounds its input activations to
+  /// BF16; the products, exact in F32, are summed in F32 — PyTorch's "medium" float32 matmul
+  /// precision, oneDNN's fpmath_mode::bf16. On CPUs with AVX512_BF16 (Zen 4 and later, Cooper
+  /// Lake, Sapphire Rapids) vdpbf16ps does two of those multiply-adds per lane and instruction,
+  /// twice the F32 FMA's rate, so calls of several tokens — a verification of K drafts — cost less
+  /// (docs/gpt2.md, "Matmul precision"). Elsewhere F32 FMAs compute the same sums, bit for bit.
+  /// Logits differ slightly from the F32 ones; sampling, speculative or not, stays exact for the
+  /// model as configured, and batch invariance holds the same. `weight_storage` must be empty or
+  /// BF16.
+  gpt2::matmul_precision matmul_precision = gpt2::matmul_precision::f32;
 };
 
 /// GPT-2 hyper-parameters, as in a Hugging Face `config.json`.

@@ -26,6 +26,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <type_traits>
@@ -116,7 +117,7 @@ inline void embed(std::span<float> out,             // (T, C)
     assert(id < wte.rows);
     float* y = out.data() + t * C;
     for (std::size_t c = 0; c < C; ++c) {
-      simd::convert(wte.format, wte.data, simd::packed_index(id, c, C), 1, y + c);
+      simd::convert(wte.format, wte.data, simd::packed_index(wte.format, id, c, C), 1, y + c);
     }
     const float* p = wpe.data() + (pos0 + t) * C;
     for (std::size_t c = 0; c < C; ++c) y[c] += p[c];
@@ -196,19 +197,34 @@ inline void layer_norm_reference(std::span<float> out, std::span<const float> in
 /// memory once per call whatever T. Panels are split across the pool; every output element is
 /// accumulated sequentially in k in one vector lane, so neither T, the row's place in the batch
 /// nor the split changes any result bit. `level` picks the kernels (capped at the CPU's).
+///
+/// With `bf16_pairs` weights (`matmul_precision::bf16`) the rows of inp are first rounded to
+/// BF16 (`simd::bf16_operands`) into `operands` (T × C rounded up to even; a buffer of the call's
+/// own when it is smaller: an allocation), and multiplied as BF16.
 inline void matmul(std::span<float> out,          // (T, OC)
                    std::span<const float> inp,    // (T, C)
                    const weight_view& weight,     // (OC, C) packed
                    std::span<const float> bias,   // (OC) or empty
                    std::size_t T, std::size_t C, std::size_t OC, thread_pool* pool = nullptr,
-                   isa level = isa::best) {
+                   isa level = isa::best, std::span<std::uint16_t> operands = {}) {
   assert(out.size() >= T * OC && inp.size() >= T * C);
   assert(weight.rows == OC && weight.cols == C);
   assert(bias.empty() || bias.size() >= OC);
   if (T == 0 || OC == 0) return;
   const isa lv = simd::resolve(level);
-  const simd::matmul_args a{out.data(), OC, inp.data(), C, T, C, OC, weight.data,
-                            bias.empty() ? nullptr : bias.data()};
+  simd::matmul_args a{out.data(), OC, inp.data(), C, T, C, OC, weight.data,
+                      bias.empty() ? nullptr : bias.data()};
+  std::vector<std::uint16_t> own;
+  if (weight.format == weight_format::bf16_pairs) {
+    const std::size_t ld = simd::packed_cols(weight.format, C);
+    if (operands.size() < T * ld) {
+      own.resize(T * ld);
+      operands = own;
+    }
+    simd::bf16_operands(lv, inp.data(), C, T, C, operands.data(), ld);
+    a.xh = operands.data();
+    a.ldxh = ld;
+  }
   detail::split(pool, simd::panels(OC), [&](std::size_t begin, std::size_t end, std::size_t) {
     simd::matmul_panels(lv, weight.format, a, begin, end);
   });

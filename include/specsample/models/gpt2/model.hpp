@@ -18,9 +18,11 @@
 #include <algorithm>
 #include <cassert>
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <new>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -66,7 +68,9 @@ struct kv_cache {
 
  private:
   static weight_format supported(weight_format f) {
-    if (f == weight_format::bf16) throw error("gpt2::options: kv_storage must be F32 or F16, not BF16");
+    if (f != weight_format::f32 && f != weight_format::f16) {
+      throw error(fmt::format("gpt2::options: kv_storage must be F32 or F16, not {}", format_name(f)));
+    }
     return f;
   }
   template <weight_format F>
@@ -93,7 +97,7 @@ class model {
     const std::filesystem::path weights_path = dir / "model.safetensors";
     gpt2::config cfg = gpt2::config::load(config_path);
     const io::safetensors_file file = io::safetensors_file::open(weights_path);
-    gpt2::weights w = gpt2::weights::load(file, cfg, config_path.string(), opts.weight_storage);
+    gpt2::weights w = gpt2::weights::load(file, cfg, config_path.string(), storage_of(opts));
     return model(cfg, std::move(w), opts);
   }
 
@@ -107,7 +111,7 @@ class model {
         isa_(simd::resolve(opts.kernels)),
         min_parallel_work_(opts.min_parallel_work),
         cache_(cfg.n_layer, cfg.n_head, cfg.n_positions, cfg.n_embd, opts.kv_storage) {
-    if (opts.weight_storage) w_.convert(*opts.weight_storage);
+    if (const std::optional<weight_format> s = storage_of(opts)) w_.convert(*s);
     const std::size_t L = cfg_.n_layer, P = cfg_.n_positions, C = cfg_.n_embd;
     if (w_.layers.size() != L || w_.wte.shape(0) != cfg_.vocab_size || w_.wte.shape(1) != C ||
         w_.wpe.shape(0) != P || w_.wpe.shape(1) != C) {
@@ -154,6 +158,11 @@ class model {
   [[nodiscard]] const gpt2::config& config() const noexcept { return cfg_; }
   /// The parameters (matmul weights in the checkpoint's precision, or `options::weight_storage`).
   [[nodiscard]] const gpt2::weights& weights() const noexcept { return w_; }
+  /// How the matmuls multiply (`options::matmul_precision`).
+  [[nodiscard]] gpt2::matmul_precision matmul_precision() const noexcept {
+    return w_.output_embedding().format() == weight_format::bf16_pairs ? gpt2::matmul_precision::bf16
+                                                                       : gpt2::matmul_precision::f32;
+  }
   /// The KV cache's precision (`options::kv_storage`).
   [[nodiscard]] weight_format kv_storage() const noexcept { return cache_.format; }
   /// Vocabulary size V.
@@ -180,6 +189,9 @@ class model {
     proj_ = xt::xtensor<float, 2>::from_shape({batch, C});
     fc_ = xt::xtensor<float, 2>::from_shape({batch, cfg_.n_inner});
     logits_ = xt::xtensor<float, 2>::from_shape({batch, cfg_.vocab_size});
+    if (matmul_precision() == gpt2::matmul_precision::bf16) {
+      operands_.resize(batch * simd::packed_cols(weight_format::bf16_pairs, std::max(C, cfg_.n_inner)));
+    }
     capacity_ = batch;
   }
 
@@ -240,7 +252,7 @@ class model {
     const auto mm = [&](xt::xtensor<float, 2>& out, const xt::xtensor<float, 2>& in,
                         const weight_matrix& w, std::span<const float> bias) {
       const std::size_t OC = w.rows(), K = w.cols();
-      kernels::matmul(buf(out), cbuf(in), w.view(), bias, n(), K, OC, pool_for(OC * K), isa_);
+      kernels::matmul(buf(out), cbuf(in), w.view(), bias, n(), K, OC, pool_for(OC * K), isa_, operands_);
     };
 
     kernels::embed(buf(x_), tokens, w_.wte.view(), vec(w_.wpe), pos0, C);
@@ -298,6 +310,18 @@ class model {
     cfg.validate("gpt2::model");
     return cfg;
   }
+  // The precision the matmul weights are held in for `opts` (nullopt: the checkpoint's).
+  static std::optional<weight_format> storage_of(const options& opts) {
+    if (opts.weight_storage == weight_format::bf16_pairs) {
+      throw error("gpt2::options: weight_storage BF16 pairs is the layout of matmul_precision BF16: set that instead");
+    }
+    if (opts.matmul_precision != gpt2::matmul_precision::bf16) return opts.weight_storage;
+    if (opts.weight_storage && *opts.weight_storage != weight_format::bf16) {
+      throw error(fmt::format("gpt2::options: matmul_precision BF16 multiplies BF16 weights, but weight_storage asks for {}",
+                              format_name(*opts.weight_storage)));
+    }
+    return weight_format::bf16_pairs;
+  }
   static std::shared_ptr<thread_pool> pool_of(const options& opts) {
     if (!opts.pool) return std::make_shared<thread_pool>(opts.threads);
     if (opts.threads != 0 && opts.threads != opts.pool->size()) {
@@ -323,6 +347,7 @@ class model {
   xt::xtensor<float, 2> proj_;    // (B, C) projection output
   xt::xtensor<float, 2> fc_;      // (B, I) MLP hidden
   xt::xtensor<float, 2> logits_;  // (B, V) == logits (V, B) column-major
+  std::vector<std::uint16_t> operands_;  // (B, C or I, rounded up to even) BF16 matmul operands (matmul_precision bf16)
 };
 
 static_assert(language_model<model>,

@@ -18,8 +18,19 @@
 /// many rows the batch has and how panels are split over threads never changes that sequence,
 /// so a position's result does not depend on T, on its place in the batch or on the thread
 /// count. Different ISAs give (slightly) different bits; a model uses one ISA.
+///
+/// BF16 dot products (`matmul_precision::bf16`): the weights are held as `bf16_pairs` — BF16, with
+/// weights 2k and 2k + 1 of an output adjacent, [OC/64][ceil(K/2)][64][2] — and every matmul first
+/// rounds its input rows to BF16 (`bf16_operands`). Each output lane then takes, per column pair,
+/// acc += w[2k+1]·x[2k+1], then acc += w[2k]·x[2k], each rounded once: exactly what vdpbf16ps
+/// (AVX512_BF16) computes, two multiply-adds per lane and instruction. Without AVX512_BF16 the
+/// AVX-512, AVX2 and generic paths compute the same sums with F32 FMAs (or multiply then add: a
+/// product of two BF16 values is exact in F32), so the results are the same bits on every level
+/// (unless a product or a partial sum falls below 2^-126, which vdpbf16ps flushes to zero; no
+/// operand is subnormal, see `bf16_operand`).
 
 #include <algorithm>
+#include <bit>
 #include <cassert>
 #include <cmath>
 #include <cstddef>
@@ -28,6 +39,7 @@
 #include <optional>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include <specsample/detail/simd.hpp>
 #include <specsample/io/half.hpp>
@@ -39,19 +51,28 @@ namespace specsample::gpt2 {
 using specsample::isa;
 using specsample::isa_name;
 
-/// Storage precision of a weight matrix.
-enum class weight_format : std::uint8_t { f32, f16, bf16 };
+/// Storage precision of a weight matrix. `bf16_pairs` is BF16 in the layout of the BF16 dot
+/// products (`matmul_precision::bf16`; see "BF16 dot products" below): only
+/// `weight_matrix::converted` makes it, for the models that multiply in BF16.
+enum class weight_format : std::uint8_t { f32, f16, bf16, bf16_pairs };
 
 /// The element type a matrix of format F is stored in (F16 and BF16 as their 16-bit patterns).
 template <weight_format F>
 using weight_t = std::conditional_t<F == weight_format::f32, float, std::uint16_t>;
 
-/// "F32", "F16" or "BF16" (the safetensors spelling).
+/// "F32", "F16" or "BF16" (the safetensors spelling); "BF16 pairs" for `bf16_pairs`.
 [[nodiscard]] constexpr const char* format_name(weight_format f) noexcept {
-  return f == weight_format::f32 ? "F32" : (f == weight_format::f16 ? "F16" : "BF16");
+  switch (f) {
+    case weight_format::f32: return "F32";
+    case weight_format::f16: return "F16";
+    case weight_format::bf16: return "BF16";
+    case weight_format::bf16_pairs: return "BF16 pairs";
+  }
+  return "?";
 }
 
-/// The format named "f32", "f16" or "bf16" (either case); nullopt for anything else.
+/// The format named "f32", "f16" or "bf16" (either case); nullopt for anything else (`bf16_pairs`
+/// is not a storage one asks for: see `matmul_precision`).
 [[nodiscard]] constexpr std::optional<weight_format> format_from_name(std::string_view name) noexcept {
   if (name == "f32" || name == "F32") return weight_format::f32;
   if (name == "f16" || name == "F16") return weight_format::f16;
@@ -65,7 +86,8 @@ using weight_t = std::conditional_t<F == weight_format::f32, float, std::uint16_
 }
 
 /// A read-only view of a (rows, cols) weight matrix in its storage precision, packed in panels
-/// of 64 rows ([ceil(rows/64)][cols][64], zero-padded rows; see simd.hpp).
+/// of 64 rows ([ceil(rows/64)][cols][64], zero-padded rows; `bf16_pairs`:
+/// [ceil(rows/64)][ceil(cols/2)][64][2]; see simd.hpp).
 struct weight_view {
   const void* data = nullptr;
   weight_format format = weight_format::f32;
@@ -76,6 +98,7 @@ struct weight_view {
 namespace simd {
 
 using specsample::simd::detected;
+using specsample::simd::has_avx512_bf16;
 using specsample::simd::resolve;
 
 inline constexpr float gelu_k = 0.7978845608028654f;  // sqrt(2 / pi), for the GELU
@@ -90,7 +113,7 @@ template <weight_format F>
     return static_cast<const float*>(w)[i];
   } else if constexpr (F == weight_format::f16) {
     return io::f16_to_float(static_cast<const std::uint16_t*>(w)[i]);
-  } else {
+  } else {  // BF16, either layout
     return io::bf16_to_float(static_cast<const std::uint16_t*>(w)[i]);
   }
 }
@@ -135,6 +158,7 @@ inline void convert(weight_format f, const void* src, std::size_t first, std::si
       for (std::size_t i = 0; i < n; ++i) dst[i] = load_scalar<weight_format::f16>(src, first + i);
       return;
     case weight_format::bf16:
+    case weight_format::bf16_pairs:
       for (std::size_t i = 0; i < n; ++i) dst[i] = load_scalar<weight_format::bf16>(src, first + i);
       return;
   }
@@ -168,6 +192,30 @@ inline constexpr std::size_t panel = 64;
 [[nodiscard]] constexpr std::size_t packed_index(std::size_t o, std::size_t k,
                                                  std::size_t K) noexcept {
   return (o / panel) * K * panel + k * panel + o % panel;
+}
+
+/// Columns a packed panel of a K-column matrix of format `f` holds: K, or for `bf16_pairs` K
+/// rounded up to even (an odd K's last pair is completed by zeros).
+[[nodiscard]] constexpr std::size_t packed_cols(weight_format f, std::size_t K) noexcept {
+  return f == weight_format::bf16_pairs ? (K + 1) / 2 * 2 : K;
+}
+
+/// Index of weight (o, k) in the packed layout of format `f` (`bf16_pairs`: weights k and k + 1
+/// of output o adjacent, k even, the 64 pairs of a panel's outputs contiguous).
+[[nodiscard]] constexpr std::size_t packed_index(weight_format f, std::size_t o, std::size_t k,
+                                                 std::size_t K) noexcept {
+  if (f != weight_format::bf16_pairs) return packed_index(o, k, K);
+  return (o / panel) * packed_cols(f, K) * panel + k / 2 * 2 * panel + o % panel * 2 + k % 2;
+}
+
+/// x rounded to nearest even in BF16 as an operand of the BF16 dot products (weights and
+/// activations alike): `io::float_to_bf16`, except that a subnormal float gives ±0. So no operand
+/// is ever subnormal (a normal float never rounds to a subnormal BF16), and vdpbf16ps's treating
+/// subnormal inputs as zero changes nothing: every level computes the same products.
+[[nodiscard]] inline std::uint16_t bf16_operand(float x) noexcept {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
+  if ((u & 0x7F800000u) == 0) return static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  return io::float_to_bf16(x);
 }
 
 /// Packs a row-major (rows, cols) matrix `src` of `elem`-byte elements (the weight of output o
@@ -211,6 +259,10 @@ struct matmul_args {
   std::size_t OC;     ///< output channels (the packed matrix has panels(OC) panels)
   const void* w;      ///< packed [panels][K][64], in the format the kernel is instantiated for
   const float* bias;  ///< (OC) or nullptr
+  /// `bf16_pairs` only: the rows of x as BF16 operands (`bf16_operand`), (T, ldxh) with ldxh =
+  /// packed_cols(bf16_pairs, K) (a zero after an odd K's last column). The kernels read these, not x.
+  const std::uint16_t* xh = nullptr;
+  std::size_t ldxh = 0;
 };
 
 // --- generic -------------------------------------------------------------------------------------
@@ -234,6 +286,46 @@ inline void matmul_generic(const matmul_args& a, std::size_t p_begin, std::size_
         for (std::size_t t = 0; t < tn; ++t) {
           const float xv = a.x[(t0 + t) * a.ldx + k];
           for (std::size_t j = 0; j < panel; ++j) acc[t][j] += wbuf[j] * xv;
+        }
+      }
+      for (std::size_t t = 0; t < tn; ++t) {
+        float* out = a.out + (t0 + t) * a.ldo + o0;
+        for (std::size_t j = 0; j < valid; ++j) {
+          out[j] = a.bias != nullptr ? acc[t][j] + a.bias[o0 + j] : acc[t][j];
+        }
+      }
+    }
+  }
+}
+
+/// `matmul_generic` of `bf16_pairs` weights: per column pair, acc = acc + w[2k+1]·x[2k+1], then
+/// acc + w[2k]·x[2k] — vdpbf16ps's sums (a product of two BF16 values is exact in F32, so each
+/// multiply-then-add rounds once, like a fused multiply-add).
+inline void matmul_pairs_generic(const matmul_args& a, std::size_t p_begin, std::size_t p_end) noexcept {
+  constexpr std::size_t TT = 8;
+  const std::size_t steps = packed_cols(weight_format::bf16_pairs, a.K) / 2;
+  const auto* w = static_cast<const std::uint16_t*>(a.w);
+  float wo[panel], we[panel];
+  float acc[TT][panel];
+  for (std::size_t p = p_begin; p < p_end; ++p) {
+    const std::size_t o0 = p * panel;
+    const std::size_t valid = std::min(panel, a.OC - o0);
+    for (std::size_t t0 = 0; t0 < a.T; t0 += TT) {
+      const std::size_t tn = std::min(TT, a.T - t0);
+      for (std::size_t t = 0; t < tn; ++t) std::fill_n(acc[t], panel, 0.0f);
+      for (std::size_t k = 0; k < steps; ++k) {
+        const std::uint16_t* wk = w + (p * steps + k) * 2 * panel;
+        for (std::size_t j = 0; j < panel; ++j) {
+          we[j] = io::bf16_to_float(wk[2 * j]);
+          wo[j] = io::bf16_to_float(wk[2 * j + 1]);
+        }
+        for (std::size_t t = 0; t < tn; ++t) {
+          const std::uint16_t* xk = a.xh + (t0 + t) * a.ldxh + 2 * k;
+          const float xe = io::bf16_to_float(xk[0]), xo = io::bf16_to_float(xk[1]);
+          for (std::size_t j = 0; j < panel; ++j) {
+            acc[t][j] = acc[t][j] + wo[j] * xo;
+            acc[t][j] = acc[t][j] + we[j] * xe;
+          }
         }
       }
       for (std::size_t t = 0; t < tn; ++t) {
@@ -385,10 +477,10 @@ struct prefetch_window {
   std::size_t ahead;
 };
 
-/// The prefetch window of a call over panels [0, p_end) of `a` (weights of type `wt`).
-template <class wt>
+/// The prefetch window of a call over panels [0, p_end) of `a` (weights of format F).
+template <weight_format F>
 [[nodiscard]] inline prefetch_window window(const matmul_args& a, std::size_t p_end) noexcept {
-  const std::size_t panel_bytes = a.K * panel * sizeof(wt);
+  const std::size_t panel_bytes = packed_cols(F, a.K) * panel * sizeof(weight_t<F>);
   return {reinterpret_cast<std::uintptr_t>(a.w) + p_end * panel_bytes,
           std::min(prefetch_bytes, panel_bytes / 2)};
 }
@@ -459,23 +551,83 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_steps(__m256 (&acc)[R]
   }
 }
 
+/// The BF16 pair in the 32-bit lanes of v as floats: the odd column's (high half) and the even
+/// column's (low half), exactly.
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256 avx2_odd(__m256i v) {
+  return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256 avx2_even(__m256i v) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+/// The two BF16 operands at p (an even column and the next) as one 32-bit lane.
+SPECSAMPLE_ALWAYS_INLINE int load_pair(const std::uint16_t* p) noexcept {
+  std::uint32_t u = 0;
+  std::memcpy(&u, p, sizeof u);
+  return static_cast<int>(u);
+}
+
+/// Column pairs [k0, k1) of an AVX2 tile of `bf16_pairs` weights, vdpbf16ps's sums with F32 FMAs:
+/// acc[r][j] += w[2k+1]·x[r][2k+1], then += w[2k]·x[r][2k] (products of two BF16 values are exact
+/// in F32, so each FMA rounds once, as vdpbf16ps does).
+template <int W, int R, bool Prefetch>
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_pair_steps(__m256 (&acc)[R][W], const std::uint16_t* w,
+                                                                 const std::uint16_t* x, std::size_t ldx,
+                                                                 std::size_t k0, std::size_t k1,
+                                                                 std::size_t ahead) {
+  for (std::size_t k = k0; k < k1; ++k) {
+    const std::uint16_t* wk = w + k * 2 * panel;
+    if constexpr (Prefetch) prefetch_ahead(wk, ahead, 8 * W * 2 * sizeof(std::uint16_t));
+    __m256 xo[R], xe[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256i pr = _mm256_set1_epi32(load_pair(x + static_cast<std::size_t>(r) * ldx + 2 * k));
+      xo[r] = avx2_odd(pr);
+      xe[r] = avx2_even(pr);
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < W; ++j) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk + 16 * j));
+      const __m256 wo = avx2_odd(v), we = avx2_even(v);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        acc[r][j] = _mm256_fmadd_ps(wo, xo[r], acc[r][j]);
+        acc[r][j] = _mm256_fmadd_ps(we, xe[r], acc[r][j]);
+      }
+    }
+  }
+}
+
+/// Columns per k-step of the kernels over format F: 2 for `bf16_pairs` (a pair), else 1.
+template <weight_format F>
+inline constexpr std::size_t step_cols = F == weight_format::bf16_pairs ? 2 : 1;
+
 /// Rows [t0, t0 + R) × outputs [p·64 + o_off, + 8·W) of panel p. (Not inlined: Clang 14 inlined
 /// the tiles into matmul_avx2 and spilled their accumulators.)
 template <weight_format F, int W, int R>
 [[gnu::noinline]] SPECSAMPLE_TARGET_AVX2 void avx2_tile(const matmul_args& a, std::size_t p, std::size_t o_off,
                                     std::size_t t0, prefetch_window win) {
   using wt = weight_t<F>;
-  const wt* w = static_cast<const wt*>(a.w) + p * a.K * panel + o_off;
-  const float* x = a.x + t0 * a.ldx;
+  constexpr std::size_t per = step_cols<F>;
+  const std::size_t steps = packed_cols(F, a.K) / per;
+  const wt* w = static_cast<const wt*>(a.w) + p * steps * per * panel + o_off * per;
   __m256 acc[R][W];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 8
     for (int j = 0; j < W; ++j) acc[r][j] = _mm256_setzero_ps();
   }
-  const std::size_t k_pf = prefetched_steps(w, panel * sizeof(wt), 8 * W * sizeof(wt), a.K, win);
-  avx2_steps<F, W, R, true>(acc, w, x, a.ldx, 0, k_pf, win.ahead);
-  avx2_steps<F, W, R, false>(acc, w, x, a.ldx, k_pf, a.K, 0);
+  const std::size_t k_pf =
+      prefetched_steps(w, per * panel * sizeof(wt), per * 8 * W * sizeof(wt), steps, win);
+  if constexpr (F == weight_format::bf16_pairs) {
+    const std::uint16_t* x = a.xh + t0 * a.ldxh;
+    avx2_pair_steps<W, R, true>(acc, w, x, a.ldxh, 0, k_pf, win.ahead);
+    avx2_pair_steps<W, R, false>(acc, w, x, a.ldxh, k_pf, steps, 0);
+  } else {
+    const float* x = a.x + t0 * a.ldx;
+    avx2_steps<F, W, R, true>(acc, w, x, a.ldx, 0, k_pf, win.ahead);
+    avx2_steps<F, W, R, false>(acc, w, x, a.ldx, k_pf, steps, 0);
+  }
   // (Unrolled so that acc is only ever indexed by constants: an array indexed at run time lives
   // in memory, and GCC 12 then stored all of it on every k step.)
   const std::size_t o0 = p * panel + o_off;
@@ -497,8 +649,7 @@ template <weight_format F, int W, int R>
 template <weight_format F>
 SPECSAMPLE_TARGET_AVX2 void matmul_avx2(const matmul_args& a, std::size_t p_begin,
                                       std::size_t p_end) {
-  using wt = weight_t<F>;
-  const prefetch_window win = window<wt>(a, p_end);
+  const prefetch_window win = window<F>(a, p_end);
   for (std::size_t p = p_begin; p < p_end; ++p) {
     // Pairs of rows on half a panel at a time (the second half only when it holds outputs), an
     // odd last row on the whole panel.
@@ -565,22 +716,69 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_steps(__m512 (&acc
   }
 }
 
-/// Rows [t0, t0 + TT) × the 64 outputs of panel p.
-template <weight_format F, int TT>
-SPECSAMPLE_TARGET_AVX512 void avx512_panel(const matmul_args& a, std::size_t p, std::size_t t0,
-                                          prefetch_window win) {
-  using wt = weight_t<F>;
-  const wt* w = static_cast<const wt*>(a.w) + p * a.K * panel;
-  const float* x = a.x + t0 * a.ldx;
-  __m512 acc[TT][4];
+/// Column pairs [k0, k1) of an AVX-512 panel of `bf16_pairs` weights on CPUs without
+/// AVX512_BF16: the sums of `avx2_pair_steps` (vdpbf16ps's, with F32 FMAs). The rows' operands
+/// are split once per step and held in registers: with up to 4 rows (16 accumulators, 8 operands).
+/// (The maskz forms of the shifts here and below: GCC 12 warns about the _undefined operand of the
+/// plain ones.)
+template <int TT, bool Prefetch>
+SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_pair_steps(__m512 (&acc)[TT][4], const std::uint16_t* w,
+                                                                     const std::uint16_t* x, std::size_t ldx,
+                                                                     std::size_t k0, std::size_t k1,
+                                                                     std::size_t ahead) {
+  static_assert(TT <= 4, "the split operands of more rows do not fit in the registers");
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (std::size_t k = k0; k < k1; ++k) {
+    const std::uint16_t* wk = w + k * 2 * panel;
+    if constexpr (Prefetch) prefetch_ahead(wk, ahead, 2 * panel * sizeof(std::uint16_t));
+    __m512 xo[TT], xe[TT];
 #pragma GCC unroll 8
-  for (int t = 0; t < TT; ++t) {
+    for (int t = 0; t < TT; ++t) {
+      const __m512i pr = _mm512_set1_epi32(load_pair(x + static_cast<std::size_t>(t) * ldx + 2 * k));
+      xo[t] = _mm512_castsi512_ps(_mm512_and_si512(pr, high));
+      xe[t] = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, pr, 16));
+    }
 #pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) acc[t][j] = _mm512_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      const __m512i v = _mm512_loadu_si512(wk + 32 * j);
+      const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+      const __m512 we = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, v, 16));
+#pragma GCC unroll 8
+      for (int t = 0; t < TT; ++t) {
+        acc[t][j] = _mm512_fmadd_ps(wo, xo[t], acc[t][j]);
+        acc[t][j] = _mm512_fmadd_ps(we, xe[t], acc[t][j]);
+      }
+    }
   }
-  const std::size_t k_pf = prefetched_steps(w, panel * sizeof(wt), panel * sizeof(wt), a.K, win);
-  avx512_steps<F, TT, true>(acc, w, x, a.ldx, 0, k_pf, win.ahead);
-  avx512_steps<F, TT, false>(acc, w, x, a.ldx, k_pf, a.K, 0);
+}
+
+/// Column pairs [k0, k1) of an AVX-512 panel of `bf16_pairs` weights with vdpbf16ps: per 32-bit
+/// lane, acc += w[2k+1]·x[2k+1], then += w[2k]·x[2k], each rounded once (two multiply-adds per lane
+/// and instruction: twice the F32 FMA's rate on Zen 4 and later).
+template <int TT, bool Prefetch>
+SPECSAMPLE_TARGET_AVX512_BF16 SPECSAMPLE_ALWAYS_INLINE void avx512_dot_steps(__m512 (&acc)[TT][4], const std::uint16_t* w,
+                                                                         const std::uint16_t* x, std::size_t ldx,
+                                                                         std::size_t k0, std::size_t k1,
+                                                                         std::size_t ahead) {
+  for (std::size_t k = k0; k < k1; ++k) {
+    const std::uint16_t* wk = w + k * 2 * panel;
+    if constexpr (Prefetch) prefetch_ahead(wk, ahead, 2 * panel * sizeof(std::uint16_t));
+    __m512i wv[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) wv[j] = _mm512_loadu_si512(wk + 32 * j);
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; ++t) {
+      const __m512i xb = _mm512_set1_epi32(load_pair(x + static_cast<std::size_t>(t) * ldx + 2 * k));
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) acc[t][j] = _mm512_dpbf16_ps(acc[t][j], (__m512bh)wv[j], (__m512bh)xb);
+    }
+  }
+}
+
+/// Stores rows [t0, t0 + TT) × the 64 outputs of panel p (+ bias) from the accumulators.
+template <int TT>
+SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_store_panel(const matmul_args& a, const __m512 (&acc)[TT][4],
+                                                                      std::size_t p, std::size_t t0) {
   // (Fully unrolled, so that acc is only ever indexed by constants: Clang 14 kept an array indexed
   // at run time here in memory and stored every accumulator on every k step, which made a 5-token
   // append of the bundled target 2.4× as slow as with GCC.)
@@ -602,22 +800,100 @@ SPECSAMPLE_TARGET_AVX512 void avx512_panel(const matmul_args& a, std::size_t p, 
   }
 }
 
+/// Rows [t0, t0 + TT) × the 64 outputs of panel p.
+template <weight_format F, int TT>
+SPECSAMPLE_TARGET_AVX512 void avx512_panel(const matmul_args& a, std::size_t p, std::size_t t0,
+                                          prefetch_window win) {
+  using wt = weight_t<F>;
+  constexpr std::size_t per = step_cols<F>;
+  const std::size_t steps = packed_cols(F, a.K) / per;
+  const wt* w = static_cast<const wt*>(a.w) + p * steps * per * panel;
+  __m512 acc[TT][4];
+#pragma GCC unroll 8
+  for (int t = 0; t < TT; ++t) {
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) acc[t][j] = _mm512_setzero_ps();
+  }
+  const std::size_t row = per * panel * sizeof(wt);
+  const std::size_t k_pf = prefetched_steps(w, row, row, steps, win);
+  if constexpr (F == weight_format::bf16_pairs) {
+    const std::uint16_t* x = a.xh + t0 * a.ldxh;
+    avx512_pair_steps<TT, true>(acc, w, x, a.ldxh, 0, k_pf, win.ahead);
+    avx512_pair_steps<TT, false>(acc, w, x, a.ldxh, k_pf, steps, 0);
+  } else {
+    const float* x = a.x + t0 * a.ldx;
+    avx512_steps<F, TT, true>(acc, w, x, a.ldx, 0, k_pf, win.ahead);
+    avx512_steps<F, TT, false>(acc, w, x, a.ldx, k_pf, steps, 0);
+  }
+  avx512_store_panel<TT>(a, acc, p, t0);
+}
+
+/// `avx512_panel` of `bf16_pairs` weights with vdpbf16ps (CPUs with AVX512_BF16).
+template <int TT>
+SPECSAMPLE_TARGET_AVX512_BF16 void avx512_dot_panel(const matmul_args& a, std::size_t p, std::size_t t0,
+                                                   prefetch_window win) {
+  const std::size_t steps = packed_cols(weight_format::bf16_pairs, a.K) / 2;
+  const std::uint16_t* w = static_cast<const std::uint16_t*>(a.w) + p * steps * 2 * panel;
+  const std::uint16_t* x = a.xh + t0 * a.ldxh;
+  __m512 acc[TT][4];
+#pragma GCC unroll 8
+  for (int t = 0; t < TT; ++t) {
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) acc[t][j] = _mm512_setzero_ps();
+  }
+  const std::size_t row = 2 * panel * sizeof(std::uint16_t);
+  const std::size_t k_pf = prefetched_steps(w, row, row, steps, win);
+  avx512_dot_steps<TT, true>(acc, w, x, a.ldxh, 0, k_pf, win.ahead);
+  avx512_dot_steps<TT, false>(acc, w, x, a.ldxh, k_pf, steps, 0);
+  avx512_store_panel<TT>(a, acc, p, t0);
+}
+
+/// Calls f.template operator()<TT>(t) over the row tiles of T rows: tiles of Max rows from t = 0,
+/// then one of the T mod Max rows left, if any.
+template <int Max, class Fn>
+SPECSAMPLE_ALWAYS_INLINE void row_tiles(std::size_t T, Fn&& f) {
+  std::size_t t = 0;
+  for (; t + Max <= T; t += Max) f.template operator()<Max>(t);
+  const std::size_t left = T - t;
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    ((left == static_cast<std::size_t>(I) + 1 ? f.template operator()<I + 1>(t) : void()), ...);
+  }(std::make_integer_sequence<int, Max - 1>{});
+}
+
 template <weight_format F>
 SPECSAMPLE_TARGET_AVX512 void matmul_avx512(const matmul_args& a, std::size_t p_begin,
                                           std::size_t p_end) {
-  using wt = weight_t<F>;
-  const prefetch_window win = window<wt>(a, p_end);
+  const prefetch_window win = window<F>(a, p_end);
+  // Tiles of 6 rows (24 accumulators), of 4 for emulated BF16 pairs (their split operands).
+  constexpr int tile = F == weight_format::bf16_pairs ? 4 : 6;
   for (std::size_t p = p_begin; p < p_end; ++p) {
-    std::size_t t = 0;
-    for (; t + 6 <= a.T; t += 6) avx512_panel<F, 6>(a, p, t, win);
-    switch (a.T - t) {
-      case 1: avx512_panel<F, 1>(a, p, t, win); break;
-      case 2: avx512_panel<F, 2>(a, p, t, win); break;
-      case 3: avx512_panel<F, 3>(a, p, t, win); break;
-      case 4: avx512_panel<F, 4>(a, p, t, win); break;
-      case 5: avx512_panel<F, 5>(a, p, t, win); break;
-      default: break;
-    }
+    row_tiles<tile>(a.T, [&]<int TT>(std::size_t t) { avx512_panel<F, TT>(a, p, t, win); });
+  }
+}
+
+/// `matmul_avx512` of `bf16_pairs` weights with vdpbf16ps (CPUs with AVX512_BF16).
+SPECSAMPLE_TARGET_AVX512_BF16 inline void matmul_avx512_dot(const matmul_args& a, std::size_t p_begin,
+                                                           std::size_t p_end) {
+  const prefetch_window win = window<weight_format::bf16_pairs>(a, p_end);
+  for (std::size_t p = p_begin; p < p_end; ++p) {
+    row_tiles<6>(a.T, [&]<int TT>(std::size_t t) { avx512_dot_panel<TT>(a, p, t, win); });
+  }
+}
+
+/// dst[i] = bf16_operand(x[i]) for i < n, 16 at a time.
+SPECSAMPLE_TARGET_AVX512 inline void bf16_operands_avx512(const float* x, std::size_t n, std::uint16_t* dst) noexcept {
+  const __m512i exponent = _mm512_set1_epi32(0x7F800000), magnitude = _mm512_set1_epi32(0x7FFFFFFF);
+  const __m512i sign = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  for (std::size_t i = 0; i < n; i += 16) {
+    const __mmask16 m = avx512_first(n - i);
+    const __m512i u = _mm512_maskz_loadu_epi32(m, x + i);
+    const __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32(0xFFFF, u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_maskz_srli_epi32(0xFFFF, _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb)), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, magnitude), exponent);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_maskz_srli_epi32(0xFFFF, u, 16), _mm512_set1_epi32(0x40)));
+    const __mmask16 tiny = _mm512_testn_epi32_mask(u, exponent);  // zero or subnormal: ±0
+    r = _mm512_mask_mov_epi32(r, tiny, _mm512_maskz_srli_epi32(0xFFFF, _mm512_and_si512(u, sign), 16));
+    _mm256_mask_storeu_epi16(dst + i, m, _mm512_maskz_cvtepi32_epi16(0xFFFF, r));
   }
 }
 
@@ -1031,6 +1307,9 @@ inline void matmul_panels(isa level, weight_format f, const matmul_args& a, std:
       case weight_format::f32: return matmul_avx512<weight_format::f32>(a, p_begin, p_end);
       case weight_format::f16: return matmul_avx512<weight_format::f16>(a, p_begin, p_end);
       case weight_format::bf16: return matmul_avx512<weight_format::bf16>(a, p_begin, p_end);
+      case weight_format::bf16_pairs:
+        if (has_avx512_bf16()) return matmul_avx512_dot(a, p_begin, p_end);
+        return matmul_avx512<weight_format::bf16_pairs>(a, p_begin, p_end);
     }
   }
   if (level == isa::avx2) {
@@ -1038,6 +1317,7 @@ inline void matmul_panels(isa level, weight_format f, const matmul_args& a, std:
       case weight_format::f32: return matmul_avx2<weight_format::f32>(a, p_begin, p_end);
       case weight_format::f16: return matmul_avx2<weight_format::f16>(a, p_begin, p_end);
       case weight_format::bf16: return matmul_avx2<weight_format::bf16>(a, p_begin, p_end);
+      case weight_format::bf16_pairs: return matmul_avx2<weight_format::bf16_pairs>(a, p_begin, p_end);
     }
   }
 #else
@@ -1047,6 +1327,28 @@ inline void matmul_panels(isa level, weight_format f, const matmul_args& a, std:
     case weight_format::f32: return matmul_generic<weight_format::f32>(a, p_begin, p_end);
     case weight_format::f16: return matmul_generic<weight_format::f16>(a, p_begin, p_end);
     case weight_format::bf16: return matmul_generic<weight_format::bf16>(a, p_begin, p_end);
+    case weight_format::bf16_pairs: return matmul_pairs_generic(a, p_begin, p_end);
+  }
+}
+
+/// dst[t·ldd + k] = bf16_operand(x[t·ldx + k]) for t < T, k < K, and 0 for K <= k < ldd: the
+/// operands of a `bf16_pairs` matmul (`matmul_args::xh`).
+inline void bf16_operands(isa level, const float* x, std::size_t ldx, std::size_t T, std::size_t K,
+                          std::uint16_t* dst, std::size_t ldd) noexcept {
+  for (std::size_t t = 0; t < T; ++t) {
+    const float* xr = x + t * ldx;
+    std::uint16_t* dr = dst + t * ldd;
+#if SPECSAMPLE_X86
+    if (level == isa::avx512) {
+      bf16_operands_avx512(xr, K, dr);
+    } else {
+      for (std::size_t k = 0; k < K; ++k) dr[k] = bf16_operand(xr[k]);
+    }
+#else
+    (void)level;
+    for (std::size_t k = 0; k < K; ++k) dr[k] = bf16_operand(xr[k]);
+#endif
+    std::fill(dr + K, dr + ldd, std::uint16_t{0});
   }
 }
 

@@ -115,14 +115,18 @@ class weight_matrix {
   /// Bytes of packed storage of a (rows, cols) matrix of `format` (padding rows included).
   [[nodiscard]] static constexpr std::size_t packed_bytes(weight_format format, std::size_t rows,
                                                           std::size_t cols) noexcept {
-    return simd::panels(rows) * cols * simd::panel * format_bytes(format);
+    return simd::panels(rows) * simd::packed_cols(format, cols) * simd::panel * format_bytes(format);
   }
 
   /// Packs a row-major (rows, cols) matrix whose elements are in `format` (row o = output o),
   /// into `storage` when given (as the sharing constructor), else into storage of its own.
+  /// (`bf16_pairs`: BF16 elements, packed as BF16 and then `converted`.)
   [[nodiscard]] static weight_matrix from_rows(weight_format format, std::size_t rows,
                                                std::size_t cols, const void* src,
                                                std::shared_ptr<unsigned char[]> storage = {}) {
+    if (format == weight_format::bf16_pairs) {
+      return from_rows(weight_format::bf16, rows, cols, src).converted(format, std::move(storage));
+    }
     weight_matrix m = make(format, rows, cols, std::move(storage));
     if (m.data_) simd::pack_rows(src, m.data_.get(), rows, cols, format_bytes(format));
     return m;
@@ -132,14 +136,19 @@ class weight_matrix {
   [[nodiscard]] static weight_matrix from_columns(weight_format format, std::size_t rows,
                                                   std::size_t cols, const void* src,
                                                   std::shared_ptr<unsigned char[]> storage = {}) {
+    if (format == weight_format::bf16_pairs) {
+      return from_columns(weight_format::bf16, rows, cols, src).converted(format, std::move(storage));
+    }
     weight_matrix m = make(format, rows, cols, std::move(storage));
     if (m.data_) simd::pack_columns(src, m.data_.get(), rows, cols, format_bytes(format));
     return m;
   }
-  /// Packs row-major F32 values, stored as `format` (F16 rounds to nearest even; BF16 too).
+  /// Packs row-major F32 values, stored as `format` (F16 rounds to nearest even; BF16 too;
+  /// `bf16_pairs` as `converted` does).
   [[nodiscard]] static weight_matrix from_floats(weight_format format, std::size_t rows,
                                                  std::size_t cols, const float* src) {
     if (format == weight_format::f32) return from_rows(format, rows, cols, src);
+    if (format == weight_format::bf16_pairs) return from_rows(weight_format::f32, rows, cols, src).converted(format);
     std::vector<std::uint16_t> h(rows * cols);
     simd::narrow(format, src, h.size(), h.data());
     return from_rows(format, rows, cols, h.data());
@@ -148,14 +157,19 @@ class weight_matrix {
   /// This matrix stored in `format`: into `storage` when given (`packed_bytes(format, rows,
   /// cols)` zeroed bytes, as the sharing constructor), else into storage of its own. To F32 every
   /// weight is kept exactly; to F16 or BF16 each is rounded to nearest even (relative error at most
-  /// 2^-11 and 2^-8; F16 weights below 2^-14 lose precision, those up to 2^-25 become 0). Throws
-  /// `specsample::error` naming the first weight that a finite value would turn into an infinity
-  /// (F16: |w| >= 65520) instead of storing it.
+  /// 2^-11 and 2^-8; F16 weights below 2^-14 lose precision, those up to 2^-25 become 0); to
+  /// `bf16_pairs` as to BF16, by `simd::bf16_operand` (a subnormal F32 weight becomes 0), and
+  /// re-laid out in column pairs. Throws `specsample::error` naming the first weight that a finite
+  /// value would turn into an infinity (F16: |w| >= 65520) instead of storing it.
   [[nodiscard]] weight_matrix converted(weight_format format,
                                         std::shared_ptr<unsigned char[]> storage = {}) const {
     weight_matrix m = make(format, rows_, cols_, std::move(storage));
     if (!m.data_) return m;
-    const std::size_t n = simd::panels(rows_) * cols_ * simd::panel;  // padding included (zeros)
+    if ((format == weight_format::bf16_pairs) != (format_ == weight_format::bf16_pairs)) {
+      m.relayout_from(*this);
+      return m;
+    }
+    const std::size_t n = simd::panels(rows_) * simd::packed_cols(format, cols_) * simd::panel;  // padding included
     constexpr std::size_t chunk = 4096;
     std::vector<float> buf(std::min(chunk, n));
     for (std::size_t first = 0; first < n; first += chunk) {
@@ -166,10 +180,15 @@ class weight_matrix {
         continue;
       }
       auto* out = static_cast<std::uint16_t*>(m.raw()) + first;
-      simd::narrow(format, buf.data(), k, out);
+      simd::narrow(format, buf.data(), k, out);  // (BF16 pairs to BF16 pairs: exact)
       const std::uint16_t inf = format == weight_format::f16 ? 0x7C00u : 0x7F80u;
       for (std::size_t i = 0; i < k; ++i) {
-        if ((out[i] & 0x7FFFu) == inf && std::isfinite(buf[i])) overflow(first + i, buf[i], format);
+        if ((out[i] & 0x7FFFu) == inf && std::isfinite(buf[i])) {
+          const std::size_t e = first + i;  // (o, c) of packed element e, in the standard layout
+          const std::size_t panel_elems = cols_ * simd::panel;
+          overflow(e / panel_elems * simd::panel + e % simd::panel, e % panel_elems / simd::panel, buf[i],
+                   format);
+        }
       }
     }
     return m;
@@ -203,7 +222,7 @@ class weight_matrix {
   /// Element (r, c) as float (exact).
   [[nodiscard]] float at(std::size_t r, std::size_t c) const noexcept {
     float v = 0;
-    simd::convert(format_, data(), simd::packed_index(r, c, cols_), 1, &v);
+    simd::convert(format_, data(), simd::packed_index(format_, r, c, cols_), 1, &v);
     return v;
   }
   /// The whole matrix as F32, row-major (rows, cols): for tests and tools.
@@ -223,11 +242,44 @@ class weight_matrix {
   }
   [[nodiscard]] std::size_t storage_bytes() const noexcept { return packed_bytes(format_, rows_, cols_); }
   [[nodiscard]] void* raw() noexcept { return data_.get(); }
-  // Packed element i, finite `value`, would be infinite in `format`.
-  [[noreturn]] void overflow(std::size_t i, float value, weight_format format) const {
-    const std::size_t panel_elems = cols_ * simd::panel;
-    const std::size_t row = i / panel_elems * simd::panel + i % simd::panel;
-    const std::size_t col = i % panel_elems / simd::panel;
+  // Fills this matrix (zeroed, of another layout) with `src`'s weights: into BF16 pairs 64 rows
+  // of a panel column at a time, out of them one weight at a time.
+  void relayout_from(const weight_matrix& src) {
+    if (format_ != weight_format::bf16_pairs) {
+      for (std::size_t r = 0; r < rows_; ++r) {
+        for (std::size_t c = 0; c < cols_; ++c) set(r, c, src.at(r, c));
+      }
+      return;
+    }
+    float col[simd::panel];
+    auto* out = static_cast<std::uint16_t*>(raw());
+    for (std::size_t p = 0; p < simd::panels(rows_); ++p) {
+      const std::size_t n = std::min(simd::panel, rows_ - p * simd::panel);
+      for (std::size_t c = 0; c < cols_; ++c) {
+        simd::convert(src.format_, src.data(), simd::packed_index(src.format_, p * simd::panel, c, cols_), n, col);
+        for (std::size_t j = 0; j < n; ++j) {
+          const std::uint16_t h = simd::bf16_operand(col[j]);
+          if ((h & 0x7FFFu) == 0x7F80u && std::isfinite(col[j])) overflow(p * simd::panel + j, c, col[j], format_);
+          out[simd::packed_index(format_, p * simd::panel + j, c, cols_)] = h;
+        }
+      }
+    }
+  }
+  // Stores `value` as weight (r, c) of this matrix (F32, F16 or BF16 in the standard layout).
+  void set(std::size_t r, std::size_t c, float value) {
+    const std::size_t i = simd::packed_index(format_, r, c, cols_);
+    if (format_ == weight_format::f32) {
+      static_cast<float*>(raw())[i] = value;
+      return;
+    }
+    std::uint16_t h = 0;
+    simd::narrow(format_, &value, 1, &h);
+    const std::uint16_t inf = format_ == weight_format::f16 ? 0x7C00u : 0x7F80u;
+    if ((h & 0x7FFFu) == inf && std::isfinite(value)) overflow(r, c, value, format_);
+    static_cast<std::uint16_t*>(raw())[i] = h;
+  }
+  // Weight (row, col), finite `value`, would be infinite in `format`.
+  [[noreturn]] void overflow(std::size_t row, std::size_t col, float value, weight_format format) const {
     throw error(fmt::format("weight ({}, {}) = {} is outside the range of {} (largest finite value {}): "
                             "hold this matrix as F32{}",
                             row, col, value, format_name(format),
