@@ -37,23 +37,26 @@ TEST_CASE("the allocation counter sees std and Eigen allocations", "[gpt2][alloc
   CHECK(allocation_count() >= before + 3);
 }
 
-TEST_CASE("append allocates nothing in steady state", "[gpt2][model][allocations]") {
+TEST_CASE("append allocates nothing in steady state, with F32 or BF16 matmuls", "[gpt2][model][allocations]") {
   using specsample::token;
   namespace gpt2 = specsample::gpt2;
-  gpt2::model m = gpt2::model::load(models / "shakespeare-draft", gpt2::options{.threads = 2, .batch_capacity = 8});
-  std::vector<token> tokens(20);
-  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<token>(i * 37 % 4096);
-  (void)m.append(std::span<const token>(tokens).first(8));  // warm up
-  m.truncate(0);
-  const auto before = allocation_count();
-  float checksum = 0;
-  checksum += m.append(std::span<const token>(tokens).first(1))(0, 0);
-  checksum += m.append(std::span<const token>(tokens).subspan(1, 8))(5, 7);
-  m.truncate(4);
-  checksum += m.append(std::span<const token>(tokens).subspan(4, 5))(9, 4);
-  const auto after = allocation_count();
-  INFO("checksum " << checksum);
-  REQUIRE(after - before == 0);
+  for (const auto precision : {gpt2::matmul_precision::f32, gpt2::matmul_precision::bf16}) {
+    gpt2::model m = gpt2::model::load(models / "shakespeare-draft",
+                                      gpt2::options{.threads = 2, .batch_capacity = 8, .matmul_precision = precision});
+    std::vector<token> tokens(20);
+    for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<token>(i * 37 % 4096);
+    (void)m.append(std::span<const token>(tokens).first(8));  // warm up
+    m.truncate(0);
+    const auto before = allocation_count();
+    float checksum = 0;
+    checksum += m.append(std::span<const token>(tokens).first(1))(0, 0);
+    checksum += m.append(std::span<const token>(tokens).subspan(1, 8))(5, 7);
+    m.truncate(4);
+    checksum += m.append(std::span<const token>(tokens).subspan(4, 5))(9, 4);
+    const auto after = allocation_count();
+    INFO(gpt2::precision_name(precision) << " matmuls, checksum " << checksum);
+    REQUIRE(after - before == 0);
+  }
 }
 
 TEST_CASE("speculative sampling with the GPT-2 pair allocates nothing per round in the steady "

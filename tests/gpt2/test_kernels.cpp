@@ -443,34 +443,34 @@ TEST_CASE("matmul of BF16 pairs gives vdpbf16ps's sums bit for bit on every leve
   for (const std::size_t C : {1u, 2u, 5u, 67u, 128u, 385u}) {
     for (const std::size_t OC : {1u, 13u, 64u, 130u}) {
       for (const std::size_t T : {1u, 2u, 3u, 4u, 5u, 6u, 7u, 13u}) {  // every tile of 6 and of 4, and more
-      auto inp = random_vector(T * C, rng, 3.0f);
-      inp[0] = 1e-39f;  // a subnormal activation counts as 0
-      const auto w = random_vector(OC * C, rng, 0.2f);
-      const auto bias = random_vector(OC, rng);
-      const auto packed = gpt2::weight_matrix::from_floats(weight_format::bf16_pairs, OC, C, w.data());
-      for (const bool with_bias : {false, true}) {
-        const std::vector<float> b = with_bias ? bias : std::vector<float>{};
-        const std::vector<float> want = bf16_dot_reference(inp, w, b, T, C, OC);
-        for (const isa level : levels()) {
-          INFO(gpt2::isa_name(level) << ", C = " << C << ", OC = " << OC << ", T = " << T << ", bias = " << with_bias);
-          std::vector<float> out(T * OC);
-          k::matmul(out, inp, packed.view(), b, T, C, OC, level == isa::avx2 ? &pool2 : nullptr, level);
-          REQUIRE(bitwise_equal(out.data(), want.data(), out.size()));
-        }
+        auto inp = random_vector(T * C, rng, 3.0f);
+        inp[0] = 1e-39f;  // a subnormal activation counts as 0
+        const auto w = random_vector(OC * C, rng, 0.2f);
+        const auto bias = random_vector(OC, rng);
+        const auto packed = gpt2::weight_matrix::from_floats(weight_format::bf16_pairs, OC, C, w.data());
+        for (const bool with_bias : {false, true}) {
+          const std::vector<float> b = with_bias ? bias : std::vector<float>{};
+          const std::vector<float> want = bf16_dot_reference(inp, w, b, T, C, OC);
+          for (const isa level : levels()) {
+            INFO(gpt2::isa_name(level) << ", C = " << C << ", OC = " << OC << ", T = " << T << ", bias = " << with_bias);
+            std::vector<float> out(T * OC);
+            k::matmul(out, inp, packed.view(), b, T, C, OC, level == isa::avx2 ? &pool2 : nullptr, level);
+            REQUIRE(bitwise_equal(out.data(), want.data(), out.size()));
+          }
 #if SPECSAMPLE_X86
-        if (gpt2::simd::has_avx512_bf16()) {
-          INFO("the AVX-512 emulation, C = " << C << ", OC = " << OC << ", T = " << T << ", bias = " << with_bias);
-          const std::size_t ld = gpt2::simd::packed_cols(weight_format::bf16_pairs, C);
-          std::vector<std::uint16_t> xh(T * ld);
-          gpt2::simd::bf16_operands(isa::generic, inp.data(), C, T, C, xh.data(), ld);
-          std::vector<float> out(T * OC);
-          const gpt2::simd::matmul_args a{out.data(), OC, inp.data(), C, T, C, OC, packed.data(),
-                                          with_bias ? b.data() : nullptr, xh.data(), ld};
-          gpt2::simd::matmul_avx512<weight_format::bf16_pairs>(a, 0, gpt2::simd::panels(OC));
-          REQUIRE(bitwise_equal(out.data(), want.data(), out.size()));
-        }
+          if (gpt2::simd::has_avx512_bf16()) {
+            INFO("the AVX-512 emulation, C = " << C << ", OC = " << OC << ", T = " << T << ", bias = " << with_bias);
+            const std::size_t ld = gpt2::simd::packed_cols(weight_format::bf16_pairs, C);
+            std::vector<std::uint16_t> xh(T * ld);
+            gpt2::simd::bf16_operands(isa::generic, inp.data(), C, T, C, xh.data(), ld);
+            std::vector<float> out(T * OC);
+            const gpt2::simd::matmul_args a{out.data(), OC, inp.data(), C, T, C, OC, packed.data(),
+                                            with_bias ? b.data() : nullptr, xh.data(), ld};
+            gpt2::simd::matmul_avx512<weight_format::bf16_pairs>(a, 0, gpt2::simd::panels(OC));
+            REQUIRE(bitwise_equal(out.data(), want.data(), out.size()));
+          }
 #endif
-      }
+        }
       }
     }
   }
