@@ -407,7 +407,8 @@ TEST_CASE("BF16 pairs hold every weight as a BF16 operand, in column pairs, and 
   std::vector<float> big(64 * 3, 1.0f);
   big[70] = 3.4e38f;  // (1, 6) rounds to inf in BF16
   REQUIRE_THROWS_WITH(gpt2::weight_matrix::from_floats(weight_format::f32, 64, 3, big.data()).converted(weight_format::bf16_pairs),
-                      Contains("weight (23, 1) = 3.4e+38 is outside the range of BF16 pairs"));
+                      Contains("weight (23, 1) = 3.4e+38 is outside the range of BF16 pairs (largest finite value "
+                               "3.39e+38): multiply in F32 (matmul_precision F32)"));
 }
 
 TEST_CASE("BF16 operands: every level rounds as bf16_operand, for every kind of float", "[gpt2][kernels]") {

@@ -158,7 +158,8 @@ class model {
   [[nodiscard]] const gpt2::config& config() const noexcept { return cfg_; }
   /// The parameters (matmul weights in the checkpoint's precision, or `options::weight_storage`).
   [[nodiscard]] const gpt2::weights& weights() const noexcept { return w_; }
-  /// How the matmuls multiply (`options::matmul_precision`).
+  /// How the matmuls multiply (`options::matmul_precision`; the weights' format says it: a model
+  /// built from another's BF16-pair weights multiplies in BF16 too).
   [[nodiscard]] gpt2::matmul_precision matmul_precision() const noexcept {
     return w_.output_embedding().format() == weight_format::bf16_pairs ? gpt2::matmul_precision::bf16
                                                                        : gpt2::matmul_precision::f32;

@@ -181,9 +181,8 @@ class weight_matrix {
       }
       auto* out = static_cast<std::uint16_t*>(m.raw()) + first;
       simd::narrow(format, buf.data(), k, out);  // (BF16 pairs to BF16 pairs: exact)
-      const std::uint16_t inf = format == weight_format::f16 ? 0x7C00u : 0x7F80u;
       for (std::size_t i = 0; i < k; ++i) {
-        if ((out[i] & 0x7FFFu) == inf && std::isfinite(buf[i])) {
+        if (overflowed(out[i], buf[i], format)) {
           const std::size_t e = first + i;  // (o, c) of packed element e, in the standard layout
           const std::size_t panel_elems = cols_ * simd::panel;
           overflow(e / panel_elems * simd::panel + e % simd::panel, e % panel_elems / simd::panel, buf[i],
@@ -259,7 +258,7 @@ class weight_matrix {
         simd::convert(src.format_, src.data(), simd::packed_index(src.format_, p * simd::panel, c, cols_), n, col);
         for (std::size_t j = 0; j < n; ++j) {
           const std::uint16_t h = simd::bf16_operand(col[j]);
-          if ((h & 0x7FFFu) == 0x7F80u && std::isfinite(col[j])) overflow(p * simd::panel + j, c, col[j], format_);
+          if (overflowed(h, col[j], format_)) overflow(p * simd::panel + j, c, col[j], format_);
           out[simd::packed_index(format_, p * simd::panel + j, c, cols_)] = h;
         }
       }
@@ -274,17 +273,22 @@ class weight_matrix {
     }
     std::uint16_t h = 0;
     simd::narrow(format_, &value, 1, &h);
-    const std::uint16_t inf = format_ == weight_format::f16 ? 0x7C00u : 0x7F80u;
-    if ((h & 0x7FFFu) == inf && std::isfinite(value)) overflow(r, c, value, format_);
+    if (overflowed(h, value, format_)) overflow(r, c, value, format_);
     static_cast<std::uint16_t*>(raw())[i] = h;
+  }
+  // Whether the finite `value` became an infinity as `h` in the 16-bit `format`.
+  static bool overflowed(std::uint16_t h, float value, weight_format format) noexcept {
+    const std::uint16_t inf = format == weight_format::f16 ? 0x7C00u : 0x7F80u;
+    return (h & 0x7FFFu) == inf && std::isfinite(value);
   }
   // Weight (row, col), finite `value`, would be infinite in `format`.
   [[noreturn]] void overflow(std::size_t row, std::size_t col, float value, weight_format format) const {
-    throw error(fmt::format("weight ({}, {}) = {} is outside the range of {} (largest finite value {}): "
-                            "hold this matrix as F32{}",
-                            row, col, value, format_name(format),
-                            format == weight_format::f16 ? "65504" : "3.39e+38",
-                            format == weight_format::f16 ? " or BF16" : ""));
+    const char* advice = format == weight_format::f16          ? "hold this matrix as F32 or BF16"
+                         : format == weight_format::bf16_pairs ? "multiply in F32 (matmul_precision F32)"
+                                                               : "hold this matrix as F32";
+    throw error(fmt::format("weight ({}, {}) = {} is outside the range of {} (largest finite value {}): {}", row,
+                            col, value, format_name(format), format == weight_format::f16 ? "65504" : "3.39e+38",
+                            advice));
   }
 
   weight_format format_ = weight_format::f32;
