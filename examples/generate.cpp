@@ -499,7 +499,7 @@ int run(int argc, char** argv) {
                      {"kernels", specsample::isa_name(target.kernels())},
                      {"weights", c.weights ? specsample::gpt2::format_name(*c.weights) : "checkpoint"},
                      {"kv", specsample::gpt2::format_name(c.kv)},
-                   {"matmul", specsample::gpt2::precision_name(c.matmul)},
+                     {"matmul", specsample::gpt2::precision_name(c.matmul)},
                      {"load_seconds", load_seconds}};
     if (need_draft) j["draft"] = draft_dir.string();
     if (!calibrations.empty()) j["draft_choice"] = calibrations;

@@ -307,6 +307,11 @@ TEST_CASE("options::matmul_precision BF16 rounds weights and activations to BF16
     REQUIRE(diff > 0);
     REQUIRE(diff <= 0.01 * scale);
     REQUIRE(same >= a.cols() * 9 / 10);
+    // Weights of both layouts in one model: refused.
+    gpt2::weights mixed = f32.weights();
+    mixed.layers[0].mlp_fc_weight = mixed.layers[0].mlp_fc_weight.converted(gpt2::weight_format::bf16_pairs);
+    REQUIRE_THROWS_WITH(gpt2::model(f32.config(), std::move(mixed), {.threads = 1}),
+                        "gpt2::model: BF16-pair weights (matmul_precision BF16) must be all of the matmul weights or none");
   }
   const auto draft = models_dir / "shakespeare-draft";
   REQUIRE_THROWS_WITH(gpt2::model::load(draft, {.weight_storage = gpt2::weight_format::f16,

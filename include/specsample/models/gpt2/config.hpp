@@ -81,15 +81,17 @@ struct options {
   /// configured hold the same. A key or value of magnitude 65520 or more becomes ±inf (F16's
   /// largest finite value is 65504), its logits NaN, which the sampling loops reject with an error.
   weight_format kv_storage = weight_format::f32;
-  /// How the matmuls multiply. `f32` (the default): F32 activations times the weights converted
-  /// exactly to F32, the checkpoint's numbers. `bf16`: the matmul weights are held in BF16
-  /// (rounded once to nearest even at load, whatever the checkpoint holds; wte included, so the
-  /// embedding reads the rounded values too) and every matmul rounds its input activations to
-  /// BF16; the products, exact in F32, are summed in F32 — PyTorch's "medium" float32 matmul
-  /// precision, oneDNN's fpmath_mode::bf16. On CPUs with AVX512_BF16 (Zen 4 and later, Cooper
-  /// Lake, Sapphire Rapids) vdpbf16ps does two of those multiply-adds per lane and instruction,
-  /// twice the F32 FMA's rate, so calls of several tokens — a verification of K drafts — cost less
-  /// (docs/gpt2.md, "Matmul precision"). Elsewhere F32 FMAs compute the same sums, bit for bit.
+  /// How the matmuls multiply. `f32` (the default): F32 activations times the weights as held
+  /// (`weight_storage`), converted exactly to F32. `bf16`: the matmul weights are held in BF16
+  /// (rounded once to nearest even at load, a subnormal to 0, whatever the checkpoint holds; wte
+  /// included, so the embedding reads the rounded values too) and every matmul rounds its input
+  /// activations the same way; the products, exact in F32, are summed in F32 — PyTorch's
+  /// "medium" float32 matmul precision, oneDNN's fpmath_mode::bf16. At the AVX-512 level of a CPU
+  /// with AVX512_BF16 (Zen 4 and later, Cooper Lake, Sapphire Rapids) vdpbf16ps does two of those
+  /// multiply-adds per lane and instruction (twice the F32 FMA's rate on this project's Zen 4), so
+  /// calls of several tokens — a verification of K drafts — cost less (docs/gpt2.md, "Matmul
+  /// precision"). Elsewhere, and at a lower `kernels` level, F32 FMAs compute the same sums, bit
+  /// for bit.
   /// Logits differ slightly from the F32 ones; sampling, speculative or not, stays exact for the
   /// model as configured, and batch invariance holds the same. `weight_storage` must be empty or
   /// BF16.

@@ -322,7 +322,7 @@ void store_kv(std::span<weight_t<F>> k_cache,  // kv_layer_size(P, C, NH)
               std::span<weight_t<F>> v_cache,  // kv_layer_size(P, C, NH)
               std::span<const float> qkv,      // (T, 3C)
               std::size_t pos0, std::size_t T, std::size_t C, std::size_t NH, std::size_t P) {
-  static_assert(F != weight_format::bf16, "the KV cache is F32 or F16");
+  static_assert(F == weight_format::f32 || F == weight_format::f16, "the KV cache is F32 or F16");
   const std::size_t HS = C / NH, head = kv_layer_size(P, C, NH) / NH;
   assert(pos0 + T <= P && k_cache.size() >= NH * head && v_cache.size() >= NH * head);
   // Value rows are contiguous: written (narrowed) in place. Keys are scattered into their blocks:

@@ -135,6 +135,14 @@ class model {
         !sized(w_.ln_f_bias, C)) {
       throw error("gpt2::model: weights do not match the config");
     }
+    const bool pairs = w_.output_embedding().format() == weight_format::bf16_pairs;  // (matmul_precision())
+    for (const layer_weights& lw : w_.layers) {
+      for (const weight_matrix* m : {&lw.attn_qkv_weight, &lw.attn_proj_weight, &lw.mlp_fc_weight, &lw.mlp_proj_weight}) {
+        if ((m->format() == weight_format::bf16_pairs) != pairs) {
+          throw error("gpt2::model: BF16-pair weights (matmul_precision BF16) must be all of the matmul weights or none");
+        }
+      }
+    }
     att_ = xt::xtensor<float, 2>::from_shape({pool_->size(), kernels::attention_scratch(P)});
     reserve(std::min(std::max<std::size_t>(opts.batch_capacity, 1), P));
   } catch (const std::bad_alloc&) {
@@ -156,7 +164,8 @@ class model {
 
   /// The hyper-parameters.
   [[nodiscard]] const gpt2::config& config() const noexcept { return cfg_; }
-  /// The parameters (matmul weights in the checkpoint's precision, or `options::weight_storage`).
+  /// The parameters (matmul weights in the checkpoint's precision, or `options::weight_storage`'s,
+  /// or BF16 pairs for `options::matmul_precision` BF16).
   [[nodiscard]] const gpt2::weights& weights() const noexcept { return w_; }
   /// How the matmuls multiply (`options::matmul_precision`; the weights' format says it: a model
   /// built from another's BF16-pair weights multiplies in BF16 too).

@@ -257,7 +257,7 @@ struct matmul_args {
   std::size_t T;
   std::size_t K;      ///< reduction length (input channels)
   std::size_t OC;     ///< output channels (the packed matrix has panels(OC) panels)
-  const void* w;      ///< packed [panels][K][64], in the format the kernel is instantiated for
+  const void* w;      ///< packed [panels][K][64] (bf16_pairs: [panels][ceil(K/2)][64][2]), in the kernel's format
   const float* bias;  ///< (OC) or nullptr
   /// `bf16_pairs` only: the rows of x as BF16 operands (`bf16_operand`), (T, ldxh) with ldxh =
   /// packed_cols(bf16_pairs, K) (a zero after an odd K's last column). The kernels read these, not x.
@@ -684,7 +684,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE __m512 avx512_load_w(const voi
 template <weight_format F>
 SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE __m512 avx512_maskload_w(const void* w, std::size_t i,
                                                                          __mmask16 m) {
-  static_assert(F != weight_format::bf16, "no masked BF16 loads: the KV cache is F32 or F16");
+  static_assert(F == weight_format::f32 || F == weight_format::f16, "masked loads of F32 or F16 only: the KV cache");
   if constexpr (F == weight_format::f32) {
     return _mm512_maskz_loadu_ps(m, static_cast<const float*>(w) + i);
   } else {
@@ -1276,7 +1276,7 @@ template <weight_format F = weight_format::f32>
 inline void attend(isa level, const float* q, std::size_t ldq, std::size_t nq, const weight_t<F>* kb,
                    const weight_t<F>* v, std::size_t len0, std::size_t HS, float scale, float* att,
                    std::size_t ldatt, float* out, std::size_t ldo, prefetch_stream ahead = {}) noexcept {
-  static_assert(F != weight_format::bf16, "the KV cache is F32 or F16");
+  static_assert(F == weight_format::f32 || F == weight_format::f16, "the KV cache is F32 or F16");
   assert(nq >= 1 && nq <= query_tile);
 #if SPECSAMPLE_X86
   if (level == isa::avx512) {

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstring>
 #include <cstdlib>
@@ -94,9 +95,9 @@ struct huge_page_allocator {
 }
 
 /// A (rows, cols) weight matrix in its storage precision (F32, or F16 / BF16 as raw 16-bit
-/// patterns), packed in panels of 64 rows — [ceil(rows/64)][cols][64], padding rows zero — in
-/// one 64-byte aligned buffer (the layout the matmul kernels stream; see simd.hpp). Row o is
-/// output channel o.
+/// patterns), packed in panels of 64 rows — [ceil(rows/64)][cols][64], padding rows zero;
+/// `bf16_pairs` (`matmul_precision::bf16`): [ceil(rows/64)][ceil(cols/2)][64][2] — in one 64-byte
+/// aligned buffer (the layout the matmul kernels stream; see simd.hpp). Row o is output channel o.
 class weight_matrix {
  public:
   weight_matrix() = default;
@@ -119,14 +120,12 @@ class weight_matrix {
   }
 
   /// Packs a row-major (rows, cols) matrix whose elements are in `format` (row o = output o),
-  /// into `storage` when given (as the sharing constructor), else into storage of its own.
-  /// (`bf16_pairs`: BF16 elements, packed as BF16 and then `converted`.)
+  /// into `storage` when given (as the sharing constructor), else into storage of its own. (Not
+  /// `bf16_pairs`, which only `converted` and `from_floats` make.)
   [[nodiscard]] static weight_matrix from_rows(weight_format format, std::size_t rows,
                                                std::size_t cols, const void* src,
                                                std::shared_ptr<unsigned char[]> storage = {}) {
-    if (format == weight_format::bf16_pairs) {
-      return from_rows(weight_format::bf16, rows, cols, src).converted(format, std::move(storage));
-    }
+    assert(format != weight_format::bf16_pairs);
     weight_matrix m = make(format, rows, cols, std::move(storage));
     if (m.data_) simd::pack_rows(src, m.data_.get(), rows, cols, format_bytes(format));
     return m;
@@ -136,9 +135,7 @@ class weight_matrix {
   [[nodiscard]] static weight_matrix from_columns(weight_format format, std::size_t rows,
                                                   std::size_t cols, const void* src,
                                                   std::shared_ptr<unsigned char[]> storage = {}) {
-    if (format == weight_format::bf16_pairs) {
-      return from_columns(weight_format::bf16, rows, cols, src).converted(format, std::move(storage));
-    }
+    assert(format != weight_format::bf16_pairs);
     weight_matrix m = make(format, rows, cols, std::move(storage));
     if (m.data_) simd::pack_columns(src, m.data_.get(), rows, cols, format_bytes(format));
     return m;
@@ -529,8 +526,9 @@ class tensor_loader {
     try {
       *m.dst = packed.converted(held, std::move(storage));
     } catch (const error& e) {
-      throw error(fmt::format("{}: tensor '{}' ({} x {} as output x input channels), options::weight_storage: {}",
-                              file_.path().string(), t.name, m.rows, m.cols, e.what()));
+      throw error(fmt::format("{}: tensor '{}' ({} x {} as output x input channels), options::{}: {}",
+                              file_.path().string(), t.name, m.rows, m.cols,
+                              held == weight_format::bf16_pairs ? "matmul_precision BF16" : "weight_storage", e.what()));
     }
   }
 
