@@ -334,30 +334,33 @@ TEST_CASE("append(tokens, n) returns the last n columns of append(tokens), bitwi
           "[gpt2][model][invariance]") {
   for (const auto& c : all_checkpoints()) {
     if (sanitized && std::string(c.name) == "shakespeare-target") continue;  // the drafts have the same code paths
-    DYNAMIC_SECTION(c.name) {
-      gpt2::model full = gpt2::model::load(c.dir, gpt2::options{.threads = 2, .min_parallel_work = 1});
-      gpt2::model part = gpt2::model::load(c.dir, gpt2::options{.threads = 1});
-      const std::size_t V = full.vocab_size();
-      std::vector<token> tokens(12);
-      for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<token>((i * 131 + 7) % V);
-      const std::span<const token> all(tokens);
-      const Eigen::MatrixXf want = full.append(all.first(9));
-      const Eigen::MatrixXf next = full.append(all.subspan(9));  // after the 9, from the cache
-      for (std::size_t n = 0; n <= 9; ++n) {
+    for (const auto precision : {gpt2::matmul_precision::f32, gpt2::matmul_precision::bf16}) {
+      DYNAMIC_SECTION(c.name << ", " << gpt2::precision_name(precision) << " matmuls") {
+        gpt2::model full = gpt2::model::load(
+            c.dir, gpt2::options{.threads = 2, .min_parallel_work = 1, .matmul_precision = precision});
+        gpt2::model part = gpt2::model::load(c.dir, gpt2::options{.threads = 1, .matmul_precision = precision});
+        const std::size_t V = full.vocab_size();
+        std::vector<token> tokens(12);
+        for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<token>((i * 131 + 7) % V);
+        const std::span<const token> all(tokens);
+        const Eigen::MatrixXf want = full.append(all.first(9));
+        const Eigen::MatrixXf next = full.append(all.subspan(9));  // after the 9, from the cache
+        for (std::size_t n = 0; n <= 9; ++n) {
+          part.truncate(0);
+          const Eigen::MatrixXf got = part.append(all.first(9), n);
+          INFO(c.name << ", last " << n << " of 9");
+          REQUIRE(got.rows() == want.rows());
+          REQUIRE(static_cast<std::size_t>(got.cols()) == n);
+          REQUIRE(bitwise_equal(got, want.rightCols(static_cast<Eigen::Index>(n))));
+          REQUIRE(part.size() == 9);
+          const Eigen::MatrixXf after = part.append(all.subspan(9));
+          REQUIRE(bitwise_equal(after, next));
+        }
         part.truncate(0);
-        const Eigen::MatrixXf got = part.append(all.first(9), n);
-        INFO(c.name << ", last " << n << " of 9");
-        REQUIRE(got.rows() == want.rows());
-        REQUIRE(static_cast<std::size_t>(got.cols()) == n);
-        REQUIRE(bitwise_equal(got, want.rightCols(static_cast<Eigen::Index>(n))));
-        REQUIRE(part.size() == 9);
-        const Eigen::MatrixXf after = part.append(all.subspan(9));
-        REQUIRE(bitwise_equal(after, next));
+        REQUIRE_THROWS_WITH(part.append(all.first(3), 4), Catch::Contains("last 4 of 3"));
+        REQUIRE(part.size() == 0);
+        REQUIRE(part.append(all.first(0), 0).cols() == 0);
       }
-      part.truncate(0);
-      REQUIRE_THROWS_WITH(part.append(all.first(3), 4), Catch::Contains("last 4 of 3"));
-      REQUIRE(part.size() == 0);
-      REQUIRE(part.append(all.first(0), 0).cols() == 0);
     }
   }
 }
@@ -554,6 +557,19 @@ TEST_CASE("options::weight_storage holds the matmul weights in another precision
     gpt2::model bf16 = gpt2::model::load(tmp.path, {.threads = 1, .weight_storage = gpt2::weight_format::bf16});
     REQUIRE(bf16.weights().layers[1].mlp_fc_weight.at(37, 0) == 99840.0f);  // 1e5 to nearest BF16
     REQUIRE(gpt2::model::load(tmp.path, {.threads = 1}).weights().layers[1].mlp_fc_weight.at(37, 0) == 1e5f);
+    gpt2::model pairs = gpt2::model::load(tmp.path, {.threads = 1, .matmul_precision = gpt2::matmul_precision::bf16});
+    REQUIRE(pairs.weights().layers[1].mlp_fc_weight.at(37, 0) == 99840.0f);
+    // A weight BF16 cannot hold, with BF16 matmuls: the error names the option.
+    for (io::tensor_data& t : ts) {
+      if (t.name != "h.1.mlp.c_fc.weight") continue;
+      const float huge = 3.4e38f;
+      std::memcpy(t.data.data() + 4 * 37, &huge, 4);
+    }
+    io::write_safetensors(tmp.path / "model.safetensors", ts);
+    REQUIRE_THROWS_WITH(gpt2::model::load(tmp.path, {.matmul_precision = gpt2::matmul_precision::bf16}),
+                        Catch::Contains("tensor 'h.1.mlp.c_fc.weight' (64 x 16 as output x input channels), "
+                                        "options::matmul_precision BF16: weight (37, 0) = 3.4e+38 is outside the "
+                                        "range of BF16 pairs"));
   }
 }
 
@@ -854,6 +870,11 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
     const Eigen::MatrixXf a = prefixed.append(t);
     const Eigen::MatrixXf b = plain.append(t);
     REQUIRE(a == b);
+    // With BF16 matmuls the separate lm_head is held as BF16 pairs as well.
+    const gpt2::options bf16{.matmul_precision = gpt2::matmul_precision::bf16};
+    gpt2::model prefixed_bf16 = gpt2::model::load(dir, bf16);
+    REQUIRE(prefixed_bf16.weights().lm_head.format() == gpt2::weight_format::bf16_pairs);
+    REQUIRE(prefixed_bf16.append(t) == gpt2::model::load(src, bf16).append(t));
   }
   SECTION("a NaN or an infinity in a tensor, in every precision") {
     rewrite([](std::vector<io::tensor_data>& ts) {
