@@ -200,6 +200,10 @@ inline constexpr std::size_t panel = 64;
   return f == weight_format::bf16_pairs ? (K + 1) / 2 * 2 : K;
 }
 
+/// Columns per k-step of the kernels over format F: 2 for `bf16_pairs` (a pair), else 1.
+template <weight_format F>
+inline constexpr std::size_t step_cols = F == weight_format::bf16_pairs ? 2 : 1;
+
 /// Index of weight (o, k) in the packed layout of format `f` (`bf16_pairs`: weights k and k + 1
 /// of output o adjacent, k even, the 64 pairs of a panel's outputs contiguous).
 [[nodiscard]] constexpr std::size_t packed_index(weight_format f, std::size_t o, std::size_t k,
@@ -268,44 +272,16 @@ struct matmul_args {
 // --- generic -------------------------------------------------------------------------------------
 
 /// Panels [p_begin, p_end): per k the panel's 64 weights are converted once and applied to a
-/// tile of up to 8 rows; every output is acc = acc + w·x in increasing k.
+/// tile of up to 8 rows; every output is acc = acc + w·x in increasing k. `bf16_pairs`: per column
+/// pair, acc = acc + w[2k+1]·x[2k+1], then acc + w[2k]·x[2k] (operands from `xh`) — vdpbf16ps's
+/// sums, since a product of two BF16 values is exact in F32 and each multiply-then-add then rounds
+/// once, like a fused multiply-add.
 template <weight_format F>
 inline void matmul_generic(const matmul_args& a, std::size_t p_begin, std::size_t p_end) noexcept {
   constexpr std::size_t TT = 8;
-  float wbuf[panel];
-  float acc[TT][panel];
-  for (std::size_t p = p_begin; p < p_end; ++p) {
-    const std::size_t base = p * a.K * panel;
-    const std::size_t o0 = p * panel;
-    const std::size_t valid = std::min(panel, a.OC - o0);
-    for (std::size_t t0 = 0; t0 < a.T; t0 += TT) {
-      const std::size_t tn = std::min(TT, a.T - t0);
-      for (std::size_t t = 0; t < tn; ++t) std::fill_n(acc[t], panel, 0.0f);
-      for (std::size_t k = 0; k < a.K; ++k) {
-        for (std::size_t j = 0; j < panel; ++j) wbuf[j] = load_scalar<F>(a.w, base + k * panel + j);
-        for (std::size_t t = 0; t < tn; ++t) {
-          const float xv = a.x[(t0 + t) * a.ldx + k];
-          for (std::size_t j = 0; j < panel; ++j) acc[t][j] += wbuf[j] * xv;
-        }
-      }
-      for (std::size_t t = 0; t < tn; ++t) {
-        float* out = a.out + (t0 + t) * a.ldo + o0;
-        for (std::size_t j = 0; j < valid; ++j) {
-          out[j] = a.bias != nullptr ? acc[t][j] + a.bias[o0 + j] : acc[t][j];
-        }
-      }
-    }
-  }
-}
-
-/// `matmul_generic` of `bf16_pairs` weights: per column pair, acc = acc + w[2k+1]·x[2k+1], then
-/// acc + w[2k]·x[2k] — vdpbf16ps's sums (a product of two BF16 values is exact in F32, so each
-/// multiply-then-add rounds once, like a fused multiply-add).
-inline void matmul_pairs_generic(const matmul_args& a, std::size_t p_begin, std::size_t p_end) noexcept {
-  constexpr std::size_t TT = 8;
-  const std::size_t steps = packed_cols(weight_format::bf16_pairs, a.K) / 2;
-  const auto* w = static_cast<const std::uint16_t*>(a.w);
-  float wo[panel], we[panel];
+  constexpr std::size_t per = step_cols<F>;
+  const std::size_t steps = packed_cols(F, a.K) / per;
+  float w0[panel], w1[panel];  // a step's weights: column k (pairs: the even column; w1 the odd one)
   float acc[TT][panel];
   for (std::size_t p = p_begin; p < p_end; ++p) {
     const std::size_t o0 = p * panel;
@@ -314,17 +290,22 @@ inline void matmul_pairs_generic(const matmul_args& a, std::size_t p_begin, std:
       const std::size_t tn = std::min(TT, a.T - t0);
       for (std::size_t t = 0; t < tn; ++t) std::fill_n(acc[t], panel, 0.0f);
       for (std::size_t k = 0; k < steps; ++k) {
-        const std::uint16_t* wk = w + (p * steps + k) * 2 * panel;
-        for (std::size_t j = 0; j < panel; ++j) {
-          we[j] = io::bf16_to_float(wk[2 * j]);
-          wo[j] = io::bf16_to_float(wk[2 * j + 1]);
+        const std::size_t base = (p * steps + k) * per * panel;
+        for (std::size_t j = 0; j < panel; ++j) w0[j] = load_scalar<F>(a.w, base + per * j);
+        if constexpr (per == 2) {
+          for (std::size_t j = 0; j < panel; ++j) w1[j] = load_scalar<F>(a.w, base + 2 * j + 1);
         }
         for (std::size_t t = 0; t < tn; ++t) {
-          const std::uint16_t* xk = a.xh + (t0 + t) * a.ldxh + 2 * k;
-          const float xe = io::bf16_to_float(xk[0]), xo = io::bf16_to_float(xk[1]);
-          for (std::size_t j = 0; j < panel; ++j) {
-            acc[t][j] = acc[t][j] + wo[j] * xo;
-            acc[t][j] = acc[t][j] + we[j] * xe;
+          if constexpr (per == 2) {
+            const std::uint16_t* xk = a.xh + (t0 + t) * a.ldxh + 2 * k;
+            const float xe = io::bf16_to_float(xk[0]), xo = io::bf16_to_float(xk[1]);
+            for (std::size_t j = 0; j < panel; ++j) {
+              acc[t][j] = acc[t][j] + w1[j] * xo;
+              acc[t][j] = acc[t][j] + w0[j] * xe;
+            }
+          } else {
+            const float xv = a.x[(t0 + t) * a.ldx + k];
+            for (std::size_t j = 0; j < panel; ++j) acc[t][j] += w0[j] * xv;
           }
         }
       }
@@ -597,10 +578,6 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_pair_steps(__m256 (&ac
     }
   }
 }
-
-/// Columns per k-step of the kernels over format F: 2 for `bf16_pairs` (a pair), else 1.
-template <weight_format F>
-inline constexpr std::size_t step_cols = F == weight_format::bf16_pairs ? 2 : 1;
 
 /// Rows [t0, t0 + R) × outputs [p·64 + o_off, + 8·W) of panel p. (Not inlined: Clang 14 inlined
 /// the tiles into matmul_avx2 and spilled their accumulators.)
@@ -1327,7 +1304,7 @@ inline void matmul_panels(isa level, weight_format f, const matmul_args& a, std:
     case weight_format::f32: return matmul_generic<weight_format::f32>(a, p_begin, p_end);
     case weight_format::f16: return matmul_generic<weight_format::f16>(a, p_begin, p_end);
     case weight_format::bf16: return matmul_generic<weight_format::bf16>(a, p_begin, p_end);
-    case weight_format::bf16_pairs: return matmul_pairs_generic(a, p_begin, p_end);
+    case weight_format::bf16_pairs: return matmul_generic<weight_format::bf16_pairs>(a, p_begin, p_end);
   }
 }
 
