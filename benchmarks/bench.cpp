@@ -77,10 +77,7 @@ struct cli {
   std::size_t max_prompts = 0;  // 0 = all
   std::vector<double> temperatures{0.0, 0.7, 1.0};
   std::uint64_t seed = 20240601;
-  specsample::isa kernels = specsample::isa::best;
-  std::optional<specsample::gpt2::weight_format> weights;  // matmul weights' precision; empty: the checkpoints'
-  specsample::gpt2::weight_format kv = specsample::gpt2::weight_format::f32;  // the KV caches' precision
-  specsample::gpt2::matmul_precision matmul = specsample::gpt2::matmul_precision::f32;  // how the matmuls multiply
+  specsample::gpt2::options model;  // --kernels, --weights, --kv, --matmul (gpt2::set_option)
   bool quick = false;
   // --strategies
   bool strategies = false;
@@ -136,14 +133,14 @@ strategy comparison (instead of the sweep):
 /// weights are as the checkpoints store them, the caches F32 and the matmuls F32 (the defaults).
 std::string weights_note(const cli& c) {
   std::string note;
-  if (c.weights) {
+  if (c.model.weight_storage) {
     note = fmt::format(", both models' matmul weights held in {} (--weights; the targets are set for the checkpoints "
-                       "as stored)", specsample::gpt2::format_name(*c.weights));
+                       "as stored)", specsample::gpt2::format_name(*c.model.weight_storage));
   }
-  if (c.kv != specsample::gpt2::weight_format::f32) {
-    note += fmt::format(", KV caches in {} (--kv)", specsample::gpt2::format_name(c.kv));
+  if (c.model.kv_storage != specsample::gpt2::weight_format::f32) {
+    note += fmt::format(", KV caches in {} (--kv)", specsample::gpt2::format_name(c.model.kv_storage));
   }
-  if (c.matmul == specsample::gpt2::matmul_precision::bf16) {
+  if (c.model.matmul_precision == specsample::gpt2::matmul_precision::bf16) {
     note += ", BF16 matmuls (--matmul bf16: weights and activations rounded to BF16; the targets are set for F32 "
             "matmuls of the checkpoints as stored)";
   }
@@ -179,28 +176,12 @@ cli parse(int argc, char** argv) {
     else if (a == "--reps") c.reps = parse_number<std::size_t>(a, value());
     else if (a == "--k-max") c.k_max = parse_number<std::size_t>(a, value());
     else if (a == "--threads") c.threads = parse_number<std::size_t>(a, value());
-    else if (a == "--kernels") {
-      const std::string_view v = value();
-      const auto level = specsample::isa_from_name(v);
-      if (!level) usage_error(fmt::format("--kernels expects best, avx512, avx2 or generic, got '{}'", v));
-      c.kernels = *level;
-    }
-    else if (a == "--weights") {
-      const std::string_view v = value();
-      c.weights = specsample::gpt2::format_from_name(v);
-      if (!c.weights) usage_error(fmt::format("--weights expects f32, f16 or bf16, got '{}'", v));
-    }
-    else if (a == "--kv") {
-      const std::string_view v = value();
-      const auto f = specsample::gpt2::format_from_name(v);
-      if (!f || *f == specsample::gpt2::weight_format::bf16) usage_error(fmt::format("--kv expects f32 or f16, got '{}'", v));
-      c.kv = *f;
-    }
-    else if (a == "--matmul") {
-      const std::string_view v = value();
-      const auto p = specsample::gpt2::precision_from_name(v);
-      if (!p) usage_error(fmt::format("--matmul expects f32 or bf16, got '{}'", v));
-      c.matmul = *p;
+    else if (specsample::gpt2::is_option_flag(a)) {
+      try {
+        specsample::gpt2::set_option(c.model, a, value());
+      } catch (const specsample::error& e) {
+        usage_error(e.what());
+      }
     }
     else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
     else if (a == "--cost-samples") c.cost_samples = parse_number<std::size_t>(a, value());
@@ -1219,9 +1200,9 @@ int run_strategies(const bench_setup& b) {
     j["config"] = {{"target", b.target_dir.string()}, {"draft", b.draft_dir.string()},
                    {"prompts_file", b.prompts_file.string()}, {"n", c.n}, {"reps", c.reps},
                    {"threads", b.target.threads()}, {"kernels", specsample::isa_name(b.target.kernels())},
-                   {"weights", c.weights ? specsample::gpt2::format_name(*c.weights) : "checkpoint"},
-                   {"kv", specsample::gpt2::format_name(c.kv)},
-                   {"matmul", specsample::gpt2::precision_name(c.matmul)},
+                   {"weights", c.model.weight_storage ? specsample::gpt2::format_name(*c.model.weight_storage) : "checkpoint"},
+                   {"kv", specsample::gpt2::format_name(c.model.kv_storage)},
+                   {"matmul", specsample::gpt2::precision_name(c.model.matmul_precision)},
                    {"seed", c.seed}, {"warmup_tokens", c.warmup_tokens},
                    {"best_k_from", c.best_k_from ? c.best_k_from->string() : std::string()}, {"quick", c.quick}};
     j["guard"] = {{"greedy_runs", greedy_runs}, {"identical", greedy_identical}, {"pass", guard_ok}};
@@ -1275,19 +1256,15 @@ int run(int argc, char** argv) {
   if (const auto diff = specsample::vocabulary_difference(specsample::bpe_tokenizer::load(draft_dir), tok)) {
     throw specsample::error(fmt::format("the draft and target tokenizers differ: {}", *diff));
   }
-  specsample::gpt2::options opts;
+  specsample::gpt2::options opts = c.model;
   opts.pool = std::make_shared<specsample::gpt2::thread_pool>(c.threads);  // shared by the two models
-  opts.kernels = c.kernels;
   opts.batch_capacity = std::max<std::size_t>(16, c.k_max + 2);
-  opts.weight_storage = c.weights;
-  opts.kv_storage = c.kv;
-  opts.matmul_precision = c.matmul;
   auto target = specsample::gpt2::model::load(target_dir, opts);
   auto draft = specsample::gpt2::model::load(draft_dir, opts);
   // What the probes' and the decode's weight bytes are.
-  const bool held_otherwise = c.weights || c.matmul == specsample::gpt2::matmul_precision::bf16;
+  const bool held_otherwise = c.model.weight_storage || c.model.matmul_precision == specsample::gpt2::matmul_precision::bf16;
   const std::string weights_basis =
-      c.weights ? fmt::format("held in {} by --weights", specsample::gpt2::format_name(*c.weights))
+      c.model.weight_storage ? fmt::format("held in {} by --weights", specsample::gpt2::format_name(*c.model.weight_storage))
                 : (held_otherwise ? "held in BF16 by --matmul bf16" : "file size");
 
   std::vector<std::string> prompt_text = specsample::io::read_prompt_list(prompts_file);
@@ -1625,8 +1602,8 @@ int run(int argc, char** argv) {
       "| model | weight bytes ({}) | 1-token append, ms med (min–max) | effective GB/s | probe GB/s beside it | "
       "fraction | KV bytes read | working-set probe GB/s | working-set fraction |\n|---|---|---|---|---|---|---|---|---|\n",
       target_bw.blocks, target_bw.block, context, target_bw.block,
-      c.weights ? fmt::format("weight bytes {}", weights_basis) : "file size",
-      c.weights ? "those bytes plus" : "the file plus", c.weights ? "as held" : "file");
+      held_otherwise ? fmt::format("weight bytes {}", weights_basis) : "file size",
+      held_otherwise ? "those bytes plus" : "the file plus", held_otherwise ? "as held" : "file");
   for (const auto& [name, bw] : {std::pair{"target", &target_bw}, std::pair{"draft", &draft_bw}}) {
     out("| {} | {} | {} | {:.2f} | {:.1f} | {:.1f}% | {} | {:.1f} | {:.1f}% |\n", name, bw->bytes,
         fmt_range({bw->seconds_per_token.median * 1e3, bw->seconds_per_token.min * 1e3, bw->seconds_per_token.max * 1e3}, 3),
@@ -1769,9 +1746,9 @@ int run(int argc, char** argv) {
                    {"k_max", c.k_max},
                    {"temperatures", c.temperatures},
                    {"threads", threads}, {"kernels", specsample::isa_name(target.kernels())},
-                   {"weights", c.weights ? specsample::gpt2::format_name(*c.weights) : "checkpoint"},
-                   {"kv", specsample::gpt2::format_name(c.kv)},
-                   {"matmul", specsample::gpt2::precision_name(c.matmul)},
+                   {"weights", c.model.weight_storage ? specsample::gpt2::format_name(*c.model.weight_storage) : "checkpoint"},
+                   {"kv", specsample::gpt2::format_name(c.model.kv_storage)},
+                   {"matmul", specsample::gpt2::precision_name(c.model.matmul_precision)},
                    {"seed", c.seed},
                    {"quick", c.quick}};
     const auto cost_json = [](const cost_result& r) {
@@ -1815,9 +1792,9 @@ int run(int argc, char** argv) {
     }
     j["bandwidth"] = {
         {"probe", pj},
-        {"note", c.weights ? "weight bytes = model.safetensors file size with the matmul weights' bytes as held "
-                             "(--weights) instead of as stored"
-                           : "weight bytes = model.safetensors file size (a proxy for the bytes a decode step reads)"},
+        {"note", held_otherwise ? "weight bytes = model.safetensors file size with the matmul weights' bytes as held "
+                                  "(--weights, --matmul bf16) instead of as stored"
+                                : "weight bytes = model.safetensors file size (a proxy for the bytes a decode step reads)"},
         {"target", bandwidth_json(target_bw)},
         {"draft", bandwidth_json(draft_bw)}};
     if (scaling5) {

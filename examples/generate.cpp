@@ -49,10 +49,7 @@ struct cli {
   specsample::speculative_params params{};
   std::uint64_t seed = 42;
   std::size_t threads = 0;
-  specsample::isa kernels = specsample::isa::best;
-  std::optional<specsample::gpt2::weight_format> weights;  // matmul weights' precision; empty: the checkpoint's
-  specsample::gpt2::weight_format kv = specsample::gpt2::weight_format::f32;  // the KV caches' precision
-  specsample::gpt2::matmul_precision matmul = specsample::gpt2::matmul_precision::f32;  // how the matmuls multiply
+  specsample::gpt2::options model;  // --kernels, --weights, --kv, --matmul (gpt2::set_option)
   std::string mode = "compare";
   std::size_t repeat = 1;
   bool stream = false, verbose = false, json = false;
@@ -139,28 +136,12 @@ cli parse(int argc, char** argv) {
     else if (a == "--top-p") c.params.sampling.top_p = parse_number<float>(a, value());
     else if (a == "--min-p") c.params.sampling.min_p = parse_number<float>(a, value());
     else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
-    else if (a == "--kernels") {
-      const std::string_view v = value();
-      const auto level = specsample::isa_from_name(v);
-      if (!level) usage_error(fmt::format("--kernels expects best, avx512, avx2 or generic, got '{}'", v));
-      c.kernels = *level;
-    }
-    else if (a == "--weights") {
-      const std::string_view v = value();
-      c.weights = specsample::gpt2::format_from_name(v);
-      if (!c.weights) usage_error(fmt::format("--weights expects f32, f16 or bf16, got '{}'", v));
-    }
-    else if (a == "--kv") {
-      const std::string_view v = value();
-      const auto f = specsample::gpt2::format_from_name(v);
-      if (!f || *f == specsample::gpt2::weight_format::bf16) usage_error(fmt::format("--kv expects f32 or f16, got '{}'", v));
-      c.kv = *f;
-    }
-    else if (a == "--matmul") {
-      const std::string_view v = value();
-      const auto p = specsample::gpt2::precision_from_name(v);
-      if (!p) usage_error(fmt::format("--matmul expects f32 or bf16, got '{}'", v));
-      c.matmul = *p;
+    else if (specsample::gpt2::is_option_flag(a)) {
+      try {
+        specsample::gpt2::set_option(c.model, a, value());
+      } catch (const specsample::error& e) {
+        usage_error(e.what());
+      }
     }
     else if (a == "--threads") c.threads = parse_number<std::size_t>(a, value());
     else if (a == "--mode") {
@@ -356,12 +337,8 @@ int run(int argc, char** argv) {
   const auto load_start = std::chrono::steady_clock::now();
   if (!c.json) fmt::print(stderr, "loading {}...\n", target_dir.string());
   const auto tok = specsample::bpe_tokenizer::load(target_dir);
-  specsample::gpt2::options opts;
+  specsample::gpt2::options opts = c.model;
   opts.pool = std::make_shared<specsample::gpt2::thread_pool>(c.threads);  // one pool for every model
-  opts.kernels = c.kernels;
-  opts.weight_storage = c.weights;
-  opts.kv_storage = c.kv;
-  opts.matmul_precision = c.matmul;
   auto target = specsample::gpt2::model::load(target_dir, opts);
   if (target.vocab_size() != tok.vocab_size()) {
     throw specsample::error(fmt::format("{}: the model has {} tokens but its tokenizer has {}", target_dir.string(),
@@ -497,9 +474,9 @@ int run(int argc, char** argv) {
                      {"leniency", c.params.leniency},
                      {"threads", target.threads()},
                      {"kernels", specsample::isa_name(target.kernels())},
-                     {"weights", c.weights ? specsample::gpt2::format_name(*c.weights) : "checkpoint"},
-                     {"kv", specsample::gpt2::format_name(c.kv)},
-                     {"matmul", specsample::gpt2::precision_name(c.matmul)},
+                     {"weights", c.model.weight_storage ? specsample::gpt2::format_name(*c.model.weight_storage) : "checkpoint"},
+                     {"kv", specsample::gpt2::format_name(c.model.kv_storage)},
+                     {"matmul", specsample::gpt2::precision_name(c.model.matmul_precision)},
                      {"load_seconds", load_seconds}};
     if (need_draft) j["draft"] = draft_dir.string();
     if (!calibrations.empty()) j["draft_choice"] = calibrations;

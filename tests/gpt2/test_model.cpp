@@ -330,6 +330,33 @@ TEST_CASE("options::matmul_precision BF16 rounds weights and activations to BF16
   REQUIRE(gpt2::precision_name(gpt2::matmul_precision::bf16) == std::string("bf16"));
 }
 
+TEST_CASE("set_option sets the options the command-line flags name, and refuses other values and flags",
+          "[gpt2][model]") {
+  gpt2::options o;
+  for (const std::string_view flag : gpt2::option_flags) REQUIRE(gpt2::is_option_flag(flag));
+  REQUIRE(!gpt2::is_option_flag("--threads"));
+  gpt2::set_option(o, "--kernels", "avx2");
+  gpt2::set_option(o, "--weights", "BF16");
+  gpt2::set_option(o, "--kv", "f16");
+  gpt2::set_option(o, "--matmul", "bf16");
+  REQUIRE(o.kernels == specsample::isa::avx2);
+  REQUIRE(o.weight_storage == gpt2::weight_format::bf16);
+  REQUIRE(o.kv_storage == gpt2::weight_format::f16);
+  REQUIRE(o.matmul_precision == gpt2::matmul_precision::bf16);
+  gpt2::set_option(o, "--matmul", "f32");
+  REQUIRE(o.matmul_precision == gpt2::matmul_precision::f32);
+  REQUIRE_THROWS_WITH(gpt2::set_option(o, "--kernels", "sse"), "--kernels expects best, avx512, avx2 or generic, got 'sse'");
+  REQUIRE_THROWS_WITH(gpt2::set_option(o, "--weights", "f8"), "--weights expects f32, f16 or bf16, got 'f8'");
+  REQUIRE_THROWS_WITH(gpt2::set_option(o, "--kv", "bf16"), "--kv expects f32 or f16, got 'bf16'");
+  REQUIRE_THROWS_WITH(gpt2::set_option(o, "--matmul", "f16"), "--matmul expects f32 or bf16, got 'f16'");
+  REQUIRE_THROWS_WITH(gpt2::set_option(o, "--threads", "2"),
+                      "gpt2::set_option: '--threads' is not a model option flag (--kernels, --weights, --kv or --matmul)");
+  // The refused values changed nothing.
+  REQUIRE(o.kernels == specsample::isa::avx2);
+  REQUIRE(o.weight_storage == gpt2::weight_format::bf16);
+  REQUIRE(o.kv_storage == gpt2::weight_format::f16);
+}
+
 TEST_CASE("append(tokens, n) returns the last n columns of append(tokens), bitwise, and the same cache",
           "[gpt2][model][invariance]") {
   for (const auto& c : all_checkpoints()) {

@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -97,6 +99,46 @@ struct options {
   /// BF16.
   gpt2::matmul_precision matmul_precision = gpt2::matmul_precision::f32;
 };
+
+/// The command-line flags that `set_option` reads (those of specsample-generate and
+/// specsample-bench): `--kernels` (`options::kernels`), `--weights` (`weight_storage`), `--kv`
+/// (`kv_storage`) and `--matmul` (`matmul_precision`).
+inline constexpr std::array<std::string_view, 4> option_flags{"--kernels", "--weights", "--kv", "--matmul"};
+
+/// Whether `flag` is one of `option_flags`.
+[[nodiscard]] constexpr bool is_option_flag(std::string_view flag) noexcept {
+  return std::find(option_flags.begin(), option_flags.end(), flag) != option_flags.end();
+}
+
+/// Sets the field of `o` that `flag` names (`option_flags`) from its command-line value:
+/// `--kernels best|avx512|avx2|generic`, `--weights f32|f16|bf16`, `--kv f32|f16`,
+/// `--matmul f32|bf16`. Throws `specsample::error` naming the flag and what it accepts when the
+/// value is none of those, or when `flag` is not one of them.
+inline void set_option(options& o, std::string_view flag, std::string_view value) {
+  const auto bad = [&](std::string_view accepts) {
+    return error(fmt::format("{} expects {}, got '{}'", flag, accepts, value));
+  };
+  if (flag == "--kernels") {
+    const auto level = isa_from_name(value);
+    if (!level) throw bad("best, avx512, avx2 or generic");
+    o.kernels = *level;
+  } else if (flag == "--weights") {
+    const auto f = format_from_name(value);
+    if (!f) throw bad("f32, f16 or bf16");
+    o.weight_storage = f;
+  } else if (flag == "--kv") {
+    const auto f = format_from_name(value);
+    if (!f || *f == weight_format::bf16) throw bad("f32 or f16");
+    o.kv_storage = *f;
+  } else if (flag == "--matmul") {
+    const auto p = precision_from_name(value);
+    if (!p) throw bad("f32 or bf16");
+    o.matmul_precision = *p;
+  } else {
+    throw error(fmt::format("gpt2::set_option: '{}' is not a model option flag (--kernels, --weights, --kv or --matmul)", flag));
+  }
+}
+
 
 /// GPT-2 hyper-parameters, as in a Hugging Face `config.json`.
 struct config {
