@@ -325,8 +325,11 @@ void store_kv(std::span<weight_t<F>> k_cache,  // kv_layer_size(P, C, NH)
   static_assert(F == weight_format::f32 || F == weight_format::f16, "the KV cache is F32 or F16");
   const std::size_t HS = C / NH, head = kv_layer_size(P, C, NH) / NH;
   assert(pos0 + T <= P && k_cache.size() >= NH * head && v_cache.size() >= NH * head);
-  // Value rows are contiguous: written (narrowed) in place. Keys are scattered into their blocks:
-  // F32 straight from qkv, F16 through a buffer of up to `chunk` narrowed channels.
+  // Value rows are contiguous: written (narrowed) in place. Keys are scattered into their blocks
+  // channel by channel, a channel's new positions one after another (they share a cache line of
+  // the block; position by position, a cold 5-token store into the bundled target's six layers
+  // took 34–45 µs against 30–40, alternating runs): F32 straight from qkv, F16 through a buffer of
+  // up to `chunk` narrowed keys (nt positions × nd channels).
   const auto put = [](const float* src, std::size_t n, weight_t<F>* dst) {
     if constexpr (F == weight_format::f32) {
       std::copy_n(src, n, dst);
@@ -335,25 +338,34 @@ void store_kv(std::span<weight_t<F>> k_cache,  // kv_layer_size(P, C, NH)
     }
   };
   constexpr std::size_t chunk = 256;
-  weight_t<F> buf[F == weight_format::f32 ? 1 : chunk];
-  const std::size_t step = F == weight_format::f32 ? HS : chunk;
-  for (std::size_t t = 0; t < T; ++t) {
-    const float* row = qkv.data() + t * 3 * C;
-    for (std::size_t h = 0; h < NH; ++h) {
-      weight_t<F>* kh = k_cache.data() + h * head;
-      for (std::size_t d0 = 0; d0 < HS; d0 += step) {
-        const std::size_t n = std::min(step, HS - d0);
-        const float* src = row + C + h * HS + d0;
-        const weight_t<F>* k = nullptr;
-        if constexpr (F == weight_format::f32) {
-          k = src;
-        } else {
-          put(src, n, buf);
-          k = buf;
+  constexpr bool direct = F == weight_format::f32;
+  weight_t<F> buf[direct ? 1 : chunk];
+  const std::size_t dd = direct ? HS : std::min(HS, chunk), tt = direct ? T : std::max<std::size_t>(1, chunk / dd);
+  const std::size_t ld = 3 * C;
+  for (std::size_t h = 0; h < NH; ++h) {
+    weight_t<F>* kh = k_cache.data() + h * head;
+    for (std::size_t t0 = 0; t0 < T; t0 += tt) {
+      const std::size_t nt = std::min(tt, T - t0);
+      for (std::size_t d0 = 0; d0 < HS; d0 += dd) {
+        const std::size_t nd = std::min(dd, HS - d0);
+        const float* src = qkv.data() + t0 * ld + C + h * HS + d0;  // key (t0 + i, d0 + d) at src[i·ld + d]
+        if constexpr (!direct) {
+          for (std::size_t i = 0; i < nt; ++i) put(src + i * ld, nd, buf + i * nd);
         }
-        for (std::size_t d = 0; d < n; ++d) kh[simd::key_offset(pos0 + t, d0 + d, HS)] = k[d];
+        for (std::size_t d = 0; d < nd; ++d) {
+          for (std::size_t i = 0; i < nt; ++i) {
+            weight_t<F>& k = kh[simd::key_offset(pos0 + t0 + i, d0 + d, HS)];
+            if constexpr (direct) {
+              k = src[i * ld + d];
+            } else {
+              k = buf[i * nd + d];
+            }
+          }
+        }
       }
-      put(row + 2 * C + h * HS, HS, v_cache.data() + h * head + (pos0 + t) * HS);
+    }
+    for (std::size_t t = 0; t < T; ++t) {
+      put(qkv.data() + t * ld + 2 * C + h * HS, HS, v_cache.data() + h * head + (pos0 + t) * HS);
     }
   }
 }
