@@ -435,6 +435,17 @@ TEST_CASE("BF16 operands: every level rounds as bf16_operand, for every kind of 
     INFO(gpt2::isa_name(level));
     REQUIRE(got == want);  // (padding zeroed)
   }
+#if SPECSAMPLE_X86
+  // The AVX-512 level converts with vcvtneps2bf16 where the CPU has AVX512_BF16; its integer
+  // emulation is run directly as well.
+  if (gpt2::simd::has_avx512_bf16()) {
+    std::vector<std::uint16_t> got(x.size());
+    gpt2::simd::bf16_operands_avx512(x.data(), x.size(), got.data());
+    REQUIRE(std::equal(got.begin(), got.end(), x.begin(), [](std::uint16_t g, float v) {
+      return g == gpt2::simd::bf16_operand(v);
+    }));
+  }
+#endif
 }
 
 TEST_CASE("matmul of BF16 pairs gives vdpbf16ps's sums bit for bit on every level", "[gpt2][kernels]") {
