@@ -393,15 +393,18 @@ inline void attend_generic(const float* q, const weight_t<F>* kb, const weight_t
 /// caches every call), and its keys are read as several interleaved 4 KiB blocks, which the
 /// hardware prefetchers pick up late. `attend` walks the next head's key blocks, then its value
 /// rows, `lines_per_step` cache lines per step of its score and value loops, as far as the steps
-/// reach: every key and value line on the AVX2 path, every key line and the first value rows on
-/// the AVX-512 path (at context 141 with an F32 cache: 90 of 564 value lines), which start the hardware's own
-/// prefetch of the rest. Prefetches only: no result changes. Measured on the bundled target at
-/// context 141 (paired calls with and without; see the commit that introduced it): appends of 1–9
-/// tokens 1.8–3.2% faster (the keys alone: 0.3–3.3%, least for 1–3 tokens), on the AVX2 path
-/// (forced on the same machine) 1.5–6%; where the cache is already warm the prefetches cost
-/// 0.3–1 µs per layer.
+/// reach: at context 141 every key and value line on both vector paths. The lines go to L2
+/// (prefetcht1), not L1: a head's keys and values (77 KB at context 141 with an F32 cache) do not
+/// fit in L1 beside the head being computed. Prefetches only: no result changes. Measured on the
+/// bundled target at context 141 (paired calls with and without; see the commit that introduced
+/// it): appends of 1–9 tokens 1.8–3.2% faster with 2 lines per step into L1 (the keys alone:
+/// 0.3–3.3%, least for 1–3 tokens), on the AVX2 path (forced on the same machine) 1.5–6%; where
+/// the cache is already warm the prefetches cost 0.3–1 µs per layer. Into L2 with 4 lines per step
+/// instead (Zen 4, paired medians of 400 calls, after four draft calls as in the loop): BF16
+/// matmuls 2.6–3.9% faster for 1 token and 3.5–3.8% for 5, F32 0–3.8% and 0.8–3.6%, the draft's
+/// call unchanged (0.98–1.01); 4 lines into L1 gained nothing over 2, nor 8 into L2 over 4.
 struct prefetch_stream {
-  static constexpr int lines_per_step = 2;
+  static constexpr int lines_per_step = 4;
   static constexpr std::uintptr_t line = 64;  ///< bytes per cache line
   std::uintptr_t cur = 0, end = 0;            ///< the range being walked: lines [cur, end)
   std::uintptr_t next = 0, next_end = 0;      ///< the range after it
@@ -432,7 +435,7 @@ struct prefetch_stream {
     for (int i = 0; i < lines_per_step; ++i) {
       const std::uintptr_t at = advance();
       if (at == 0) return;
-      __builtin_prefetch(reinterpret_cast<const void*>(at), 0, 3);
+      __builtin_prefetch(reinterpret_cast<const void*>(at), 0, 2);  // prefetcht1: into L2
     }
   }
 };
