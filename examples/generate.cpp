@@ -43,6 +43,7 @@ constexpr std::string_view default_prompt = "BAPTISTA:\nHow now, my friend! why 
 struct cli {
   std::optional<fs::path> target;
   std::optional<std::string> draft;  // a directory, "ngram", or a comma-separated list to choose from
+  std::size_t prompt_lookup = 0;     // > 0: prompt lookup (suffix matches of this many tokens up) first
   bool auto_k = false;
   std::optional<fs::path> calibration_prompts;  // warm-up prompts for -k auto / a draft choice
   std::string prompt{default_prompt};
@@ -73,6 +74,8 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
   --target DIR          target checkpoint (config.json, model.safetensors, vocab.json, merges.txt)
   --draft DIR           draft checkpoint with the same tokenizer; "ngram" for prompt-lookup drafting
                         (no model); DIR1,DIR2,... to measure each and keep the best predicted
+  --prompt-lookup N     each round, draft by prompt lookup first (a suffix of N to max(N, 4)
+                        tokens that occurred before) and by the draft model only where none did
   -k auto               pick K from a warm-up (acceptance by position, cost ratio c); with
                         --mode speculative, decode autoregressively if no K is predicted to pay
   --calibration-prompts F   warm up -k auto and a draft choice on the prompts of F (one per line,
@@ -121,6 +124,10 @@ cli parse(int argc, char** argv) {
       std::exit(0);
     } else if (a == "--target") c.target = fs::path(value());
     else if (a == "--draft") c.draft = std::string(value());
+    else if (a == "--prompt-lookup") {
+      c.prompt_lookup = parse_number<std::size_t>(a, value());
+      if (c.prompt_lookup == 0) usage_error("--prompt-lookup expects the shortest suffix to look up, >= 1");
+    }
     else if (a == "--prompt") c.prompt = value();
     else if (a == "--prompt-file") c.prompt = specsample::io::read_file(value());
     else if (a == "--calibration-prompts") c.calibration_prompts = fs::path(value());
@@ -164,6 +171,9 @@ cli parse(int argc, char** argv) {
     else usage_error(fmt::format("unknown argument '{}'", a));
   }
   if (c.params.max_new_tokens == 0) usage_error("-n must be >= 1 (there is nothing to generate or time)");
+  if (c.prompt_lookup > 0 && c.draft == "ngram") {
+    usage_error("--prompt-lookup falls back to a draft model; --draft ngram drafts by prompt lookup alone");
+  }
   specsample::validate(c.params, std::numeric_limits<std::size_t>::max());
   return c;
 }
@@ -425,9 +435,11 @@ int run(int argc, char** argv) {
     }
   }
   const fs::path draft_dir = drafts.empty() ? fs::path(ngram ? "ngram" : "") : candidates[chosen];
-  specsample::drafters::ngram lookup(target.vocab_size());
+  specsample::drafters::ngram lookup(target.vocab_size(), std::max<std::size_t>(4, c.prompt_lookup),
+                                     std::max<std::size_t>(1, c.prompt_lookup));
 
   std::vector<run_record> spec_runs, ar_runs;
+  std::size_t lookup_rounds = 0;  // --prompt-lookup: rounds drafted by lookup (every run: the same)
   for (std::size_t r = 0; r < (mode == "compare" ? c.repeat : 1); ++r) {
     const bool stream = c.stream && r == 0 && !c.json;  // repeats are timing runs of the same text
     if (mode != "speculative") {
@@ -440,6 +452,14 @@ int run(int argc, char** argv) {
       std::mt19937_64 rng(c.seed);
       spec_runs.push_back(timed(c, tok, "speculative", stream, [&](reporter& rep) {
         if (ngram) return specsample::speculative_sample(lookup, target, prompt, run_cli.params, rng, rep);
+        if (c.prompt_lookup > 0) {
+          specsample::drafters::fallback lookup_first(
+              lookup, specsample::model_drafter(drafts[chosen], run_cli.params.sampling,
+                                                run_cli.params.draft_min_probability));
+          auto g = specsample::speculative_sample(lookup_first, target, prompt, run_cli.params, rng, rep);
+          lookup_rounds = lookup_first.first_rounds();
+          return g;
+        }
         return specsample::speculative_sample(drafts[chosen], target, prompt, run_cli.params, rng, rep);
       }));
     }
@@ -479,6 +499,7 @@ int run(int argc, char** argv) {
                      {"matmul", specsample::gpt2::precision_name(c.model.matmul_precision)},
                      {"load_seconds", load_seconds}};
     if (need_draft) j["draft"] = draft_dir.string();
+    if (c.prompt_lookup > 0) j["prompt_lookup"] = {{"min_n", c.prompt_lookup}, {"rounds", lookup_rounds}};
     if (!calibrations.empty()) j["draft_choice"] = calibrations;
     if (fell_back) j["requested_mode"] = c.mode;  // speculative: no K was predicted to pay
     if (!spec_runs.empty()) {
@@ -519,6 +540,9 @@ int run(int argc, char** argv) {
                s.tokens, median(spec_s), static_cast<double>(s.tokens) / median(spec_s), s.prefill_seconds * 1e3,
                run_cli.params.draft_length, s.rounds, s.acceptance_rate(), s.estimated_alpha(),
                s.tokens_per_target_call());
+    if (c.prompt_lookup > 0) {
+      fmt::print("prompt lookup drafted {} of the {} rounds, the draft model the others\n", lookup_rounds, s.rounds);
+    }
     if (c.params.leniency < 1.0) {
       fmt::print("note: leniency {} < 1 is lossy: this output is NOT distributed as the target's\n", c.params.leniency);
     }

@@ -13,6 +13,7 @@
 #include <specsample/toy.hpp>
 #include <specsample/gpt2.hpp>
 #include <specsample/tokenizer.hpp>
+#include <specsample/drafters/fallback.hpp>
 #include <specsample/drafters/ngram.hpp>
 #include <specsample/sampling/drafter.hpp>
 #include <specsample/sampling/tuning.hpp>

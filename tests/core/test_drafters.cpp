@@ -1,7 +1,8 @@
-// Drafters beyond a second model: n-gram prompt lookup, early stopping (p_min) and the adaptive
-// draft length. Each is exact: G-tests against the target's exact distribution, with a broken
-// counterpart the same statistic rejects, and greedy identity.
+// Drafters beyond a second model: n-gram prompt lookup, lookup falling back to a model, early
+// stopping (p_min) and the adaptive draft length. Each is exact: G-tests against the target's
+// exact distribution, with a broken counterpart the same statistic rejects, and greedy identity.
 
+#include <specsample/drafters/fallback.hpp>
 #include <specsample/drafters/ngram.hpp>
 #include <specsample/sampling/loop.hpp>
 #include <specsample/toy.hpp>
@@ -120,4 +121,102 @@ TEST_CASE("the adaptive draft length stays exact and follows acceptance", "[draf
   const auto spec = speculative_sample(far, target, std::vector<token>{0}, params, rng);
   CHECK(spec.tokens == autoregressive_sample(target, std::vector<token>{0}, params, rng).tokens);
   CHECK(std::set<std::size_t>(lengths.begin(), lengths.end()).size() > 1);
+}
+
+static_assert(drafter<drafters::fallback<drafters::ngram, model_drafter<toy::markov>>>);
+
+TEST_CASE("the fallback drafter proposes from its first drafter where it can, else from its second",
+          "[drafters][fallback]") {
+  auto target = toy::markov::random(10, 1, 21, 0.7f);
+  auto draft = toy::markov::similar_to(target, 0.3, 22, 0.7f);
+  sampling_params sampling;
+  drafters::fallback d(drafters::ngram(10, 3, 2), model_drafter(draft, sampling));
+  Eigen::MatrixXf q(10, 4);
+  std::vector<token> out(4);
+  std::mt19937_64 rng(3);
+  const std::vector<token> prompt{5, 1, 2, 7, 1};
+  d.begin(prompt);
+  // No earlier 2-gram "7 1": the draft model proposes, catching up on the prompt's last token in
+  // its first call, then one call per draft.
+  const proposal by_model = d.propose(prompt, 4, q, out, rng);
+  CHECK(by_model.tokens == 4);
+  CHECK(by_model.forward_calls == 4);
+  CHECK(draft.size() == prompt.size() + 3);
+  CHECK((q.colwise().sum().array() - 1.0f).abs().maxCoeff() < 1e-5f);
+  // "1 2" occurred before: prompt lookup proposes "7 1 2 7" (the copy runs into its own output),
+  // one-hot, with no forward call.
+  const std::vector<token> ctx{5, 1, 2, 7, 1, 2};
+  d.sync(ctx);
+  CHECK(draft.size() == ctx.size() - 1);
+  const proposal by_lookup = d.propose(ctx, 4, q, out, rng);
+  CHECK(by_lookup.tokens == 4);
+  CHECK(by_lookup.forward_calls == 0);
+  CHECK(out == std::vector<token>{7, 1, 2, 7});
+  CHECK(q(7, 0) == 1.0f);
+  CHECK(q.col(0).sum() == 1.0f);
+  CHECK(d.first_rounds() == 1);
+  CHECK(d.second_rounds() == 1);
+  auto other = toy::markov::random(9, 1, 23, 0.7f);
+  CHECK_THROWS_WITH(drafters::fallback(drafters::ngram(10), model_drafter(other, sampling)),
+                    "drafters::fallback: the first drafter has a vocabulary of 10 tokens, the second 9");
+}
+
+namespace {
+// A deliberately broken fallback: lookup's drafts are passed on with a uniform q (the
+// distribution they were not drawn from), so the rejection rule corrects for the wrong q.
+template <class D>
+struct uniform_q_for_first {
+  D& inner;
+  [[nodiscard]] std::size_t vocab_size() const { return inner.vocab_size(); }
+  void begin(std::span<const token> ctx) { inner.begin(ctx); }
+  void sync(std::span<const token> ctx) { inner.sync(ctx); }
+  template <class Rng>
+  proposal propose(std::span<const token> ctx, std::size_t k, Eigen::Ref<Eigen::MatrixXf> q, std::span<token> out,
+                   Rng& rng) {
+    const std::size_t before = inner.first_rounds();
+    const proposal made = inner.propose(ctx, k, q, out, rng);
+    if (inner.first_rounds() != before) {
+      q.leftCols(static_cast<Eigen::Index>(made.tokens)).setConstant(1.0f / static_cast<float>(vocab_size()));
+    }
+    return made;
+  }
+};
+}  // namespace
+
+TEST_CASE("prompt lookup, else a draft model, stays exact", "[drafters][fallback][exactness]") {
+  auto target = toy::markov::random(4, 1, 12, 0.7f);
+  auto draft = toy::markov::similar_to(target, 0.4, 13, 0.6f);
+  speculative_params params;
+  params.max_new_tokens = 4;
+  params.draft_length = 3;
+  // "0 1" recurs in the prompt, so the first round looks up; later rounds do or do not find their
+  // 2-gram, so both drafters propose across the samples.
+  const std::vector<token> prompt{0, 1, 3, 0, 1};
+  drafters::fallback d(drafters::ngram(4, 3, 2), model_drafter(draft, params.sampling));
+  check_exact_and_broken(d, target, prompt, params, tokenwise_verifier{}, resample_from_target{});
+  const auto block = fit_drafter(d, target, prompt, params, block_verifier{});
+  INFO("block: G = " << block.statistic << ", p = " << block.p_value);
+  CHECK(block.p_value > pass_threshold);
+  CHECK(d.first_rounds() > 10'000);
+  CHECK(d.second_rounds() > 10'000);
+  uniform_q_for_first<decltype(d)> broken{d};
+  const auto bad = fit_drafter(broken, target, prompt, params, tokenwise_verifier{});
+  INFO("lookup's drafts with a uniform q: G = " << bad.statistic << ", p = " << bad.p_value);
+  CHECK(bad.p_value < fail_threshold);
+}
+
+TEST_CASE("prompt lookup, else a draft model, equals greedy decoding at temperature 0", "[drafters][fallback]") {
+  auto target = toy::markov::random(6, 2, 31, 0.5f);
+  auto draft = toy::markov::similar_to(target, 0.5, 32, 0.5f);
+  speculative_params params;
+  params.max_new_tokens = 60;
+  params.draft_length = 4;
+  params.sampling.temperature = 0.0f;
+  drafters::fallback d(drafters::ngram(6, 3, 2), model_drafter(draft, params.sampling));
+  std::mt19937_64 rng(4);
+  const std::vector<token> prompt{0, 1, 2};
+  const auto spec = speculative_sample(d, target, prompt, params, rng);
+  CHECK(spec.tokens == autoregressive_sample(target, prompt, params, rng).tokens);
+  CHECK(d.first_rounds() > 0);
+  CHECK(d.second_rounds() > 0);
 }
