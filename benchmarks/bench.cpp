@@ -26,6 +26,7 @@
 // then generate) and n-gram drafting on the same prompts and seeds, interleaved per prompt, then
 // n-gram drafting on prompts that repeat their own text; DIR/strategies.md and strategies.json.
 
+#include <specsample/drafters/fallback.hpp>
 #include <specsample/drafters/ngram.hpp>
 #include <specsample/io/prompt_list.hpp>
 #include <specsample/gpt2.hpp>
@@ -805,7 +806,7 @@ std::string fmt_duration(double s) {
 // Strategy comparison (--strategies): the same prompts and seeds through every strategy,
 // interleaved per prompt (the order rotates from one prompt to the next), so drift hits all.
 
-enum class method { autoregressive, token_wise, block, adaptive, p_min, auto_k, ngram };
+enum class method { autoregressive, token_wise, block, adaptive, p_min, auto_k, ngram, ngram_then_draft };
 
 struct strategy {
   std::string name;
@@ -917,6 +918,14 @@ strategy_run run_strategy(const strategy& s, specsample::gpt2::model& draft, spe
       g = specsample::speculative_sample(ngram, target, prompt, params, rng);
       break;
     }
+    case method::ngram_then_draft: {
+      specsample::drafters::fallback lookup(
+          specsample::drafters::ngram(static_cast<std::size_t>(target.vocab_size()), std::max<std::size_t>(4, s.min_n),
+                                      s.min_n),
+          specsample::model_drafter(draft, params.sampling));
+      g = specsample::speculative_sample(lookup, target, prompt, params, rng);
+      break;
+    }
   }
   r.stats = g.stats;
   tokens = std::move(g.tokens);
@@ -1016,7 +1025,8 @@ int run_strategies(const bench_setup& b) {
                      {"p_min=0.5 K≤8", method::p_min, 8},
                      {"auto-K (≤8)", method::auto_k, 8},
                      {"n-gram K=4", method::ngram, 4},
-                     {"n-gram K=4, min_n=3", method::ngram, 4, 3}};
+                     {"n-gram K=4, min_n=3", method::ngram, 4, 3},
+                     {"n-gram (min_n=3), else draft K=4", method::ngram_then_draft, 4, 3}};
   // Suite 2: prompts that repeat their own text.
   suite rep;
   rep.name = "repetitive";
@@ -1035,6 +1045,7 @@ int run_strategies(const bench_setup& b) {
                     {"n-gram K=4", method::ngram, 4},
                     {"n-gram K=8", method::ngram, 8},
                     {"n-gram K=4, min_n=3", method::ngram, 4, 3},
+                    {"n-gram (min_n=3), else draft K=4", method::ngram_then_draft, 4, 3},
                     {"token-wise K=4 (draft model)", method::token_wise, 4}};
 
   std::vector<suite> suites{held, rep};
