@@ -1211,11 +1211,9 @@ int run_strategies(const bench_setup& b) {
     j["config"] = {{"target", b.target_dir.string()}, {"draft", b.draft_dir.string()},
                    {"prompts_file", b.prompts_file.string()}, {"n", c.n}, {"reps", c.reps},
                    {"threads", b.target.threads()}, {"kernels", specsample::isa_name(b.target.kernels())},
-                   {"weights", c.model.weight_storage ? specsample::gpt2::format_name(*c.model.weight_storage) : "checkpoint"},
-                   {"kv", specsample::gpt2::format_name(c.model.kv_storage)},
-                   {"matmul", specsample::gpt2::precision_name(c.model.matmul_precision)},
                    {"seed", c.seed}, {"warmup_tokens", c.warmup_tokens},
                    {"best_k_from", c.best_k_from ? c.best_k_from->string() : std::string()}, {"quick", c.quick}};
+    j["config"].update(specsample::gpt2::precision_json(c.model));
     j["guard"] = {{"greedy_runs", greedy_runs}, {"identical", greedy_identical}, {"pass", guard_ok}};
     json cj = json::array();
     for (const auto& cl : cells) {
@@ -1757,11 +1755,9 @@ int run(int argc, char** argv) {
                    {"k_max", c.k_max},
                    {"temperatures", c.temperatures},
                    {"threads", threads}, {"kernels", specsample::isa_name(target.kernels())},
-                   {"weights", c.model.weight_storage ? specsample::gpt2::format_name(*c.model.weight_storage) : "checkpoint"},
-                   {"kv", specsample::gpt2::format_name(c.model.kv_storage)},
-                   {"matmul", specsample::gpt2::precision_name(c.model.matmul_precision)},
                    {"seed", c.seed},
                    {"quick", c.quick}};
+    j["config"].update(specsample::gpt2::precision_json(c.model));
     const auto cost_json = [](const cost_result& r) {
       json t = json::array();
       for (std::size_t jj = 0; jj < r.target_j.size(); ++jj) {

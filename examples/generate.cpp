@@ -494,10 +494,8 @@ int run(int argc, char** argv) {
                      {"leniency", c.params.leniency},
                      {"threads", target.threads()},
                      {"kernels", specsample::isa_name(target.kernels())},
-                     {"weights", c.model.weight_storage ? specsample::gpt2::format_name(*c.model.weight_storage) : "checkpoint"},
-                     {"kv", specsample::gpt2::format_name(c.model.kv_storage)},
-                     {"matmul", specsample::gpt2::precision_name(c.model.matmul_precision)},
                      {"load_seconds", load_seconds}};
+    j.update(specsample::gpt2::precision_json(c.model));
     if (need_draft) j["draft"] = draft_dir.string();
     if (c.prompt_lookup > 0) j["prompt_lookup"] = {{"min_n", c.prompt_lookup}, {"rounds", lookup_rounds}};
     if (!calibrations.empty()) j["draft_choice"] = calibrations;

@@ -355,6 +355,8 @@ TEST_CASE("set_option sets the options the command-line flags name, and refuses 
   REQUIRE(o.kernels == specsample::isa::avx2);
   REQUIRE(o.weight_storage == gpt2::weight_format::bf16);
   REQUIRE(o.kv_storage == gpt2::weight_format::f16);
+  REQUIRE(gpt2::precision_json(o) == nlohmann::json{{"weights", "BF16"}, {"kv", "F16"}, {"matmul", "f32"}});
+  REQUIRE(gpt2::precision_json(gpt2::options{}) == nlohmann::json{{"weights", "checkpoint"}, {"kv", "F32"}, {"matmul", "f32"}});
 }
 
 TEST_CASE("append(tokens, n) returns the last n columns of append(tokens), bitwise, and the same cache",

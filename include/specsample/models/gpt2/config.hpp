@@ -139,6 +139,14 @@ inline void set_option(options& o, std::string_view flag, std::string_view value
   }
 }
 
+/// The precisions `o` asks for, as the command-line tools report them: {"weights": the
+/// `weight_storage` format's name or "checkpoint", "kv": the `kv_storage` format's name,
+/// "matmul": the `matmul_precision`'s name}.
+[[nodiscard]] inline nlohmann::json precision_json(const options& o) {
+  return {{"weights", o.weight_storage ? format_name(*o.weight_storage) : "checkpoint"},
+          {"kv", format_name(o.kv_storage)},
+          {"matmul", precision_name(o.matmul_precision)}};
+}
 
 /// GPT-2 hyper-parameters, as in a Hugging Face `config.json`.
 struct config {
