@@ -79,6 +79,7 @@ struct cli {
   std::vector<double> temperatures{0.0, 0.7, 1.0};
   std::uint64_t seed = 20240601;
   specsample::gpt2::options model;  // --kernels, --weights, --kv, --matmul (gpt2::set_option)
+  std::optional<specsample::gpt2::matmul_precision> draft_matmul;  // --draft-matmul
   bool quick = false;
   // --strategies
   bool strategies = false;
@@ -109,7 +110,11 @@ constexpr std::string_view help = R"(usage: specsample-bench [options]
   --kv F                hold both models' KV caches as f32 (default) or f16 (options::kv_storage)
   --matmul P            both models' matmuls in f32 (default) or bf16: weights and activations
                         rounded to BF16, vdpbf16ps where the CPU has AVX512_BF16
-                        (options::matmul_precision); the FMA peak is then vdpbf16ps's
+                        (options::matmul_precision); the FMA peak is then vdpbf16ps's; or int8:
+                        weights per output and activations per row quantised to INT8, vpdpbusd
+                        where the CPU has AVX512_VNNI (the peak is then vpdpbusd's)
+  --draft-matmul P      the draft's matmuls in P (f32, bf16 or int8) instead of --matmul's: a
+                        draft's precision costs acceptance, never exactness
   --seed S              base random seed (default 20240601)
   --cost-samples N      single-append timings for the cost ratio (default 200)
   --max-prompts N       use only the first N prompts (default, or 0: all)
@@ -145,7 +150,40 @@ std::string weights_note(const cli& c) {
     note += ", BF16 matmuls (--matmul bf16: weights and activations rounded to BF16; the targets are set for F32 "
             "matmuls of the checkpoints as stored)";
   }
+  if (c.model.matmul_precision == specsample::gpt2::matmul_precision::int8) {
+    note += ", INT8 matmuls (--matmul int8: weights and activations quantised to INT8; the targets are set for F32 "
+            "matmuls of the checkpoints as stored)";
+  }
+  if (c.draft_matmul && *c.draft_matmul != c.model.matmul_precision) {
+    note += fmt::format(", the draft's matmuls in {} (--draft-matmul)", specsample::gpt2::precision_name(*c.draft_matmul));
+  }
   return note;
+}
+
+// The draft's options: the models' (`cli::model`), with --draft-matmul's precision.
+specsample::gpt2::options draft_options(const cli& c) {
+  specsample::gpt2::options o = c.model;
+  o.matmul_precision = c.draft_matmul.value_or(c.model.matmul_precision);
+  return o;
+}
+
+// Whether a model loaded with `o` holds its matmul weights otherwise than the checkpoint stores them.
+bool held_otherwise(const specsample::gpt2::options& o) {
+  return o.weight_storage || o.matmul_precision != specsample::gpt2::matmul_precision::f32;
+}
+
+// What a model's weight bytes count (see `held_otherwise`); `flag` sets its matmul precision.
+std::string weights_basis(const specsample::gpt2::options& o, std::string_view flag = "--matmul") {
+  namespace gpt2 = specsample::gpt2;
+  if (o.weight_storage) return fmt::format("held in {} by --weights", gpt2::format_name(*o.weight_storage));
+  if (o.matmul_precision == gpt2::matmul_precision::f32) return "file size";
+  return fmt::format("held in {} by {} {}", o.matmul_precision == gpt2::matmul_precision::bf16 ? "BF16" : "INT8", flag,
+                     gpt2::precision_name(o.matmul_precision));
+}
+
+// `weights_basis` of the draft.
+std::string draft_weights_basis(const cli& c) {
+  return weights_basis(draft_options(c), c.draft_matmul ? "--draft-matmul" : "--matmul");
 }
 
 std::vector<double> parse_temperatures(std::string_view flag, std::string_view list) {
@@ -183,6 +221,11 @@ cli parse(int argc, char** argv) {
       } catch (const specsample::error& e) {
         usage_error(e.what());
       }
+    }
+    else if (a == "--draft-matmul") {
+      const std::string_view v = value();
+      c.draft_matmul = specsample::gpt2::precision_from_name(v);
+      if (!c.draft_matmul) usage_error(fmt::format("--draft-matmul expects f32, bf16 or int8, got '{}'", v));
     }
     else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
     else if (a == "--cost-samples") c.cost_samples = parse_number<std::size_t>(a, value());
@@ -1214,6 +1257,7 @@ int run_strategies(const bench_setup& b) {
                    {"seed", c.seed}, {"warmup_tokens", c.warmup_tokens},
                    {"best_k_from", c.best_k_from ? c.best_k_from->string() : std::string()}, {"quick", c.quick}};
     j["config"].update(specsample::gpt2::precision_json(c.model));
+    j["config"]["draft_matmul"] = specsample::gpt2::precision_name(draft_options(c).matmul_precision);
     j["guard"] = {{"greedy_runs", greedy_runs}, {"identical", greedy_identical}, {"pass", guard_ok}};
     json cj = json::array();
     for (const auto& cl : cells) {
@@ -1269,12 +1313,13 @@ int run(int argc, char** argv) {
   opts.pool = std::make_shared<specsample::gpt2::thread_pool>(c.threads);  // shared by the two models
   opts.batch_capacity = std::max<std::size_t>(16, c.k_max + 2);
   auto target = specsample::gpt2::model::load(target_dir, opts);
-  auto draft = specsample::gpt2::model::load(draft_dir, opts);
+  specsample::gpt2::options draft_opts = draft_options(c);
+  draft_opts.pool = opts.pool;
+  draft_opts.batch_capacity = opts.batch_capacity;
+  auto draft = specsample::gpt2::model::load(draft_dir, draft_opts);
   // What the probes' and the decode's weight bytes are.
-  const bool held_otherwise = c.model.weight_storage || c.model.matmul_precision == specsample::gpt2::matmul_precision::bf16;
-  const std::string weights_basis =
-      c.model.weight_storage ? fmt::format("held in {} by --weights", specsample::gpt2::format_name(*c.model.weight_storage))
-                : (held_otherwise ? "held in BF16 by --matmul bf16" : "file size");
+  const bool target_held = held_otherwise(c.model), draft_held = held_otherwise(draft_options(c));
+  const bool any_held = target_held || draft_held;
 
   std::vector<std::string> prompt_text = specsample::io::read_prompt_list(prompts_file);
   if (c.max_prompts != 0 && prompt_text.size() > c.max_prompts) prompt_text.resize(c.max_prompts);
@@ -1398,20 +1443,20 @@ int run(int argc, char** argv) {
 
   // A model's weight bytes: its model.safetensors' size, or with --weights that size with the
   // matmul weights' bytes as stored replaced by their bytes as held.
-  const auto weight_bytes = [&](const fs::path& dir, const specsample::gpt2::model& m) {
+  const auto weight_bytes = [&](const fs::path& dir, const specsample::gpt2::model& m, bool held) {
     const auto file = static_cast<std::size_t>(fs::file_size(dir / "model.safetensors"));
-    if (!held_otherwise) return file;
+    if (!held) return file;
     const auto stored = specsample::gpt2::model::load(dir, {.threads = 1});
     return file - stored.weights().matmul_bytes() + m.weights().matmul_bytes();
   };
-  const std::size_t target_bytes = weight_bytes(target_dir, target);
-  const std::size_t draft_bytes = weight_bytes(draft_dir, draft);
+  const std::size_t target_bytes = weight_bytes(target_dir, target, target_held);
+  const std::size_t draft_bytes = weight_bytes(draft_dir, draft, draft_held);
   const std::size_t threads = target.threads();
   std::vector<probe_result> probes;
   const std::vector<std::pair<std::string, std::size_t>> sizes{
-      {fmt::format("draft weights ({})", weights_basis), draft_bytes},
-      {fmt::format("target weights ({})", weights_basis), target_bytes},
-      {held_otherwise ? "target weights × 2" : "target weights × 2 (as float32)", 2 * target_bytes},
+      {fmt::format("draft weights ({})", draft_weights_basis(c)), draft_bytes},
+      {fmt::format("target weights ({})", weights_basis(c.model)), target_bytes},
+      {target_held ? "target weights × 2" : "target weights × 2 (as float32)", 2 * target_bytes},
       {"256 MiB (> last-level cache)", std::size_t{256} << 20}};
   std::vector<std::size_t> thread_counts{1};
   if (threads > 1) thread_counts.push_back(threads);
@@ -1439,10 +1484,14 @@ int run(int argc, char** argv) {
   // probe's bandwidth at the draft's size (the last-level cache's: faster than the memory a cold
   // draft call really reads from, so the floor stays a lower bound). c_floor = the ratio of the
   // two models' floors.
+  // (A draft that multiplies otherwise, --draft-matmul, at its own precision's peak.)
   const double macs_draft = matmul_macs_per_token(draft.config());
+  const fma_probe_result draft_fma = draft.matmul_precision() == target.matmul_precision()
+                                         ? fma
+                                         : probe_fma(draft.kernels(), draft.matmul_precision(), c.probe_reps);
   const double draft_floor =
       std::max(static_cast<double>(draft.weights().matmul_bytes()) / (probe_at(draft_bytes) * 1e9),
-               macs_draft / (fma.gmacs.median * 1e9));
+               macs_draft / (draft_fma.gmacs.median * 1e9));
   const double c_floor = draft_floor / floor_seconds(1);
   // The speedup a cell could reach with its measured tokens per call if its calls cost only their
   // floors: tokens per call / (c·K + v_floor(K + 1)), with the measured c (`ceiling`: the target's
@@ -1611,8 +1660,9 @@ int run(int argc, char** argv) {
       "| model | weight bytes ({}) | 1-token append, ms med (min–max) | effective GB/s | probe GB/s beside it | "
       "fraction | KV bytes read | working-set probe GB/s | working-set fraction |\n|---|---|---|---|---|---|---|---|---|\n",
       target_bw.blocks, target_bw.block, context, target_bw.block,
-      held_otherwise ? fmt::format("weight bytes {}", weights_basis) : "file size",
-      held_otherwise ? "those bytes plus" : "the file plus", held_otherwise ? "as held" : "file");
+      any_held ? fmt::format("target: {}; draft: {}", weights_basis(c.model), draft_weights_basis(c))
+               : "file size",
+      any_held ? "those bytes plus" : "the file plus", any_held ? "as held" : "file");
   for (const auto& [name, bw] : {std::pair{"target", &target_bw}, std::pair{"draft", &draft_bw}}) {
     out("| {} | {} | {} | {:.2f} | {:.1f} | {:.1f}% | {} | {:.1f} | {:.1f}% |\n", name, bw->bytes,
         fmt_range({bw->seconds_per_token.median * 1e3, bw->seconds_per_token.min * 1e3, bw->seconds_per_token.max * 1e3}, 3),
@@ -1634,7 +1684,8 @@ int run(int argc, char** argv) {
         f > stream_floor ? "FMA" : "bandwidth", m * 1e3, m / f, v_floor(j), costs.verify_ratio(j));
   }
   out("\nThe draft's single-token call: at least the longer of streaming its {:.2f} MB of matmul weights at the "
-      "probe's {:.1f} GB/s at its size and {:.2f} M multiply-adds at the FMA peak: {:.1f} µs, c_floor = {:.3f} of "
+      "probe's {:.1f} GB/s at its size and {:.2f} M multiply-adds at the peak of its {} ({:.1f} GMAC/s): {:.1f} µs, "
+      "c_floor = {:.3f} of "
       "the target's floor.\n\nSpeedup with the calls at the machine floors — each cell's measured tokens per call, "
       "the single-token and the (K + 1)-token target calls at their floors: tokens per call / (c·K + "
       "v_floor(K + 1)), with the cell's measured c or with c_floor as well (tokens per call depend on the models' "
@@ -1642,7 +1693,7 @@ int run(int argc, char** argv) {
       "once per call beats the last column, up to the noise of the probes); the best K per temperature:\n\n"
       "| T | measured best | target calls at their floors | draft's calls too |\n|---|---|---|---|\n",
       static_cast<double>(draft.weights().matmul_bytes()) * 1e-6, probe_at(draft_bytes), macs_draft * 1e-6,
-      draft_floor * 1e6, c_floor);
+      draft_fma.instruction, draft_fma.gmacs.median, draft_floor * 1e6, c_floor);
   for (const auto& b : bests) {
     const auto [at_floors, k_floors] = best_of(b.temperature, ceiling);
     const auto [at_all, k_all] = best_of(b.temperature, ceiling_all);
@@ -1758,6 +1809,7 @@ int run(int argc, char** argv) {
                    {"seed", c.seed},
                    {"quick", c.quick}};
     j["config"].update(specsample::gpt2::precision_json(c.model));
+    j["config"]["draft_matmul"] = specsample::gpt2::precision_name(draft_options(c).matmul_precision);
     const auto cost_json = [](const cost_result& r) {
       json t = json::array();
       for (std::size_t jj = 0; jj < r.target_j.size(); ++jj) {
@@ -1799,8 +1851,8 @@ int run(int argc, char** argv) {
     }
     j["bandwidth"] = {
         {"probe", pj},
-        {"note", held_otherwise ? "weight bytes = model.safetensors file size with the matmul weights' bytes as held "
-                                  "(--weights, --matmul bf16) instead of as stored"
+        {"note", any_held ? "weight bytes = model.safetensors file size with the matmul weights' bytes as held "
+                            "(--weights, --matmul, --draft-matmul) instead of as stored"
                                 : "weight bytes = model.safetensors file size (a proxy for the bytes a decode step reads)"},
         {"target", bandwidth_json(target_bw)},
         {"draft", bandwidth_json(draft_bw)}};

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <numeric>
 
@@ -136,6 +137,38 @@ SPECSAMPLE_TARGET_AVX512_BF16 __attribute__((noinline)) inline float dot_loop_av
   return std::accumulate(out, out + 16, 0.0f);
 }
 
+// The INT8 dot products of `matmul_precision::int8` (vpdpbusd: four multiply-adds per 32-bit
+// lane), 16 chains as above.
+SPECSAMPLE_TARGET_AVX512_VNNI __attribute__((noinline)) inline float dot_loop_avx512_vnni(std::size_t iters) {
+  __m512i acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_epi32(i);
+  const __m512i x = _mm512_set1_epi32(0x01020304), y = _mm512_set1_epi32(0x01FF01FF);
+  for (std::size_t n = 0; n < iters; ++n) {
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], x, y);
+  }
+  for (int i = 1; i < 16; ++i) acc[0] = _mm512_add_epi32(acc[0], acc[i]);
+  alignas(64) std::int32_t out[16];
+  _mm512_store_si512(out, acc[0]);
+  return static_cast<float>(std::accumulate(out, out + 16, std::int64_t{0}));
+}
+
+// The INT8 dot products of the AVX2 kernels (vpmaddwd on 16-bit operands: two multiply-adds per
+// 32-bit lane, then an add), 12 chains.
+SPECSAMPLE_TARGET_AVX2 __attribute__((noinline)) inline float madd_loop_avx2(std::size_t iters) {
+  __m256i acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_epi32(i);
+  const __m256i x = _mm256_set1_epi32(0x00030004), y = _mm256_set1_epi32(0x0001FFFF);
+  for (std::size_t n = 0; n < iters; ++n) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(x, y));
+  }
+  for (int i = 1; i < 12; ++i) acc[0] = _mm256_add_epi32(acc[0], acc[i]);
+  alignas(32) std::int32_t out[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out), acc[0]);
+  return static_cast<float>(std::accumulate(out, out + 8, std::int64_t{0}));
+}
+
 SPECSAMPLE_TARGET_AVX2 __attribute__((noinline)) inline float fma_loop_avx2(std::size_t iters) {
   __m256 acc[12];
   for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(0.001f * static_cast<float>(i));
@@ -172,12 +205,21 @@ struct fma_loop {
 };
 
 /// The multiply-add loop of the matmuls of `level` and `precision`: vdpbf16ps for BF16 matmuls
-/// at the AVX-512 level of a CPU with AVX512_BF16, else F32 FMAs (what the kernels then use).
+/// at the AVX-512 level of a CPU with AVX512_BF16; for INT8 matmuls vpdpbusd at the AVX-512 level
+/// of a CPU with AVX512_VNNI, vpmaddwd at AVX2 (or AVX-512 without it); else F32 FMAs (what the
+/// kernels then use). The generic level's INT8 matmuls are plain integer C++, which the F32 loop
+/// stands in for.
 inline fma_loop fma_loop_for(specsample::isa level, specsample::gpt2::matmul_precision precision) {
 #if SPECSAMPLE_X86
   if (level == specsample::isa::avx512 && precision == specsample::gpt2::matmul_precision::bf16 &&
       specsample::simd::has_avx512_bf16()) {
     return {dot_loop_avx512_bf16, 16 * 32, "BF16 dot product (vdpbf16ps)"};
+  }
+  if (precision == specsample::gpt2::matmul_precision::int8 && level != specsample::isa::generic) {
+    if (level == specsample::isa::avx512 && specsample::simd::has_avx512_vnni()) {
+      return {dot_loop_avx512_vnni, 16 * 64, "INT8 dot product (vpdpbusd)"};
+    }
+    return {madd_loop_avx2, 12 * 16, "INT16 multiply-add (vpmaddwd)"};
   }
   if (level == specsample::isa::avx512) return {fma_loop_avx512, 16 * 16, "F32 FMA"};
   if (level == specsample::isa::avx2) return {fma_loop_avx2, 12 * 8, "F32 FMA"};

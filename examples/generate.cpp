@@ -2,7 +2,8 @@
 //
 //   specsample-generate [--target DIR] [--draft DIR] [--prompt TEXT | --prompt-file F]
 //                       [-n N] [-k K|auto] [--p-min P] [--adaptive] [--temperature T] [--top-k N] [--top-p P] [--min-p P]
-//                       [--seed S] [--threads N] [--kernels LEVEL] [--weights f32|f16|bf16] [--kv f32|f16] [--matmul f32|bf16]
+//                       [--seed S] [--threads N] [--kernels LEVEL] [--weights f32|f16|bf16] [--kv f32|f16] [--matmul f32|bf16|int8]
+//                       [--draft-matmul f32|bf16|int8]
 //                       [--mode speculative|autoregressive|compare]
 //                       [--verify tokenwise|block] [--leniency B] [--repeat R] [--stream]
 //                       [--verbose] [--json]
@@ -51,6 +52,7 @@ struct cli {
   std::uint64_t seed = 42;
   std::size_t threads = 0;
   specsample::gpt2::options model;  // --kernels, --weights, --kv, --matmul (gpt2::set_option)
+  std::optional<specsample::gpt2::matmul_precision> draft_matmul;  // --draft-matmul: the draft models' instead
   std::string mode = "compare";
   std::size_t repeat = 1;
   bool stream = false, verbose = false, json = false;
@@ -98,7 +100,12 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
                         memory and bytes per token, each key and value rounded once (docs/gpt2.md)
   --matmul P            every model's matmuls in f32 (default) or bf16: weights and activations
                         rounded to BF16, products summed in F32 (vdpbf16ps where the CPU has
-                        AVX512_BF16: cheaper calls of several tokens; docs/gpt2.md)
+                        AVX512_BF16: cheaper calls of several tokens; docs/gpt2.md); or int8:
+                        weights per output and activations per row quantised to INT8, exact
+                        integer sums (vpdpbusd where the CPU has AVX512_VNNI)
+  --draft-matmul P      the draft models' matmuls in P instead (f32, bf16 or int8): e.g. int8
+                        drafts at half the bytes of BF16; a draft's precision costs acceptance,
+                        never exactness
   --mode M              speculative | autoregressive | compare (default compare)
   --verify V            tokenwise | block (Sun et al. 2025; both exact; default tokenwise)
   --leniency B          LOSSY if < 1: token-wise acceptance uniform from U[0, B) (default 1, exact)
@@ -149,6 +156,11 @@ cli parse(int argc, char** argv) {
       } catch (const specsample::error& e) {
         usage_error(e.what());
       }
+    }
+    else if (a == "--draft-matmul") {
+      const std::string_view v = value();
+      c.draft_matmul = specsample::gpt2::precision_from_name(v);
+      if (!c.draft_matmul) usage_error(fmt::format("--draft-matmul expects f32, bf16 or int8, got '{}'", v));
     }
     else if (a == "--threads") c.threads = parse_number<std::size_t>(a, value());
     else if (a == "--mode") {
@@ -362,7 +374,9 @@ int run(int argc, char** argv) {
                                           "sampling needs identical vocabularies",
                                           dir.string(), target_dir.string(), *diff));
     }
-    drafts.push_back(specsample::gpt2::model::load(dir, opts));
+    specsample::gpt2::options draft_opts = opts;
+    draft_opts.matmul_precision = c.draft_matmul.value_or(opts.matmul_precision);
+    drafts.push_back(specsample::gpt2::model::load(dir, draft_opts));
   }
   const double load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
@@ -496,7 +510,10 @@ int run(int argc, char** argv) {
                      {"kernels", specsample::isa_name(target.kernels())},
                      {"load_seconds", load_seconds}};
     j.update(specsample::gpt2::precision_json(c.model));
-    if (need_draft) j["draft"] = draft_dir.string();
+    if (need_draft) {
+      j["draft"] = draft_dir.string();
+      j["draft_matmul"] = specsample::gpt2::precision_name(c.draft_matmul.value_or(c.model.matmul_precision));
+    }
     if (c.prompt_lookup > 0) j["prompt_lookup"] = {{"min_n", c.prompt_lookup}, {"rounds", lookup_rounds}};
     if (!calibrations.empty()) j["draft_choice"] = calibrations;
     if (fell_back) j["requested_mode"] = c.mode;  // speculative: no K was predicted to pay

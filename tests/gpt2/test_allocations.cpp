@@ -37,10 +37,10 @@ TEST_CASE("the allocation counter sees std and Eigen allocations", "[gpt2][alloc
   CHECK(allocation_count() >= before + 3);
 }
 
-TEST_CASE("append allocates nothing in steady state, with F32 or BF16 matmuls", "[gpt2][model][allocations]") {
+TEST_CASE("append allocates nothing in steady state, with F32, BF16 or INT8 matmuls", "[gpt2][model][allocations]") {
   using specsample::token;
   namespace gpt2 = specsample::gpt2;
-  for (const auto precision : {gpt2::matmul_precision::f32, gpt2::matmul_precision::bf16}) {
+  for (const auto precision : {gpt2::matmul_precision::f32, gpt2::matmul_precision::bf16, gpt2::matmul_precision::int8}) {
     gpt2::model m = gpt2::model::load(models / "shakespeare-draft",
                                       gpt2::options{.threads = 2, .batch_capacity = 8, .matmul_precision = precision});
     std::vector<token> tokens(20);

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <string>
 #include <thread>
@@ -485,6 +486,196 @@ TEST_CASE("matmul of BF16 pairs gives vdpbf16ps's sums bit for bit on every leve
 #endif
         }
       }
+    }
+  }
+}
+
+namespace {
+/// The INT8 quantisation of a row, written independently of the library: scale max |x| / 127, the
+/// integers round-to-nearest-even (std::nearbyint in the default rounding mode) of x · 127 / max,
+/// clamped to ±127; zeros for a row whose largest magnitude is below 2^-96, NaN for a row with a
+/// NaN or an infinity.
+struct quantised_row {
+  float scale;
+  std::vector<int> q;
+};
+quantised_row quantise(const float* x, std::size_t n) {
+  float m = 0.0f;
+  bool finite = true;
+  for (std::size_t i = 0; i < n; ++i) {
+    finite = finite && std::isfinite(x[i]);
+    m = std::max(m, std::abs(x[i]));
+  }
+  quantised_row r{0.0f, std::vector<int>(n, 0)};
+  if (!finite) {
+    r.scale = std::numeric_limits<float>::quiet_NaN();
+    return r;
+  }
+  if (m < 0x1p-96f) return r;
+  const float inv = 127.0f / m;
+  for (std::size_t i = 0; i < n; ++i) r.q[i] = static_cast<int>(std::nearbyint(std::clamp(x[i] * inv, -127.0f, 127.0f)));
+  r.scale = m / 127.0f;
+  return r;
+}
+
+/// The INT8 matmul on scalars: per output the exact integer dot product (int64), converted to
+/// float, times (weight scale × row scale), + bias in one fused multiply-add.
+std::vector<float> i8_reference(const std::vector<float>& inp, const std::vector<float>& w, const std::vector<float>& bias,
+                                std::size_t T, std::size_t C, std::size_t OC) {
+  std::vector<float> out(T * OC);
+  for (std::size_t t = 0; t < T; ++t) {
+    const quantised_row x = quantise(inp.data() + t * C, C);
+    for (std::size_t o = 0; o < OC; ++o) {
+      const quantised_row wr = quantise(w.data() + o * C, C);
+      std::int64_t d = 0;
+      for (std::size_t k = 0; k < C; ++k) d += static_cast<std::int64_t>(x.q[k]) * wr.q[k];
+      const float scale = wr.scale * x.scale;
+      out[t * OC + o] = bias.empty() ? static_cast<float>(d) * scale : std::fma(static_cast<float>(d), scale, bias[o]);
+    }
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("INT8 quads hold each output as integers times its own scale, and convert out exactly",
+          "[gpt2][kernels]") {
+  std::mt19937 rng(34);
+  for (const std::size_t cols : {1u, 3u, 4u, 67u, 130u}) {
+    const std::size_t rows = 70;
+    auto v = random_vector(rows * cols, rng, 0.5f);
+    for (std::size_t c = 0; c < cols; ++c) {
+      v[3 * cols + c] = 0.0f;      // a zero output
+      v[5 * cols + c] = 1e-30f;    // one whose largest weight is below 2^-96: zeros
+      v[6 * cols + c] = 2.5f * static_cast<float>(c % 3);  // 0, 2.5, 5: 5 -> 127, 2.5 -> 63.5, a tie
+    }
+    v[7 * cols] = 127.0f;  // output 7: scale 1, the rest rounds to the nearest even integer
+    if (cols > 2) v[7 * cols + 1] = 2.5f, v[7 * cols + 2] = -3.5f;
+    const gpt2::weight_matrix q = gpt2::weight_matrix::from_floats(weight_format::f32, rows, cols, v.data())
+                                      .converted(weight_format::i8_quads);
+    REQUIRE(q.format() == weight_format::i8_quads);
+    REQUIRE(q.bytes() == gpt2::simd::panels(rows) * ((cols + 3) / 4 * 4) * 64 + gpt2::simd::panels(rows) * 64 * 8);
+    const gpt2::simd::i8_meta meta = gpt2::simd::i8_meta_of(q.data(), rows, cols);
+    for (std::size_t o = 0; o < rows; ++o) {
+      const quantised_row want = quantise(v.data() + o * cols, cols);
+      INFO("cols " << cols << ", output " << o);
+      REQUIRE(std::bit_cast<std::uint32_t>(meta.scale[o]) == std::bit_cast<std::uint32_t>(want.scale));
+      REQUIRE(meta.sum[o] == std::accumulate(want.q.begin(), want.q.end(), 0));
+      for (std::size_t c = 0; c < cols; ++c) {
+        REQUIRE(q.at(o, c) == static_cast<float>(want.q[c]) * want.scale);
+      }
+    }
+    if (cols > 2) {
+      REQUIRE(q.at(7, 1) == 2.0f);   // 2.5: to the even 2
+      REQUIRE(q.at(7, 2) == -4.0f);  // -3.5: to the even -4
+    }
+    REQUIRE(q.at(3, 0) == 0.0f);
+    REQUIRE(q.at(5, 0) == 0.0f);
+    // Out to every other format: each weight as `at` gives it; into INT8 quads again: the same bits.
+    std::vector<float> values(rows * cols);
+    for (std::size_t o = 0; o < rows; ++o) {
+      for (std::size_t c = 0; c < cols; ++c) values[o * cols + c] = q.at(o, c);
+    }
+    REQUIRE(q.converted(weight_format::f32).to_float() == values);
+    REQUIRE(q.converted(weight_format::bf16_pairs).to_float() == rounded(values, weight_format::bf16_pairs));
+    REQUIRE(std::memcmp(q.converted(weight_format::i8_quads).data(), q.data(), q.bytes()) == 0);
+    // From a BF16-pair matrix (another layout) the same as from its values in F32.
+    const auto pairs = gpt2::weight_matrix::from_floats(weight_format::bf16_pairs, rows, cols, v.data());
+    const auto via = gpt2::weight_matrix::from_floats(weight_format::f32, rows, cols, pairs.to_float().data());
+    REQUIRE(std::memcmp(pairs.converted(weight_format::i8_quads).data(), via.converted(weight_format::i8_quads).data(),
+                        q.bytes()) == 0);
+  }
+  const std::vector<float> wide(gpt2::simd::i8_max_cols + 1, 1.0f);
+  REQUIRE_THROWS_WITH(gpt2::weight_matrix::from_floats(weight_format::f32, 1, wide.size(), wide.data())
+                          .converted(weight_format::i8_quads),
+                      "a matrix of 65537 input columns is too wide for INT8 (at most 65536: its integer sums would "
+                      "overflow)");
+}
+
+TEST_CASE("INT8 operands: every level quantises each row as the reference, for every kind of row",
+          "[gpt2][kernels]") {
+  std::mt19937 rng(35);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  std::vector<std::vector<float>> rows = {
+      {127.0f, 2.5f, -3.5f, 0.5f, -0.5f, 1.5f, 126.5f, -126.5f},  // ties, both ways
+      {0.0f, -0.0f, 0.0f},                                        // zero
+      {1e-30f, -2e-30f, 3e-31f},                                  // below 2^-96: zeros
+      {1.0f, nan, 2.0f},                                          // NaN: scale NaN, zeros
+      {1.0f, -inf, 2.0f},
+      {std::numeric_limits<float>::max(), -1.0f, 1e-45f},
+      {0x1p-96f, -0x1p-97f},  // just at the threshold
+  };
+  for (const std::size_t n : {1u, 15u, 16u, 17u, 64u, 385u, 1536u}) rows.push_back(random_vector(n, rng, 3.0f));
+  for (const std::vector<float>& x : rows) {
+    const std::size_t K = x.size(), ld = gpt2::simd::packed_cols(weight_format::i8_quads, K) + 4;
+    const quantised_row want = quantise(x.data(), K);
+    for (const isa level : levels()) {
+      INFO(gpt2::isa_name(level) << ", K = " << K << ", x[0] = " << x[0]);
+      std::vector<std::uint8_t> got(2 * ld, 0xEE);
+      float scales[2] = {-1.0f, -1.0f};
+      std::vector<float> two(x);
+      two.insert(two.end(), x.begin(), x.end());  // two rows: the second at its own offset
+      gpt2::simd::i8_operands(level, two.data(), K, 2, K, got.data(), ld, scales);
+      for (std::size_t t = 0; t < 2; ++t) {
+        REQUIRE(std::bit_cast<std::uint32_t>(scales[t]) == std::bit_cast<std::uint32_t>(want.scale));
+        for (std::size_t k = 0; k < ld; ++k) REQUIRE(got[t * ld + k] == (k < K ? want.q[k] + 128 : 128));
+      }
+    }
+  }
+}
+
+TEST_CASE("matmul of INT8 quads gives the exact integer sums times the scales, bit for bit on every level",
+          "[gpt2][kernels]") {
+  // The reference is independent of the library (quantise, an int64 dot product, two products);
+  // every level, tile of rows and thread split must give its bits. On an AVX-512 CPU with
+  // AVX512_VNNI the AVX2 kernel (which AVX-512 CPUs without it run) is run directly as well.
+  std::mt19937 rng(36);
+  thread_pool pool2(2);
+  for (const std::size_t C : {1u, 3u, 4u, 5u, 67u, 128u, 385u}) {
+    for (const std::size_t OC : {1u, 13u, 64u, 130u}) {
+      for (const std::size_t T : {1u, 2u, 3u, 4u, 5u, 6u, 7u, 13u}) {
+        auto inp = random_vector(T * C, rng, 3.0f);
+        if (T > 2) std::fill_n(inp.begin() + static_cast<std::ptrdiff_t>(C), C, 0.0f);  // a zero row
+        const auto w = random_vector(OC * C, rng, 0.2f);
+        const auto bias = random_vector(OC, rng);
+        const auto packed = gpt2::weight_matrix::from_floats(weight_format::i8_quads, OC, C, w.data());
+        for (const bool with_bias : {false, true}) {
+          const std::vector<float> b = with_bias ? bias : std::vector<float>{};
+          const std::vector<float> want = i8_reference(inp, w, b, T, C, OC);
+          for (const isa level : levels()) {
+            INFO(gpt2::isa_name(level) << ", C = " << C << ", OC = " << OC << ", T = " << T << ", bias = " << with_bias);
+            std::vector<float> out(T * OC);
+            k::matmul(out, inp, packed.view(), b, T, C, OC, level == isa::avx2 ? &pool2 : nullptr, level);
+            REQUIRE(bitwise_equal(out.data(), want.data(), out.size()));
+          }
+#if SPECSAMPLE_X86
+          if (gpt2::simd::has_avx512_vnni()) {
+            INFO("the AVX2 kernel on an AVX-512 CPU, C = " << C << ", OC = " << OC << ", T = " << T);
+            const std::size_t ld = gpt2::simd::packed_cols(weight_format::i8_quads, C);
+            std::vector<std::uint8_t> xq(T * ld);
+            std::vector<float> xs(T), out(T * OC);
+            gpt2::simd::i8_operands(isa::generic, inp.data(), C, T, C, xq.data(), ld, xs.data());
+            gpt2::simd::matmul_args a{out.data(), OC, inp.data(), C, T, C, OC, packed.data(), with_bias ? b.data() : nullptr};
+            a.xq = xq.data();
+            a.ldxq = ld;
+            a.xs = xs.data();
+            gpt2::simd::matmul_avx2_i8(a, 0, gpt2::simd::panels(OC));
+            REQUIRE(bitwise_equal(out.data(), want.data(), out.size()));
+          }
+#endif
+        }
+      }
+    }
+  }
+  // A NaN in a row makes that row's outputs NaN (and no other's).
+  std::vector<float> inp = random_vector(2 * 8, rng), w = random_vector(3 * 8, rng);
+  inp[9] = std::numeric_limits<float>::quiet_NaN();
+  const auto packed = gpt2::weight_matrix::from_floats(weight_format::i8_quads, 3, 8, w.data());
+  for (const isa level : levels()) {
+    std::vector<float> out(2 * 3);
+    k::matmul(out, inp, packed.view(), {}, 2, 8, 3, nullptr, level);
+    for (std::size_t o = 0; o < 3; ++o) {
+      REQUIRE(std::isfinite(out[o]));
+      REQUIRE(std::isnan(out[3 + o]));
     }
   }
 }

@@ -212,12 +212,13 @@ TEST_CASE("appending in random chunks with truncate-and-reappend reproduces one 
 }
 
 TEST_CASE("a position's logits are bitwise identical alone, in batches of 1..9, for 1, 2 and 3 "
-          "threads, with an F32 or an F16 KV cache and with BF16 matmuls",
+          "threads, with an F32 or an F16 KV cache and with BF16 or INT8 matmuls",
           "[gpt2][model][invariance]") {
   const std::pair<const char*, gpt2::options> configurations[] = {
       {"F32 KV cache", {}},
       {"F16 KV cache", {.kv_storage = gpt2::weight_format::f16}},
       {"BF16 matmuls", {.matmul_precision = gpt2::matmul_precision::bf16}},
+      {"INT8 matmuls", {.matmul_precision = gpt2::matmul_precision::int8}},
   };
   for (const auto& [c, n] : {std::pair{all_checkpoints()[0], std::size_t{24}},
                              std::pair{all_checkpoints()[2], std::size_t{12}}}) {
@@ -268,6 +269,20 @@ TEST_CASE("options::kv_storage F16 moves the logits by a few F16 roundings, and 
                       "gpt2::options: kv_storage must be F32 or F16, not BF16");
 }
 
+namespace {
+// The positions (columns) at which two logit matrices have the same most likely token.
+Eigen::Index same_argmax(const Eigen::MatrixXf& a, const Eigen::MatrixXf& b) {
+  Eigen::Index same = 0;
+  for (Eigen::Index j = 0; j < a.cols(); ++j) {
+    Eigen::Index ia = 0, ib = 0;
+    a.col(j).maxCoeff(&ia);
+    b.col(j).maxCoeff(&ib);
+    same += ia == ib ? 1 : 0;
+  }
+  return same;
+}
+}  // namespace
+
 TEST_CASE("options::matmul_precision BF16 rounds weights and activations to BF16, logits move by "
           "about 1%, and contradicting options are refused",
           "[gpt2][model]") {
@@ -294,13 +309,7 @@ TEST_CASE("options::matmul_precision BF16 rounds weights and activations to BF16
     const Eigen::MatrixXf a = f32.append(tokens), b = bf16.append(tokens), b2 = built.append(tokens);
     REQUIRE(bitwise_equal(b, b2));
     const double diff = (a - b).cwiseAbs().maxCoeff(), scale = a.cwiseAbs().maxCoeff();
-    Eigen::Index same = 0;
-    for (Eigen::Index j = 0; j < a.cols(); ++j) {
-      Eigen::Index ia = 0, ib = 0;
-      a.col(j).maxCoeff(&ia);
-      b.col(j).maxCoeff(&ib);
-      same += ia == ib ? 1 : 0;
-    }
+    const Eigen::Index same = same_argmax(a, b);
     std::cout << fmt::format("matmul_precision BF16, {}, {} tokens: max |logit - F32 logit| = {:.3g} (max |logit| "
                              "{:.3g}), same argmax at {} of {} positions\n",
                              name, tokens.size(), diff, scale, same, a.cols());
@@ -311,7 +320,7 @@ TEST_CASE("options::matmul_precision BF16 rounds weights and activations to BF16
     gpt2::weights mixed = f32.weights();
     mixed.layers[0].mlp_fc_weight = mixed.layers[0].mlp_fc_weight.converted(gpt2::weight_format::bf16_pairs);
     REQUIRE_THROWS_WITH(gpt2::model(f32.config(), std::move(mixed), {.threads = 1}),
-                        "gpt2::model: BF16-pair weights (matmul_precision BF16) must be all of the matmul weights or none");
+                        "gpt2::model: the matmul weights must be all BF16 pairs (matmul_precision BF16) or none");
   }
   const auto draft = models_dir / "shakespeare-draft";
   REQUIRE_THROWS_WITH(gpt2::model::load(draft, {.weight_storage = gpt2::weight_format::f16,
@@ -330,6 +339,57 @@ TEST_CASE("options::matmul_precision BF16 rounds weights and activations to BF16
   REQUIRE(gpt2::precision_name(gpt2::matmul_precision::bf16) == std::string("bf16"));
 }
 
+TEST_CASE("options::matmul_precision INT8 quantises weights per output and activations per row, logits "
+          "move by about 1% of their range, and contradicting options are refused",
+          "[gpt2][model]") {
+  using Catch::Contains;
+  for (const char* name : {"shakespeare-target", "shakespeare-draft"}) {
+    const reference ref = load_reference(models_dir / name);
+    const std::vector<token>& tokens = ref.tokens.back();
+    gpt2::model f32 = gpt2::model::load(models_dir / name, {.threads = 1});
+    gpt2::model i8 = gpt2::model::load(models_dir / name, {.threads = 1, .matmul_precision = gpt2::matmul_precision::int8});
+    REQUIRE(i8.matmul_precision() == gpt2::matmul_precision::int8);
+    REQUIRE(i8.weights().wte.format() == gpt2::weight_format::i8_quads);
+    REQUIRE(i8.weights().layers[0].mlp_proj_weight.format() == gpt2::weight_format::i8_quads);
+    // Every weight is within half a step of its output's scale of the checkpoint's.
+    const gpt2::weight_matrix& w = f32.weights().layers[0].attn_qkv_weight;
+    const gpt2::weight_matrix& wq = i8.weights().layers[0].attn_qkv_weight;
+    for (std::size_t r = 0; r < w.rows(); r += 7) {
+      float m = 0.0f;
+      for (std::size_t c = 0; c < w.cols(); ++c) m = std::max(m, std::abs(w.at(r, c)));
+      for (std::size_t c = 0; c < w.cols(); c += 5) REQUIRE(std::abs(wq.at(r, c) - w.at(r, c)) <= 0.5001f * m / 127.0f);
+    }
+    // The same model in memory, converted by the constructor.
+    gpt2::model built(f32.config(), f32.weights(), {.threads = 1, .matmul_precision = gpt2::matmul_precision::int8});
+    const Eigen::MatrixXf a = f32.append(tokens), b = i8.append(tokens), b2 = built.append(tokens);
+    REQUIRE(bitwise_equal(b, b2));
+    const double diff = (a - b).cwiseAbs().maxCoeff(), range = a.maxCoeff() - a.minCoeff();
+    const Eigen::Index same = same_argmax(a, b);
+    std::cout << fmt::format("matmul_precision INT8, {}, {} tokens: max |logit - F32 logit| = {:.3g} (logit range "
+                             "{:.3g}), same argmax at {} of {} positions\n",
+                             name, tokens.size(), diff, range, same, a.cols());
+    REQUIRE(diff > 0);
+    REQUIRE(diff <= 0.02 * range);  // (observed: 0.5–0.6%, the same argmax at every position)
+    REQUIRE(same >= a.cols() * 9 / 10);
+    // Weights of both layouts in one model: refused.
+    gpt2::weights mixed = f32.weights();
+    mixed.layers[0].mlp_fc_weight = mixed.layers[0].mlp_fc_weight.converted(gpt2::weight_format::i8_quads);
+    REQUIRE_THROWS_WITH(gpt2::model(f32.config(), std::move(mixed), {.threads = 1}),
+                        "gpt2::model: the matmul weights must be all INT8 quads (matmul_precision INT8) or none");
+  }
+  const auto draft = models_dir / "shakespeare-draft";
+  REQUIRE_THROWS_WITH(gpt2::model::load(draft, {.weight_storage = gpt2::weight_format::f16,
+                                                .matmul_precision = gpt2::matmul_precision::int8}),
+                      "gpt2::options: matmul_precision INT8 quantises the checkpoint's weights itself, but "
+                      "weight_storage asks for F16: leave it empty");
+  REQUIRE_THROWS_WITH(gpt2::model::load(draft, {.weight_storage = gpt2::weight_format::i8_quads}),
+                      Contains("weight_storage INT8 quads is the layout of matmul_precision INT8"));
+  REQUIRE_THROWS_WITH(gpt2::model::load(draft, {.kv_storage = gpt2::weight_format::i8_quads}),
+                      "gpt2::options: kv_storage must be F32 or F16, not INT8 quads");
+  REQUIRE(gpt2::precision_from_name("int8") == gpt2::matmul_precision::int8);
+  REQUIRE(gpt2::precision_name(gpt2::matmul_precision::int8) == std::string("int8"));
+}
+
 TEST_CASE("set_option sets the options the command-line flags name, and refuses other values and flags",
           "[gpt2][model]") {
   gpt2::options o;
@@ -343,12 +403,14 @@ TEST_CASE("set_option sets the options the command-line flags name, and refuses 
   REQUIRE(o.weight_storage == gpt2::weight_format::bf16);
   REQUIRE(o.kv_storage == gpt2::weight_format::f16);
   REQUIRE(o.matmul_precision == gpt2::matmul_precision::bf16);
+  gpt2::set_option(o, "--matmul", "int8");
+  REQUIRE(o.matmul_precision == gpt2::matmul_precision::int8);
   gpt2::set_option(o, "--matmul", "f32");
   REQUIRE(o.matmul_precision == gpt2::matmul_precision::f32);
   REQUIRE_THROWS_WITH(gpt2::set_option(o, "--kernels", "sse"), "--kernels expects best, avx512, avx2 or generic, got 'sse'");
   REQUIRE_THROWS_WITH(gpt2::set_option(o, "--weights", "f8"), "--weights expects f32, f16 or bf16, got 'f8'");
   REQUIRE_THROWS_WITH(gpt2::set_option(o, "--kv", "bf16"), "--kv expects f32 or f16, got 'bf16'");
-  REQUIRE_THROWS_WITH(gpt2::set_option(o, "--matmul", "f16"), "--matmul expects f32 or bf16, got 'f16'");
+  REQUIRE_THROWS_WITH(gpt2::set_option(o, "--matmul", "f16"), "--matmul expects f32, bf16 or int8, got 'f16'");
   REQUIRE_THROWS_WITH(gpt2::set_option(o, "--threads", "2"),
                       "gpt2::set_option: '--threads' is not a model option flag (--kernels, --weights, --kv or --matmul)");
   // The refused values changed nothing.
@@ -363,7 +425,7 @@ TEST_CASE("append(tokens, n) returns the last n columns of append(tokens), bitwi
           "[gpt2][model][invariance]") {
   for (const auto& c : all_checkpoints()) {
     if (sanitized && std::string(c.name) == "shakespeare-target") continue;  // the drafts have the same code paths
-    for (const auto precision : {gpt2::matmul_precision::f32, gpt2::matmul_precision::bf16}) {
+    for (const auto precision : {gpt2::matmul_precision::f32, gpt2::matmul_precision::bf16, gpt2::matmul_precision::int8}) {
       DYNAMIC_SECTION(c.name << ", " << gpt2::precision_name(precision) << " matmuls") {
         gpt2::model full = gpt2::model::load(
             c.dir, gpt2::options{.threads = 2, .min_parallel_work = 1, .matmul_precision = precision});

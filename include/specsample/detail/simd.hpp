@@ -36,6 +36,8 @@
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 #define SPECSAMPLE_TARGET_AVX512_BF16 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
+#define SPECSAMPLE_TARGET_AVX512_VNNI \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 #define SPECSAMPLE_ALWAYS_INLINE inline __attribute__((always_inline))
 #endif
 
@@ -103,6 +105,22 @@ namespace simd {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     return detected() == isa::avx512 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 &&
            (eax & (1u << 5)) != 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+/// Whether the CPU runs the AVX-512 level and AVX512_VNNI's byte dot products (vpdpbusd; Ice Lake,
+/// Zen 4 and later): the INT8 matmuls of `gpt2::matmul_precision::int8` use them at the AVX-512
+/// level (detected once; CPUID leaf 7, sub-leaf 0, ECX bit 11).
+[[nodiscard]] inline bool has_avx512_vnni() noexcept {
+#if SPECSAMPLE_X86
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return detected() == isa::avx512 && __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0 &&
+           (ecx & (1u << 11)) != 0;
   }();
   return has;
 #else

@@ -29,17 +29,19 @@ class thread_pool;  // thread_pool.hpp
 enum class matmul_precision : std::uint8_t {
   f32,   ///< F32 activations times the weights converted exactly to F32 (the default)
   bf16,  ///< activations and weights rounded to BF16, their exact products summed in F32
+  int8,  ///< weights per output and activations per row quantised to INT8, exact integer sums, scaled
 };
 
-/// "f32" or "bf16".
+/// "f32", "bf16" or "int8".
 [[nodiscard]] constexpr const char* precision_name(matmul_precision p) noexcept {
-  return p == matmul_precision::bf16 ? "bf16" : "f32";
+  return p == matmul_precision::bf16 ? "bf16" : p == matmul_precision::int8 ? "int8" : "f32";
 }
 
-/// The precision named "f32" or "bf16"; nullopt for anything else.
+/// The precision named "f32", "bf16" or "int8"; nullopt for anything else.
 [[nodiscard]] constexpr std::optional<matmul_precision> precision_from_name(std::string_view name) noexcept {
   if (name == "f32") return matmul_precision::f32;
   if (name == "bf16") return matmul_precision::bf16;
+  if (name == "int8") return matmul_precision::int8;
   return std::nullopt;
 }
 
@@ -97,6 +99,17 @@ struct options {
   /// Logits differ slightly from the F32 ones; sampling, speculative or not, stays exact for the
   /// model as configured, and batch invariance holds the same. `weight_storage` must be empty or
   /// BF16.
+  ///
+  /// `int8`: every matmul weight matrix (wte included) is quantised at load per output channel o
+  /// to integers in [−127, 127] times a scale s_o = max |w_o| / 127 (rounded half to even); every
+  /// matmul quantises its input rows the same way, one scale per row; an output is the exact
+  /// integer dot product times both scales, plus the bias (docs/gpt2.md, "Matmul precision"). A
+  /// quarter of F32's bytes, and at the AVX-512 level of a CPU with AVX512_VNNI (Zen 4 and later,
+  /// Ice Lake and later) vpdpbusd does four multiply-adds per lane and instruction: meant for draft
+  /// models, whose precision costs only acceptance — the target's distribution is whatever the
+  /// target computes, so speculative sampling stays exact with any draft. The logits move by about
+  /// a percent of their range; batch invariance holds, and the integer sums make every level and
+  /// thread count give the same bits. `weight_storage` must be empty.
   gpt2::matmul_precision matmul_precision = gpt2::matmul_precision::f32;
 };
 
@@ -112,7 +125,7 @@ inline constexpr std::array<std::string_view, 4> option_flags{"--kernels", "--we
 
 /// Sets the field of `o` that `flag` names (`option_flags`) from its command-line value:
 /// `--kernels best|avx512|avx2|generic`, `--weights f32|f16|bf16`, `--kv f32|f16`,
-/// `--matmul f32|bf16`. Throws `specsample::error` naming the flag and what it accepts when the
+/// `--matmul f32|bf16|int8`. Throws `specsample::error` naming the flag and what it accepts when the
 /// value is none of those, or when `flag` is not one of them.
 inline void set_option(options& o, std::string_view flag, std::string_view value) {
   const auto bad = [&](std::string_view accepts) {
@@ -132,7 +145,7 @@ inline void set_option(options& o, std::string_view flag, std::string_view value
     o.kv_storage = *f;
   } else if (flag == "--matmul") {
     const auto p = precision_from_name(value);
-    if (!p) throw bad("f32 or bf16");
+    if (!p) throw bad("f32, bf16 or int8");
     o.matmul_precision = *p;
   } else {
     throw error(fmt::format("gpt2::set_option: '{}' is not a model option flag (--kernels, --weights, --kv or --matmul)", flag));

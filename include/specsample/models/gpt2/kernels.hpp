@@ -104,7 +104,8 @@ inline void embed(std::span<float> out,             // (T, C)
   }
 }
 
-/// `embed` with the token embedding packed in its storage precision (converted exactly).
+/// `embed` with the token embedding packed in its storage precision (converted exactly; INT8
+/// quads as `simd::packed_value`: each integer times its token's scale).
 inline void embed(std::span<float> out,             // (T, C)
                   std::span<const token> tokens,    // (T)
                   const weight_view& wte,           // (V, C)
@@ -116,9 +117,7 @@ inline void embed(std::span<float> out,             // (T, C)
     const auto id = static_cast<std::size_t>(tokens[t]);
     assert(id < wte.rows);
     float* y = out.data() + t * C;
-    for (std::size_t c = 0; c < C; ++c) {
-      simd::convert(wte.format, wte.data, simd::packed_index(wte.format, id, c, C), 1, y + c);
-    }
+    for (std::size_t c = 0; c < C; ++c) y[c] = simd::packed_value(wte, id, c);
     const float* p = wpe.data() + (pos0 + t) * C;
     for (std::size_t c = 0; c < C; ++c) y[c] += p[c];
   }
@@ -190,23 +189,40 @@ inline void layer_norm_reference(std::span<float> out, std::span<const float> in
 
 // --- matmul -----------------------------------------------------------------------------------
 
+/// The rows of a BF16 or INT8 matmul's input as the kernels multiply them (`matmul`).
+struct matmul_operands {
+  std::vector<std::uint16_t> bf16;  ///< (T, C rounded up to even): `simd::bf16_operands`
+  std::vector<std::uint8_t> i8;     ///< (T, C rounded up to a multiple of 4): `simd::i8_operands`
+  std::vector<float> i8_scales;     ///< (T): the INT8 rows' scales
+
+  /// Sizes the buffers for T rows of up to K columns of a matmul over weights of `format`.
+  void reserve(weight_format format, std::size_t T, std::size_t K) {
+    const std::size_t n = T * simd::packed_cols(format, K);
+    if (format == weight_format::bf16_pairs && bf16.size() < n) bf16.resize(n);
+    if (format == weight_format::i8_quads && i8.size() < n) i8.resize(n);
+    if (format == weight_format::i8_quads && i8_scales.size() < T) i8_scales.resize(T);
+  }
+};
+
 /// out[t, o] = inp[t] · weight[o] + bias[o] (no bias when `bias` is empty). The weight is
-/// (OC, C) in F32, F16 or BF16, packed in panels of 64 output channels (simd.hpp; HF Conv1D's
+/// (OC, C) in F32, F16, BF16, BF16 pairs or INT8 quads, packed in panels of 64 output channels (simd.hpp; HF Conv1D's
 /// [C, OC] and wte (V, C) are packed at load). A kernel streams one panel and applies every
 /// weight vector to a register tile of up to 6 rows (AVX-512), so the weights are read from
 /// memory once per call whatever T. Panels are split across the pool; every output element is
 /// accumulated sequentially in k in one vector lane, so neither T, the row's place in the batch
-/// nor the split changes any result bit. `level` picks the kernels (capped at the CPU's).
+/// nor the split changes any result bit (INT8 quads sum integers, exactly). `level` picks the
+/// kernels (capped at the CPU's).
 ///
 /// With `bf16_pairs` weights (`matmul_precision::bf16`) the rows of inp are first rounded to
-/// BF16 (`simd::bf16_operands`) into `operands` (T × C rounded up to even; a buffer of the call's
-/// own when it is smaller: an allocation), and multiplied as BF16.
+/// BF16 (`simd::bf16_operands`), with `i8_quads` weights (`matmul_precision::int8`) quantised to
+/// INT8 (`simd::i8_operands`), into `operands` (grown when too small: an allocation; a buffer of
+/// the call's own when null), and multiplied as such.
 inline void matmul(std::span<float> out,          // (T, OC)
                    std::span<const float> inp,    // (T, C)
                    const weight_view& weight,     // (OC, C) packed
                    std::span<const float> bias,   // (OC) or empty
                    std::size_t T, std::size_t C, std::size_t OC, thread_pool* pool = nullptr,
-                   isa level = isa::best, std::span<std::uint16_t> operands = {}) {
+                   isa level = isa::best, matmul_operands* operands = nullptr) {
   assert(out.size() >= T * OC && inp.size() >= T * C);
   assert(weight.rows == OC && weight.cols == C);
   assert(bias.empty() || bias.size() >= OC);
@@ -214,16 +230,19 @@ inline void matmul(std::span<float> out,          // (T, OC)
   const isa lv = simd::resolve(level);
   simd::matmul_args a{out.data(), OC, inp.data(), C, T, C, OC, weight.data,
                       bias.empty() ? nullptr : bias.data()};
-  std::vector<std::uint16_t> own;
+  matmul_operands own;
+  matmul_operands& ops = operands != nullptr ? *operands : own;
+  ops.reserve(weight.format, T, C);
+  const std::size_t ld = simd::packed_cols(weight.format, C);
   if (weight.format == weight_format::bf16_pairs) {
-    const std::size_t ld = simd::packed_cols(weight.format, C);
-    if (operands.size() < T * ld) {
-      own.resize(T * ld);
-      operands = own;
-    }
-    simd::bf16_operands(lv, inp.data(), C, T, C, operands.data(), ld);
-    a.xh = operands.data();
+    simd::bf16_operands(lv, inp.data(), C, T, C, ops.bf16.data(), ld);
+    a.xh = ops.bf16.data();
     a.ldxh = ld;
+  } else if (weight.format == weight_format::i8_quads) {
+    simd::i8_operands(lv, inp.data(), C, T, C, ops.i8.data(), ld, ops.i8_scales.data());
+    a.xq = ops.i8.data();
+    a.ldxq = ld;
+    a.xs = ops.i8_scales.data();
   }
   detail::split(pool, simd::panels(OC), [&](std::size_t begin, std::size_t end, std::size_t) {
     simd::matmul_panels(lv, weight.format, a, begin, end);

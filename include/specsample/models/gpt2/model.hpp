@@ -135,11 +135,15 @@ class model {
         !sized(w_.ln_f_bias, C)) {
       throw error("gpt2::model: weights do not match the config");
     }
-    const bool pairs = w_.output_embedding().format() == weight_format::bf16_pairs;  // (matmul_precision())
-    for (const layer_weights& lw : w_.layers) {
-      for (const weight_matrix* m : {&lw.attn_qkv_weight, &lw.attn_proj_weight, &lw.mlp_fc_weight, &lw.mlp_proj_weight}) {
-        if ((m->format() == weight_format::bf16_pairs) != pairs) {
-          throw error("gpt2::model: BF16-pair weights (matmul_precision BF16) must be all of the matmul weights or none");
+    // A matmul precision's layout (BF16 pairs, INT8 quads) is all of the matmul weights' or none's.
+    for (const weight_format f : {weight_format::bf16_pairs, weight_format::i8_quads}) {
+      const bool held = w_.output_embedding().format() == f;
+      for (const layer_weights& lw : w_.layers) {
+        for (const weight_matrix* m : {&lw.attn_qkv_weight, &lw.attn_proj_weight, &lw.mlp_fc_weight, &lw.mlp_proj_weight}) {
+          if ((m->format() == f) != held) {
+            throw error(fmt::format("gpt2::model: the matmul weights must be all {} (matmul_precision {}) or none",
+                                    format_name(f), f == weight_format::bf16_pairs ? "BF16" : "INT8"));
+          }
         }
       }
     }
@@ -165,13 +169,16 @@ class model {
   /// The hyper-parameters.
   [[nodiscard]] const gpt2::config& config() const noexcept { return cfg_; }
   /// The parameters (matmul weights in the checkpoint's precision, or `options::weight_storage`'s,
-  /// or BF16 pairs for `options::matmul_precision` BF16).
+  /// or BF16 pairs / INT8 quads for `options::matmul_precision` BF16 / INT8).
   [[nodiscard]] const gpt2::weights& weights() const noexcept { return w_; }
   /// How the matmuls multiply (`options::matmul_precision`; the weights' format says it: a model
-  /// built from another's BF16-pair weights multiplies in BF16 too).
+  /// built from another's BF16-pair or INT8-quad weights multiplies that way too).
   [[nodiscard]] gpt2::matmul_precision matmul_precision() const noexcept {
-    return w_.output_embedding().format() == weight_format::bf16_pairs ? gpt2::matmul_precision::bf16
-                                                                       : gpt2::matmul_precision::f32;
+    switch (w_.output_embedding().format()) {
+      case weight_format::bf16_pairs: return gpt2::matmul_precision::bf16;
+      case weight_format::i8_quads: return gpt2::matmul_precision::int8;
+      default: return gpt2::matmul_precision::f32;
+    }
   }
   /// The KV cache's precision (`options::kv_storage`).
   [[nodiscard]] weight_format kv_storage() const noexcept { return cache_.format; }
@@ -199,9 +206,7 @@ class model {
     proj_ = xt::xtensor<float, 2>::from_shape({batch, C});
     fc_ = xt::xtensor<float, 2>::from_shape({batch, cfg_.n_inner});
     logits_ = xt::xtensor<float, 2>::from_shape({batch, cfg_.vocab_size});
-    if (matmul_precision() == gpt2::matmul_precision::bf16) {
-      operands_.resize(batch * simd::packed_cols(weight_format::bf16_pairs, std::max(C, cfg_.n_inner)));
-    }
+    operands_.reserve(w_.output_embedding().format(), batch, std::max(C, cfg_.n_inner));
     capacity_ = batch;
   }
 
@@ -262,7 +267,7 @@ class model {
     const auto mm = [&](xt::xtensor<float, 2>& out, const xt::xtensor<float, 2>& in,
                         const weight_matrix& w, std::span<const float> bias) {
       const std::size_t OC = w.rows(), K = w.cols();
-      kernels::matmul(buf(out), cbuf(in), w.view(), bias, n(), K, OC, pool_for(OC * K), isa_, operands_);
+      kernels::matmul(buf(out), cbuf(in), w.view(), bias, n(), K, OC, pool_for(OC * K), isa_, &operands_);
     };
 
     kernels::embed(buf(x_), tokens, w_.wte.view(), vec(w_.wpe), pos0, C);
@@ -325,6 +330,17 @@ class model {
     if (opts.weight_storage == weight_format::bf16_pairs) {
       throw error("gpt2::options: weight_storage BF16 pairs is the layout of matmul_precision BF16: set that instead");
     }
+    if (opts.weight_storage == weight_format::i8_quads) {
+      throw error("gpt2::options: weight_storage INT8 quads is the layout of matmul_precision INT8: set that instead");
+    }
+    if (opts.matmul_precision == gpt2::matmul_precision::int8) {
+      if (opts.weight_storage) {
+        throw error(fmt::format("gpt2::options: matmul_precision INT8 quantises the checkpoint's weights itself, but "
+                                "weight_storage asks for {}: leave it empty",
+                                format_name(*opts.weight_storage)));
+      }
+      return weight_format::i8_quads;
+    }
     if (opts.matmul_precision != gpt2::matmul_precision::bf16) return opts.weight_storage;
     if (opts.weight_storage && *opts.weight_storage != weight_format::bf16) {
       throw error(fmt::format("gpt2::options: matmul_precision BF16 multiplies BF16 weights, but weight_storage asks for {}",
@@ -357,7 +373,7 @@ class model {
   xt::xtensor<float, 2> proj_;    // (B, C) projection output
   xt::xtensor<float, 2> fc_;      // (B, I) MLP hidden
   xt::xtensor<float, 2> logits_;  // (B, V) == logits (V, B) column-major
-  std::vector<std::uint16_t> operands_;  // (B, C or I, rounded up to even) BF16 matmul operands (matmul_precision bf16)
+  kernels::matmul_operands operands_;  // (B, C or I) BF16 or INT8 matmul operands (matmul_precision bf16, int8)
 };
 
 static_assert(language_model<model>,

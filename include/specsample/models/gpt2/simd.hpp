@@ -28,6 +28,16 @@
 /// product of two BF16 values is exact in F32), so the results are the same bits on every level
 /// (unless a product or a partial sum falls below 2^-126, which vdpbf16ps flushes to zero; no
 /// operand is subnormal, see `bf16_operand`).
+///
+/// INT8 dot products (`matmul_precision::int8`): the weights are held as `i8_quads` — each output
+/// channel quantised to integers in [−127, 127] times one F32 scale (max |w| / 127), weights 4k to
+/// 4k + 3 of an output adjacent, [OC/64][ceil(K/4)][64][4], then the panels' scales and integer row
+/// sums — and every matmul first quantises each input row the same way (`i8_operands`: one scale
+/// per row, the integers stored offset by 128 as unsigned bytes). An output is the exact integer
+/// dot product times the weight's scale times the row's scale (`matmul_generic_i8`): integer sums
+/// have no rounding, and the epilogue is the same few operations everywhere (`i8_output`), so every
+/// level (vpdpbusd with AVX512_VNNI, vpmaddwd on AVX2, scalar C++) gives the same bits, for any
+/// tiling, batch or thread split.
 
 #include <algorithm>
 #include <bit>
@@ -36,6 +46,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <string_view>
 #include <type_traits>
@@ -52,27 +63,31 @@ using specsample::isa;
 using specsample::isa_name;
 
 /// Storage precision of a weight matrix. `bf16_pairs` is BF16 in the layout of the BF16 dot
-/// products (`matmul_precision::bf16`; see "BF16 dot products" below): only
-/// `weight_matrix::converted` makes it, for the models that multiply in BF16.
-enum class weight_format : std::uint8_t { f32, f16, bf16, bf16_pairs };
+/// products (`matmul_precision::bf16`; see "BF16 dot products" above), `i8_quads` INT8 with a
+/// scale per output in the layout of the INT8 ones (`matmul_precision::int8`): only
+/// `weight_matrix::converted` makes them, for the models that multiply that way.
+enum class weight_format : std::uint8_t { f32, f16, bf16, bf16_pairs, i8_quads };
 
 /// The element type a matrix of format F is stored in (F16 and BF16 as their 16-bit patterns).
 template <weight_format F>
-using weight_t = std::conditional_t<F == weight_format::f32, float, std::uint16_t>;
+using weight_t = std::conditional_t<F == weight_format::f32, float,
+                                    std::conditional_t<F == weight_format::i8_quads, std::int8_t, std::uint16_t>>;
 
-/// "F32", "F16" or "BF16" (the safetensors spelling); "BF16 pairs" for `bf16_pairs`.
+/// "F32", "F16" or "BF16" (the safetensors spelling); "BF16 pairs" for `bf16_pairs`, "INT8
+/// quads" for `i8_quads`.
 [[nodiscard]] constexpr const char* format_name(weight_format f) noexcept {
   switch (f) {
     case weight_format::f32: return "F32";
     case weight_format::f16: return "F16";
     case weight_format::bf16: return "BF16";
     case weight_format::bf16_pairs: return "BF16 pairs";
+    case weight_format::i8_quads: return "INT8 quads";
   }
   return "?";
 }
 
 /// The format named "f32", "f16" or "bf16" (either case); nullopt for anything else (`bf16_pairs`
-/// is not a storage one asks for: see `matmul_precision`).
+/// and `i8_quads` are not storages one asks for: see `matmul_precision`).
 [[nodiscard]] constexpr std::optional<weight_format> format_from_name(std::string_view name) noexcept {
   if (name == "f32" || name == "F32") return weight_format::f32;
   if (name == "f16" || name == "F16") return weight_format::f16;
@@ -82,12 +97,13 @@ using weight_t = std::conditional_t<F == weight_format::f32, float, std::uint16_
 
 /// Bytes per element of a weight format.
 [[nodiscard]] constexpr std::size_t format_bytes(weight_format f) noexcept {
-  return f == weight_format::f32 ? 4 : 2;
+  return f == weight_format::f32 ? 4 : f == weight_format::i8_quads ? 1 : 2;
 }
 
 /// A read-only view of a (rows, cols) weight matrix in its storage precision, packed in panels
 /// of 64 rows ([ceil(rows/64)][cols][64], zero-padded rows; `bf16_pairs`:
-/// [ceil(rows/64)][ceil(cols/2)][64][2]; see simd.hpp).
+/// [ceil(rows/64)][ceil(cols/2)][64][2]; `i8_quads`: [ceil(rows/64)][ceil(cols/4)][64][4], then
+/// the scales and row sums; see simd.hpp).
 struct weight_view {
   const void* data = nullptr;
   weight_format format = weight_format::f32;
@@ -99,6 +115,7 @@ namespace simd {
 
 using specsample::simd::detected;
 using specsample::simd::has_avx512_bf16;
+using specsample::simd::has_avx512_vnni;
 using specsample::simd::resolve;
 
 inline constexpr float gelu_k = 0.7978845608028654f;  // sqrt(2 / pi), for the GELU
@@ -106,11 +123,13 @@ inline constexpr float gelu_c = 0.044715f;
 
 // --- conversion ----------------------------------------------------------------------------------
 
-/// Element i of a weight buffer as float.
+/// Element i of a weight buffer as float (`i8_quads`: the integer, without its scale).
 template <weight_format F>
 [[nodiscard]] inline float load_scalar(const void* w, std::size_t i) noexcept {
   if constexpr (F == weight_format::f32) {
     return static_cast<const float*>(w)[i];
+  } else if constexpr (F == weight_format::i8_quads) {
+    return static_cast<float>(static_cast<const std::int8_t*>(w)[i]);
   } else if constexpr (F == weight_format::f16) {
     return io::f16_to_float(static_cast<const std::uint16_t*>(w)[i]);
   } else {  // BF16, either layout
@@ -139,7 +158,8 @@ SPECSAMPLE_TARGET_AVX2 inline void float_to_f16_f16c(const float* src, std::size
 }
 #endif
 
-/// dst[i] = float(src[first + i]) for i < n (exact for every format).
+/// dst[i] = float(src[first + i]) for i < n (exact for every format; `i8_quads`: the integers,
+/// without their scales — `packed_value` applies them).
 inline void convert(weight_format f, const void* src, std::size_t first, std::size_t n,
                     float* dst) noexcept {
   switch (f) {
@@ -161,8 +181,12 @@ inline void convert(weight_format f, const void* src, std::size_t first, std::si
     case weight_format::bf16_pairs:
       for (std::size_t i = 0; i < n; ++i) dst[i] = load_scalar<weight_format::bf16>(src, first + i);
       return;
+    case weight_format::i8_quads:
+      for (std::size_t i = 0; i < n; ++i) dst[i] = load_scalar<weight_format::i8_quads>(src, first + i);
+      return;
   }
 }
+
 
 /// dst[i] = src[i] rounded to nearest even in `f` (F16 or BF16; overflow gives ±inf) for i < n.
 inline void narrow(weight_format f, const float* src, std::size_t n, std::uint16_t* dst) noexcept {
@@ -194,22 +218,61 @@ inline constexpr std::size_t panel = 64;
   return (o / panel) * K * panel + k * panel + o % panel;
 }
 
-/// Columns a packed panel of a K-column matrix of format `f` holds: K, or for `bf16_pairs` K
-/// rounded up to even (an odd K's last pair is completed by zeros).
-[[nodiscard]] constexpr std::size_t packed_cols(weight_format f, std::size_t K) noexcept {
-  return f == weight_format::bf16_pairs ? (K + 1) / 2 * 2 : K;
+/// Columns per k-step of the kernels over format `f`: 2 for `bf16_pairs` (a pair), 4 for
+/// `i8_quads` (a quad), else 1.
+[[nodiscard]] constexpr std::size_t group_cols(weight_format f) noexcept {
+  return f == weight_format::bf16_pairs ? 2 : f == weight_format::i8_quads ? 4 : 1;
 }
 
-/// Columns per k-step of the kernels over format F: 2 for `bf16_pairs` (a pair), else 1.
+/// Columns a packed panel of a K-column matrix of format `f` holds: K rounded up to a whole
+/// step (`group_cols`; the missing columns of the last pair or quad are zeros).
+[[nodiscard]] constexpr std::size_t packed_cols(weight_format f, std::size_t K) noexcept {
+  return (K + group_cols(f) - 1) / group_cols(f) * group_cols(f);
+}
+
+/// Columns per k-step of the kernels over format F (`group_cols`).
 template <weight_format F>
-inline constexpr std::size_t step_cols = F == weight_format::bf16_pairs ? 2 : 1;
+inline constexpr std::size_t step_cols = group_cols(F);
 
 /// Index of weight (o, k) in the packed layout of format `f` (`bf16_pairs`: weights k and k + 1
-/// of output o adjacent, k even, the 64 pairs of a panel's outputs contiguous).
+/// of output o adjacent, k even, the 64 pairs of a panel's outputs contiguous; `i8_quads` the
+/// same with quads).
 [[nodiscard]] constexpr std::size_t packed_index(weight_format f, std::size_t o, std::size_t k,
                                                  std::size_t K) noexcept {
-  if (f != weight_format::bf16_pairs) return packed_index(o, k, K);
-  return (o / panel) * packed_cols(f, K) * panel + k / 2 * 2 * panel + o % panel * 2 + k % 2;
+  const std::size_t g = group_cols(f);
+  return (o / panel) * packed_cols(f, K) * panel + k / g * g * panel + o % panel * g + k % g;
+}
+
+/// Bytes of a packed (rows, cols) matrix of format `f`: its panels, and for `i8_quads` after them
+/// an F32 scale and an INT32 row sum per output (padding rows included; `i8_meta`).
+[[nodiscard]] constexpr std::size_t packed_matrix_bytes(weight_format f, std::size_t rows, std::size_t cols) noexcept {
+  const std::size_t weights = panels(rows) * packed_cols(f, cols) * panel * format_bytes(f);
+  return f == weight_format::i8_quads ? weights + panels(rows) * panel * (sizeof(float) + sizeof(std::int32_t))
+                                      : weights;
+}
+
+/// The per-output data of a packed `i8_quads` matrix, after its panels: output o's weights are
+/// scale[o] times integers summing to sum[o].
+struct i8_meta {
+  const float* scale;
+  const std::int32_t* sum;
+};
+
+/// Where the `i8_meta` of the packed (rows, cols) `i8_quads` matrix at `w` sits.
+[[nodiscard]] inline i8_meta i8_meta_of(const void* w, std::size_t rows, std::size_t cols) noexcept {
+  const auto* base = static_cast<const unsigned char*>(w) +
+                     panels(rows) * packed_cols(weight_format::i8_quads, cols) * panel;
+  const auto* scale = reinterpret_cast<const float*>(base);
+  return {scale, reinterpret_cast<const std::int32_t*>(scale + panels(rows) * panel)};
+}
+
+/// Weight (o, k) of the packed matrix `w` as float: exact, and for `i8_quads` its integer times
+/// the output's scale (rounded once: the value the embedding reads).
+[[nodiscard]] inline float packed_value(const weight_view& w, std::size_t o, std::size_t k) noexcept {
+  float v = 0.0f;
+  convert(w.format, w.data, packed_index(w.format, o, k, w.cols), 1, &v);
+  if (w.format == weight_format::i8_quads) v *= i8_meta_of(w.data, w.rows, w.cols).scale[o];
+  return v;
 }
 
 /// x rounded to nearest even in BF16 as an operand of the BF16 dot products (weights and
@@ -267,6 +330,11 @@ struct matmul_args {
   /// packed_cols(bf16_pairs, K) (a zero after an odd K's last column). The kernels read these, not x.
   const std::uint16_t* xh = nullptr;
   std::size_t ldxh = 0;
+  /// `i8_quads` only: the rows of x as INT8 operands (`i8_operands`: each integer + 128 as a byte),
+  /// (T, ldxq) with ldxq = packed_cols(i8_quads, K), and each row's scale (T). The kernels read these.
+  const std::uint8_t* xq = nullptr;
+  std::size_t ldxq = 0;
+  const float* xs = nullptr;
 };
 
 // --- generic -------------------------------------------------------------------------------------
@@ -1301,6 +1369,314 @@ inline void attend(isa level, const float* q, std::size_t ldq, std::size_t nq, c
   (void)ahead;  // the generic path does not prefetch
 }
 
+// --- INT8 dot products (`i8_quads`, `matmul_precision::int8`) -------------------------------------
+
+/// Rows and matrices whose largest magnitude is below this quantise to zeros (scale 0): it keeps
+/// 127 / max finite. Such a row's products are below 2^-96 of the weights' magnitude.
+inline constexpr float i8_smallest_max = 0x1p-96f;
+
+/// Largest input width of an INT8 matmul: its integer sums (at most 255 · 127 per product,
+/// `i8_operands` offsetting the row's integers by 128) stay below 2^31.
+inline constexpr std::size_t i8_max_cols = 65536;
+
+/// x rounded to the nearest integer, ties to even, whatever the rounding mode (x finite).
+[[nodiscard]] inline float round_half_even(float x) noexcept {
+  const float f = std::floor(x);
+  const float d = x - f;  // exact
+  if (d != 0.5f) return d > 0.5f ? f + 1.0f : f;
+  return std::fmod(f, 2.0f) == 0.0f ? f : f + 1.0f;
+}
+
+/// The INT8 quantisation of n floats: scale = max |x| / 127 and the reciprocal 127 / max |x|
+/// every value is multiplied by (0 and 0 for a zero row, or one whose largest magnitude is below
+/// `i8_smallest_max`; NaN and NaN when a value is NaN or infinite: the products are then NaN).
+struct i8_scaling {
+  float scale;
+  float inverse;
+};
+
+/// The scaling of `i8_scaling` for a row whose largest magnitude is m (NaN: not finite).
+[[nodiscard]] inline i8_scaling i8_scaling_of(float m) noexcept {
+  if (!(m <= std::numeric_limits<float>::max())) {
+    return {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::quiet_NaN()};
+  }
+  if (m < i8_smallest_max) return {0.0f, 0.0f};
+  return {m / 127.0f, 127.0f / m};
+}
+
+/// x · inverse clamped to [−127, 127] and rounded half to even (0 for a NaN inverse).
+[[nodiscard]] inline int i8_value(float x, float inverse) noexcept {
+  const float v = x * inverse;
+  if (!(v == v)) return 0;
+  return static_cast<int>(round_half_even(std::clamp(v, -127.0f, 127.0f)));
+}
+
+/// The scaling of x[0, n) (generic: `i8_operands` and the weights' quantisation).
+[[nodiscard]] inline i8_scaling i8_scaling_of(const float* x, std::size_t n) noexcept {
+  float m = 0.0f;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    if (!(a <= std::numeric_limits<float>::max())) return i8_scaling_of(a);
+    m = std::max(m, a);
+  }
+  return i8_scaling_of(m);
+}
+
+/// One operand row, generic: dst[k] = i8_value(x[k]) + 128 for k < K, 128 (zero) up to ld.
+inline float i8_operand_row_generic(const float* x, std::size_t K, std::uint8_t* dst, std::size_t ld) noexcept {
+  const i8_scaling s = i8_scaling_of(x, K);
+  for (std::size_t k = 0; k < K; ++k) dst[k] = static_cast<std::uint8_t>(i8_value(x[k], s.inverse) + 128);
+  std::fill(dst + K, dst + ld, std::uint8_t{128});
+  return s.scale;
+}
+
+/// Output o of row t of an INT8 matmul from its integer sum d (the offset removed): d converted to
+/// float times scale[o] · xs[t], plus the bias in one fused multiply-add (so that no compiler's
+/// contraction of a multiply and an add can make one level differ from another).
+inline float i8_output(std::int32_t d, float scale, float row_scale, const float* bias,
+                      std::size_t o) noexcept {
+  const float s = scale * row_scale;
+  return bias != nullptr ? std::fma(static_cast<float>(d), s, bias[o]) : static_cast<float>(d) * s;
+}
+
+/// Panels [p_begin, p_end), generic: per output the integer sum Σ_k xq[t][k]·w[o][k] (exact),
+/// less 128 · sum[o] (the operands' offset), then `i8_output`: the result of every level.
+inline void matmul_generic_i8(const matmul_args& a, std::size_t p_begin, std::size_t p_end) noexcept {
+  const std::size_t Kq = packed_cols(weight_format::i8_quads, a.K);
+  const i8_meta meta = i8_meta_of(a.w, a.OC, a.K);
+  std::int32_t acc[panel];
+  for (std::size_t p = p_begin; p < p_end; ++p) {
+    const std::size_t o0 = p * panel;
+    const std::size_t valid = std::min(panel, a.OC - o0);
+    const std::int8_t* wp = static_cast<const std::int8_t*>(a.w) + p * Kq * panel;
+    for (std::size_t t = 0; t < a.T; ++t) {
+      const std::uint8_t* x = a.xq + t * a.ldxq;
+      std::fill_n(acc, panel, 0);
+      for (std::size_t k = 0; k < Kq; k += 4) {
+        const std::int8_t* wk = wp + k * panel;
+        for (std::size_t j = 0; j < panel; ++j) {
+          acc[j] += x[k] * wk[4 * j] + x[k + 1] * wk[4 * j + 1] + x[k + 2] * wk[4 * j + 2] + x[k + 3] * wk[4 * j + 3];
+        }
+      }
+      float* out = a.out + t * a.ldo + o0;
+      for (std::size_t j = 0; j < valid; ++j) {
+        out[j] = i8_output(acc[j] - 128 * meta.sum[o0 + j], meta.scale[o0 + j], a.xs[t], a.bias, o0 + j);
+      }
+    }
+  }
+}
+
+#if SPECSAMPLE_X86
+/// The four operand bytes of row x at column 4k as one 32-bit lane.
+SPECSAMPLE_ALWAYS_INLINE int load_quad(const std::uint8_t* p) noexcept {
+  std::uint32_t u = 0;
+  std::memcpy(&u, p, sizeof u);
+  return static_cast<int>(u);
+}
+
+/// The epilogue of the AVX2 INT8 tiles, per row r < R and output j < valid: `matmul_generic_i8`'s,
+/// on the integer sums of outputs o0 .. o0 + valid.
+template <int R, int N>
+SPECSAMPLE_ALWAYS_INLINE void i8_store(const matmul_args& a, const i8_meta& meta, const std::int32_t (&acc)[R][N],
+                                       std::size_t o0, std::size_t valid, std::size_t t0) noexcept {
+  for (std::size_t r = 0; r < static_cast<std::size_t>(R); ++r) {
+    float* out = a.out + (t0 + r) * a.ldo + o0;
+    for (std::size_t j = 0; j < valid; ++j) {
+      out[j] = i8_output(acc[r][j] - 128 * meta.sum[o0 + j], meta.scale[o0 + j], a.xs[t0 + r], a.bias, o0 + j);
+    }
+  }
+}
+
+/// Quads [k0, k1) of an AVX2 INT8 tile: vpmaddwd on the even and the odd bytes of each lane (the
+/// operands zero-extended, the weights sign-extended to 16 bits: exact), the two sums added.
+template <int W, int R, bool Prefetch>
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_i8_steps(__m256i (&acc)[R][W], const std::int8_t* w,
+                                                                const std::uint8_t* x, std::size_t ldx,
+                                                                std::size_t k0, std::size_t k1, std::size_t ahead) {
+  const __m256i even_bytes = _mm256_set1_epi32(0x00FF00FF);
+  for (std::size_t k = k0; k < k1; ++k) {
+    const std::int8_t* wk = w + k * 4 * panel;
+    if constexpr (Prefetch) prefetch_ahead(wk, ahead, 32 * W);
+    __m256i xe[R], xo[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256i q = _mm256_set1_epi32(load_quad(x + static_cast<std::size_t>(r) * ldx + 4 * k));
+      xe[r] = _mm256_and_si256(q, even_bytes);
+      xo[r] = _mm256_srli_epi16(q, 8);
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < W; ++j) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk + 32 * j));
+      const __m256i we = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8), wo = _mm256_srai_epi16(v, 8);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        acc[r][j] = _mm256_add_epi32(acc[r][j], _mm256_add_epi32(_mm256_madd_epi16(we, xe[r]), _mm256_madd_epi16(wo, xo[r])));
+      }
+    }
+  }
+}
+
+/// Rows [t0, t0 + R) × outputs [p·64 + o_off, + 8·W) of INT8 panel p.
+template <int W, int R>
+[[gnu::noinline]] SPECSAMPLE_TARGET_AVX2 void avx2_i8_tile(const matmul_args& a, const i8_meta& meta, std::size_t p,
+                                                         std::size_t o_off, std::size_t t0, prefetch_window win) {
+  const std::size_t steps = packed_cols(weight_format::i8_quads, a.K) / 4;
+  const std::int8_t* w = static_cast<const std::int8_t*>(a.w) + p * steps * 4 * panel + o_off * 4;
+  __m256i acc[R][W];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int j = 0; j < W; ++j) acc[r][j] = _mm256_setzero_si256();
+  }
+  const std::size_t k_pf = prefetched_steps(w, 4 * panel, 32 * W, steps, win);
+  const std::uint8_t* x = a.xq + t0 * a.ldxq;
+  avx2_i8_steps<W, R, true>(acc, w, x, a.ldxq, 0, k_pf, win.ahead);
+  avx2_i8_steps<W, R, false>(acc, w, x, a.ldxq, k_pf, steps, 0);
+  alignas(32) std::int32_t sums[R][8 * W];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int j = 0; j < W; ++j) _mm256_store_si256(reinterpret_cast<__m256i*>(sums[r] + 8 * j), acc[r][j]);
+  }
+  const std::size_t o0 = p * panel + o_off;
+  i8_store<R, 8 * W>(a, meta, sums, o0, std::min<std::size_t>(8 * W, a.OC - o0), t0);
+}
+
+/// INT8 panels on AVX2 (and on AVX-512 CPUs without AVX512_VNNI): tiles as `matmul_avx2`'s.
+SPECSAMPLE_TARGET_AVX2 inline void matmul_avx2_i8(const matmul_args& a, std::size_t p_begin, std::size_t p_end) {
+  const prefetch_window win = window<weight_format::i8_quads>(a, p_end);
+  const i8_meta meta = i8_meta_of(a.w, a.OC, a.K);
+  for (std::size_t p = p_begin; p < p_end; ++p) {
+    const bool second_half = p * panel + 32 < a.OC;
+    for (std::size_t t = 0; t + 2 <= a.T; t += 2) {
+      avx2_i8_tile<4, 2>(a, meta, p, 0, t, win);
+      if (second_half) avx2_i8_tile<4, 2>(a, meta, p, 32, t, win);
+    }
+    if (a.T % 2 == 1) avx2_i8_tile<8, 1>(a, meta, p, 0, a.T - 1, win);
+  }
+}
+
+/// Quads [k0, k1) of an AVX-512 INT8 panel with vpdpbusd: per 32-bit lane, the four products of
+/// the row's unsigned operand bytes and the output's signed weight bytes, added exactly.
+template <int TT, bool Prefetch>
+SPECSAMPLE_TARGET_AVX512_VNNI SPECSAMPLE_ALWAYS_INLINE void avx512_vnni_steps(__m512i (&acc)[TT][4], const std::int8_t* w,
+                                                                          const std::uint8_t* x, std::size_t ldx,
+                                                                          std::size_t k0, std::size_t k1,
+                                                                          std::size_t ahead) {
+  for (std::size_t k = k0; k < k1; ++k) {
+    const std::int8_t* wk = w + k * 4 * panel;
+    if constexpr (Prefetch) prefetch_ahead(wk, ahead, 4 * panel);
+    __m512i wv[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) wv[j] = _mm512_loadu_si512(wk + 64 * j);
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; ++t) {
+      const __m512i xb = _mm512_set1_epi32(load_quad(x + static_cast<std::size_t>(t) * ldx + 4 * k));
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) acc[t][j] = _mm512_dpbusd_epi32(acc[t][j], xb, wv[j]);
+    }
+  }
+}
+
+/// Rows [t0, t0 + TT) × the 64 outputs of INT8 panel p with vpdpbusd, and the epilogue of
+/// `i8_output` in vectors (the same operations).
+template <int TT>
+SPECSAMPLE_TARGET_AVX512_VNNI void avx512_vnni_panel(const matmul_args& a, const i8_meta& meta, std::size_t p,
+                                                    std::size_t t0, prefetch_window win) {
+  const std::size_t steps = packed_cols(weight_format::i8_quads, a.K) / 4;
+  const std::int8_t* w = static_cast<const std::int8_t*>(a.w) + p * steps * 4 * panel;
+  __m512i acc[TT][4];
+#pragma GCC unroll 8
+  for (int t = 0; t < TT; ++t) {
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) acc[t][j] = _mm512_setzero_si512();
+  }
+  const std::size_t k_pf = prefetched_steps(w, 4 * panel, 4 * panel, steps, win);
+  const std::uint8_t* x = a.xq + t0 * a.ldxq;
+  avx512_vnni_steps<TT, true>(acc, w, x, a.ldxq, 0, k_pf, win.ahead);
+  avx512_vnni_steps<TT, false>(acc, w, x, a.ldxq, k_pf, steps, 0);
+  const std::size_t o0 = p * panel;
+  const std::size_t valid = std::min(panel, a.OC - o0);
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    const std::size_t lo = 16 * static_cast<std::size_t>(j);
+    if (lo >= valid) continue;
+    const __mmask16 m = avx512_first(valid - lo);
+    const __m512 scale = _mm512_maskz_loadu_ps(m, meta.scale + o0 + lo);
+    const __m512i offset = _mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_loadu_epi32(m, meta.sum + o0 + lo), 7);
+    const __m512 b = a.bias != nullptr ? _mm512_maskz_loadu_ps(m, a.bias + o0 + lo) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; ++t) {
+      const __m512 d = _mm512_maskz_cvtepi32_ps(0xFFFF, _mm512_sub_epi32(acc[t][j], offset));
+      const __m512 s = _mm512_mul_ps(scale, _mm512_set1_ps(a.xs[t0 + static_cast<std::size_t>(t)]));
+      const __m512 y = a.bias != nullptr ? _mm512_fmadd_ps(d, s, b) : _mm512_mul_ps(d, s);
+      _mm512_mask_storeu_ps(a.out + (t0 + static_cast<std::size_t>(t)) * a.ldo + o0 + lo, m, y);
+    }
+  }
+}
+
+/// INT8 panels with vpdpbusd (CPUs with AVX512_VNNI): tiles of up to 6 rows.
+SPECSAMPLE_TARGET_AVX512_VNNI inline void matmul_avx512_vnni(const matmul_args& a, std::size_t p_begin,
+                                                            std::size_t p_end) {
+  const prefetch_window win = window<weight_format::i8_quads>(a, p_end);
+  const i8_meta meta = i8_meta_of(a.w, a.OC, a.K);
+  for (std::size_t p = p_begin; p < p_end; ++p) {
+    row_tiles<6>(a.T, [&]<int TT>(std::size_t t) { avx512_vnni_panel<TT>(a, meta, p, t, win); });
+  }
+}
+
+/// One INT8 operand row with AVX-512: `i8_operand_row_generic`'s bytes and scale (the maximum of
+/// magnitudes, then x · inverse clamped and rounded to nearest even: the same operations).
+SPECSAMPLE_TARGET_AVX512 inline float i8_operand_row_avx512(const float* x, std::size_t K, std::uint8_t* dst,
+                                                          std::size_t ld) noexcept {
+  const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  __m512 m = _mm512_setzero_ps();
+  __mmask16 bad = 0;  // NaN or infinite lanes
+  const __m512 largest = _mm512_set1_ps(std::numeric_limits<float>::max());
+  for (std::size_t i = 0; i < K; i += 16) {
+    const __mmask16 in = avx512_first(K - i);
+    const __m512 v = _mm512_and_ps(_mm512_maskz_loadu_ps(in, x + i), magnitude);
+    bad |= _mm512_mask_cmp_ps_mask(in, v, largest, _CMP_NLE_UQ);
+    m = _mm512_maskz_max_ps(0xFFFF, m, v);
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, m);
+  const i8_scaling s = bad != 0 ? i8_scaling_of(std::numeric_limits<float>::quiet_NaN())
+                                : i8_scaling_of(*std::max_element(lanes, lanes + 16));
+  const __m512 inv = _mm512_set1_ps(s.inverse), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  const __m512i offset = _mm512_set1_epi32(128);
+  std::size_t i = 0;
+  for (; i < ld; i += 16) {
+    const __mmask16 in = i < K ? avx512_first(K - i) : __mmask16{0};
+    __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, x + i), inv);
+    v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);  // NaN (a NaN scaling) to 0
+    v = _mm512_maskz_roundscale_ps(0xFFFF, _mm512_maskz_min_ps(0xFFFF, _mm512_maskz_max_ps(0xFFFF, v, lo), hi),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m128i b = _mm512_maskz_cvtepi32_epi8(0xFFFF, _mm512_add_epi32(_mm512_maskz_cvttps_epi32(0xFFFF, v), offset));
+    _mm_mask_storeu_epi8(dst + i, avx512_first(ld - i), b);
+  }
+  return s.scale;
+}
+#endif
+
+/// dst[t·ldd + k] = i8_value(x[t·ldx + k], the row's inverse) + 128 for t < T, k < K, and 128
+/// (zero) for K <= k < ldd; scales[t] = the row's scale: the operands of an `i8_quads` matmul
+/// (`matmul_args::xq`, `xs`). Every level gives the same bytes and scales.
+inline void i8_operands(isa level, const float* x, std::size_t ldx, std::size_t T, std::size_t K, std::uint8_t* dst,
+                        std::size_t ldd, float* scales) noexcept {
+  for (std::size_t t = 0; t < T; ++t) {
+#if SPECSAMPLE_X86
+    if (level == isa::avx512) {
+      scales[t] = i8_operand_row_avx512(x + t * ldx, K, dst + t * ldd, ldd);
+      continue;
+    }
+#else
+    (void)level;
+#endif
+    scales[t] = i8_operand_row_generic(x + t * ldx, K, dst + t * ldd, ldd);
+  }
+}
+
 /// Computes the outputs of panels [p_begin, p_end) of `a` for all T rows with the kernels of
 /// `level` (already resolved: `resolve(...)`).
 inline void matmul_panels(isa level, weight_format f, const matmul_args& a, std::size_t p_begin,
@@ -1314,6 +1690,9 @@ inline void matmul_panels(isa level, weight_format f, const matmul_args& a, std:
       case weight_format::bf16_pairs:
         if (has_avx512_bf16()) return matmul_avx512_dot(a, p_begin, p_end);
         return matmul_avx512<weight_format::bf16_pairs>(a, p_begin, p_end);
+      case weight_format::i8_quads:
+        if (has_avx512_vnni()) return matmul_avx512_vnni(a, p_begin, p_end);
+        return matmul_avx2_i8(a, p_begin, p_end);
     }
   }
   if (level == isa::avx2) {
@@ -1322,6 +1701,7 @@ inline void matmul_panels(isa level, weight_format f, const matmul_args& a, std:
       case weight_format::f16: return matmul_avx2<weight_format::f16>(a, p_begin, p_end);
       case weight_format::bf16: return matmul_avx2<weight_format::bf16>(a, p_begin, p_end);
       case weight_format::bf16_pairs: return matmul_avx2<weight_format::bf16_pairs>(a, p_begin, p_end);
+      case weight_format::i8_quads: return matmul_avx2_i8(a, p_begin, p_end);
     }
   }
 #else
@@ -1332,6 +1712,7 @@ inline void matmul_panels(isa level, weight_format f, const matmul_args& a, std:
     case weight_format::f16: return matmul_generic<weight_format::f16>(a, p_begin, p_end);
     case weight_format::bf16: return matmul_generic<weight_format::bf16>(a, p_begin, p_end);
     case weight_format::bf16_pairs: return matmul_generic<weight_format::bf16_pairs>(a, p_begin, p_end);
+    case weight_format::i8_quads: return matmul_generic_i8(a, p_begin, p_end);
   }
 }
 

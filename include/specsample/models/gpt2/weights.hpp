@@ -96,8 +96,10 @@ struct huge_page_allocator {
 
 /// A (rows, cols) weight matrix in its storage precision (F32, or F16 / BF16 as raw 16-bit
 /// patterns), packed in panels of 64 rows — [ceil(rows/64)][cols][64], padding rows zero;
-/// `bf16_pairs` (`matmul_precision::bf16`): [ceil(rows/64)][ceil(cols/2)][64][2] — in one 64-byte
-/// aligned buffer (the layout the matmul kernels stream; see simd.hpp). Row o is output channel o.
+/// `bf16_pairs` (`matmul_precision::bf16`): [ceil(rows/64)][ceil(cols/2)][64][2]; `i8_quads`
+/// (`matmul_precision::int8`): [ceil(rows/64)][ceil(cols/4)][64][4] INT8, then a scale and an
+/// integer sum per output — in one 64-byte aligned buffer (the layout the matmul kernels stream;
+/// see simd.hpp). Row o is output channel o.
 class weight_matrix {
  public:
   weight_matrix() = default;
@@ -116,16 +118,16 @@ class weight_matrix {
   /// Bytes of packed storage of a (rows, cols) matrix of `format` (padding rows included).
   [[nodiscard]] static constexpr std::size_t packed_bytes(weight_format format, std::size_t rows,
                                                           std::size_t cols) noexcept {
-    return simd::panels(rows) * simd::packed_cols(format, cols) * simd::panel * format_bytes(format);
+    return simd::packed_matrix_bytes(format, rows, cols);
   }
 
   /// Packs a row-major (rows, cols) matrix whose elements are in `format` (row o = output o),
   /// into `storage` when given (as the sharing constructor), else into storage of its own. (Not
-  /// `bf16_pairs`, which only `converted` and `from_floats` make.)
+  /// `bf16_pairs` or `i8_quads`, which only `converted` and `from_floats` make.)
   [[nodiscard]] static weight_matrix from_rows(weight_format format, std::size_t rows,
                                                std::size_t cols, const void* src,
                                                std::shared_ptr<unsigned char[]> storage = {}) {
-    assert(format != weight_format::bf16_pairs);
+    assert(simd::group_cols(format) == 1);
     weight_matrix m = make(format, rows, cols, std::move(storage));
     if (m.data_) simd::pack_rows(src, m.data_.get(), rows, cols, format_bytes(format));
     return m;
@@ -135,17 +137,17 @@ class weight_matrix {
   [[nodiscard]] static weight_matrix from_columns(weight_format format, std::size_t rows,
                                                   std::size_t cols, const void* src,
                                                   std::shared_ptr<unsigned char[]> storage = {}) {
-    assert(format != weight_format::bf16_pairs);
+    assert(simd::group_cols(format) == 1);
     weight_matrix m = make(format, rows, cols, std::move(storage));
     if (m.data_) simd::pack_columns(src, m.data_.get(), rows, cols, format_bytes(format));
     return m;
   }
   /// Packs row-major F32 values, stored as `format` (F16 rounds to nearest even; BF16 too;
-  /// `bf16_pairs` as `converted` does).
+  /// `bf16_pairs` and `i8_quads` as `converted` does).
   [[nodiscard]] static weight_matrix from_floats(weight_format format, std::size_t rows,
                                                  std::size_t cols, const float* src) {
     if (format == weight_format::f32) return from_rows(format, rows, cols, src);
-    if (format == weight_format::bf16_pairs) return from_rows(weight_format::f32, rows, cols, src).converted(format);
+    if (simd::group_cols(format) != 1) return from_rows(weight_format::f32, rows, cols, src).converted(format);
     std::vector<std::uint16_t> h(rows * cols);
     simd::narrow(format, src, h.size(), h.data());
     return from_rows(format, rows, cols, h.data());
@@ -156,13 +158,25 @@ class weight_matrix {
   /// weight is kept exactly; to F16 or BF16 each is rounded to nearest even (relative error at most
   /// 2^-11 and 2^-8; F16 weights below 2^-14 lose precision, those up to 2^-25 become 0); to
   /// `bf16_pairs` as to BF16, by `simd::bf16_operand` (a subnormal F32 weight becomes 0), and
-  /// re-laid out in column pairs. Throws `specsample::error` naming the first weight that a finite
-  /// value would turn into an infinity (F16: |w| >= 65520) instead of storing it.
+  /// re-laid out in column pairs; to `i8_quads` every output o is quantised by its own scale s_o =
+  /// max_k |w(o, k)| / 127 to the integers w(o, k) / s_o rounded half to even (`simd::i8_value`;
+  /// an output whose largest weight is below 2^-96 becomes zeros), re-laid out in column quads
+  /// (at most `simd::i8_max_cols` columns). The same format copies every bit. Throws
+  /// `specsample::error` naming the first weight that a finite value would turn into an infinity
+  /// (F16: |w| >= 65520) instead of storing it.
   [[nodiscard]] weight_matrix converted(weight_format format,
                                         std::shared_ptr<unsigned char[]> storage = {}) const {
+    if (format == weight_format::i8_quads && cols_ > simd::i8_max_cols) {
+      throw error(fmt::format("a matrix of {} input columns is too wide for INT8 (at most {}: its integer sums "
+                              "would overflow)", cols_, simd::i8_max_cols));
+    }
     weight_matrix m = make(format, rows_, cols_, std::move(storage));
     if (!m.data_) return m;
-    if ((format == weight_format::bf16_pairs) != (format_ == weight_format::bf16_pairs)) {
+    if (format == format_) {
+      std::memcpy(m.raw(), data(), storage_bytes());
+      return m;
+    }
+    if (simd::group_cols(format) != simd::group_cols(format_)) {
       m.relayout_from(*this);
       return m;
     }
@@ -215,12 +229,9 @@ class weight_matrix {
   [[nodiscard]] const void* data() const noexcept { return data_.get(); }
   /// The view the kernels take.
   [[nodiscard]] weight_view view() const noexcept { return {data(), format_, rows_, cols_}; }
-  /// Element (r, c) as float (exact).
-  [[nodiscard]] float at(std::size_t r, std::size_t c) const noexcept {
-    float v = 0;
-    simd::convert(format_, data(), simd::packed_index(format_, r, c, cols_), 1, &v);
-    return v;
-  }
+  /// Element (r, c) as float (exact; `i8_quads`: its integer times the output's scale, rounded
+  /// once — `simd::packed_value`).
+  [[nodiscard]] float at(std::size_t r, std::size_t c) const noexcept { return simd::packed_value(view(), r, c); }
   /// The whole matrix as F32, row-major (rows, cols): for tests and tools.
   [[nodiscard]] std::vector<float> to_float() const {
     std::vector<float> out(size());
@@ -239,8 +250,13 @@ class weight_matrix {
   [[nodiscard]] std::size_t storage_bytes() const noexcept { return packed_bytes(format_, rows_, cols_); }
   [[nodiscard]] void* raw() noexcept { return data_.get(); }
   // Fills this matrix (zeroed, of another layout) with `src`'s weights: into BF16 pairs 64 rows
-  // of a panel column at a time, out of them one weight at a time.
+  // of a panel column at a time, into INT8 quads a panel at a time, out of either one weight at a
+  // time.
   void relayout_from(const weight_matrix& src) {
+    if (format_ == weight_format::i8_quads) {
+      quantize_from(src);
+      return;
+    }
     if (format_ != weight_format::bf16_pairs) {
       for (std::size_t r = 0; r < rows_; ++r) {
         for (std::size_t c = 0; c < cols_; ++c) set(r, c, src.at(r, c));
@@ -252,12 +268,45 @@ class weight_matrix {
     for (std::size_t p = 0; p < simd::panels(rows_); ++p) {
       const std::size_t n = std::min(simd::panel, rows_ - p * simd::panel);
       for (std::size_t c = 0; c < cols_; ++c) {
-        simd::convert(src.format_, src.data(), simd::packed_index(src.format_, p * simd::panel, c, cols_), n, col);
+        src.column(p * simd::panel, n, c, col);
         for (std::size_t j = 0; j < n; ++j) {
           const std::uint16_t h = simd::bf16_operand(col[j]);
           if (overflowed(h, col[j], format_)) overflow(p * simd::panel + j, c, col[j], format_);
           out[simd::packed_index(format_, p * simd::panel + j, c, cols_)] = h;
         }
+      }
+    }
+  }
+  // col[j] = at(o0 + j, c) for j < n (n outputs of one panel): in one conversion from the
+  // standard layout, where they are contiguous.
+  void column(std::size_t o0, std::size_t n, std::size_t c, float* col) const noexcept {
+    if (simd::group_cols(format_) == 1) {
+      simd::convert(format_, data(), simd::packed_index(format_, o0, c, cols_), n, col);
+      return;
+    }
+    for (std::size_t j = 0; j < n; ++j) col[j] = at(o0 + j, c);
+  }
+  // Quantises `src` (finite weights: the loader checks) into this `i8_quads` matrix, per output.
+  void quantize_from(const weight_matrix& src) {
+    const simd::i8_meta meta = simd::i8_meta_of(data(), rows_, cols_);
+    auto* scales = const_cast<float*>(meta.scale);  // (this matrix's own storage)
+    auto* sums = const_cast<std::int32_t*>(meta.sum);
+    auto* out = static_cast<std::int8_t*>(raw());
+    std::vector<float> block(cols_ * simd::panel), row(cols_);
+    for (std::size_t p = 0; p < simd::panels(rows_); ++p) {
+      const std::size_t o0 = p * simd::panel, n = std::min(simd::panel, rows_ - o0);
+      for (std::size_t c = 0; c < cols_; ++c) src.column(o0, n, c, block.data() + c * simd::panel);
+      for (std::size_t j = 0; j < n; ++j) {
+        for (std::size_t c = 0; c < cols_; ++c) row[c] = block[c * simd::panel + j];
+        const simd::i8_scaling s = simd::i8_scaling_of(row.data(), cols_);
+        std::int32_t sum = 0;
+        for (std::size_t c = 0; c < cols_; ++c) {
+          const int q = simd::i8_value(row[c], s.inverse);
+          out[simd::packed_index(format_, o0 + j, c, cols_)] = static_cast<std::int8_t>(q);
+          sum += q;
+        }
+        scales[o0 + j] = s.scale;
+        sums[o0 + j] = sum;
       }
     }
   }
@@ -528,7 +577,10 @@ class tensor_loader {
     } catch (const error& e) {
       throw error(fmt::format("{}: tensor '{}' ({} x {} as output x input channels), options::{}: {}",
                               file_.path().string(), t.name, m.rows, m.cols,
-                              held == weight_format::bf16_pairs ? "matmul_precision BF16" : "weight_storage", e.what()));
+                              held == weight_format::bf16_pairs ? "matmul_precision BF16"
+                              : held == weight_format::i8_quads ? "matmul_precision INT8"
+                                                                : "weight_storage",
+                              e.what()));
     }
   }
 
