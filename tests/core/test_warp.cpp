@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -220,7 +221,7 @@ TEST_CASE("the vector softmax numerator, maximum, scaling and argmax agree with 
       simd::scale(level, scaled.data(), n, 0.37f);
       for (std::size_t i = 0; i < n; ++i) REQUIRE(scaled[i] == x[i] * 0.37f);
       std::vector<float> e = x;
-      const double total = simd::exp_shifted(level, e.data(), n, m, 0.7f);
+      const double total = simd::exp_shifted(level, e.data(), e.data(), n, m, 0.7f);
       double ref_total = 0.0;
       for (std::size_t i = 0; i < n; ++i) {
         const float a = (x[i] - m) * 0.7f;  // the argument as the kernels form it, in float
@@ -232,10 +233,15 @@ TEST_CASE("the vector softmax numerator, maximum, scaling and argmax agree with 
       }
       REQUIRE(total == Approx(ref_total).epsilon(1e-6));
       if (n > 3) REQUIRE(e[2] == 0.0f);  // -inf gives exactly 0
+      std::vector<float> out(n, -1.0f);  // out of place: the same bits and total, x untouched
+      const std::vector<float> before = x;
+      REQUIRE(simd::exp_shifted(level, x.data(), out.data(), n, m, 0.7f) == total);
+      REQUIRE(std::memcmp(out.data(), e.data(), n * sizeof(float)) == 0);
+      REQUIRE(x == before);
     }
     std::vector<float> bad{1.0f, std::nanf(""), 2.0f};
     CHECK(simd::argmax(level, bad.data(), 3) == -1);
-    CHECK(std::isnan(simd::exp_shifted(level, bad.data(), 3, 2.0f, 1.0f)));
+    CHECK(std::isnan(simd::exp_shifted(level, bad.data(), bad.data(), 3, 2.0f, 1.0f)));
     std::vector<float> inf{1.0f, std::numeric_limits<float>::infinity()};
     CHECK(simd::argmax(level, inf.data(), 2) == -1);
     std::vector<float> none{ninf, ninf, ninf};

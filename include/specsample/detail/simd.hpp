@@ -259,7 +259,8 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256 avx2_exp(__m256 x) {
 
 /// See `exp_shifted`. Two vectors per step into four double accumulators (the sum's dependency
 /// chain is the loop's bound), added in a fixed order at the end.
-inline SPECSAMPLE_TARGET_AVX512 double exp_shifted_avx512(float* x, std::size_t n, float m, float scale) {
+inline SPECSAMPLE_TARGET_AVX512 double exp_shifted_avx512(const float* x, float* y, std::size_t n, float m,
+                                                          float scale) {
   const __m512 mv = _mm512_set1_ps(m), sv = _mm512_set1_ps(scale), floor = _mm512_set1_ps(exp_floor);
   __m512d acc[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
   __mmask16 nan = 0;
@@ -270,7 +271,7 @@ inline SPECSAMPLE_TARGET_AVX512 double exp_shifted_avx512(float* x, std::size_t 
     const __m512 a = _mm512_mul_ps(_mm512_sub_ps(v, mv), sv);
     const __mmask16 live = _mm512_mask_cmp_ps_mask(k, a, floor, _CMP_GE_OQ);
     const __m512 e = _mm512_maskz_mov_ps(live, avx512_exp(a));
-    _mm512_mask_storeu_ps(x + i, k, e);
+    _mm512_mask_storeu_ps(y + i, k, e);
     // (the maskz forms: GCC 12 warns about the _undefined operand of the plain ones)
     lo = _mm512_add_pd(lo, _mm512_maskz_cvtps_pd(0xFF, _mm512_maskz_extractf32x8_ps(0xFF, e, 0)));
     hi = _mm512_add_pd(hi, _mm512_maskz_cvtps_pd(0xFF, _mm512_maskz_extractf32x8_ps(0xFF, e, 1)));
@@ -291,7 +292,7 @@ inline SPECSAMPLE_TARGET_AVX512 double exp_shifted_avx512(float* x, std::size_t 
 }
 
 /// See `exp_shifted`.
-inline SPECSAMPLE_TARGET_AVX2 double exp_shifted_avx2(float* x, std::size_t n, float m, float scale) {
+inline SPECSAMPLE_TARGET_AVX2 double exp_shifted_avx2(const float* x, float* y, std::size_t n, float m, float scale) {
   const __m256 mv = _mm256_set1_ps(m), sv = _mm256_set1_ps(scale), floor = _mm256_set1_ps(exp_floor);
   __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
   __m256 nan = _mm256_setzero_ps();
@@ -304,12 +305,12 @@ inline SPECSAMPLE_TARGET_AVX2 double exp_shifted_avx2(float* x, std::size_t n, f
     return e;
   };
   std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, step(_mm256_loadu_ps(x + i)));
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, step(_mm256_loadu_ps(x + i)));
   if (i < n) {  // the tail, padded with -inf (which gives 0)
     alignas(32) float buf[8];
     for (std::size_t j = 0; j < 8; ++j) buf[j] = i + j < n ? x[i + j] : -std::numeric_limits<float>::infinity();
     _mm256_store_ps(buf, step(_mm256_load_ps(buf)));
-    std::memcpy(x + i, buf, (n - i) * sizeof(float));
+    std::memcpy(y + i, buf, (n - i) * sizeof(float));
   }
   if (_mm256_movemask_ps(nan) != 0) return std::numeric_limits<double>::quiet_NaN();
   alignas(32) double l[8];
@@ -509,13 +510,13 @@ inline SPECSAMPLE_TARGET_AVX512 void zero_after_avx512(float* x, std::size_t n, 
 
 #endif  // SPECSAMPLE_X86
 
-/// x[i] = exp((x[i] - m) · scale), 0 where (x[i] - m) · scale < exp_floor (so -inf gives exactly
-/// 0), with the vector exp of `level`; returns Σ x[i] in double (a fixed order per level), or NaN
-/// when some x[i] is NaN. The softmax numerator of the logit warper.
-inline double exp_shifted(isa level, float* x, std::size_t n, float m, float scale) noexcept {
+/// y[i] = exp((x[i] - m) · scale), 0 where (x[i] - m) · scale < exp_floor (so -inf gives exactly
+/// 0), with the vector exp of `level`; returns Σ y[i] in double (a fixed order per level), or NaN
+/// when some x[i] is NaN. y may be x (in place). The softmax numerator of the logit warper.
+inline double exp_shifted(isa level, const float* x, float* y, std::size_t n, float m, float scale) noexcept {
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) return exp_shifted_avx512(x, n, m, scale);
-  if (level == isa::avx2) return exp_shifted_avx2(x, n, m, scale);
+  if (level == isa::avx512) return exp_shifted_avx512(x, y, n, m, scale);
+  if (level == isa::avx2) return exp_shifted_avx2(x, y, n, m, scale);
 #else
   (void)level;
 #endif
@@ -524,8 +525,8 @@ inline double exp_shifted(isa level, float* x, std::size_t n, float m, float sca
   for (std::size_t i = 0; i < n; ++i) {
     nan = nan || std::isnan(x[i]);
     const float a = (x[i] - m) * scale;
-    x[i] = a >= exp_floor ? std::exp(a) : 0.0f;
-    total += static_cast<double>(x[i]);
+    y[i] = a >= exp_floor ? std::exp(a) : 0.0f;
+    total += static_cast<double>(y[i]);
   }
   return nan ? std::numeric_limits<double>::quiet_NaN() : total;
 }

@@ -6,6 +6,7 @@
 #include <specsample/detail/simd.hpp>
 #include <specsample/error.hpp>
 #include <specsample/sampling/params.hpp>
+#include <specsample/sampling/random.hpp>
 
 #include <Eigen/Core>
 #include <fmt/format.h>
@@ -60,20 +61,25 @@ class logit_warper {
       throw error(fmt::format("logit_warper: got {} logits for a vocabulary of {} tokens "
                               "(output vector has {})", logits.size(), vocab_, probs.size()));
     }
-    if (params_.temperature == 0.0f) {
+    // The logits as contiguous floats: read in place, or (`logits` may be any expression) copied
+    // into probs first.
+    const float* x = detail::contiguous_floats(logits);
+    if (x == nullptr) {
       probs = logits;
-      const std::ptrdiff_t best = simd::argmax(isa_, probs.data(), vocab_);
+      x = probs.data();
+    }
+    if (params_.temperature == 0.0f) {
+      const std::ptrdiff_t best = simd::argmax(isa_, x, vocab_);
       if (best < 0) diagnose(logits);
       probs.setZero();
       probs(static_cast<Eigen::Index>(best)) = 1.0f;
       return;
     }
-    probs = logits;  // contiguous (`logits` may be any expression)
-    const float m = simd::max_value(isa_, probs.data(), vocab_);
+    const float m = simd::max_value(isa_, x, vocab_);
     const float inv_t = 1.0f / params_.temperature;
     double total = 0.0;
     if (std::isfinite(inv_t)) {
-      total = simd::exp_shifted(isa_, probs.data(), vocab_, m, inv_t);  // NaN if a logit is NaN
+      total = simd::exp_shifted(isa_, x, probs.data(), vocab_, m, inv_t);  // NaN if a logit is NaN
     } else {
       // T < 2^-128 (subnormal): 1/T overflows float and the maximum would become 0 * inf = NaN.
       // Divide by T in double, where every such quotient is finite: the same softmax(logits / T).

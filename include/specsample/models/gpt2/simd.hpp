@@ -393,7 +393,7 @@ inline void matmul_generic(const matmul_args& a, std::size_t p_begin, std::size_
 inline void softmax_row(isa level, float* x, std::size_t n) noexcept {
   if (n == 0) return;
   const float mx = specsample::simd::max_value(level, x, n);
-  const auto inv = static_cast<float>(1.0 / specsample::simd::exp_shifted(level, x, n, mx, 1.0f));
+  const auto inv = static_cast<float>(1.0 / specsample::simd::exp_shifted(level, x, x, n, mx, 1.0f));
   specsample::simd::scale(level, x, n, inv);
 }
 
