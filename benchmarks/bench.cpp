@@ -162,9 +162,7 @@ std::string weights_note(const cli& c) {
 
 // The draft's options: the models' (`cli::model`), with --draft-matmul's precision.
 specsample::gpt2::options draft_options(const cli& c) {
-  specsample::gpt2::options o = c.model;
-  o.matmul_precision = c.draft_matmul.value_or(c.model.matmul_precision);
-  return o;
+  return c.draft_matmul ? specsample::gpt2::with_matmul_precision(c.model, *c.draft_matmul) : c.model;
 }
 
 // Whether a model loaded with `o` holds its matmul weights otherwise than the checkpoint stores them.

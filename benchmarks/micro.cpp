@@ -262,7 +262,7 @@ BENCHMARK(BM_append_storage)
     ->UseRealTime()
     ->MinTime(0.3);
 
-/// range: precision (0 F32, 1 BF16: `options::matmul_precision`), n tokens. The bundled target
+/// range: precision (0 F32, 1 BF16, 2 INT8: `options::matmul_precision`), n tokens. The bundled target
 /// multiplying in each precision after a 64-token prefix, as BM_append.
 void BM_append_precision(benchmark::State& state) {
   const auto precision = static_cast<gpt2::matmul_precision>(state.range(0));
@@ -270,14 +270,14 @@ void BM_append_precision(benchmark::State& state) {
                                     gpt2::options{.threads = 1, .matmul_precision = precision});
   time_appends(state, m, static_cast<std::size_t>(state.range(1)));
   state.SetLabel(fmt::format("{} matmuls{}", gpt2::precision_name(precision),
-                             precision == gpt2::matmul_precision::bf16 && gpt2::simd::has_avx512_bf16() &&
-                                     m.kernels() == gpt2::isa::avx512
-                                 ? " (vdpbf16ps)"
-                                 : ""));
+                             m.kernels() != gpt2::isa::avx512                  ? ""
+                             : precision == gpt2::matmul_precision::bf16 && gpt2::simd::has_avx512_bf16() ? " (vdpbf16ps)"
+                             : precision == gpt2::matmul_precision::int8 && gpt2::simd::has_avx512_vnni() ? " (vpdpbusd)"
+                                                                                                          : ""));
 }
 BENCHMARK(BM_append_precision)
     ->ArgNames({"precision", "n"})
-    ->ArgsProduct({{0, 1}, {1, 2, 3, 5, 9}})
+    ->ArgsProduct({{0, 1, 2}, {1, 2, 3, 5, 9}})
     ->UseRealTime()
     ->MinTime(0.3);
 

@@ -374,9 +374,8 @@ int run(int argc, char** argv) {
                                           "sampling needs identical vocabularies",
                                           dir.string(), target_dir.string(), *diff));
     }
-    specsample::gpt2::options draft_opts = opts;
-    draft_opts.matmul_precision = c.draft_matmul.value_or(opts.matmul_precision);
-    drafts.push_back(specsample::gpt2::model::load(dir, draft_opts));
+    drafts.push_back(specsample::gpt2::model::load(
+        dir, c.draft_matmul ? specsample::gpt2::with_matmul_precision(opts, *c.draft_matmul) : opts));
   }
   const double load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();

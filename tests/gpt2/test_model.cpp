@@ -419,6 +419,12 @@ TEST_CASE("set_option sets the options the command-line flags name, and refuses 
   REQUIRE(o.kv_storage == gpt2::weight_format::f16);
   REQUIRE(gpt2::precision_json(o) == nlohmann::json{{"weights", "BF16"}, {"kv", "F16"}, {"matmul", "f32"}});
   REQUIRE(gpt2::precision_json(gpt2::options{}) == nlohmann::json{{"weights", "checkpoint"}, {"kv", "F32"}, {"matmul", "f32"}});
+  // A draft's own precision: BF16 and INT8 drop weight_storage (their layouts), F32 keeps it.
+  REQUIRE(!gpt2::with_matmul_precision(o, gpt2::matmul_precision::int8).weight_storage);
+  REQUIRE(gpt2::with_matmul_precision(o, gpt2::matmul_precision::int8).matmul_precision == gpt2::matmul_precision::int8);
+  REQUIRE(gpt2::with_matmul_precision(o, gpt2::matmul_precision::int8).kv_storage == gpt2::weight_format::f16);
+  REQUIRE(!gpt2::with_matmul_precision(o, gpt2::matmul_precision::bf16).weight_storage);
+  REQUIRE(gpt2::with_matmul_precision(o, gpt2::matmul_precision::f32).weight_storage == gpt2::weight_format::bf16);
 }
 
 TEST_CASE("append(tokens, n) returns the last n columns of append(tokens), bitwise, and the same cache",

@@ -112,8 +112,8 @@ namespace simd {
 #endif
 }
 
-/// Whether the CPU runs the AVX-512 level and AVX512_VNNI's byte dot products (vpdpbusd; Ice Lake,
-/// Zen 4 and later): the INT8 matmuls of `gpt2::matmul_precision::int8` use them at the AVX-512
+/// Whether the CPU runs the AVX-512 level and AVX512_VNNI's byte dot products (vpdpbusd; Intel
+/// Cascade Lake, AMD Zen 4 and later): the INT8 matmuls of `gpt2::matmul_precision::int8` use them at the AVX-512
 /// level (detected once; CPUID leaf 7, sub-leaf 0, ECX bit 11).
 [[nodiscard]] inline bool has_avx512_vnni() noexcept {
 #if SPECSAMPLE_X86

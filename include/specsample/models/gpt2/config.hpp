@@ -105,11 +105,12 @@ struct options {
   /// matmul quantises its input rows the same way, one scale per row; an output is the exact
   /// integer dot product times both scales, plus the bias (docs/gpt2.md, "Matmul precision"). A
   /// quarter of F32's bytes, and at the AVX-512 level of a CPU with AVX512_VNNI (Zen 4 and later,
-  /// Ice Lake and later) vpdpbusd does four multiply-adds per lane and instruction: meant for draft
-  /// models, whose precision costs only acceptance — the target's distribution is whatever the
-  /// target computes, so speculative sampling stays exact with any draft. The logits move by about
-  /// a percent of their range; batch invariance holds, and the integer sums make every level and
-  /// thread count give the same bits. `weight_storage` must be empty.
+  /// Intel Cascade Lake and later) vpdpbusd does four multiply-adds per lane and instruction: meant
+  /// for draft models, whose precision costs only acceptance — the target's distribution is
+  /// whatever the target computes, so speculative sampling stays exact with any draft. The logits
+  /// move by about a percent of their range; batch invariance holds, and the integer sums give
+  /// every kernel level the same matmul bits for the same inputs (the other kernels still differ
+  /// by level). `weight_storage` must be empty (`with_matmul_precision` drops it).
   gpt2::matmul_precision matmul_precision = gpt2::matmul_precision::f32;
 };
 
@@ -150,6 +151,16 @@ inline void set_option(options& o, std::string_view flag, std::string_view value
   } else {
     throw error(fmt::format("gpt2::set_option: '{}' is not a model option flag (--kernels, --weights, --kv or --matmul)", flag));
   }
+}
+
+/// `o` for a model that multiplies in `p` instead (a draft's precision: `--draft-matmul` of
+/// specsample-generate and specsample-bench): `p` set, and `weight_storage` dropped when `p` is
+/// BF16 or INT8, which hold the matmul weights in a layout of their own (so that a `--weights`
+/// meant for the other models does not contradict it).
+[[nodiscard]] inline options with_matmul_precision(options o, gpt2::matmul_precision p) {
+  o.matmul_precision = p;
+  if (p != gpt2::matmul_precision::f32) o.weight_storage.reset();
+  return o;
 }
 
 /// The precisions `o` asks for, as the command-line tools report them: {"weights": the

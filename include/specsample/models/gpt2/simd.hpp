@@ -2,7 +2,7 @@
 /// @file simd.hpp
 /// Run-time dispatched matmul micro-kernels for the GPT-2 reference model: a portable generic
 /// path, an AVX2 + FMA + F16C path and an AVX-512 (F, BW, VL) path, for F32, F16 and BF16
-/// weights. The library is compiled for generic x86-64 (no -march): the fast paths are functions
+/// weights, BF16 pairs (+ AVX512_BF16) and INT8 quads (+ AVX512_VNNI). The library is compiled for generic x86-64 (no -march): the fast paths are functions
 /// with `__attribute__((target(...)))` selected once from `__builtin_cpu_supports`.
 ///
 /// Weight layout: matmul weights are packed in panels of `panel` (64) output channels,
