@@ -1625,6 +1625,50 @@ SPECSAMPLE_TARGET_AVX512_VNNI inline void matmul_avx512_vnni(const matmul_args& 
   }
 }
 
+/// One INT8 operand row with AVX2: `i8_operand_row_generic`'s bytes and scale (the maximum of
+/// magnitudes, then x · inverse clamped and rounded to nearest even: the same operations; the
+/// tail of fewer than 8 columns by the generic code).
+SPECSAMPLE_TARGET_AVX2 inline float i8_operand_row_avx2(const float* x, std::size_t K, std::uint8_t* dst,
+                                                      std::size_t ld) noexcept {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 largest = _mm256_set1_ps(std::numeric_limits<float>::max());
+  __m256 m = _mm256_setzero_ps();
+  int bad = 0;  // NaN or infinite lanes
+  std::size_t i = 0;
+  for (; i + 8 <= K; i += 8) {
+    const __m256 v = _mm256_and_ps(_mm256_loadu_ps(x + i), magnitude);
+    bad |= _mm256_movemask_ps(_mm256_cmp_ps(v, largest, _CMP_NLE_UQ));
+    m = _mm256_max_ps(m, v);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float mx = *std::max_element(lanes, lanes + 8);
+  for (std::size_t j = i; j < K; ++j) {
+    const float a = std::fabs(x[j]);
+    bad |= !(a <= std::numeric_limits<float>::max()) ? 1 : 0;
+    mx = std::max(mx, a);
+  }
+  const i8_scaling s = i8_scaling_of(bad != 0 ? std::numeric_limits<float>::quiet_NaN() : mx);
+  const __m256 inv = _mm256_set1_ps(s.inverse), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  const __m256i offset = _mm256_set1_epi32(128);
+  i = 0;
+  for (; i + 8 <= K; i += 8) {
+    __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), inv);
+    v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));  // NaN (a NaN scaling) to 0
+    v = _mm256_round_ps(_mm256_min_ps(_mm256_max_ps(v, lo), hi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i q = _mm256_add_epi32(_mm256_cvttps_epi32(v), offset);  // 1 .. 255
+    const __m256i w = _mm256_packus_epi32(q, q);                         // per 128-bit lane: 16-bit
+    const __m256i b = _mm256_packus_epi16(w, w);                         // per 128-bit lane: bytes
+    const int first = _mm_cvtsi128_si32(_mm256_castsi256_si128(b));
+    const int second = _mm_cvtsi128_si32(_mm256_extracti128_si256(b, 1));
+    std::memcpy(dst + i, &first, 4);
+    std::memcpy(dst + i + 4, &second, 4);
+  }
+  for (; i < K; ++i) dst[i] = static_cast<std::uint8_t>(i8_value(x[i], s.inverse) + 128);
+  std::fill(dst + K, dst + ld, std::uint8_t{128});
+  return s.scale;
+}
+
 /// One INT8 operand row with AVX-512: `i8_operand_row_generic`'s bytes and scale (the maximum of
 /// magnitudes, then x · inverse clamped and rounded to nearest even: the same operations).
 SPECSAMPLE_TARGET_AVX512 inline float i8_operand_row_avx512(const float* x, std::size_t K, std::uint8_t* dst,
@@ -1668,6 +1712,10 @@ inline void i8_operands(isa level, const float* x, std::size_t ldx, std::size_t 
 #if SPECSAMPLE_X86
     if (level == isa::avx512) {
       scales[t] = i8_operand_row_avx512(x + t * ldx, K, dst + t * ldd, ldd);
+      continue;
+    }
+    if (level == isa::avx2) {
+      scales[t] = i8_operand_row_avx2(x + t * ldx, K, dst + t * ldd, ldd);
       continue;
     }
 #else
