@@ -221,9 +221,11 @@ cli parse(int argc, char** argv) {
       }
     }
     else if (a == "--draft-matmul") {
-      const std::string_view v = value();
-      c.draft_matmul = specsample::gpt2::precision_from_name(v);
-      if (!c.draft_matmul) usage_error(fmt::format("--draft-matmul expects f32, bf16 or int8, got '{}'", v));
+      try {
+        c.draft_matmul = specsample::gpt2::precision_option(a, value());
+      } catch (const specsample::error& e) {
+        usage_error(e.what());
+      }
     }
     else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
     else if (a == "--cost-samples") c.cost_samples = parse_number<std::size_t>(a, value());

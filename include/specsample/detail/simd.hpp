@@ -96,36 +96,35 @@ namespace simd {
 #endif
 }
 
-/// Whether the CPU runs the AVX-512 level and AVX512_BF16's dot products (vdpbf16ps; Zen 4 and
-/// later, Cooper Lake, Sapphire Rapids): the BF16 matmuls of `gpt2::matmul_precision::bf16` use
-/// them at the AVX-512 level (detected once; CPUID leaf 7, sub-leaf 1, EAX bit 5).
-[[nodiscard]] inline bool has_avx512_bf16() noexcept {
+/// Whether the CPU runs the AVX-512 level and has the feature of CPUID leaf 7, sub-leaf `subleaf`,
+/// register EAX (`in_eax`) or ECX, bit `bit`.
+[[nodiscard]] inline bool avx512_feature(unsigned subleaf, bool in_eax, unsigned bit) noexcept {
 #if SPECSAMPLE_X86
-  static const bool has = [] {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    return detected() == isa::avx512 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 &&
-           (eax & (1u << 5)) != 0;
-  }();
-  return has;
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return detected() == isa::avx512 && __get_cpuid_count(7, subleaf, &eax, &ebx, &ecx, &edx) != 0 &&
+         ((in_eax ? eax : ecx) & (1u << bit)) != 0;
 #else
+  (void)subleaf;
+  (void)in_eax;
+  (void)bit;
   return false;
 #endif
 }
 
-/// Whether the CPU runs the AVX-512 level and AVX512_VNNI's byte dot products (vpdpbusd; Intel
-/// Cascade Lake, AMD Zen 4 and later): the INT8 matmuls of `gpt2::matmul_precision::int8` use them at the AVX-512
-/// level (detected once; CPUID leaf 7, sub-leaf 0, ECX bit 11).
-[[nodiscard]] inline bool has_avx512_vnni() noexcept {
-#if SPECSAMPLE_X86
-  static const bool has = [] {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    return detected() == isa::avx512 && __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0 &&
-           (ecx & (1u << 11)) != 0;
-  }();
+/// Whether the CPU runs the AVX-512 level and AVX512_BF16's dot products (vdpbf16ps; Zen 4 and
+/// later, Cooper Lake, Sapphire Rapids): the BF16 matmuls of `gpt2::matmul_precision::bf16` use
+/// them at the AVX-512 level (detected once; CPUID leaf 7, sub-leaf 1, EAX bit 5).
+[[nodiscard]] inline bool has_avx512_bf16() noexcept {
+  static const bool has = avx512_feature(1, true, 5);
   return has;
-#else
-  return false;
-#endif
+}
+
+/// Whether the CPU runs the AVX-512 level and AVX512_VNNI's byte dot products (vpdpbusd; Intel
+/// Cascade Lake, AMD Zen 4 and later): the INT8 matmuls of `gpt2::matmul_precision::int8` use them
+/// at the AVX-512 level (detected once; CPUID leaf 7, sub-leaf 0, ECX bit 11).
+[[nodiscard]] inline bool has_avx512_vnni() noexcept {
+  static const bool has = avx512_feature(0, false, 11);
+  return has;
 }
 
 /// The level actually used for a request: `requested` capped at what the CPU supports.

@@ -114,6 +114,14 @@ struct options {
   gpt2::matmul_precision matmul_precision = gpt2::matmul_precision::f32;
 };
 
+/// The precision that the value of a command-line flag (`--matmul`, `--draft-matmul`) names: "f32",
+/// "bf16" or "int8". Throws `specsample::error` naming the flag and what it accepts otherwise.
+[[nodiscard]] inline matmul_precision precision_option(std::string_view flag, std::string_view value) {
+  const auto p = precision_from_name(value);
+  if (!p) throw error(fmt::format("{} expects f32, bf16 or int8, got '{}'", flag, value));
+  return *p;
+}
+
 /// The command-line flags that `set_option` reads (those of specsample-generate and
 /// specsample-bench): `--kernels` (`options::kernels`), `--weights` (`weight_storage`), `--kv`
 /// (`kv_storage`) and `--matmul` (`matmul_precision`).
@@ -145,9 +153,7 @@ inline void set_option(options& o, std::string_view flag, std::string_view value
     if (!f || *f == weight_format::bf16) throw bad("f32 or f16");
     o.kv_storage = *f;
   } else if (flag == "--matmul") {
-    const auto p = precision_from_name(value);
-    if (!p) throw bad("f32, bf16 or int8");
-    o.matmul_precision = *p;
+    o.matmul_precision = precision_option(flag, value);
   } else {
     throw error(fmt::format("gpt2::set_option: '{}' is not a model option flag (--kernels, --weights, --kv or --matmul)", flag));
   }
