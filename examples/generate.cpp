@@ -2,6 +2,7 @@
 //
 //   specsample-generate [--target DIR] [--draft DIR] [--prompt TEXT | --prompt-file F]
 //                       [-n N] [-k K|auto] [--p-min P] [--adaptive] [--temperature T] [--top-k N] [--top-p P] [--min-p P]
+//                       [--draft-temperature T]
 //                       [--seed S] [--threads N] [--kernels LEVEL] [--weights f32|f16|bf16] [--kv f32|f16] [--matmul f32|bf16|int8]
 //                       [--draft-matmul f32|bf16|int8]
 //                       [--mode speculative|autoregressive|compare]
@@ -49,6 +50,7 @@ struct cli {
   std::optional<fs::path> calibration_prompts;  // warm-up prompts for -k auto / a draft choice
   std::string prompt{default_prompt};
   specsample::speculative_params params{};
+  std::optional<float> draft_temperature;  // --draft-temperature: the draft's warping at its own temperature
   std::uint64_t seed = 42;
   std::size_t threads = 0;
   specsample::gpt2::options model;  // --kernels, --weights, --kv, --matmul (gpt2::set_option)
@@ -90,6 +92,10 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
   -k, --draft-length    K, tokens drafted per round (default 4), or auto
   --temperature T       0 = greedy (default 0)
   --top-k N, --top-p P, --min-p P   filters (default off)
+  --draft-temperature T the draft models' temperature (default: --temperature): the draft samples
+                        its proposals at T, with the same filters; exact whatever T, it moves only
+                        the acceptance (a draft sharper than the target accepts more with T above
+                        the target's; docs/algorithm.md)
   --seed S              random seed (default 42)
   --threads N           kernel threads, one pool shared by all models (default: all cores)
   --kernels LEVEL       best (default), avx512, avx2 or generic (capped at what the CPU has)
@@ -149,6 +155,7 @@ cli parse(int argc, char** argv) {
     else if (a == "--top-k") c.params.sampling.top_k = parse_number<int>(a, value());
     else if (a == "--top-p") c.params.sampling.top_p = parse_number<float>(a, value());
     else if (a == "--min-p") c.params.sampling.min_p = parse_number<float>(a, value());
+    else if (a == "--draft-temperature") c.draft_temperature = parse_number<float>(a, value());
     else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
     else if (specsample::gpt2::is_option_flag(a)) {
       try {
@@ -187,6 +194,11 @@ cli parse(int argc, char** argv) {
   if (c.params.max_new_tokens == 0) usage_error("-n must be >= 1 (there is nothing to generate or time)");
   if (c.prompt_lookup > 0 && c.draft == "ngram") {
     usage_error("--prompt-lookup falls back to a draft model; --draft ngram drafts by prompt lookup alone");
+  }
+  if (c.draft_temperature) {
+    if (c.draft == "ngram") usage_error("--draft-temperature warps a draft model's logits; --draft ngram has none");
+    c.params.draft_sampling = c.params.sampling;  // the target's filters, at the draft's own temperature
+    c.params.draft_sampling->temperature = *c.draft_temperature;
   }
   specsample::validate(c.params, std::numeric_limits<std::size_t>::max());
   return c;
@@ -469,7 +481,7 @@ int run(int argc, char** argv) {
         if (ngram) return specsample::speculative_sample(lookup, target, prompt, run_cli.params, rng, rep);
         if (c.prompt_lookup > 0) {
           specsample::drafters::fallback lookup_first(
-              lookup, specsample::model_drafter(drafts[chosen], run_cli.params.sampling,
+              lookup, specsample::model_drafter(drafts[chosen], run_cli.params.draft_warping(),
                                                 run_cli.params.draft_min_probability));
           auto g = specsample::speculative_sample(lookup_first, target, prompt, run_cli.params, rng, rep);
           lookup_rounds = lookup_first.first_rounds();
@@ -504,6 +516,7 @@ int run(int argc, char** argv) {
                      {"top_k", c.params.sampling.top_k},
                      {"top_p", c.params.sampling.top_p},
                      {"min_p", c.params.sampling.min_p},
+                     {"draft_temperature", c.params.draft_warping().temperature},
                      {"seed", c.seed},
                      {"verify", c.params.verify == specsample::verification::block ? "block" : "tokenwise"},
                      {"leniency", c.params.leniency},

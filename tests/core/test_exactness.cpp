@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include "../support/broken_verifiers.hpp"
+#include "../support/fit.hpp"
 #include "../support/last_columns_model.hpp"
 
 #include <algorithm>
@@ -178,4 +179,118 @@ TEST_CASE("autoregressive sampling matches the exact distribution it is the refe
   const auto fit = testing::g_test(hist.counts(), exact);
   INFO("G = " << fit.statistic << ", dof = " << fit.dof << ", p = " << fit.p_value);
   CHECK(fit.p_value > pass_threshold);
+}
+
+namespace {
+
+// Deliberately broken: draws each draft from the draft model's logits warped by `drawn`, but hands
+// the verifier those logits warped by `reported` as q: a loop that drafted with
+// `params.draft_sampling` and verified against `params.sampling`.
+struct mislabelled_drafter {
+  toy::markov* model;
+  logit_warper drawn, reported;
+
+  [[nodiscard]] std::size_t vocab_size() const { return model->vocab_size(); }
+  void begin(std::span<const token> ctx) {
+    model->truncate(0);
+    if (ctx.size() > 1) (void)model->append(ctx.first(ctx.size() - 1));
+  }
+  template <class Rng>
+  proposal propose(std::span<const token> ctx, std::size_t k, Eigen::Ref<Eigen::MatrixXf> q, std::span<token> out,
+                   Rng& rng) {
+    for (std::size_t i = 0; i < k; ++i) {
+      const auto input = i == 0 ? ctx.subspan(model->size()) : std::span<const token>(&out[i - 1], 1);
+      const Eigen::MatrixXf logits = model->append(input);
+      const auto col = static_cast<Eigen::Index>(i);
+      drawn(logits.col(logits.cols() - 1), q.col(col));
+      out[i] = specsample::detail::draw_categorical(q.col(col), rng);
+      reported(logits.col(logits.cols() - 1), q.col(col));
+    }
+    return {k, k, 0.0};
+  }
+  void sync(std::span<const token> ctx) {
+    if (model->size() > ctx.size() - 1) model->truncate(ctx.size() - 1);
+  }
+};
+
+// The pair of the draft_sampling tests: a 4-token order-2 target, a draft at distance 0.4, K = 3.
+struct draft_sampling_pair {
+  toy::markov target = target_model(4, 2);
+  toy::markov draft = toy::markov::similar_to(target, 0.4, 21, 0.5f);
+  speculative_params params = [] {
+    speculative_params p;
+    p.draft_length = 3;
+    return p;
+  }();
+  std::vector<token> prompt{0};
+};
+
+}  // namespace
+
+TEST_CASE("a draft with its own warping (draft_sampling) is exact", "[exactness][draft_sampling]") {
+  draft_sampling_pair pair;
+  auto& [target, draft, params, prompt] = pair;
+  params.max_new_tokens = 4;
+  params.sampling.temperature = 0.8f;
+  // A hotter draft, cut to its 3 most probable tokens: another q than the target's warping gives.
+  params.draft_sampling = sampling_params{.temperature = 1.6f, .top_k = 3};
+  // The loop's own drafter (speculative_sample with a draft model), the rule params name.
+  for (const verification rule : {verification::token_wise, verification::block}) {
+    DYNAMIC_SECTION((rule == verification::block ? "block" : "token-wise") << " verification") {
+      params.verify = rule;
+      std::mt19937_64 rng(2024);
+      const auto good = testing::speculative_fit(draft, target, prompt, params, 100'000, rng);
+      INFO("exact:  G = " << good.statistic << ", dof = " << good.dof << ", p = " << good.p_value);
+      CHECK(good.impossible == 0);
+      CHECK(good.p_value > pass_threshold);
+      // Broken: the drafts drawn with draft_sampling, q reported with sampling.
+      mislabelled_drafter broken{&draft, logit_warper(params.draft_warping(), 4), logit_warper(params.sampling, 4)};
+      const auto bad = test::fit_drafter(broken, target, prompt, params, testing::verifier_from_params{});
+      INFO("broken: G = " << bad.statistic << ", dof = " << bad.dof << ", p = " << bad.p_value);
+      CHECK(bad.p_value < fail_threshold);
+    }
+  }
+}
+
+TEST_CASE("draft_sampling is what the draft samples from, and is validated", "[draft_sampling]") {
+  draft_sampling_pair pair;
+  auto& [target, draft, params, prompt] = pair;
+  params.max_new_tokens = 12;
+  std::mt19937_64 rng(5);
+  // {drafts, drafts with q = 1} of one generation, from the loop's events.
+  const auto one_hot_drafts = [&] {
+    std::pair<std::size_t, std::size_t> n{0, 0};
+    (void)speculative_sample(draft, target, prompt, params, rng, [&](const round_event& e) {
+      for (const auto& d : e.drafts) {
+        ++n.first;
+        n.second += d.q == 1.0f ? 1 : 0;
+      }
+    });
+    return n;
+  };
+  // A greedy draft under a sampling target: every proposal has q = 1.
+  params.draft_sampling = sampling_params{.temperature = 0.0f};
+  const auto greedy = one_hot_drafts();
+  CHECK(greedy.first > 0);
+  CHECK(greedy.second == greedy.first);
+  // Without it the draft samples at the target's temperature (1): not every q is 1.
+  params.draft_sampling.reset();
+  const auto sampled = one_hot_drafts();
+  CHECK(sampled.second < sampled.first);
+  // A greedy target gives the autoregressive tokens whatever the draft samples from.
+  params.sampling.temperature = 0.0f;
+  params.draft_sampling = sampling_params{.temperature = 2.0f, .top_p = 0.9f};
+  for (std::uint64_t seed = 0; seed < 20; ++seed) {
+    std::mt19937_64 r1(seed), r2(seed);
+    CHECK(speculative_sample(draft, target, prompt, params, r1).tokens ==
+          autoregressive_sample(target, prompt, params, r2).tokens);
+  }
+  // Out-of-domain draft warping is named as such, before anything runs.
+  using Catch::Matchers::Contains;
+  params.draft_sampling = sampling_params{.top_p = 0.0f};
+  CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, params, rng),
+                    Contains("speculative_params.draft_sampling.top_p must be in (0, 1]"));
+  params.draft_sampling = sampling_params{.temperature = -1.0f};
+  CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, params, rng),
+                    Contains("speculative_params.draft_sampling.temperature must be finite and >= 0"));
 }

@@ -234,13 +234,28 @@ generation_result generate_with(Drafter& drafter, Target& target, std::span<cons
   return generate(drafter, target, prompt, params, rng, observer, verifier);
 }
 
+// The model drafter of `speculative_sample(draft, target, ...)`, after the checks that need the
+// draft model itself (the parameters first: a bad `draft_sampling` is named as such, not by the
+// drafter's warper).
+template <class Draft, class Target>
+model_drafter<Draft> drafter_for(Draft& draft, const Target& target, std::span<const token> prompt,
+                                 const speculative_params& params) {
+  const auto vocab = static_cast<std::size_t>(target.vocab_size());
+  validate(params, vocab);
+  check_prompt(prompt, vocab);  // before the fit: names an empty prompt
+  check_distinct(draft, target);
+  check_fits(draft, "draft", prompt.size(), params.max_new_tokens);
+  return model_drafter<Draft>(draft, params.draft_warping(), params.draft_min_probability);
+}
+
 }  // namespace detail
 
 /// Speculative sampling: `draft` proposes up to `params.draft_length` tokens per round, `target`
 /// scores them in one call, `verifier` decides (token-wise rejection sampling by default).
 ///
 /// The returned tokens are distributed exactly as `autoregressive_sample(target, ...)` with the
-/// same `params.sampling` (identical tokens at temperature 0). Both models are reset to the prompt
+/// same `params.sampling` (identical tokens at temperature 0), whatever the draft's warping
+/// (`params.draft_warping()`: `params.draft_sampling`, by default `params.sampling`). Both models are reset to the prompt
 /// first; on return each holds a prefix of prompt + tokens (the target: all but the last token),
 /// so a follow-up call continues correctly. Throws `specsample::error` on bad parameters, an empty
 /// or out-of-range prompt, mismatched vocabularies, context overflow, `draft` and `target` being
@@ -255,10 +270,7 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
 generation_result speculative_sample(Draft& draft, Target& target, std::span<const token> prompt,
                                      const speculative_params& params, Rng& rng, Observer&& observer,
                                      Verifier&& verifier) {
-  detail::check_prompt(prompt, static_cast<std::size_t>(target.vocab_size()));  // before the fit: names an empty prompt
-  detail::check_distinct(draft, target);
-  detail::check_fits(draft, "draft", prompt.size(), params.max_new_tokens);
-  model_drafter<Draft> drafter(draft, params.sampling, params.draft_min_probability);
+  auto drafter = detail::drafter_for(draft, target, prompt, params);
   return detail::generate(drafter, target, prompt, params, rng, observer, verifier);
 }
 
@@ -267,10 +279,7 @@ generation_result speculative_sample(Draft& draft, Target& target, std::span<con
 template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng, class Observer>
 generation_result speculative_sample(Draft& draft, Target& target, std::span<const token> prompt,
                                      const speculative_params& params, Rng& rng, Observer&& observer) {
-  detail::check_prompt(prompt, static_cast<std::size_t>(target.vocab_size()));  // before the fit: names an empty prompt
-  detail::check_distinct(draft, target);
-  detail::check_fits(draft, "draft", prompt.size(), params.max_new_tokens);
-  model_drafter<Draft> drafter(draft, params.sampling, params.draft_min_probability);
+  auto drafter = detail::drafter_for(draft, target, prompt, params);
   return detail::generate_with(drafter, target, prompt, params, rng, observer);
 }
 

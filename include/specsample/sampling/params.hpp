@@ -10,11 +10,12 @@
 #include <cmath>
 #include <cstddef>
 #include <optional>
+#include <string_view>
 
 namespace specsample {
 
-/// How logits become a probability vector (applied identically to draft and target).
-/// Order: temperature, then top-k, then top-p, then min-p, renormalising after each step; ties are
+/// How logits become a probability vector (the target's `speculative_params::sampling`, by
+/// default also the draft's: `speculative_params::draft_sampling`). Order: temperature, then top-k, then top-p, then min-p, renormalising after each step; ties are
 /// broken by the lower token id. The defaults switch every filter off.
 struct sampling_params {
   float temperature = 1.0f;  ///< 0 = greedy (argmax, lowest id on ties); must be >= 0.
@@ -38,7 +39,12 @@ inline constexpr std::size_t max_draft_length = 256;
 struct speculative_params {
   std::size_t max_new_tokens = 128;  ///< emit exactly this many tokens unless `eos` comes first.
   std::size_t draft_length = 4;      ///< K: tokens the draft proposes per round; 1..max_draft_length.
-  sampling_params sampling{};        ///< warping shared by draft and target.
+  sampling_params sampling{};        ///< the target's warping: what the output is distributed as.
+  /// How the draft's logits become the distribution q it samples its proposals from; empty (the
+  /// default) = `sampling`. Any warping is exact, since verification divides by the q each draft
+  /// was drawn from: it moves only the acceptance. A draft sharper than the target accepts more
+  /// with a higher temperature (docs/algorithm.md, "The draft's own warping").
+  std::optional<sampling_params> draft_sampling{};
   std::optional<token> eos{};        ///< stop right after emitting this token.
   verification verify = verification::token_wise;  ///< the verification rule.
   /// Stop drafting a round early when the draft model's most probable token has probability
@@ -50,6 +56,11 @@ struct speculative_params {
   /// LOSSY when below 1: token-wise acceptance draws its uniform from U[0, leniency), so more
   /// drafts pass and the output drifts toward the draft. 1 (the default) is exact. In (0, 1].
   double leniency = 1.0;
+
+  /// The draft's warping: `draft_sampling` when set, else `sampling`.
+  [[nodiscard]] const sampling_params& draft_warping() const noexcept {
+    return draft_sampling ? *draft_sampling : sampling;
+  }
 };
 
 namespace detail {
@@ -61,20 +72,20 @@ inline void check_leniency(double leniency, const char* name) {
 }
 }  // namespace detail
 
-/// Throws `specsample::error` naming the first parameter that is out of its domain.
-inline void validate(const sampling_params& s) {
+/// Throws `specsample::error` naming the first parameter that is out of its domain, as
+/// `name`.field (`speculative_params.draft_sampling.top_p`, say).
+inline void validate(const sampling_params& s, std::string_view name = "sampling_params") {
   if (!(s.temperature >= 0.0f) || std::isinf(s.temperature)) {
-    throw error(fmt::format("sampling_params.temperature must be finite and >= 0 (0 = greedy), got {}",
-                            s.temperature));
+    throw error(fmt::format("{}.temperature must be finite and >= 0 (0 = greedy), got {}", name, s.temperature));
   }
   if (s.top_k < 0) {
-    throw error(fmt::format("sampling_params.top_k must be >= 0 (0 = off), got {}", s.top_k));
+    throw error(fmt::format("{}.top_k must be >= 0 (0 = off), got {}", name, s.top_k));
   }
   if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) {
-    throw error(fmt::format("sampling_params.top_p must be in (0, 1] (1 = off), got {}", s.top_p));
+    throw error(fmt::format("{}.top_p must be in (0, 1] (1 = off), got {}", name, s.top_p));
   }
   if (!(s.min_p >= 0.0f && s.min_p < 1.0f)) {
-    throw error(fmt::format("sampling_params.min_p must be in [0, 1) (0 = off), got {}", s.min_p));
+    throw error(fmt::format("{}.min_p must be in [0, 1) (0 = off), got {}", name, s.min_p));
   }
 }
 
@@ -82,6 +93,7 @@ inline void validate(const sampling_params& s) {
 /// `vocab` is the models' vocabulary size, used to check `eos`.
 inline void validate(const speculative_params& s, std::size_t vocab) {
   validate(s.sampling);
+  if (s.draft_sampling) validate(*s.draft_sampling, "speculative_params.draft_sampling");
   if (s.draft_length == 0 || s.draft_length > max_draft_length) {
     throw error(fmt::format("speculative_params.draft_length must be in 1..{} (the draft proposes K tokens "
                             "per round), got {}",
