@@ -2,7 +2,7 @@
 //
 //   specsample-bench [--target DIR] [--draft DIR] [--prompts FILE] [-n N] [--reps R] [--k-max K]
 //                    [--temperatures 0,0.7,1] [--threads N] [--kernels LEVEL] [--weights F] [--kv F] [--matmul P] [--seed S]
-//                    [--cost-samples N] [--out DIR] [--quick]
+//                    [--draft-matmul P] [--draft-temperature-ratio R] [--cost-samples N] [--out DIR] [--quick]
 //
 // For every temperature T and draft length K = 1..k-max it generates -n tokens from each prompt,
 // --reps times, with plain autoregressive decoding and with speculative sampling, the two runs of
@@ -80,6 +80,8 @@ struct cli {
   std::uint64_t seed = 20240601;
   specsample::gpt2::options model;  // --kernels, --weights, --kv, --matmul (gpt2::set_option)
   std::optional<specsample::gpt2::matmul_precision> draft_matmul;  // --draft-matmul
+  double draft_temperature_ratio = 1.0;  // the draft samples at this × the cell's temperature
+  std::vector<double> draft_temperature_scan;  // --draft-temperatures: the acceptance scan's ratios
   bool quick = false;
   // --strategies
   bool strategies = false;
@@ -115,6 +117,14 @@ constexpr std::string_view help = R"(usage: specsample-bench [options]
                         where the CPU has AVX512_VNNI (the peak is then vpdpbusd's)
   --draft-matmul P      the draft's matmuls in P (f32, bf16 or int8) instead of --matmul's: a
                         draft's precision costs acceptance, never exactness
+  --draft-temperature-ratio R   the draft samples its proposals at R × each cell's temperature
+                        (speculative_params::draft_sampling; default 1, the target's; T = 0 stays
+                        greedy): exact whatever R, it moves only the acceptance
+  --draft-temperatures LIST   instead of the sweep: the acceptance scan of draft temperatures. At
+                        each T > 0 of --temperatures the target generates -n tokens from every
+                        prompt (--reps seeds); per ratio R of LIST the mean over those positions of
+                        sum min(p, q), q the draft's distribution at R × T: the expected acceptance
+                        α of each --draft-temperature-ratio. Writes draft-temperatures.md to --out
   --seed S              base random seed (default 20240601)
   --cost-samples N      single-append timings for the cost ratio (default 200)
   --max-prompts N       use only the first N prompts (default, or 0: all)
@@ -135,9 +145,10 @@ strategy comparison (instead of the sweep):
   --repetitive-temperatures LIST   temperatures of the repetitive suite (default 0,0.7)
 )";
 
-/// The report's note on the matmul weights', KV caches' and matmuls' precision: nothing when the
-/// weights are as the checkpoints store them, the caches F32 and the matmuls F32 (the defaults).
-std::string weights_note(const cli& c) {
+/// The report's note on the matmul weights', KV caches' and matmuls' precision and the draft's
+/// temperature: nothing when the weights are as the checkpoints store them, the caches F32, the
+/// matmuls F32 and the draft at the target's temperature (the defaults).
+std::string setup_note(const cli& c) {
   std::string note;
   if (c.model.weight_storage) {
     note = fmt::format(", both models' matmul weights held in {} (--weights; the targets are set for the checkpoints "
@@ -156,6 +167,9 @@ std::string weights_note(const cli& c) {
   }
   if (c.draft_matmul && *c.draft_matmul != c.model.matmul_precision) {
     note += fmt::format(", the draft's matmuls in {} (--draft-matmul)", specsample::gpt2::precision_name(*c.draft_matmul));
+  }
+  if (c.draft_temperature_ratio != 1.0) {
+    note += fmt::format(", the draft sampling at {:g} × T (--draft-temperature-ratio)", c.draft_temperature_ratio);
   }
   return note;
 }
@@ -182,6 +196,19 @@ std::string weights_basis(const specsample::gpt2::options& o, std::string_view f
 // `weights_basis` of the draft.
 std::string draft_weights_basis(const cli& c) {
   return weights_basis(draft_options(c), c.draft_matmul ? "--draft-matmul" : "--matmul");
+}
+
+// The parameters of a generation at `temperature`: -n new tokens, the draft sampling at
+// --draft-temperature-ratio × `temperature`.
+specsample::speculative_params generation_params(const cli& c, double temperature) {
+  specsample::speculative_params p;
+  p.max_new_tokens = c.n;
+  p.sampling.temperature = static_cast<float>(temperature);
+  if (c.draft_temperature_ratio != 1.0) {
+    p.draft_sampling = p.sampling;
+    p.draft_sampling->temperature = static_cast<float>(temperature * c.draft_temperature_ratio);
+  }
+  return p;
 }
 
 std::vector<double> parse_temperatures(std::string_view flag, std::string_view list) {
@@ -225,6 +252,18 @@ cli parse(int argc, char** argv) {
         c.draft_matmul = specsample::gpt2::precision_option(a, value());
       } catch (const specsample::error& e) {
         usage_error(e.what());
+      }
+    }
+    else if (a == "--draft-temperature-ratio") {
+      c.draft_temperature_ratio = parse_number<double>(a, value());
+      if (!(c.draft_temperature_ratio > 0.0) || !std::isfinite(c.draft_temperature_ratio)) {
+        usage_error(fmt::format("--draft-temperature-ratio must be finite and > 0, got {}", c.draft_temperature_ratio));
+      }
+    }
+    else if (a == "--draft-temperatures") {
+      c.draft_temperature_scan = specsample_bench::parse_list<double>(a, value());
+      for (const double r : c.draft_temperature_scan) {
+        if (!(r > 0.0) || !std::isfinite(r)) usage_error(fmt::format("--draft-temperatures: {} must be finite and > 0", r));
       }
     }
     else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
@@ -965,7 +1004,7 @@ strategy_run run_strategy(const strategy& s, specsample::gpt2::model& draft, spe
       specsample::drafters::fallback lookup(
           specsample::drafters::ngram(static_cast<std::size_t>(target.vocab_size()), std::max<std::size_t>(4, s.min_n),
                                       s.min_n),
-          specsample::model_drafter(draft, params.sampling));
+          specsample::model_drafter(draft, params.draft_warping()));
       g = specsample::speculative_sample(lookup, target, prompt, params, rng);
       break;
     }
@@ -1027,6 +1066,72 @@ struct bench_setup {
   std::string load_start, date, command;
   steady::time_point t_start;
 };
+
+// The acceptance scan of draft temperatures (--draft-temperatures): along the target's own
+// generations at each T > 0, the mean over positions of sum_x min(p(x), q(x)) with q the draft's
+// distribution at R × T, per ratio R: the α each --draft-temperature-ratio would give (the
+// acceptance of a token-wise round is 1 − TV(p, q) per position). No timing.
+int run_draft_temperature_scan(const bench_setup& b) {
+  const cli& c = b.c;
+  const auto& ratios = c.draft_temperature_scan;
+  std::string md = fmt::format(
+      "### Draft temperature scan: {} drafting for {}\n\n`{}` — {} prompts × {} seeds × {} tokens of the target's own "
+      "generations per temperature{}; {}; source {}; {}.\n\nMean over positions of Σ min(p, q), q the draft at R × T "
+      "(the expected acceptance α at --draft-temperature-ratio R); the best R of each row in bold.\n\n| T |",
+      b.draft_dir.filename().string(), b.target_dir.filename().string(), b.command, b.prompts.size(), c.reps, c.n,
+      setup_note(c), cpu_model(), revision(), b.date);
+  for (const double r : ratios) md += fmt::format(" R = {:g} |", r);
+  md += "\n|---|";
+  for (std::size_t i = 0; i < ratios.size(); ++i) md += "---|";
+  md += "\n";
+  json rows = json::array();
+  for (std::size_t ti = 0; ti < c.temperatures.size(); ++ti) {
+    const double temp = c.temperatures[ti];
+    if (temp == 0.0) continue;  // greedy: the draft's argmax whatever its temperature
+    specsample::speculative_params params = generation_params(c, temp);
+    std::vector<double> overlap(ratios.size(), 0.0);
+    std::size_t positions = 0;
+    for (std::size_t rep = 0; rep < c.reps; ++rep) {
+      for (std::size_t pi = 0; pi < b.prompts.size(); ++pi) {
+        const auto& prompt = b.prompts[pi];
+        std::mt19937_64 rng(c.seed + 1000003ULL * ti + 1009ULL * rep + pi);
+        std::vector<token> all(prompt);
+        const auto out = specsample::autoregressive_sample(b.target, prompt, params, rng);
+        all.insert(all.end(), out.tokens.begin(), out.tokens.end());
+        // Both models score the whole sequence at once; column j conditions on all[0..j].
+        const auto input = std::span<const token>(all).first(all.size() - 1);
+        b.target.truncate(0);
+        b.draft.truncate(0);
+        const Eigen::MatrixXf lp = b.target.append(input), lq = b.draft.append(input);
+        for (std::size_t j = prompt.size() - 1; j < input.size(); ++j) {
+          const auto col = static_cast<Eigen::Index>(j);
+          const Eigen::VectorXf p = specsample::warp(lp.col(col), params.sampling);
+          for (std::size_t ri = 0; ri < ratios.size(); ++ri) {
+            specsample::sampling_params d = params.sampling;
+            d.temperature = static_cast<float>(temp * ratios[ri]);
+            overlap[ri] += p.cwiseMin(specsample::warp(lq.col(col), d)).sum();
+          }
+          ++positions;
+        }
+      }
+    }
+    for (double& o : overlap) o /= static_cast<double>(positions);
+    const std::size_t best = static_cast<std::size_t>(std::max_element(overlap.begin(), overlap.end()) - overlap.begin());
+    md += fmt::format("| {:g} |", temp);
+    for (std::size_t ri = 0; ri < ratios.size(); ++ri) {
+      md += ri == best ? fmt::format(" **{:.4f}** |", overlap[ri]) : fmt::format(" {:.4f} |", overlap[ri]);
+    }
+    md += "\n";
+    rows.push_back({{"temperature", temp}, {"positions", positions}, {"ratios", ratios}, {"alpha", overlap}});
+  }
+  fmt::print("{}", md);
+  if (c.out) {
+    specsample_bench::write_file(*c.out, "draft-temperatures.md", md);
+    json j{{"command", b.command}, {"date", b.date}, {"rows", rows}};
+    specsample_bench::write_file(*c.out, "draft-temperatures.json", j.dump(2) + "\n");
+  }
+  return 0;
+}
 
 std::string fmt_k_counts(const std::vector<std::size_t>& counts) {
   std::vector<std::string> parts;
@@ -1121,9 +1226,7 @@ int run_strategies(const bench_setup& b) {
         group[si].temperature = temp;
         group[si].s = strategies[si];
       }
-      specsample::speculative_params params;
-      params.max_new_tokens = c.n;
-      params.sampling.temperature = static_cast<float>(temp);
+      const specsample::speculative_params params = generation_params(c, temp);
       for (std::size_t r = 0; r < c.reps; ++r) {
         for (std::size_t pi = 0; pi < su.prompts.size(); ++pi) {
           const std::uint64_t seed = c.seed + 1000003ULL * ti + 1009ULL * r + pi;
@@ -1187,7 +1290,7 @@ int run_strategies(const bench_setup& b) {
   out("### Strategies: {} drafting for {}\n\n", b.draft_dir.filename().string(), b.target_dir.filename().string());
   out("`{}` — {} tokens per run, {} rep(s), {} kernel thread(s) shared by the models, {} kernels{}, seed {}; {}; {} cores; {}; {}; "
       "source {}; {}; load average {} at start, {} at end; run time {}.\n\n",
-      b.command, c.n, c.reps, b.target.threads(), specsample::isa_name(b.target.kernels()), weights_note(c), c.seed, cpu_model(), std::thread::hardware_concurrency(),
+      b.command, c.n, c.reps, b.target.threads(), specsample::isa_name(b.target.kernels()), setup_note(c), c.seed, cpu_model(), std::thread::hardware_concurrency(),
       "g++ " __VERSION__, compile_flags(), revision(), b.date, b.load_start, load_end, fmt_duration(total_seconds));
   out("Correctness guard (T = 0): every strategy's tokens == autoregressive tokens in {}/{} runs: **{}**\n\n",
       greedy_identical, greedy_runs, greedy_runs == 0 ? "not run (no T = 0)" : guard_ok ? "PASS" : "FAIL");
@@ -1258,6 +1361,7 @@ int run_strategies(const bench_setup& b) {
                    {"best_k_from", c.best_k_from ? c.best_k_from->string() : std::string()}, {"quick", c.quick}};
     j["config"].update(specsample::gpt2::precision_json(c.model));
     j["config"]["draft_matmul"] = specsample::gpt2::precision_name(draft_options(c).matmul_precision);
+    j["config"]["draft_temperature_ratio"] = c.draft_temperature_ratio;
     j["guard"] = {{"greedy_runs", greedy_runs}, {"identical", greedy_identical}, {"pass", guard_ok}};
     json cj = json::array();
     for (const auto& cl : cells) {
@@ -1338,10 +1442,8 @@ int run(int argc, char** argv) {
 
   // Warm-up: one generation of each kind, untimed.
   {
-    specsample::speculative_params params;
-    params.max_new_tokens = c.n;
+    specsample::speculative_params params = generation_params(c, 0.0);
     params.draft_length = std::min<std::size_t>(4, c.k_max);
-    params.sampling.temperature = 0.0f;
     std::mt19937_64 rng(c.seed);
     (void)specsample::autoregressive_sample(target, prompts[0], params, rng);
     (void)specsample::speculative_sample(draft, target, prompts[0], params, rng);
@@ -1349,6 +1451,10 @@ int run(int argc, char** argv) {
 
   std::string command = "specsample-bench";
   for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+  if (!c.draft_temperature_scan.empty()) {
+    return run_draft_temperature_scan({c, target, draft, tok, prompt_text, prompts, target_dir, draft_dir, prompts_file,
+                                       load_start, date, command, t_start});
+  }
   if (c.strategies) {
     return run_strategies({c, target, draft, tok, prompt_text, prompts, target_dir, draft_dir, prompts_file, load_start,
                            date, command, t_start});
@@ -1375,10 +1481,8 @@ int run(int argc, char** argv) {
       cl.temperature = temp;
       cl.k = k;
       specsample::position_acceptance positions(k);
-      specsample::speculative_params params;
-      params.max_new_tokens = c.n;
+      specsample::speculative_params params = generation_params(c, temp);
       params.draft_length = k;
-      params.sampling.temperature = static_cast<float>(temp);
       for (std::size_t rep = 0; rep < c.reps; ++rep) {
         for (std::size_t pi = 0; pi < prompts.size(); ++pi) {
           run_pair p;
@@ -1588,7 +1692,7 @@ int run(int argc, char** argv) {
   out("`{}` — {} prompts × {} reps × {} tokens, K = 1..{}, T ∈ {{{}}}, {} kernel thread(s) shared by the models, {} kernels{}; {}; "
       "{} cores; {}; {}; source {}; {}; load average {} at start, {} at end; run time {}.\n\n",
       command, prompts.size(), c.reps, c.n, c.k_max, fmt::join(c.temperatures, ", "), threads,
-      specsample::isa_name(target.kernels()), weights_note(c), cpu_model(),
+      specsample::isa_name(target.kernels()), setup_note(c), cpu_model(),
       std::thread::hardware_concurrency(), "g++ " __VERSION__, compile_flags(), revision(), date, load_start,
       load_end, fmt_duration(total_seconds));
   out("Correctness guard (T = 0): speculative == autoregressive tokens in {}/{} runs: **{}**\n\n", greedy_identical,
@@ -1810,6 +1914,7 @@ int run(int argc, char** argv) {
                    {"quick", c.quick}};
     j["config"].update(specsample::gpt2::precision_json(c.model));
     j["config"]["draft_matmul"] = specsample::gpt2::precision_name(draft_options(c).matmul_precision);
+    j["config"]["draft_temperature_ratio"] = c.draft_temperature_ratio;
     const auto cost_json = [](const cost_result& r) {
       json t = json::array();
       for (std::size_t jj = 0; jj < r.target_j.size(); ++jj) {
