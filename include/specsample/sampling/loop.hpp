@@ -255,9 +255,9 @@ model_drafter<Draft> drafter_for(Draft& draft, const Target& target, std::span<c
 ///
 /// The returned tokens are distributed exactly as `autoregressive_sample(target, ...)` with the
 /// same `params.sampling` (identical tokens at temperature 0), whatever the draft's warping
-/// (`params.draft_warping()`: `params.draft_sampling`, by default `params.sampling`). Both models are reset to the prompt
-/// first; on return each holds a prefix of prompt + tokens (the target: all but the last token),
-/// so a follow-up call continues correctly. Throws `specsample::error` on bad parameters, an empty
+/// (`params.draft_warping()`: `params.draft_sampling`, by default `params.sampling`). Both models
+/// are reset to the prompt first; on return each holds a prefix of prompt + tokens (the target:
+/// all but the last token), so a follow-up call continues correctly. Throws `specsample::error` on bad parameters, an empty
 /// or out-of-range prompt, mismatched vocabularies, context overflow, `draft` and `target` being
 /// one object (pass a second instance), or a model that breaks its contract (wrong logits shape, NaN / +inf
 /// logits).

@@ -15,8 +15,9 @@
 namespace specsample {
 
 /// How logits become a probability vector (the target's `speculative_params::sampling`, by
-/// default also the draft's: `speculative_params::draft_sampling`). Order: temperature, then top-k, then top-p, then min-p, renormalising after each step; ties are
-/// broken by the lower token id. The defaults switch every filter off.
+/// default also the draft's: `speculative_params::draft_sampling`). Order: temperature, then
+/// top-k, then top-p, then min-p, renormalising after each step; ties are broken by the lower
+/// token id. The defaults switch every filter off.
 struct sampling_params {
   float temperature = 1.0f;  ///< 0 = greedy (argmax, lowest id on ties); must be >= 0.
   int top_k = 0;             ///< keep the k most probable tokens; 0 = off; must be >= 0.
