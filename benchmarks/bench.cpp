@@ -295,6 +295,15 @@ cli parse(int argc, char** argv) {
   if (c.k_max == 0) usage_error("--k-max must be >= 1");
   if (c.cost_samples == 0) usage_error("--cost-samples must be >= 1");
   if (c.warmup_tokens == 0) usage_error("--warmup-tokens must be >= 1");
+  if (!c.draft_temperature_scan.empty()) {
+    if (c.strategies) usage_error("--draft-temperatures is a run of its own; drop --strategies");
+    if (set("--draft-temperature-ratio")) {
+      usage_error("--draft-temperatures scans the ratios it lists; drop --draft-temperature-ratio");
+    }
+    if (std::none_of(c.temperatures.begin(), c.temperatures.end(), [](double t) { return t > 0.0; })) {
+      usage_error("--draft-temperatures needs a temperature > 0 in --temperatures (at 0 both models are greedy)");
+    }
+  }
   return c;
 }
 
@@ -1077,7 +1086,8 @@ int run_draft_temperature_scan(const bench_setup& b) {
   std::string md = fmt::format(
       "### Draft temperature scan: {} drafting for {}\n\n`{}` — {} prompts × {} seeds × {} tokens of the target's own "
       "generations per temperature{}; {}; source {}; {}.\n\nMean over positions of Σ min(p, q), q the draft at R × T "
-      "(the expected acceptance α at --draft-temperature-ratio R); the best R of each row in bold.\n\n| T |",
+      "(the expected acceptance α at --draft-temperature-ratio R); the best R of each row in bold. T = 0 has no row: "
+      "there both models are greedy, whatever R.\n\n| T |",
       b.draft_dir.filename().string(), b.target_dir.filename().string(), b.command, b.prompts.size(), c.reps, c.n,
       setup_note(c), cpu_model(), revision(), b.date);
   for (const double r : ratios) md += fmt::format(" R = {:g} |", r);
@@ -1127,7 +1137,15 @@ int run_draft_temperature_scan(const bench_setup& b) {
   fmt::print("{}", md);
   if (c.out) {
     specsample_bench::write_file(*c.out, "draft-temperatures.md", md);
-    json j{{"command", b.command}, {"date", b.date}, {"rows", rows}};
+    json j;
+    j["command"] = b.command;
+    j["machine"] = machine_json(b.date, b.load_start, load_average(), seconds_since(b.t_start));
+    j["config"] = {{"target", b.target_dir.string()}, {"draft", b.draft_dir.string()},
+                   {"prompts_file", b.prompts_file.string()}, {"n", c.n}, {"reps", c.reps}, {"seed", c.seed},
+                   {"quick", c.quick}};
+    j["config"].update(specsample::gpt2::precision_json(c.model));
+    j["config"]["draft_matmul"] = specsample::gpt2::precision_name(draft_options(c).matmul_precision);
+    j["rows"] = rows;
     specsample_bench::write_file(*c.out, "draft-temperatures.json", j.dump(2) + "\n");
   }
   return 0;

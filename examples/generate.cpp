@@ -84,7 +84,8 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
                         --mode speculative, decode autoregressively if no K is predicted to pay
   --calibration-prompts F   warm up -k auto and a draft choice on the prompts of F (one per line,
                         \n escapes, # comments; e.g. benchmarks/prompts.txt) instead of the prompt
-  --p-min P             stop drafting a round when the draft's top probability is below P
+  --p-min P             stop drafting a round when the draft's top probability (at its own
+                        temperature, --draft-temperature) is below P
   --adaptive            adapt K between rounds (+2 after a full acceptance, -1 after a rejection)
   --prompt TEXT         prompt text (default: a held-out Tiny Shakespeare line)
   --prompt-file F       read the prompt from a file
@@ -197,6 +198,7 @@ cli parse(int argc, char** argv) {
   }
   if (c.draft_temperature) {
     if (c.draft == "ngram") usage_error("--draft-temperature warps a draft model's logits; --draft ngram has none");
+    if (c.mode == "autoregressive") usage_error("--draft-temperature warps a draft model's logits; --mode autoregressive drafts nothing");
     c.params.draft_sampling = c.params.sampling;  // the target's filters, at the draft's own temperature
     c.params.draft_sampling->temperature = *c.draft_temperature;
   }
@@ -516,7 +518,6 @@ int run(int argc, char** argv) {
                      {"top_k", c.params.sampling.top_k},
                      {"top_p", c.params.sampling.top_p},
                      {"min_p", c.params.sampling.min_p},
-                     {"draft_temperature", c.params.draft_warping().temperature},
                      {"seed", c.seed},
                      {"verify", c.params.verify == specsample::verification::block ? "block" : "tokenwise"},
                      {"leniency", c.params.leniency},
@@ -527,6 +528,10 @@ int run(int argc, char** argv) {
     if (need_draft) {
       j["draft"] = draft_dir.string();
       j["draft_matmul"] = specsample::gpt2::precision_name(c.draft_matmul.value_or(c.model.matmul_precision));
+      if (!ngram) {  // the warping the draft model samples from (--draft-temperature, else the target's)
+        const auto& d = c.params.draft_warping();
+        j["draft_sampling"] = {{"temperature", d.temperature}, {"top_k", d.top_k}, {"top_p", d.top_p}, {"min_p", d.min_p}};
+      }
     }
     if (c.prompt_lookup > 0) j["prompt_lookup"] = {{"min_n", c.prompt_lookup}, {"rounds", lookup_rounds}};
     if (!calibrations.empty()) j["draft_choice"] = calibrations;

@@ -213,27 +213,14 @@ struct mislabelled_drafter {
   }
 };
 
-// The pair of the draft_sampling tests: a 4-token order-2 target, a draft at distance 0.4, K = 3.
-struct draft_sampling_pair {
-  toy::markov target = target_model(4, 2);
-  toy::markov draft = toy::markov::similar_to(target, 0.4, 21, 0.5f);
-  speculative_params params = [] {
-    speculative_params p;
-    p.draft_length = 3;
-    return p;
-  }();
-  std::vector<token> prompt{0};
-};
-
 }  // namespace
 
 TEST_CASE("a draft with its own warping (draft_sampling) is exact", "[exactness][draft_sampling]") {
-  draft_sampling_pair pair;
+  test::draft_length_pair pair;  // K = 3, 4 new tokens
   // (References, not a structured binding: Clang 14 cannot capture one in a lambda.)
   auto &target = pair.target, &draft = pair.draft;
   auto& params = pair.params;
-  const auto& prompt = pair.prompt;
-  params.max_new_tokens = 4;
+  const std::vector<token> prompt{0};
   params.sampling.temperature = 0.8f;
   // A hotter draft, cut to its 3 most probable tokens: another q than the target's warping gives.
   params.draft_sampling = sampling_params{.temperature = 1.6f, .top_k = 3};
@@ -256,11 +243,11 @@ TEST_CASE("a draft with its own warping (draft_sampling) is exact", "[exactness]
 }
 
 TEST_CASE("draft_sampling is what the draft samples from, and is validated", "[draft_sampling]") {
-  draft_sampling_pair pair;
+  test::draft_length_pair pair;  // K = 3, 4 new tokens
   // (References, not a structured binding: Clang 14 cannot capture one in a lambda.)
   auto &target = pair.target, &draft = pair.draft;
   auto& params = pair.params;
-  const auto& prompt = pair.prompt;
+  const std::vector<token> prompt{0};
   params.max_new_tokens = 12;
   std::mt19937_64 rng(5);
   // {drafts, drafts with q = 1} of one generation, from the loop's events.
@@ -283,13 +270,17 @@ TEST_CASE("draft_sampling is what the draft samples from, and is validated", "[d
   params.draft_sampling.reset();
   const auto sampled = one_hot_drafts();
   CHECK(sampled.second < sampled.first);
-  // A greedy target gives the autoregressive tokens whatever the draft samples from.
+  // A greedy target gives the autoregressive tokens whatever the draft samples from, under
+  // either rule.
   params.sampling.temperature = 0.0f;
   params.draft_sampling = sampling_params{.temperature = 2.0f, .top_p = 0.9f};
-  for (std::uint64_t seed = 0; seed < 20; ++seed) {
-    std::mt19937_64 r1(seed), r2(seed);
-    CHECK(speculative_sample(draft, target, prompt, params, r1).tokens ==
-          autoregressive_sample(target, prompt, params, r2).tokens);
+  for (const verification rule : {verification::token_wise, verification::block}) {
+    params.verify = rule;
+    for (std::uint64_t seed = 0; seed < 20; ++seed) {
+      std::mt19937_64 r1(seed), r2(seed);
+      CHECK(speculative_sample(draft, target, prompt, params, r1).tokens ==
+            autoregressive_sample(target, prompt, params, r2).tokens);
+    }
   }
   // Out-of-domain draft warping is named as such, before anything runs.
   using Catch::Matchers::Contains;

@@ -25,7 +25,7 @@ namespace specsample::drafters {
 /// forward calls and seconds are those of both drafters.
 ///
 /// ```cpp
-/// drafters::fallback lookup_then_model(drafters::ngram(V, 4, 3), model_drafter(draft, params.sampling));
+/// drafters::fallback lookup_then_model(drafters::ngram(V, 4, 3), model_drafter(draft, params.draft_warping()));
 /// auto out = speculative_sample(lookup_then_model, target, prompt, params, rng);
 /// ```
 ///

@@ -44,12 +44,15 @@ struct speculative_params {
   /// How the draft's logits become the distribution q it samples its proposals from; empty (the
   /// default) = `sampling`. Any warping is exact, since verification divides by the q each draft
   /// was drawn from: it moves only the acceptance. A draft sharper than the target accepts more
-  /// with a higher temperature (docs/algorithm.md, "The draft's own warping").
+  /// with a higher temperature (docs/algorithm.md, "The draft's own warping"). Honoured by
+  /// `speculative_sample(draft model, ...)` and `calibrate`; a custom drafter carries its own
+  /// warping (build a `model_drafter` with `draft_warping()`).
   std::optional<sampling_params> draft_sampling{};
   std::optional<token> eos{};        ///< stop right after emitting this token.
   verification verify = verification::token_wise;  ///< the verification rule.
   /// Stop drafting a round early when the draft model's most probable token has probability
-  /// below this (llama.cpp's p_min); 0 = off. In [0, 1). Exact: a draft-side decision.
+  /// below this (llama.cpp's p_min) under `draft_warping()`; 0 = off. In [0, 1). Exact: a
+  /// draft-side decision.
   float draft_min_probability = 0.0f;
   /// Adapt the draft length between rounds (transformers' heuristic): +2 after a fully accepted
   /// round, -1 after a rejection, within [1, draft_length]. Exact: it depends on past rounds only.
@@ -93,7 +96,7 @@ inline void validate(const sampling_params& s, std::string_view name = "sampling
 /// Throws `specsample::error` naming the first parameter that is out of its domain.
 /// `vocab` is the models' vocabulary size, used to check `eos`.
 inline void validate(const speculative_params& s, std::size_t vocab) {
-  validate(s.sampling);
+  validate(s.sampling, "speculative_params.sampling");
   if (s.draft_sampling) validate(*s.draft_sampling, "speculative_params.draft_sampling");
   if (s.draft_length == 0 || s.draft_length > max_draft_length) {
     throw error(fmt::format("speculative_params.draft_length must be in 1..{} (the draft proposes K tokens "
