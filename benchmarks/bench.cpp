@@ -1076,10 +1076,9 @@ struct bench_setup {
   steady::time_point t_start;
 };
 
-// The acceptance scan of draft temperatures (--draft-temperatures): along the target's own
-// generations at each T > 0, the mean over positions of sum_x min(p(x), q(x)) with q the draft's
-// distribution at R × T, per ratio R: the α each --draft-temperature-ratio would give (the
-// acceptance of a token-wise round is 1 − TV(p, q) per position). No timing.
+// The acceptance scan of draft temperatures (--draft-temperatures): `scan_draft_temperature` at
+// each T > 0 over the prompts, each --reps times: per ratio R the α each --draft-temperature-ratio
+// would give. No timing.
 int run_draft_temperature_scan(const bench_setup& b) {
   const cli& c = b.c;
   const auto& ratios = c.draft_temperature_scan;
@@ -1094,45 +1093,25 @@ int run_draft_temperature_scan(const bench_setup& b) {
   md += "\n|---|";
   for (std::size_t i = 0; i < ratios.size(); ++i) md += "---|";
   md += "\n";
+  // Each prompt --reps times: the target's generations differ by the generator's state.
+  std::vector<std::vector<token>> texts;
+  for (std::size_t rep = 0; rep < c.reps; ++rep) texts.insert(texts.end(), b.prompts.begin(), b.prompts.end());
   json rows = json::array();
   for (std::size_t ti = 0; ti < c.temperatures.size(); ++ti) {
     const double temp = c.temperatures[ti];
     if (temp == 0.0) continue;  // greedy: the draft's argmax whatever its temperature
-    specsample::speculative_params params = generation_params(c, temp);
-    std::vector<double> overlap(ratios.size(), 0.0);
-    std::size_t positions = 0;
-    for (std::size_t rep = 0; rep < c.reps; ++rep) {
-      for (std::size_t pi = 0; pi < b.prompts.size(); ++pi) {
-        const auto& prompt = b.prompts[pi];
-        std::mt19937_64 rng(c.seed + 1000003ULL * ti + 1009ULL * rep + pi);
-        std::vector<token> all(prompt);
-        const auto out = specsample::autoregressive_sample(b.target, prompt, params, rng);
-        all.insert(all.end(), out.tokens.begin(), out.tokens.end());
-        // Both models score the whole sequence at once; column j conditions on all[0..j].
-        const auto input = std::span<const token>(all).first(all.size() - 1);
-        b.target.truncate(0);
-        b.draft.truncate(0);
-        const Eigen::MatrixXf lp = b.target.append(input), lq = b.draft.append(input);
-        for (std::size_t j = prompt.size() - 1; j < input.size(); ++j) {
-          const auto col = static_cast<Eigen::Index>(j);
-          const Eigen::VectorXf p = specsample::warp(lp.col(col), params.sampling);
-          for (std::size_t ri = 0; ri < ratios.size(); ++ri) {
-            specsample::sampling_params d = params.sampling;
-            d.temperature = static_cast<float>(temp * ratios[ri]);
-            overlap[ri] += p.cwiseMin(specsample::warp(lq.col(col), d)).sum();
-          }
-          ++positions;
-        }
-      }
-    }
-    for (double& o : overlap) o /= static_cast<double>(positions);
-    const std::size_t best = static_cast<std::size_t>(std::max_element(overlap.begin(), overlap.end()) - overlap.begin());
+    std::mt19937_64 rng(c.seed + 1000003ULL * ti);
+    const auto scan = specsample::scan_draft_temperature(b.draft, b.target, std::span<const std::vector<token>>(texts),
+                                                         generation_params(c, temp), std::span<const double>(ratios),
+                                                         rng, c.n);
     md += fmt::format("| {:g} |", temp);
     for (std::size_t ri = 0; ri < ratios.size(); ++ri) {
-      md += ri == best ? fmt::format(" **{:.4f}** |", overlap[ri]) : fmt::format(" {:.4f} |", overlap[ri]);
+      md += scan.ratios[ri] == scan.best_ratio() ? fmt::format(" **{:.4f}** |", scan.alpha[ri])
+                                                 : fmt::format(" {:.4f} |", scan.alpha[ri]);
     }
     md += "\n";
-    rows.push_back({{"temperature", temp}, {"positions", positions}, {"ratios", ratios}, {"alpha", overlap}});
+    rows.push_back({{"temperature", temp}, {"positions", scan.positions}, {"ratios", scan.ratios}, {"alpha", scan.alpha},
+                    {"best_ratio", scan.best_ratio()}});
   }
   fmt::print("{}", md);
   if (c.out) {

@@ -51,6 +51,7 @@ struct cli {
   std::string prompt{default_prompt};
   specsample::speculative_params params{};
   std::optional<float> draft_temperature;  // --draft-temperature: the draft's warping at its own temperature
+  bool auto_draft_temperature = false;     // --draft-temperature auto: scan_draft_temperature picks it
   std::uint64_t seed = 42;
   std::size_t threads = 0;
   specsample::gpt2::options model;  // --kernels, --weights, --kv, --matmul (gpt2::set_option)
@@ -96,7 +97,9 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
   --draft-temperature T the draft models' temperature (default: --temperature): the draft samples
                         its proposals at T, with the same filters; exact whatever T, it moves only
                         the acceptance (a draft sharper than the target accepts more with T above
-                        the target's; docs/algorithm.md)
+                        the target's; docs/algorithm.md); or auto: per draft, the ratio to
+                        --temperature in 0.8..1.5 with the highest expected acceptance along the
+                        target's own 64 tokens from each warm-up prompt (scan_draft_temperature)
   --seed S              random seed (default 42)
   --threads N           kernel threads, one pool shared by all models (default: all cores)
   --kernels LEVEL       best (default), avx512, avx2 or generic (capped at what the CPU has)
@@ -156,7 +159,11 @@ cli parse(int argc, char** argv) {
     else if (a == "--top-k") c.params.sampling.top_k = parse_number<int>(a, value());
     else if (a == "--top-p") c.params.sampling.top_p = parse_number<float>(a, value());
     else if (a == "--min-p") c.params.sampling.min_p = parse_number<float>(a, value());
-    else if (a == "--draft-temperature") c.draft_temperature = parse_number<float>(a, value());
+    else if (a == "--draft-temperature") {
+      const std::string_view v = value();
+      c.auto_draft_temperature = v == "auto";
+      if (!c.auto_draft_temperature) c.draft_temperature = parse_number<float>(a, v);
+    }
     else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
     else if (specsample::gpt2::is_option_flag(a)) {
       try {
@@ -196,9 +203,11 @@ cli parse(int argc, char** argv) {
   if (c.prompt_lookup > 0 && c.draft == "ngram") {
     usage_error("--prompt-lookup falls back to a draft model; --draft ngram drafts by prompt lookup alone");
   }
-  if (c.draft_temperature) {
+  if (c.draft_temperature || c.auto_draft_temperature) {
     if (c.draft == "ngram") usage_error("--draft-temperature warps a draft model's logits; --draft ngram has none");
     if (c.mode == "autoregressive") usage_error("--draft-temperature warps a draft model's logits; --mode autoregressive drafts nothing");
+  }
+  if (c.draft_temperature) {
     c.params.draft_sampling = c.params.sampling;  // the target's filters, at the draft's own temperature
     c.params.draft_sampling->temperature = *c.draft_temperature;
   }
@@ -403,27 +412,53 @@ int run(int argc, char** argv) {
   std::string mode = c.mode;  // -k auto may turn speculative into autoregressive (below)
   bool fell_back = false;
   std::size_t chosen = 0;
-  nlohmann::json calibrations = nlohmann::json::array();
-  if (!drafts.empty() && (drafts.size() > 1 || c.auto_k)) {
-    const std::size_t k_max = 8;
-    // The warm-up prompts: the prompt itself, or a few from --calibration-prompts (acceptance
-    // varies from one text to the next; 64 tokens from each, pooled).
-    std::vector<std::vector<token>> warmup{prompt};
-    if (c.calibration_prompts) {
-      warmup.clear();
-      for (const std::string& text : specsample::io::read_prompt_list(*c.calibration_prompts)) {
-        warmup.push_back(tok.encode(text));
-        if (warmup.back().empty()) {
-          throw specsample::error(fmt::format("{}: prompt {} encodes to no tokens", c.calibration_prompts->string(),
-                                              warmup.size()));
-        }
+  nlohmann::json calibrations = nlohmann::json::array(), temperature_scans = nlohmann::json::array();
+  // The warm-up prompts: the prompt itself, or a few from --calibration-prompts (acceptance
+  // varies from one text to the next; 64 tokens from each, pooled).
+  std::vector<std::vector<token>> warmup{prompt};
+  if (c.calibration_prompts) {
+    warmup.clear();
+    for (const std::string& text : specsample::io::read_prompt_list(*c.calibration_prompts)) {
+      warmup.push_back(tok.encode(text));
+      if (warmup.back().empty()) {
+        throw specsample::error(fmt::format("{}: prompt {} encodes to no tokens", c.calibration_prompts->string(),
+                                            warmup.size()));
       }
     }
+  }
+  // Each draft's parameters: --draft-temperature auto scans its ratio to the target's temperature.
+  std::vector<specsample::speculative_params> draft_params(drafts.size(), c.params);
+  if (c.auto_draft_temperature && !drafts.empty()) {
+    std::FILE* out = c.json ? stderr : stdout;
+    if (c.params.sampling.temperature == 0.0f) {
+      fmt::print(out, "draft temperature: at temperature 0 both models are greedy; --draft-temperature auto has nothing to "
+                      "choose\n");
+    } else {
+      const std::vector<double> ratios{0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5};
+      fmt::print(out, "draft temperature (expected acceptance along the target's own 64 tokens from each of {} prompt(s), "
+                      "per ratio R to --temperature {:g}):\n", warmup.size(), c.params.sampling.temperature);
+      for (std::size_t d = 0; d < drafts.size(); ++d) {
+        std::mt19937_64 rng(c.seed);
+        const auto scan = specsample::scan_draft_temperature(drafts[d], target, std::span<const std::vector<token>>(warmup),
+                                                             c.params, std::span<const double>(ratios), rng, 64);
+        draft_params[d] = scan.apply(c.params);
+        const std::size_t one = 2;  // ratios[2] == 1
+        fmt::print(out, "  {}: R = {:g}, the draft at T = {:g} (alpha {:.3f}; {:.3f} at R = 1)\n", candidates[d].string(),
+                   scan.best_ratio(), draft_params[d].draft_sampling->temperature,
+                   *std::max_element(scan.alpha.begin(), scan.alpha.end()), scan.alpha[one]);
+        temperature_scans.push_back({{"draft", candidates[d].string()}, {"ratios", scan.ratios}, {"alpha", scan.alpha},
+                                     {"best_ratio", scan.best_ratio()},
+                                     {"draft_temperature", draft_params[d].draft_sampling->temperature}});
+      }
+    }
+  }
+  if (!drafts.empty() && (drafts.size() > 1 || c.auto_k)) {
+    const std::size_t k_max = 8;
     std::vector<specsample::calibration> cal;
     for (std::size_t d = 0; d < drafts.size(); ++d) {
       std::mt19937_64 rng(c.seed);
-      cal.push_back(specsample::calibrate(drafts[d], target, std::span<const std::vector<token>>(warmup), c.params, rng,
-                                          k_max, 64));
+      cal.push_back(specsample::calibrate(drafts[d], target, std::span<const std::vector<token>>(warmup), draft_params[d],
+                                          rng, k_max, 64));
     }
     for (std::size_t d = 1; d < drafts.size(); ++d) {
       if (cal[d].predicted > cal[chosen].predicted) chosen = d;
@@ -446,7 +481,7 @@ int run(int argc, char** argv) {
                               {"best_k", cal[d].best_k},
                               {"predicted_speedup", cal[d].predicted}, {"pays", cal[d].pays()}});
     }
-    if (c.auto_k) run_cli.params.draft_length = cal[chosen].best_k;
+    if (c.auto_k) draft_params[chosen].draft_length = cal[chosen].best_k;
     if (!cal[chosen].pays()) {
       // -k auto in speculative mode decodes the fastest way the calibration predicts; compare
       // mode still runs both, to show it.
@@ -456,13 +491,14 @@ int run(int argc, char** argv) {
                  fall_back  ? std::string(": decoding autoregressively")
                  : c.auto_k ? std::string()
                             : fmt::format("; speculating at K = {} as asked (-k auto would decode autoregressively)",
-                                          run_cli.params.draft_length));
+                                          draft_params[chosen].draft_length));
       if (fall_back) {
         mode = "autoregressive";
         fell_back = true;
       }
     }
   }
+  if (!drafts.empty()) run_cli.params = draft_params[chosen];  // its K (-k auto) and temperature (auto)
   const fs::path draft_dir = drafts.empty() ? fs::path(ngram ? "ngram" : "") : candidates[chosen];
   specsample::drafters::ngram lookup(target.vocab_size(), std::max<std::size_t>(4, c.prompt_lookup),
                                      std::max<std::size_t>(1, c.prompt_lookup));
@@ -529,12 +565,13 @@ int run(int argc, char** argv) {
       j["draft"] = draft_dir.string();
       j["draft_matmul"] = specsample::gpt2::precision_name(c.draft_matmul.value_or(c.model.matmul_precision));
       if (!ngram) {  // the warping the draft model samples from (--draft-temperature, else the target's)
-        const auto& d = c.params.draft_warping();
+        const auto& d = run_cli.params.draft_warping();
         j["draft_sampling"] = {{"temperature", d.temperature}, {"top_k", d.top_k}, {"top_p", d.top_p}, {"min_p", d.min_p}};
       }
     }
     if (c.prompt_lookup > 0) j["prompt_lookup"] = {{"min_n", c.prompt_lookup}, {"rounds", lookup_rounds}};
     if (!calibrations.empty()) j["draft_choice"] = calibrations;
+    if (!temperature_scans.empty()) j["draft_temperature_scan"] = temperature_scans;
     if (fell_back) j["requested_mode"] = c.mode;  // speculative: no K was predicted to pay
     if (!spec_runs.empty()) {
       j["speculative"] = stats_json(spec_runs.front());

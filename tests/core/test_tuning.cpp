@@ -155,3 +155,52 @@ TEST_CASE("calibration over several prompts pools their acceptance", "[tuning]")
   CHECK_THROWS_WITH(calibrate(draft, target, std::span<const std::vector<token>>(none), params, a),
                     Catch::Contains("no prompts"));
 }
+
+TEST_CASE("the draft temperature scan finds the ratio at which a sharpened draft equals the target",
+          "[tuning][draft_sampling]") {
+  // q ∝ p^2 column by column: at R × T the draft's distribution is ∝ p^(2/R) when the target's is p
+  // at T = 1, so R = 2 makes q = p and the acceptance 1; any other ratio accepts less.
+  const auto target = toy::markov::random(5, 1, 31, 0.8f);
+  Eigen::MatrixXf squared = target.transitions().array().square().matrix();
+  for (Eigen::Index j = 0; j < squared.cols(); ++j) squared.col(j) /= squared.col(j).sum();
+  toy::markov draft(squared, 1), t = target;
+  speculative_params params;
+  params.sampling.temperature = 1.0f;
+  const std::vector<std::vector<token>> prompts{{0}, {3}};
+  const std::vector<double> ratios{1.0, 1.5, 2.0, 2.5};
+  std::mt19937_64 rng(3);
+  const auto scan = scan_draft_temperature(draft, t, std::span<const std::vector<token>>(prompts), params,
+                                           std::span<const double>(ratios), rng, 20);
+  CHECK(scan.positions == 40);
+  CHECK(scan.best_ratio() == 2.0);
+  CHECK(scan.alpha[2] == Approx(1.0).margin(1e-5));
+  CHECK(scan.alpha[0] < scan.alpha[1]);
+  CHECK(scan.alpha[3] < scan.alpha[2]);
+  const speculative_params tuned = scan.apply(params);
+  REQUIRE(tuned.draft_sampling);
+  CHECK(tuned.draft_sampling->temperature == 2.0f);
+  CHECK(tuned.sampling.temperature == 1.0f);
+  // At T = 0.5 the same ratio: q at 2 × 0.5 = 1 is p^2, the target's p at 0.5 is p^2 as well.
+  params.sampling.temperature = 0.5f;
+  const auto half = scan_draft_temperature(draft, t, std::span<const std::vector<token>>(prompts), params,
+                                           std::span<const double>(ratios), rng, 20);
+  CHECK(half.best_ratio() == 2.0);
+  // Nonsense is refused by name.
+  using Catch::Matchers::Contains;
+  params.sampling.temperature = 0.0f;
+  CHECK_THROWS_WITH(scan_draft_temperature(draft, t, std::span<const std::vector<token>>(prompts), params,
+                                           std::span<const double>(ratios), rng, 20),
+                    Contains("temperature must be > 0"));
+  params.sampling.temperature = 1.0f;
+  const std::vector<double> bad{1.0, 0.0};
+  CHECK_THROWS_WITH(scan_draft_temperature(draft, t, std::span<const std::vector<token>>(prompts), params,
+                                           std::span<const double>(bad), rng, 20),
+                    Contains("ratio 0 must be finite and > 0"));
+  CHECK_THROWS_WITH(scan_draft_temperature(draft, t, std::span<const std::vector<token>>(), params,
+                                           std::span<const double>(ratios), rng, 20),
+                    Contains("no prompts"));
+  auto other = toy::markov::random(4, 1, 5, 0.8f);
+  CHECK_THROWS_WITH(scan_draft_temperature(other, t, std::span<const std::vector<token>>(prompts), params,
+                                           std::span<const double>(ratios), rng, 20),
+                    Contains("vocabularies differ"));
+}

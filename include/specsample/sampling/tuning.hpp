@@ -1,7 +1,8 @@
 #pragma once
 /// @file tuning.hpp
 /// Choosing the draft length (and the draft) from measurements: the performance model,
-/// per-position acceptance, the draft/target cost ratio, and a short warm-up that measures both.
+/// per-position acceptance, the draft/target cost ratio, and a short warm-up that measures both;
+/// and the draft's temperature, from its expected acceptance along the target's own text.
 
 #include <specsample/concepts.hpp>
 #include <specsample/error.hpp>
@@ -9,6 +10,7 @@
 #include <specsample/sampling/loop.hpp>
 #include <specsample/sampling/params.hpp>
 #include <specsample/sampling/stats.hpp>
+#include <specsample/sampling/warp.hpp>
 
 #include <fmt/format.h>
 
@@ -237,6 +239,93 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
                                     std::size_t warmup_tokens = 64) {
   const std::vector<std::vector<token>> one{std::vector<token>(prompt.begin(), prompt.end())};
   return calibrate(draft, target, std::span<const std::vector<token>>(one), params, rng, k_max, warmup_tokens);
+}
+
+/// What `scan_draft_temperature` measured: per ratio R, the expected acceptance α of a draft
+/// sampled at R × the target's temperature.
+struct draft_temperature_scan {
+  std::vector<double> ratios;  ///< the ratios scanned, as given
+  std::vector<double> alpha;   ///< alpha[i]: mean over the positions of Σ_x min(p(x), q_i(x))
+  std::size_t positions = 0;   ///< target positions the means are over
+
+  /// The ratio with the highest α (the first on ties).
+  [[nodiscard]] double best_ratio() const {
+    return ratios[static_cast<std::size_t>(std::max_element(alpha.begin(), alpha.end()) - alpha.begin())];
+  }
+  /// `params` with the draft at the best ratio: `draft_sampling` = `params.sampling` at
+  /// best_ratio() × its temperature.
+  [[nodiscard]] speculative_params apply(speculative_params params) const {
+    params.draft_sampling = params.sampling;
+    params.draft_sampling->temperature = static_cast<float>(params.sampling.temperature * best_ratio());
+    return params;
+  }
+};
+
+/// The expected acceptance of a draft sampled at R × the target's temperature, for each ratio R of
+/// `ratios`: the target generates `tokens` tokens from each of `prompts` (with `params.sampling`,
+/// autoregressively); both models then score each whole text in one call, and at every generated
+/// position the scan sums min(p, q_R) over the vocabulary, q_R the draft's logits warped with
+/// `params.sampling` at temperature R × T (its filters kept). That sum is the probability that a
+/// token-wise verifier accepts the draft there (1 − TV(p, q_R)); its mean is the α the ratio gives.
+/// A draft sharper than the target peaks above R = 1 (the bundled distilled draft at T = 1: 1.2;
+/// docs/algorithm.md). Exact sampling does not depend on the choice (`draft_sampling`). Costs
+/// one generation per prompt plus one call of each model per prompt; the models hold each
+/// scored text afterwards. Throws `specsample::error` at temperature 0 (both models greedy: no
+/// ratio matters), for no prompts or no ratios, a ratio that is not finite and > 0, or when a
+/// prompt plus `tokens` does not fit either model.
+template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng>
+[[nodiscard]] draft_temperature_scan scan_draft_temperature(Draft& draft, Target& target,
+                                                            std::span<const std::vector<token>> prompts,
+                                                            const speculative_params& params,
+                                                            std::span<const double> ratios, Rng& rng,
+                                                            std::size_t tokens = 64) {
+  const float t = params.sampling.temperature;
+  if (!(t > 0.0f)) throw error("scan_draft_temperature: the target's temperature must be > 0 (at 0 both models are greedy)");
+  if (prompts.empty()) throw error("scan_draft_temperature: no prompts");
+  if (ratios.empty()) throw error("scan_draft_temperature: no ratios");
+  for (const double r : ratios) {
+    if (!(r > 0.0) || !std::isfinite(r)) throw error(fmt::format("scan_draft_temperature: ratio {} must be finite and > 0", r));
+  }
+  const auto vocab = static_cast<std::size_t>(target.vocab_size());
+  if (static_cast<std::size_t>(draft.vocab_size()) != vocab) {
+    throw error(fmt::format("draft and target vocabularies differ: the draft has {} tokens, the target has {}",
+                            draft.vocab_size(), vocab));
+  }
+  speculative_params gen = params;
+  gen.max_new_tokens = tokens;
+  gen.eos.reset();  // every text the same length: positions are what the means are over
+  logit_warper warp_p(params.sampling, vocab);
+  std::vector<logit_warper> warp_q;
+  for (const double r : ratios) {
+    sampling_params d = params.sampling;
+    d.temperature = static_cast<float>(t * r);
+    warp_q.emplace_back(d, vocab);
+  }
+  draft_temperature_scan scan{std::vector<double>(ratios.begin(), ratios.end()), std::vector<double>(ratios.size(), 0.0), 0};
+  Eigen::VectorXf p(static_cast<Eigen::Index>(vocab)), q(static_cast<Eigen::Index>(vocab));
+  std::vector<token> text;
+  for (const std::vector<token>& prompt : prompts) {
+    detail::check_fits(draft, "draft", prompt.size(), tokens);
+    const auto out = autoregressive_sample(target, prompt, gen, rng);
+    text.assign(prompt.begin(), prompt.end());
+    text.insert(text.end(), out.tokens.begin(), out.tokens.end());
+    // Column j of a call on text[0, n - 1) conditions on text[0, j]: the generated positions are
+    // the columns from prompt.size() - 1 on.
+    const auto input = std::span<const token>(text).first(text.size() - 1);
+    target.truncate(0);
+    draft.truncate(0);
+    const Eigen::MatrixXf lp = target.append(input), lq = draft.append(input);
+    for (auto j = static_cast<Eigen::Index>(prompt.size() - 1); j < static_cast<Eigen::Index>(input.size()); ++j) {
+      warp_p(lp.col(j), p);
+      for (std::size_t i = 0; i < warp_q.size(); ++i) {
+        warp_q[i](lq.col(j), q);
+        scan.alpha[i] += static_cast<double>(p.cwiseMin(q).sum());
+      }
+      ++scan.positions;
+    }
+  }
+  for (double& a : scan.alpha) a /= static_cast<double>(scan.positions);
+  return scan;
 }
 
 }  // namespace specsample
