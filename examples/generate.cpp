@@ -2,7 +2,7 @@
 //
 //   specsample-generate [--target DIR] [--draft DIR] [--prompt TEXT | --prompt-file F]
 //                       [-n N] [-k K|auto] [--p-min P] [--adaptive] [--temperature T] [--top-k N] [--top-p P] [--min-p P]
-//                       [--draft-temperature T]
+//                       [--draft-temperature T|auto]
 //                       [--seed S] [--threads N] [--kernels LEVEL] [--weights f32|f16|bf16] [--kv f32|f16] [--matmul f32|bf16|int8]
 //                       [--draft-matmul f32|bf16|int8]
 //                       [--mode speculative|autoregressive|compare]
@@ -12,7 +12,9 @@
 // Defaults: the bundled Tiny Shakespeare pair (models/shakespeare-target, -draft), compare mode.
 // --draft ngram drafts by prompt lookup (no draft model); --draft a,b,c measures each candidate on
 // a warm-up and keeps the one with the best predicted speedup; -k auto picks K the same way (and,
-// in speculative mode, decodes autoregressively when no K is predicted to pay).
+// in speculative mode, decodes autoregressively when no K is predicted to pay);
+// --draft-temperature auto gives each candidate, before that, the temperature with the highest
+// expected acceptance along the target's own text (scan_draft_temperature).
 // Before generating it checks that the draft's and target's tokenizers are identical.
 
 #include <specsample/gpt2.hpp>
