@@ -204,11 +204,8 @@ specsample::speculative_params generation_params(const cli& c, double temperatur
   specsample::speculative_params p;
   p.max_new_tokens = c.n;
   p.sampling.temperature = static_cast<float>(temperature);
-  if (c.draft_temperature_ratio != 1.0) {
-    p.draft_sampling = p.sampling;
-    p.draft_sampling->temperature = static_cast<float>(temperature * c.draft_temperature_ratio);
-  }
-  return p;
+  if (c.draft_temperature_ratio == 1.0) return p;
+  return p.with_draft_temperature(static_cast<float>(temperature * c.draft_temperature_ratio));
 }
 
 std::vector<double> parse_temperatures(std::string_view flag, std::string_view list) {

@@ -210,8 +210,7 @@ cli parse(int argc, char** argv) {
     if (c.mode == "autoregressive") usage_error("--draft-temperature warps a draft model's logits; --mode autoregressive drafts nothing");
   }
   if (c.draft_temperature) {
-    c.params.draft_sampling = c.params.sampling;  // the target's filters, at the draft's own temperature
-    c.params.draft_sampling->temperature = *c.draft_temperature;
+    c.params = c.params.with_draft_temperature(*c.draft_temperature);  // the target's filters
   }
   specsample::validate(c.params, std::numeric_limits<std::size_t>::max());
   return c;
@@ -444,7 +443,7 @@ int run(int argc, char** argv) {
         const auto scan = specsample::scan_draft_temperature(drafts[d], target, std::span<const std::vector<token>>(warmup),
                                                              c.params, std::span<const double>(ratios), rng, 64);
         draft_params[d] = scan.apply(c.params);
-        const std::size_t one = 2;  // ratios[2] == 1
+        const auto one = static_cast<std::size_t>(std::find(ratios.begin(), ratios.end(), 1.0) - ratios.begin());
         fmt::print(out, "  {}: R = {:g}, the draft at T = {:g} (alpha {:.3f}; {:.3f} at R = 1)\n", candidates[d].string(),
                    scan.best_ratio(), draft_params[d].draft_sampling->temperature,
                    *std::max_element(scan.alpha.begin(), scan.alpha.end()), scan.alpha[one]);

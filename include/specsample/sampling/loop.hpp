@@ -62,6 +62,14 @@ void check_fits(const M& m, const char* role, std::size_t prompt, std::size_t ma
   }
 }
 
+// A draft's tokens index the target's vocabulary: the two sizes must agree.
+inline void check_vocabularies(std::size_t draft, std::size_t target) {
+  if (draft != target) {
+    throw error(fmt::format("draft and target vocabularies differ: the draft has {} tokens, the target has {}", draft,
+                            target));
+  }
+}
+
 // The loop keeps the draft and the target at different lengths, so one model object cannot be both.
 template <class Draft, class Target>
 void check_distinct(const Draft& draft, const Target& target) {
@@ -86,10 +94,7 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
   constexpr bool has_draft = !std::is_same_v<Drafter, no_draft>;
   const auto vocab = static_cast<std::size_t>(target.vocab_size());
   if constexpr (has_draft) {
-    if (static_cast<std::size_t>(drafter.vocab_size()) != vocab) {
-      throw error(fmt::format("draft and target vocabularies differ: the draft has {} tokens, the target has {}",
-                              drafter.vocab_size(), vocab));
-    }
+    check_vocabularies(static_cast<std::size_t>(drafter.vocab_size()), vocab);
     validate(params, vocab);
   } else {
     speculative_params checked = params;
@@ -257,10 +262,10 @@ model_drafter<Draft> drafter_for(Draft& draft, const Target& target, std::span<c
 /// same `params.sampling` (identical tokens at temperature 0), whatever the draft's warping
 /// (`params.draft_warping()`: `params.draft_sampling`, by default `params.sampling`). Both models
 /// are reset to the prompt first; on return each holds a prefix of prompt + tokens (the target:
-/// all but the last token), so a follow-up call continues correctly. Throws `specsample::error` on bad parameters, an empty
-/// or out-of-range prompt, mismatched vocabularies, context overflow, `draft` and `target` being
-/// one object (pass a second instance), or a model that breaks its contract (wrong logits shape, NaN / +inf
-/// logits).
+/// all but the last token), so a follow-up call continues correctly. Throws `specsample::error`
+/// on bad parameters, an empty or out-of-range prompt, mismatched vocabularies, context overflow,
+/// `draft` and `target` being one object (pass a second instance), or a model that breaks its
+/// contract (wrong logits shape, NaN / +inf logits).
 ///
 /// @param observer called with a `round_event` after every round (tracing, streaming).
 /// @param verifier customisation point: `verify_result(span<const token> drafts, q, p, Rng&)`;

@@ -65,6 +65,15 @@ struct speculative_params {
   [[nodiscard]] const sampling_params& draft_warping() const noexcept {
     return draft_sampling ? *draft_sampling : sampling;
   }
+
+  /// A copy whose draft samples at temperature `t` with the target's filters: `draft_sampling` =
+  /// `sampling` at `t`.
+  [[nodiscard]] speculative_params with_draft_temperature(float t) const {
+    speculative_params p = *this;
+    p.draft_sampling = sampling;
+    p.draft_sampling->temperature = t;
+    return p;
+  }
 };
 
 namespace detail {

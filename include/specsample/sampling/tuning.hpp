@@ -254,10 +254,8 @@ struct draft_temperature_scan {
   }
   /// `params` with the draft at the best ratio: `draft_sampling` = `params.sampling` at
   /// best_ratio() × its temperature.
-  [[nodiscard]] speculative_params apply(speculative_params params) const {
-    params.draft_sampling = params.sampling;
-    params.draft_sampling->temperature = static_cast<float>(params.sampling.temperature * best_ratio());
-    return params;
+  [[nodiscard]] speculative_params apply(const speculative_params& params) const {
+    return params.with_draft_temperature(static_cast<float>(params.sampling.temperature * best_ratio()));
   }
 };
 
@@ -287,19 +285,14 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
     if (!(r > 0.0) || !std::isfinite(r)) throw error(fmt::format("scan_draft_temperature: ratio {} must be finite and > 0", r));
   }
   const auto vocab = static_cast<std::size_t>(target.vocab_size());
-  if (static_cast<std::size_t>(draft.vocab_size()) != vocab) {
-    throw error(fmt::format("draft and target vocabularies differ: the draft has {} tokens, the target has {}",
-                            draft.vocab_size(), vocab));
-  }
+  detail::check_vocabularies(static_cast<std::size_t>(draft.vocab_size()), vocab);
   speculative_params gen = params;
   gen.max_new_tokens = tokens;
   gen.eos.reset();  // every text the same length: positions are what the means are over
   logit_warper warp_p(params.sampling, vocab);
-  std::vector<logit_warper> warp_q;
+  std::vector<logit_warper> warp_q;  // the draft's warping at each ratio, as `apply` would set it
   for (const double r : ratios) {
-    sampling_params d = params.sampling;
-    d.temperature = static_cast<float>(t * r);
-    warp_q.emplace_back(d, vocab);
+    warp_q.emplace_back(params.with_draft_temperature(static_cast<float>(t * r)).draft_warping(), vocab);
   }
   draft_temperature_scan scan{std::vector<double>(ratios.begin(), ratios.end()), std::vector<double>(ratios.size(), 0.0), 0};
   Eigen::VectorXf p(static_cast<Eigen::Index>(vocab)), q(static_cast<Eigen::Index>(vocab));
