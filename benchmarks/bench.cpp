@@ -2,7 +2,8 @@
 //
 //   specsample-bench [--target DIR] [--draft DIR] [--prompts FILE] [-n N] [--reps R] [--k-max K]
 //                    [--temperatures 0,0.7,1] [--threads N] [--kernels LEVEL] [--weights F] [--kv F] [--matmul P] [--seed S]
-//                    [--draft-matmul P] [--draft-temperature-ratio R] [--cost-samples N] [--out DIR] [--quick]
+//                    [--draft-matmul P] [--draft-temperature-ratio R] [--verify RULE] [--cost-samples N]
+//                    [--out DIR] [--quick]
 //
 // For every temperature T and draft length K = 1..k-max it generates -n tokens from each prompt,
 // --reps times, with plain autoregressive decoding and with speculative sampling, the two runs of
@@ -81,6 +82,7 @@ struct cli {
   specsample::gpt2::options model;  // --kernels, --weights, --kv, --matmul (gpt2::set_option)
   std::optional<specsample::gpt2::matmul_precision> draft_matmul;  // --draft-matmul
   double draft_temperature_ratio = 1.0;  // the draft samples at this × the cell's temperature
+  specsample::verification verify = specsample::verification::token_wise;  // --verify: the sweep's rule
   std::vector<double> draft_temperature_scan;  // --draft-temperatures: the acceptance scan's ratios
   bool quick = false;
   // --strategies
@@ -120,6 +122,8 @@ constexpr std::string_view help = R"(usage: specsample-bench [options]
   --draft-temperature-ratio R   the draft samples its proposals at R × each cell's temperature
                         (speculative_params::draft_sampling; default 1, the target's; T = 0 stays
                         greedy): exact whatever R, it moves only the acceptance
+  --verify RULE         the sweep's verification rule: tokenwise (default) or block (Sun et al.
+                        2025; speculative_params::verify): both exact; block never accepts fewer
   --draft-temperatures LIST   instead of the sweep: the acceptance scan of draft temperatures. At
                         each T > 0 of --temperatures the target generates -n tokens from every
                         prompt (--reps seeds); per ratio R of LIST the mean over those positions of
@@ -171,6 +175,7 @@ std::string setup_note(const cli& c) {
   if (c.draft_temperature_ratio != 1.0) {
     note += fmt::format(", the draft sampling at {:g} × T (--draft-temperature-ratio)", c.draft_temperature_ratio);
   }
+  if (c.verify == specsample::verification::block) note += ", block verification (--verify block)";
   return note;
 }
 
@@ -198,11 +203,12 @@ std::string draft_weights_basis(const cli& c) {
   return weights_basis(draft_options(c), c.draft_matmul ? "--draft-matmul" : "--matmul");
 }
 
-// The parameters of a generation at `temperature`: -n new tokens, the draft sampling at
-// --draft-temperature-ratio × `temperature`.
+// The parameters of a generation at `temperature`: -n new tokens, --verify's rule, the draft
+// sampling at --draft-temperature-ratio × `temperature`.
 specsample::speculative_params generation_params(const cli& c, double temperature) {
   specsample::speculative_params p;
   p.max_new_tokens = c.n;
+  p.verify = c.verify;
   p.sampling.temperature = static_cast<float>(temperature);
   if (c.draft_temperature_ratio == 1.0) return p;
   return p.with_draft_temperature(static_cast<float>(temperature * c.draft_temperature_ratio));
@@ -257,6 +263,12 @@ cli parse(int argc, char** argv) {
         usage_error(fmt::format("--draft-temperature-ratio must be finite and > 0, got {}", c.draft_temperature_ratio));
       }
     }
+    else if (a == "--verify") {
+      const std::string_view v = value();
+      const auto rule = specsample::verification_from_name(v);
+      if (!rule) usage_error(fmt::format("--verify must be tokenwise or block, got '{}'", v));
+      c.verify = *rule;
+    }
     else if (a == "--draft-temperatures") {
       c.draft_temperature_scan = specsample_bench::parse_list<double>(a, value());
       for (const double r : c.draft_temperature_scan) {
@@ -292,8 +304,10 @@ cli parse(int argc, char** argv) {
   if (c.k_max == 0) usage_error("--k-max must be >= 1");
   if (c.cost_samples == 0) usage_error("--cost-samples must be >= 1");
   if (c.warmup_tokens == 0) usage_error("--warmup-tokens must be >= 1");
+  if (c.strategies && set("--verify")) usage_error("--strategies compares both verification rules; drop --verify");
   if (!c.draft_temperature_scan.empty()) {
     if (c.strategies) usage_error("--draft-temperatures is a run of its own; drop --strategies");
+    if (set("--verify")) usage_error("--draft-temperatures verifies nothing (it computes the expected α); drop --verify");
     if (set("--draft-temperature-ratio")) {
       usage_error("--draft-temperatures scans the ratios it lists; drop --draft-temperature-ratio");
     }
@@ -1867,8 +1881,9 @@ int run(int argc, char** argv) {
       const double ratio = b->measured->speedup.median / b->measured->predicted;
       const double top = best_of(temp, ceiling).first, top_all = best_of(temp, ceiling_all).first;
       const double measured = b->measured->speedup.median;
-      out("| best-K speedup at T = {} ≥ {:.1f}x | {:.2f}x (K = {}; {:.2f}x with every target call at its machine "
-          "floor, {:.2f}x with the draft's too) | {} |\n", fmt_t(temp), goal, measured, b->measured->k, top, top_all,
+      out("| best-K speedup at T = {} ≥ {:.1f}x{} | {:.2f}x (K = {}; {:.2f}x with every target call at its machine "
+          "floor, {:.2f}x with the draft's too) | {} |\n", fmt_t(temp), goal,
+          temp > 0.0 && c.verify == specsample::verification::block ? ", block verification" : "", measured, b->measured->k, top, top_all,
           verdict_or_limit(measured >= goal, top_all >= goal));
       out("| … and ≥ 90% of the formula's prediction from the measured α and c | {:.0f}% of {:.2f}x (with the "
           "measured verification cost: {:.0f}% of {:.2f}x) | {} |\n", 100.0 * ratio, b->measured->predicted,
@@ -1909,6 +1924,7 @@ int run(int argc, char** argv) {
     j["config"].update(specsample::gpt2::precision_json(c.model));
     j["config"]["draft_matmul"] = specsample::gpt2::precision_name(draft_options(c).matmul_precision);
     j["config"]["draft_temperature_ratio"] = c.draft_temperature_ratio;
+    j["config"]["verify"] = specsample::verification_name(c.verify);
     const auto cost_json = [](const cost_result& r) {
       json t = json::array();
       for (std::size_t jj = 0; jj < r.target_j.size(); ++jj) {

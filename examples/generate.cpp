@@ -189,9 +189,9 @@ cli parse(int argc, char** argv) {
       }
     } else if (a == "--verify") {
       const std::string_view v = value();
-      if (v == "tokenwise") c.params.verify = specsample::verification::token_wise;
-      else if (v == "block") c.params.verify = specsample::verification::block;
-      else usage_error(fmt::format("--verify must be tokenwise or block, got '{}'", v));
+      const auto rule = specsample::verification_from_name(v);
+      if (!rule) usage_error(fmt::format("--verify must be tokenwise or block, got '{}'", v));
+      c.params.verify = *rule;
     } else if (a == "--leniency") c.params.leniency = parse_number<double>(a, value());
     else if (a == "--repeat") {
       c.repeat = parse_number<std::size_t>(a, value());
@@ -556,7 +556,7 @@ int run(int argc, char** argv) {
                      {"top_p", c.params.sampling.top_p},
                      {"min_p", c.params.sampling.min_p},
                      {"seed", c.seed},
-                     {"verify", c.params.verify == specsample::verification::block ? "block" : "tokenwise"},
+                     {"verify", specsample::verification_name(c.params.verify)},
                      {"leniency", c.params.leniency},
                      {"threads", target.threads()},
                      {"kernels", specsample::isa_name(target.kernels())},

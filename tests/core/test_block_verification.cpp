@@ -188,6 +188,16 @@ TEST_CASE("block verification accepts at least as many tokens per round as token
   CHECK(per_round_b > per_round_t);
 }
 
+TEST_CASE("the verification rules' command-line names round-trip", "[block][params]") {
+  for (const verification v : {verification::token_wise, verification::block}) {
+    REQUIRE(verification_from_name(verification_name(v)) == v);
+  }
+  STATIC_REQUIRE(verification_from_name("block") == verification::block);
+  REQUIRE(std::string_view(verification_name(verification::token_wise)) == "tokenwise");
+  REQUIRE(!verification_from_name("token-wise"));
+  REQUIRE(!verification_from_name(""));
+}
+
 TEST_CASE("leniency below 1 is validated and drifts toward the draft", "[leniency]") {
   auto target = toy::markov::random(4, 1, 41, 0.8f);
   auto draft = toy::markov::similar_to(target, 0.2, 42, 0.8f);

@@ -31,6 +31,18 @@ enum class verification {
   block,       ///< Sun et al. 2025: decide the accepted prefix jointly; never accepts fewer.
 };
 
+/// "tokenwise" or "block": the names of the command-line tools' `--verify` values.
+[[nodiscard]] constexpr const char* verification_name(verification v) noexcept {
+  return v == verification::block ? "block" : "tokenwise";
+}
+
+/// The rule named "tokenwise" or "block"; nullopt for anything else.
+[[nodiscard]] constexpr std::optional<verification> verification_from_name(std::string_view name) noexcept {
+  if (name == "tokenwise") return verification::token_wise;
+  if (name == "block") return verification::block;
+  return std::nullopt;
+}
+
 /// The largest draft length `validate` accepts. A round holds the target's distributions for
 /// K + 1 positions (V × (K + 1) floats: 52 MB at K = 256 with GPT-2's 50257 tokens), and no draft
 /// sees that many of its tokens accepted in a row.
