@@ -188,6 +188,19 @@ TEST_CASE("block verification accepts at least as many tokens per round as token
   CHECK(per_round_b > per_round_t);
 }
 
+TEST_CASE("block verification refuses more drafts than max_draft_length", "[block][errors]") {
+  constexpr Eigen::Index k = max_draft_length + 1;
+  const Eigen::MatrixXf q = Eigen::MatrixXf::Constant(2, k, 0.5f), p = Eigen::MatrixXf::Constant(2, k + 1, 0.5f);
+  const std::vector<token> drafts(static_cast<std::size_t>(k), 0);
+  std::mt19937_64 rng(1);
+  REQUIRE_THROWS_WITH(block_verifier{}(drafts, q, p, rng),
+                      Catch::Matchers::Contains("257 drafts; at most max_draft_length = 256"));
+  // and exactly max_draft_length is verified (every draft has p = q: all accepted, then the bonus)
+  const auto r = block_verifier{}(std::span(drafts).first(max_draft_length), q, p, rng);
+  REQUIRE(r.accepted == max_draft_length);
+  REQUIRE(r.bonus);
+}
+
 TEST_CASE("the verification rules' command-line names round-trip", "[block][params]") {
   for (const verification v : {verification::token_wise, verification::block}) {
     REQUIRE(verification_from_name(verification_name(v)) == v);

@@ -249,6 +249,9 @@ TEST_CASE("the vector weight sums of draws and of block verification equal the s
         CHECK(simd::weight_sum(level, simd::weight_kind::plain, p.data(), nullptr, s, n) == dense);
         CHECK(simd::weight_sum(level, simd::weight_kind::excess, p.data(), q.data(), s, n) == above);
         CHECK(simd::weight_sum(level, simd::weight_kind::shortfall, p.data(), q.data(), s, n) == below);
+        const auto both = simd::excess_and_shortfall(level, p.data(), q.data(), s, n);  // one pass
+        CHECK(both.excess == above);
+        CHECK(both.shortfall == below);
       }
     }
   }

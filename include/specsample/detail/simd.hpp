@@ -199,6 +199,13 @@ template <class W>
   return (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) + tail;
 }
 
+/// Block verification's two sums over the vocabulary (verify.hpp): `weight_sum`s of kind
+/// `excess` and `shortfall` of the same p, q and s.
+struct excess_shortfall {
+  double excess = 0.0;
+  double shortfall = 0.0;
+};
+
 /// The end of `weight_sum` for the vector kernels: the eight partial sums `a` combined pairwise,
 /// plus the sequential sum of the `rest` (< 8) weights left at p (and q).
 [[nodiscard]] inline double combine_partial_sums(const double* a, weight_kind kind, const float* p, const float* q,
@@ -454,6 +461,53 @@ inline SPECSAMPLE_TARGET_AVX2 double weight_sum_avx2(const float* p, const float
   return combine_partial_sums(a, Kind, p + i, q + i, s, n - i);
 }
 
+/// See `excess_and_shortfall`: `weight_sum_avx512`'s loop with both sums' accumulators (two
+/// independent dependency chains in one pass).
+inline SPECSAMPLE_TARGET_AVX512 excess_shortfall excess_and_shortfall_avx512(const float* p, const float* q, double s,
+                                                                            std::size_t n) {
+  const __m512d sv = _mm512_set1_pd(s), zero = _mm512_setzero_pd();
+  __m512d above = zero, below = zero;
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m512d sp = _mm512_mul_pd(sv, _mm512_maskz_cvtps_pd(0xFF, _mm256_loadu_ps(p + i)));
+    __asm__("" : "+v"(sp));  // rounded on its own, as in `kind_weight`
+    const __m512d qv = _mm512_maskz_cvtps_pd(0xFF, _mm256_loadu_ps(q + i));
+    above = _mm512_add_pd(above, _mm512_maskz_max_pd(0xFF, _mm512_sub_pd(sp, qv), zero));
+    below = _mm512_add_pd(below, _mm512_maskz_max_pd(0xFF, _mm512_sub_pd(qv, sp), zero));
+  }
+  alignas(64) double a[8], b[8];
+  _mm512_store_pd(a, above);
+  _mm512_store_pd(b, below);
+  return {combine_partial_sums(a, weight_kind::excess, p + i, q + i, s, n - i),
+          combine_partial_sums(b, weight_kind::shortfall, p + i, q + i, s, n - i)};
+}
+
+/// See `excess_and_shortfall`: `weight_sum_avx2`'s loop with both sums' accumulators.
+inline SPECSAMPLE_TARGET_AVX2 excess_shortfall excess_and_shortfall_avx2(const float* p, const float* q, double s,
+                                                                        std::size_t n) {
+  const __m256d sv = _mm256_set1_pd(s), zero = _mm256_setzero_pd();
+  __m256d above_lo = zero, above_hi = zero, below_lo = zero, below_hi = zero;
+  const auto add = [&](const float* x, const float* y, __m256d& above, __m256d& below) SPECSAMPLE_TARGET_AVX2 {
+    __m256d sp = _mm256_mul_pd(sv, _mm256_cvtps_pd(_mm_loadu_ps(x)));
+    __asm__("" : "+x"(sp));  // rounded on its own, as in `kind_weight`
+    const __m256d qv = _mm256_cvtps_pd(_mm_loadu_ps(y));
+    above = _mm256_add_pd(above, _mm256_max_pd(_mm256_sub_pd(sp, qv), zero));
+    below = _mm256_add_pd(below, _mm256_max_pd(_mm256_sub_pd(qv, sp), zero));
+  };
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    add(p + i, q + i, above_lo, below_lo);
+    add(p + i + 4, q + i + 4, above_hi, below_hi);
+  }
+  alignas(32) double a[8], b[8];
+  _mm256_store_pd(a, above_lo);
+  _mm256_store_pd(a + 4, above_hi);
+  _mm256_store_pd(b, below_lo);
+  _mm256_store_pd(b + 4, below_hi);
+  return {combine_partial_sums(a, weight_kind::excess, p + i, q + i, s, n - i),
+          combine_partial_sums(b, weight_kind::shortfall, p + i, q + i, s, n - i)};
+}
+
 /// See `find_greater`.
 inline SPECSAMPLE_TARGET_AVX512 std::size_t find_greater_avx512(const float* x, std::size_t n, float t) {
   const __m512 tv = _mm512_set1_ps(t);
@@ -565,6 +619,17 @@ inline double weight_sum(isa level, weight_kind kind, const float* p, const floa
 #endif
   if (kind == weight_kind::plain) return weight_sum([=](std::size_t i) { return static_cast<double>(p[i]); }, n);
   return weight_sum([=](std::size_t i) { return kind_weight(kind, p[i], q[i], s); }, n);
+}
+
+/// `weight_sum(level, weight_kind::excess, …)` and `weight_sum(level, weight_kind::shortfall, …)`
+/// of the same arguments, bit for bit, from one pass over p and q (the vector levels; the two
+/// sums' dependency chains run side by side).
+inline excess_shortfall excess_and_shortfall(isa level, const float* p, const float* q, double s, std::size_t n) noexcept {
+#if SPECSAMPLE_X86
+  if (level == isa::avx512) return excess_and_shortfall_avx512(p, q, s, n);
+  if (level == isa::avx2) return excess_and_shortfall_avx2(p, q, s, n);
+#endif
+  return {weight_sum(level, weight_kind::excess, p, q, s, n), weight_sum(level, weight_kind::shortfall, p, q, s, n)};
 }
 
 /// The first i < n with x[i] > t, or n (NaN compares false).

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <span>
 
@@ -125,36 +126,45 @@ struct tokenwise_verifier {
 ///   τ   = the largest i with η_i < h_i, η_i ~ U[0,1) independent (0 if none)
 ///
 /// Emits x_1..x_τ, then the bonus from p_K if τ = K, else a token from
-/// norm(max(w_τ p_τ - q_τ, 0)). Needs the draft's full distributions q (not a top-k).
+/// norm(max(w_τ p_τ - q_τ, 0)). Needs the draft's full distributions q (not a top-k). The η_i
+/// are drawn from i = K down, stopping at the first η_i < h_i: that i is τ, and the η below it
+/// cannot change it (they are independent), so neither they nor their h_i (the vocabulary sums)
+/// are computed. At most `max_draft_length` drafts per call.
 struct block_verifier {
   template <std::uniform_random_bit_generator Rng>
   verify_result operator()(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
                            const Eigen::Ref<const Eigen::MatrixXf>& p, Rng& rng) const {
-    const auto k = static_cast<Eigen::Index>(drafts.size());
+    const std::size_t k = drafts.size();
     detail::check_verify_inputs(drafts, q, p);
+    if (k > max_draft_length) {
+      throw error(fmt::format("block_verifier: {} drafts; at most max_draft_length = {} per call", k, max_draft_length));
+    }
+    // w[i - 1] = w_i for i = 1..n, n the last position with w_i > 0 (every later w_j and h_j is 0:
+    // no later position can be selected).
+    std::array<double, max_draft_length> w;
+    std::size_t n = 0;
+    for (double wi = 1.0; n < k; ++n) {
+      const token x = drafts[n];
+      const auto col = static_cast<Eigen::Index>(n);
+      wi = std::min(1.0, wi * static_cast<double>(p(x, col)) / static_cast<double>(q(x, col)));
+      if (wi == 0.0) break;
+      w[n] = wi;
+    }
     const isa level = simd::detected();
-    double w = 1.0;
-    Eigen::Index tau = 0;
-    double w_tau = 1.0;
-    for (Eigen::Index i = 1; i <= k; ++i) {
-      const token x = drafts[static_cast<std::size_t>(i - 1)];
-      w = std::min(1.0, w * static_cast<double>(p(x, i - 1)) / static_cast<double>(q(x, i - 1)));
-      if (w == 0.0) break;  // every later w_j and h_j is 0: no later position can be selected
-      double h = w;
-      if (i < k) {  // Σ max(0, w·p − q) and Σ max(0, q − w·p) over the vocabulary, vectorised
-        const auto rows = static_cast<std::size_t>(p.rows());
-        const double z = simd::weight_sum(level, simd::weight_kind::excess, p.col(i).data(), q.col(i).data(), w, rows);
-        const double denominator =
-            simd::weight_sum(level, simd::weight_kind::shortfall, p.col(i).data(), q.col(i).data(), w, rows);
+    const auto rows = static_cast<std::size_t>(p.rows());
+    std::size_t tau = n;
+    for (; tau > 0; --tau) {
+      double h = w[tau - 1];
+      if (tau < k) {  // Σ max(0, w·p − q) and Σ max(0, q − w·p) over the vocabulary, in one vector pass
+        const auto col = static_cast<Eigen::Index>(tau);
+        const auto [z, denominator] = simd::excess_and_shortfall(level, p.col(col).data(), q.col(col).data(), h, rows);
         h = denominator > 0.0 ? z / denominator : 1.0;
       }
-      if (uniform_01(rng) < h) {
-        tau = i;
-        w_tau = w;
-      }
+      if (uniform_01(rng) < h) break;
     }
-    if (tau == k) return {static_cast<std::size_t>(k), detail::draw_categorical(p.col(k), rng), true};
-    return {static_cast<std::size_t>(tau), sample_residual(p.col(tau), q.col(tau), rng, w_tau), false};
+    if (tau == k) return {k, detail::draw_categorical(p.col(static_cast<Eigen::Index>(k)), rng), true};
+    const auto col = static_cast<Eigen::Index>(tau);
+    return {tau, sample_residual(p.col(col), q.col(col), rng, tau > 0 ? w[tau - 1] : 1.0), false};
   }
 };
 
