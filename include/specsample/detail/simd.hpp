@@ -199,13 +199,6 @@ template <class W>
   return (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) + tail;
 }
 
-/// Block verification's two sums over the vocabulary (verify.hpp): `weight_sum`s of kind
-/// `excess` and `shortfall` of the same p, q and s.
-struct excess_shortfall {
-  double excess = 0.0;
-  double shortfall = 0.0;
-};
-
 /// The end of `weight_sum` for the vector kernels: the eight partial sums `a` combined pairwise,
 /// plus the sequential sum of the `rest` (< 8) weights left at p (and q).
 [[nodiscard]] inline double combine_partial_sums(const double* a, weight_kind kind, const float* p, const float* q,
@@ -214,6 +207,13 @@ struct excess_shortfall {
   for (std::size_t i = 0; i < rest; ++i) tail += kind_weight(kind, p[i], kind == weight_kind::plain ? 0.0f : q[i], s);
   return (((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))) + tail;
 }
+
+/// Block verification's two sums over the vocabulary (verify.hpp): `weight_sum`s of kind
+/// `excess` and `shortfall` of the same p, q and s.
+struct excess_shortfall {
+  double excess = 0.0;
+  double shortfall = 0.0;
+};
 
 #if SPECSAMPLE_X86
 
@@ -600,8 +600,8 @@ inline float max_value(isa level, const float* x, std::size_t n) noexcept {
 /// Σ kind_weight(kind, p[i], q[i], s) over [0, n) in double (q is not read for `plain`), in the
 /// order of the scalar `weight_sum` above. Every level gives the same bits (double additions of
 /// exactly converted floats and of separately rounded products, in the same order): the weight
-/// sums of categorical draws (sampling/random.hpp), block verification's sums (verify.hpp) and
-/// the warper's renormalisations.
+/// sums of categorical draws (sampling/random.hpp) and the warper's renormalisations; block
+/// verification's two sums come from `excess_and_shortfall`, one pass for both.
 inline double weight_sum(isa level, weight_kind kind, const float* p, const float* q, double s, std::size_t n) noexcept {
 #if SPECSAMPLE_X86
   if (level == isa::avx512) {

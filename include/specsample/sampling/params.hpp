@@ -28,7 +28,7 @@ struct sampling_params {
 /// How a round's drafts are verified (both exact).
 enum class verification {
   token_wise,  ///< Leviathan et al. / Chen et al.: accept each draft with min(1, p/q) in turn.
-  block,       ///< Sun et al. 2025: decide the accepted prefix jointly; never accepts fewer.
+  block,       ///< Sun et al. 2025: decide the accepted prefix jointly; accepts at least as many in expectation.
 };
 
 /// "tokenwise" or "block": the names of the command-line tools' `--verify` values.

@@ -127,18 +127,19 @@ struct tokenwise_verifier {
 ///
 /// Emits x_1..x_τ, then the bonus from p_K if τ = K, else a token from
 /// norm(max(w_τ p_τ - q_τ, 0)). Needs the draft's full distributions q (not a top-k). The η_i
-/// are drawn from i = K down, stopping at the first η_i < h_i: that i is τ, and the η below it
-/// cannot change it (they are independent), so neither they nor their h_i (the vocabulary sums)
-/// are computed. At most `max_draft_length` drafts per call.
+/// are drawn from i = K down, stopping at the first η_i < h_i: that i is τ whatever the η below
+/// it are (τ is the largest success), and as the η_i are independent, leaving those undrawn (and
+/// their h_i, the vocabulary sums, uncomputed) changes no probability. At most
+/// `max_draft_length` drafts per call.
 struct block_verifier {
   template <std::uniform_random_bit_generator Rng>
   verify_result operator()(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
                            const Eigen::Ref<const Eigen::MatrixXf>& p, Rng& rng) const {
     const std::size_t k = drafts.size();
-    detail::check_verify_inputs(drafts, q, p);
     if (k > max_draft_length) {
       throw error(fmt::format("block_verifier: {} drafts; at most max_draft_length = {} per call", k, max_draft_length));
     }
+    detail::check_verify_inputs(drafts, q, p);
     // w[i - 1] = w_i for i = 1..n, n the last position with w_i > 0 (every later w_j and h_j is 0:
     // no later position can be selected).
     std::array<double, max_draft_length> w;
