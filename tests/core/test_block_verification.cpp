@@ -27,6 +27,7 @@ struct broken_block_verifier {
   bool stop_at_first_failure = false;  // τ = the last i before the first η_i >= h_i
   bool skip_clip = false;              // w_i = w_{i-1} p/q without min(1, ·)
   bool residual_weight_ahead = false;  // residual weighted by w_{τ+1} instead of w_τ
+  bool lowest_success = false;         // τ = the smallest i with η_i < h_i, not the largest
 
   template <class Rng>
   verify_result operator()(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
@@ -53,6 +54,7 @@ struct broken_block_verifier {
       if (uniform_01(rng) < h) {
         tau = i;
         w_tau = std::min(1.0, w);
+        if (lowest_success) break;
       } else if (stop_at_first_failure) {
         break;
       }
@@ -103,6 +105,14 @@ TEST_CASE("block verification matches the target's exact distribution for every 
       check_exact_and_broken(draft, target, c.k, c.length, {}, broken);
     }
   }
+}
+
+TEST_CASE("block verification selects the largest position that passes, not the smallest", "[block][exactness]") {
+  // block_verifier scans from position K down and stops at its first success; a scan in the wrong
+  // direction (the first success from position 1 up) is this broken variant.
+  auto target = toy::markov::random(4, 2, 7, 0.8f);
+  auto draft = toy::markov::similar_to(target, 0.3, 99, 0.8f);
+  check_exact_and_broken(draft, target, 3, 4, {}, broken_block_verifier{.lowest_success = true});
 }
 
 TEST_CASE("block verification is exact across temperatures and filters", "[block][exactness]") {
