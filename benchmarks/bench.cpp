@@ -552,15 +552,24 @@ cost_result measure_costs(specsample::gpt2::model& draft, specsample::gpt2::mode
 struct scaling_result {
   std::size_t threads = 0, tokens = 0, samples = 0;
   summary one, many;  // seconds per append with 1 thread / `threads` threads
+  specsample_bench::contention others;  // what else ran meanwhile (steal, other processes)
   [[nodiscard]] double ratio() const { return one.median / many.median; }
 };
+
+// "steal cpu0 0.0%, cpu1 12.3%; other processes 4.0%" (or "not available") for a measurement.
+std::string fmt_contention(const specsample_bench::contention& c) {
+  if (c.steal.empty()) return "not available";
+  std::string s = "steal";
+  for (std::size_t i = 0; i < c.steal.size(); ++i) s += fmt::format("{} cpu{} {:.1f}%", i ? "," : "", i, 100.0 * c.steal[i]);
+  return s + fmt::format("; other processes {:.1f}%", 100.0 * c.others);
+}
 
 scaling_result measure_thread_scaling(specsample::gpt2::model& a, specsample::gpt2::model& b,
                                       const std::vector<token>& stream, std::size_t context, std::size_t tokens,
                                       std::size_t samples) {
   specsample::gpt2::model& one = a.threads() == 1 ? a : b;
   specsample::gpt2::model& many = a.threads() == 1 ? b : a;
-  scaling_result r{many.threads(), tokens, samples, {}, {}};
+  scaling_result r{many.threads(), tokens, samples, {}, {}, {}};
   const std::span<const token> ctx(stream.data(), context), next(stream.data() + context, tokens);
   for (auto* m : {&one, &many}) {
     m->truncate(0);
@@ -568,6 +577,7 @@ scaling_result measure_thread_scaling(specsample::gpt2::model& a, specsample::gp
   }
   constexpr std::size_t block = 10;  // calls per block; the first warms the caches
   std::vector<double> t1, tn;
+  const auto ticks = specsample_bench::read_cpu_ticks();
   while (t1.size() < samples) {
     for (auto [m, out] : {std::pair{&one, &t1}, std::pair{&many, &tn}}) {
       for (std::size_t i = 0; i < block; ++i) {
@@ -578,6 +588,7 @@ scaling_result measure_thread_scaling(specsample::gpt2::model& a, specsample::gp
   }
   r.one = summarize(t1);
   r.many = summarize(tn);
+  r.others = specsample_bench::contention_between(ticks, specsample_bench::read_cpu_ticks());
   return r;
 }
 
@@ -1821,12 +1832,16 @@ int run(int argc, char** argv) {
   }
   if (scaling5) {
     out("\n#### Threads: the target with 1 and with {} kernel threads (context {}, median of {} interleaved "
-        "samples)\n\n| call | 1 thread, ms | {} threads, ms | speedup |\n|---|---|---|---|\n",
+        "samples)\n\nMeanwhile: steal, the share of each virtual CPU's time that the hypervisor gave to something "
+        "else, and the share of all CPUs' time that other processes of this machine used (/proc/stat, /proc/self/stat). "
+        "A neighbour on the other hyperthread of the same physical core slows a thread without showing in "
+        "either.\n\n| call | 1 thread, ms | {} threads, ms | speedup | meanwhile |\n|---|---|---|---|---|\n",
         scaling5->threads, context, scaling5->samples, scaling5->threads);
     for (const auto* sc : {&*scaling1, &*scaling5}) {
-      out("| append {} token{} | {} | {} | {:.2f}x |\n", sc->tokens, sc->tokens == 1 ? "" : "s",
+      out("| append {} token{} | {} | {} | {:.2f}x | {} |\n", sc->tokens, sc->tokens == 1 ? "" : "s",
           fmt_range({sc->one.median * 1e3, sc->one.min * 1e3, sc->one.max * 1e3}, 3),
-          fmt_range({sc->many.median * 1e3, sc->many.min * 1e3, sc->many.max * 1e3}, 3), sc->ratio());
+          fmt_range({sc->many.median * 1e3, sc->many.min * 1e3, sc->many.max * 1e3}, 3), sc->ratio(),
+          fmt_contention(sc->others));
     }
   }
   out("\n#### The loop's own cost per round (synthetic models, K = 4{}, 128 tokens, median (min–max) over {} "
@@ -1910,8 +1925,8 @@ int run(int argc, char** argv) {
         verdict(max_overhead <= 0.03));
   }
   if (scaling5) {
-    out("| two threads ≥ 1.6x on the target's append of {} tokens | {:.2f}x | {} |\n", scaling5->tokens,
-        scaling5->ratio(), verdict(scaling5->ratio() >= 1.6));
+    out("| two threads ≥ 1.6x on the target's append of {} tokens | {:.2f}x (meanwhile: {}) | {} |\n",
+        scaling5->tokens, scaling5->ratio(), fmt_contention(scaling5->others), verdict(scaling5->ratio() >= 1.6));
   }
   fmt::print("{}", md);
 
@@ -1987,7 +2002,8 @@ int run(int argc, char** argv) {
       for (const auto* sc : {&*scaling1, &*scaling5}) {
         sj.push_back({{"tokens", sc->tokens}, {"threads", sc->threads}, {"samples", sc->samples},
                       {"one_thread_seconds", to_json(sc->one)}, {"threads_seconds", to_json(sc->many)},
-                      {"speedup", sc->ratio()}});
+                      {"speedup", sc->ratio()}, {"steal_fraction", sc->others.steal},
+                      {"other_processes_fraction", sc->others.others}});
       }
       j["thread_scaling"] = sj;
     }
