@@ -552,16 +552,18 @@ cost_result measure_costs(specsample::gpt2::model& draft, specsample::gpt2::mode
 struct scaling_result {
   std::size_t threads = 0, tokens = 0, samples = 0;
   summary one, many;  // seconds per append with 1 thread / `threads` threads
-  specsample_bench::contention others;  // what else ran meanwhile (steal, other processes)
+  specsample_bench::contention meanwhile;  // what else ran during the measurement
   [[nodiscard]] double ratio() const { return one.median / many.median; }
 };
 
-// "steal cpu0 0.0%, cpu1 12.3%; other processes 4.0%" (or "not available") for a measurement.
+// "steal cpu0 0%, cpu1 12%; other processes 4% (of 64 ticks)" (or "not available").
 std::string fmt_contention(const specsample_bench::contention& c) {
   if (c.steal.empty()) return "not available";
   std::string s = "steal";
-  for (std::size_t i = 0; i < c.steal.size(); ++i) s += fmt::format("{} cpu{} {:.1f}%", i ? "," : "", i, 100.0 * c.steal[i]);
-  return s + fmt::format("; other processes {:.1f}%", 100.0 * c.others);
+  for (std::size_t i = 0; i < c.steal.size(); ++i) {
+    s += fmt::format("{} cpu{} {:.0f}%", i ? "," : "", c.cpus[i], 100.0 * c.steal[i]);
+  }
+  return s + fmt::format("; other processes {:.0f}% (of {} ticks)", 100.0 * c.others, c.ticks);
 }
 
 scaling_result measure_thread_scaling(specsample::gpt2::model& a, specsample::gpt2::model& b,
@@ -588,7 +590,7 @@ scaling_result measure_thread_scaling(specsample::gpt2::model& a, specsample::gp
   }
   r.one = summarize(t1);
   r.many = summarize(tn);
-  r.others = specsample_bench::contention_between(ticks, specsample_bench::read_cpu_ticks());
+  r.meanwhile = specsample_bench::contention_between(ticks, specsample_bench::read_cpu_ticks());
   return r;
 }
 
@@ -1833,15 +1835,16 @@ int run(int argc, char** argv) {
   if (scaling5) {
     out("\n#### Threads: the target with 1 and with {} kernel threads (context {}, median of {} interleaved "
         "samples)\n\nMeanwhile: steal, the share of each virtual CPU's time that the hypervisor gave to something "
-        "else, and the share of all CPUs' time that other processes of this machine used (/proc/stat, /proc/self/stat). "
-        "A neighbour on the other hyperthread of the same physical core slows a thread without showing in "
-        "either.\n\n| call | 1 thread, ms | {} threads, ms | speedup | meanwhile |\n|---|---|---|---|---|\n",
+        "else, and the share of all CPUs' time that other processes of this machine used (/proc/stat, /proc/self/stat), "
+        "counted in clock ticks over all CPUs (shown): the fewer, the coarser. A neighbour on the other hyperthread "
+        "of the same physical core slows a thread without showing in either.\n\n"
+        "| call | 1 thread, ms | {} threads, ms | speedup | meanwhile |\n|---|---|---|---|---|\n",
         scaling5->threads, context, scaling5->samples, scaling5->threads);
     for (const auto* sc : {&*scaling1, &*scaling5}) {
       out("| append {} token{} | {} | {} | {:.2f}x | {} |\n", sc->tokens, sc->tokens == 1 ? "" : "s",
           fmt_range({sc->one.median * 1e3, sc->one.min * 1e3, sc->one.max * 1e3}, 3),
           fmt_range({sc->many.median * 1e3, sc->many.min * 1e3, sc->many.max * 1e3}, 3), sc->ratio(),
-          fmt_contention(sc->others));
+          fmt_contention(sc->meanwhile));
     }
   }
   out("\n#### The loop's own cost per round (synthetic models, K = 4{}, 128 tokens, median (min–max) over {} "
@@ -1926,7 +1929,7 @@ int run(int argc, char** argv) {
   }
   if (scaling5) {
     out("| two threads ≥ 1.6x on the target's append of {} tokens | {:.2f}x (meanwhile: {}) | {} |\n",
-        scaling5->tokens, scaling5->ratio(), fmt_contention(scaling5->others), verdict(scaling5->ratio() >= 1.6));
+        scaling5->tokens, scaling5->ratio(), fmt_contention(scaling5->meanwhile), verdict(scaling5->ratio() >= 1.6));
   }
   fmt::print("{}", md);
 
@@ -2002,8 +2005,12 @@ int run(int argc, char** argv) {
       for (const auto* sc : {&*scaling1, &*scaling5}) {
         sj.push_back({{"tokens", sc->tokens}, {"threads", sc->threads}, {"samples", sc->samples},
                       {"one_thread_seconds", to_json(sc->one)}, {"threads_seconds", to_json(sc->many)},
-                      {"speedup", sc->ratio()}, {"steal_fraction", sc->others.steal},
-                      {"other_processes_fraction", sc->others.others}});
+                      {"speedup", sc->ratio()}, {"meanwhile", sc->meanwhile.steal.empty()
+                                           ? json(nullptr)
+                                           : json{{"cpus", sc->meanwhile.cpus},
+                                                  {"steal_fraction_per_cpu", sc->meanwhile.steal},
+                                                  {"other_processes_fraction", sc->meanwhile.others},
+                                                  {"ticks", sc->meanwhile.ticks}}}});
       }
       j["thread_scaling"] = sj;
     }

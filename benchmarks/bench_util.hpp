@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <exception>
 #include <filesystem>
@@ -52,69 +53,94 @@ inline std::string load_average() {
   return in ? a + " " + b + " " + c : "unknown";
 }
 
-/// Time counters from /proc/stat ("cpuN" lines) and /proc/self/stat, in clock ticks: per CPU all
-/// time, busy time (all but idle and iowait) and steal time (the virtual CPU ready to run while
-/// the hypervisor ran something else); and this process's own CPU time. Empty where /proc is
-/// unreadable or /proc/stat has no steal column.
+/// Time counters from /proc/stat ("cpuN" lines) and /proc/self/stat, in clock ticks: per CPU its
+/// id, all time, time in processes (user, nice, system; guest time is inside user and nice) and
+/// steal time (the virtual CPU ready to run while the hypervisor ran something else); and this
+/// process's own CPU time. Empty (`ok()` false) where /proc is unreadable or not in that form.
 struct cpu_ticks {
-  std::vector<unsigned long long> total, busy, steal;
+  std::vector<int> id;
+  std::vector<unsigned long long> total, processes, steal;
   unsigned long long self = 0;
+  [[nodiscard]] bool ok() const noexcept { return !id.empty(); }
 };
+
+namespace detail {
+inline bool parse_ticks(std::string_view text, unsigned long long& value) {
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  return ec == std::errc{} && end == text.data() + text.size();
+}
+// The whitespace-separated fields of `line`.
+inline std::vector<std::string_view> fields(std::string_view line) {
+  std::vector<std::string_view> f;
+  for (std::size_t i = 0; i < line.size();) {
+    const std::size_t start = line.find_first_not_of(' ', i);
+    if (start == std::string_view::npos) break;
+    const std::size_t stop = std::min(line.find(' ', start), line.size());
+    f.push_back(line.substr(start, stop - start));
+    i = stop;
+  }
+  return f;
+}
+}  // namespace detail
 
 inline cpu_ticks read_cpu_ticks() {
   cpu_ticks t;
   std::ifstream in("/proc/stat");
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("cpu", 0) != 0 || line.size() < 4 || line[3] < '0' || line[3] > '9') continue;
-    std::istringstream fields(line.substr(line.find(' ')));
-    std::vector<unsigned long long> v;
-    for (unsigned long long x = 0; fields >> x;) v.push_back(x);
-    if (v.size() < 8) return {};  // user nice system idle iowait irq softirq steal ...
-    unsigned long long sum = 0;
-    for (std::size_t i = 0; i < 8; ++i) sum += v[i];  // guest time is already in user and nice
-    t.total.push_back(sum);
-    t.busy.push_back(sum - v[3] - v[4]);
+    const auto f = detail::fields(line);
+    // "cpuN user nice system idle iowait irq softirq steal ..." (the "cpu" line is the sum)
+    if (f.empty() || f[0].size() < 4 || f[0].substr(0, 3) != "cpu") continue;
+    unsigned long long id = 0;
+    if (!detail::parse_ticks(f[0].substr(3), id) || f.size() < 9) return {};
+    unsigned long long v[8];
+    for (std::size_t i = 0; i < 8; ++i) {
+      if (!detail::parse_ticks(f[i + 1], v[i])) return {};
+    }
+    t.id.push_back(static_cast<int>(id));
+    t.total.push_back(v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7]);
+    t.processes.push_back(v[0] + v[1] + v[2]);
     t.steal.push_back(v[7]);
   }
-  // /proc/self/stat: "pid (comm) state ..." with utime and stime the 14th and 15th fields, the
-  // 12th and 13th after the parenthesis (comm may hold spaces).
+  // /proc/self/stat: "pid (comm) state ..." with utime and stime fields 14 and 15, the 12th and
+  // 13th after the last ')' (comm may hold spaces and parentheses).
   std::ifstream self("/proc/self/stat");
-  std::getline(self, line);
+  if (!std::getline(self, line)) return {};
   const auto paren = line.rfind(')');
   if (paren == std::string::npos) return {};
-  std::istringstream rest(line.substr(paren + 1));
-  std::string field;
+  const auto f = detail::fields(std::string_view(line).substr(paren + 1));
   unsigned long long utime = 0, stime = 0;
-  for (int i = 1; i <= 13 && rest >> field; ++i) {
-    if (i == 12) utime = std::stoull(field);
-    if (i == 13) stime = std::stoull(field);
-  }
+  if (f.size() < 13 || !detail::parse_ticks(f[11], utime) || !detail::parse_ticks(f[12], stime)) return {};
   t.self = utime + stime;
   return t;
 }
 
 /// What else ran while a measurement did, from `read_cpu_ticks` before and after it: per CPU the
 /// share of its time that was stolen, and the share of all CPUs' time that other processes of
-/// this machine used. Empty / 0 when either snapshot is empty.
+/// this machine used. Counters that went backwards count as 0. `steal` is empty when either
+/// snapshot is.
 struct contention {
+  std::vector<int> cpus;
   std::vector<double> steal;
   double others = 0.0;
+  unsigned long long ticks = 0;  // all CPUs' ticks in the window: the figures' resolution
 };
 
 inline contention contention_between(const cpu_ticks& before, const cpu_ticks& after) {
   contention c;
-  if (before.total.empty() || before.total.size() != after.total.size()) return c;
-  unsigned long long all = 0, busy = 0;
-  for (std::size_t i = 0; i < before.total.size(); ++i) {
-    const auto cpu_all = after.total[i] - before.total[i];
-    all += cpu_all;
-    busy += after.busy[i] - before.busy[i];
-    c.steal.push_back(cpu_all == 0 ? 0.0
-                                   : static_cast<double>(after.steal[i] - before.steal[i]) / static_cast<double>(cpu_all));
+  if (!before.ok() || before.id != after.id) return c;
+  const auto delta = [](unsigned long long a, unsigned long long b) { return b > a ? b - a : 0ULL; };
+  unsigned long long processes = 0;
+  for (std::size_t i = 0; i < before.id.size(); ++i) {
+    const auto all = delta(before.total[i], after.total[i]);
+    c.ticks += all;
+    processes += delta(before.processes[i], after.processes[i]);
+    c.cpus.push_back(before.id[i]);
+    c.steal.push_back(all == 0 ? 0.0 : static_cast<double>(delta(before.steal[i], after.steal[i])) /
+                                           static_cast<double>(all));
   }
-  const auto self = after.self - before.self;
-  c.others = all == 0 || busy <= self ? 0.0 : static_cast<double>(busy - self) / static_cast<double>(all);
+  const auto self = delta(before.self, after.self);
+  c.others = c.ticks == 0 || processes <= self ? 0.0 : static_cast<double>(processes - self) / static_cast<double>(c.ticks);
   return c;
 }
 
