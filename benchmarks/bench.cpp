@@ -266,10 +266,11 @@ cli parse(int argc, char** argv) {
       }
     }
     else if (a == "--verify") {
-      const std::string_view v = value();
-      const auto rule = specsample::verification_from_name(v);
-      if (!rule) usage_error(fmt::format("--verify must be tokenwise or block, got '{}'", v));
-      c.verify = *rule;
+      try {
+        c.verify = specsample::verification_option(a, value());
+      } catch (const specsample::error& e) {
+        usage_error(e.what());
+      }
     }
     else if (a == "--draft-temperatures") {
       c.draft_temperature_scan = specsample_bench::parse_list<double>(a, value());
@@ -1064,7 +1065,8 @@ std::vector<sweep_best> read_sweep_best(const fs::path& path) {
     // The parsed document must outlive the loop: a range-for over a member of the temporary
     // json::parse(...) iterates a destroyed object (it found no temperatures at all).
     const json sweep = json::parse(text);
-    const bool block = sweep.at("config").value("verify", std::string("tokenwise")) == "block";
+    const bool block = specsample::verification_from_name(sweep.at("config").value("verify", std::string("tokenwise"))) ==
+                       specsample::verification::block;
     std::vector<sweep_best> b;
     for (const auto& e : sweep.at("per_temperature")) {
       b.push_back({e.at("temperature").get<double>(), e.at("best_k_measured").get<std::size_t>(), e.at("speedup").get<double>(),

@@ -188,10 +188,11 @@ cli parse(int argc, char** argv) {
         usage_error(fmt::format("--mode must be speculative, autoregressive or compare, got '{}'", c.mode));
       }
     } else if (a == "--verify") {
-      const std::string_view v = value();
-      const auto rule = specsample::verification_from_name(v);
-      if (!rule) usage_error(fmt::format("--verify must be tokenwise or block, got '{}'", v));
-      c.params.verify = *rule;
+      try {
+        c.params.verify = specsample::verification_option(a, value());
+      } catch (const specsample::error& e) {
+        usage_error(e.what());
+      }
     } else if (a == "--leniency") c.params.leniency = parse_number<double>(a, value());
     else if (a == "--repeat") {
       c.repeat = parse_number<std::size_t>(a, value());
@@ -436,6 +437,7 @@ int run(int argc, char** argv) {
                       "choose\n");
     } else {
       const std::vector<double> ratios{0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5};
+      const auto one = static_cast<std::size_t>(std::find(ratios.begin(), ratios.end(), 1.0) - ratios.begin());
       fmt::print(out, "draft temperature (expected acceptance along the target's own 64 tokens from each of {} prompt(s), "
                       "per ratio R to --temperature {:g}):\n", warmup.size(), c.params.sampling.temperature);
       for (std::size_t d = 0; d < drafts.size(); ++d) {
@@ -443,7 +445,6 @@ int run(int argc, char** argv) {
         const auto scan = specsample::scan_draft_temperature(drafts[d], target, std::span<const std::vector<token>>(warmup),
                                                              c.params, std::span<const double>(ratios), rng, 64);
         draft_params[d] = scan.apply(c.params);
-        const auto one = static_cast<std::size_t>(std::find(ratios.begin(), ratios.end(), 1.0) - ratios.begin());
         fmt::print(out, "  {}: R = {:g}, the draft at T = {:g} (alpha {:.3f}; {:.3f} at R = 1)\n", candidates[d].string(),
                    scan.best_ratio(), draft_params[d].draft_sampling->temperature,
                    *std::max_element(scan.alpha.begin(), scan.alpha.end()), scan.alpha[one]);

@@ -215,6 +215,9 @@ TEST_CASE("the verification rules' command-line names round-trip", "[block][para
   REQUIRE(std::string_view(verification_name(verification::token_wise)) == "tokenwise");
   REQUIRE(!verification_from_name("token-wise"));
   REQUIRE(!verification_from_name(""));
+  REQUIRE(verification_option("--verify", "block") == verification::block);
+  REQUIRE_THROWS_WITH(verification_option("--verify", "blok"),
+                      Catch::Matchers::Contains("--verify must be tokenwise or block, got 'blok'"));
 }
 
 TEST_CASE("leniency below 1 is validated and drifts toward the draft", "[leniency]") {

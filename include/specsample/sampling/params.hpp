@@ -43,6 +43,14 @@ enum class verification {
   return std::nullopt;
 }
 
+/// The rule that the value of a command-line flag (`--verify`) names: "tokenwise" or "block".
+/// Throws `specsample::error` naming the flag and what it accepts otherwise.
+[[nodiscard]] inline verification verification_option(std::string_view flag, std::string_view value) {
+  const auto rule = verification_from_name(value);
+  if (!rule) throw error(fmt::format("{} must be tokenwise or block, got '{}'", flag, value));
+  return *rule;
+}
+
 /// The largest draft length `validate` accepts. A round holds the target's distributions for
 /// K + 1 positions (V × (K + 1) floats: 52 MB at K = 256 with GPT-2's 50257 tokens), and no draft
 /// sees that many of its tokens accepted in a row.
