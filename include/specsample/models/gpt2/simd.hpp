@@ -557,11 +557,79 @@ SPECSAMPLE_ALWAYS_INLINE void prefetch_ahead(const void* p, std::size_t ahead, s
   return first > win.stop ? 0 : std::min(K, (win.stop - first) / row + 1);
 }
 
+/// Rows of a matmul the AVX2 kernels take over one block of weights (`matmul_avx2`).
+inline constexpr std::size_t block_rows = 12;
+
+/// The prefetch of a later block of weights, spread evenly over the tile steps of the current
+/// block. The weights of a call's panels lie in memory in the order its blocks are computed, so
+/// while the block [s, e) is computed the bytes [s + ahead, e + ahead) are prefetched
+/// (`prefetch_window::ahead`): `total` tile steps (every tile of the block's rows, each over its
+/// steps) take `lines` lines each from a cursor that advances by (e − s) / total bytes a step
+/// (kept in 1/256 bytes), never past `stop`, the end of the call's panels (from there, `left` = 0,
+/// the steps prefetch nothing).
+struct block_prefetch {
+  static constexpr std::size_t block_bytes = 8192;
+  std::uintptr_t pos = 0;  ///< the next line's address × 256
+  std::uintptr_t inc = 0;  ///< bytes per step × 256
+  std::size_t left = 0;    ///< steps that may still prefetch
+  int lines = 0;           ///< lines per step, 0 to 4
+
+  /// Steps of a block over weights of `row_bytes` per step (at least one).
+  [[nodiscard]] static constexpr std::size_t block_steps(std::size_t row_bytes) noexcept {
+    return std::max<std::size_t>(1, block_bytes / row_bytes);
+  }
+
+  /// The prefetch of the block starting at `s`, `total` tile steps over weights of `row_bytes` a
+  /// step computed by `tiles` tiles each.
+  [[nodiscard]] static block_prefetch of(std::uintptr_t s, std::size_t total, std::size_t row_bytes,
+                                         std::size_t tiles, prefetch_window win) noexcept {
+    block_prefetch pf;
+    const std::uintptr_t from = s + win.ahead;
+    if (from >= win.stop) return pf;
+    pf.inc = (row_bytes * 256 + tiles - 1) / tiles;
+    pf.lines = static_cast<int>(std::min<std::uintptr_t>(4, (pf.inc + 64 * 256 - 1) / (64 * 256)));
+    pf.pos = from * 256;
+    // Step i prefetches the lines from (pos + i·inc) / 256 on: all of them before `stop`.
+    const std::uintptr_t reach = static_cast<std::uintptr_t>(pf.lines) * 64;
+    if (from + (total * pf.inc) / 256 + reach <= win.stop) {
+      pf.left = total;
+    } else {
+      pf.left = from + reach > win.stop ? 0 : std::min<std::uintptr_t>(total, ((win.stop - from - reach) * 256) / pf.inc + 1);
+    }
+    return pf;
+  }
+
+  /// The prefetch of a tile's steps: PF lines at the cursor, which then advances.
+  template <int PF>
+  struct cursor {
+    std::uintptr_t pos, inc;
+    [[gnu::always_inline]] void step(const void*) noexcept {
+      const std::uintptr_t at = pos / 256;
+#pragma GCC unroll 4
+      for (int i = 0; i < PF; ++i) _mm_prefetch(reinterpret_cast<const char*>(at + 64 * static_cast<std::uintptr_t>(i)), _MM_HINT_T0);
+      pos += inc;
+    }
+  };
+};
+
+/// The prefetch of a tile's steps over a panel taken whole: `Bytes` `ahead` bytes past its weights.
+template <std::size_t Bytes>
+struct ahead_prefetch {
+  std::size_t ahead;
+  [[gnu::always_inline]] void step(const void* wk) const noexcept { prefetch_ahead(wk, ahead, Bytes); }
+};
+
+/// No prefetch.
+struct no_prefetch {
+  [[gnu::always_inline]] void step(const void*) const noexcept {}
+};
+
 // --- AVX2: W vectors of 8 outputs × R rows (16 ymm registers) ------------------------------------
 // Pairs of rows take half a panel at a time (8 accumulators), a single row the whole panel (8
 // accumulators, not 4: enough independent FMA chains to keep both FMA pipes busy instead of
-// waiting on the FMA latency). Each weight vector is converted once per pass and applied to every
-// row of it; every output is still one accumulator summed over k in order, whatever the tile. A
+// waiting on the FMA latency); several rows go block by block (`matmul_avx2`). Each weight vector
+// is converted once per pass and applied to every row of it; every output is still one
+// accumulator summed over k in order, whatever the tile or block. A
 // 3-row tile (12 accumulators + 3 broadcasts + a weight: all 16 registers) ran 3 rows 15–19% faster
 // than a pair and a single row with GCC 12, but Clang 14 spilled it and ran 40% slower.
 
@@ -580,17 +648,17 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256 avx2_load_w(const void* w
   }
 }
 
-/// Steps [k0, k1) of an AVX2 tile: acc[r][j] += w[k][8j..8j+7] · x[r][k]. With `Prefetch`, each
-/// step first prefetches its weights `ahead` bytes on (`prefetched_steps`).
-template <weight_format F, int W, int R, bool Prefetch>
+/// Steps [k0, k1) of an AVX2 tile: acc[r][j] += w[k][8j..8j+7] · x[r][k]. Each step first
+/// calls `pf.step(wk)`, wk its weights (a prefetch: `no_prefetch`, `ahead_prefetch` or
+/// `block_prefetch::cursor`).
+template <weight_format F, int W, int R, class P>
 SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_steps(__m256 (&acc)[R][W], const void* w,
                                                             const float* x, std::size_t ldx,
-                                                            std::size_t k0, std::size_t k1,
-                                                            std::size_t ahead) {
+                                                            std::size_t k0, std::size_t k1, P& pf) {
   using wt = weight_t<F>;
   for (std::size_t k = k0; k < k1; ++k) {
     const wt* wk = static_cast<const wt*>(w) + k * panel;
-    if constexpr (Prefetch) prefetch_ahead(wk, ahead, 8 * W * sizeof(wt));
+    pf.step(wk);
     __m256 xb[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) xb[r] = _mm256_broadcast_ss(x + static_cast<std::size_t>(r) * ldx + k);
@@ -622,14 +690,13 @@ SPECSAMPLE_ALWAYS_INLINE int load_pair(const std::uint16_t* p) noexcept {
 /// Column pairs [k0, k1) of an AVX2 tile of `bf16_pairs` weights, vdpbf16ps's sums with F32 FMAs:
 /// acc[r][j] += w[2k+1]·x[r][2k+1], then += w[2k]·x[r][2k] (products of two BF16 values are exact
 /// in F32, so each FMA rounds once, as vdpbf16ps does).
-template <int W, int R, bool Prefetch>
+template <int W, int R, class P>
 SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_pair_steps(__m256 (&acc)[R][W], const std::uint16_t* w,
                                                                  const std::uint16_t* x, std::size_t ldx,
-                                                                 std::size_t k0, std::size_t k1,
-                                                                 std::size_t ahead) {
+                                                                 std::size_t k0, std::size_t k1, P& pf) {
   for (std::size_t k = k0; k < k1; ++k) {
     const std::uint16_t* wk = w + k * 2 * panel;
-    if constexpr (Prefetch) prefetch_ahead(wk, ahead, 8 * W * 2 * sizeof(std::uint16_t));
+    pf.step(wk);
     __m256 xo[R], xe[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
@@ -650,11 +717,67 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_pair_steps(__m256 (&ac
   }
 }
 
-/// Rows [t0, t0 + R) × outputs [p·64 + o_off, + 8·W) of panel p. (Not inlined: Clang 14 inlined
-/// the tiles into matmul_avx2 and spilled their accumulators.)
-template <weight_format F, int W, int R>
+/// out[t][o0 + j] = acc_buf[(t − g0)·64 + j] (+ bias[o0 + j]) for rows [g0, g1), j < the panel's
+/// outputs.
+SPECSAMPLE_TARGET_AVX2 inline void avx2_store_rows(const matmul_args& a, const float* acc_buf, std::size_t o0,
+                                                  std::size_t g0, std::size_t g1) noexcept {
+  const std::size_t valid = std::min<std::size_t>(panel, a.OC - o0);
+  for (std::size_t t = g0; t < g1; ++t) {
+    const float* acc = acc_buf + (t - g0) * panel;
+    float* out = a.out + t * a.ldo + o0;
+    std::size_t j = 0;
+    for (; j + 8 <= valid; j += 8) {
+      const __m256 v = _mm256_load_ps(acc + j);
+      _mm256_storeu_ps(out + j, a.bias != nullptr ? _mm256_add_ps(v, _mm256_loadu_ps(a.bias + o0 + j)) : v);
+    }
+    for (; j < valid; ++j) out[j] = a.bias != nullptr ? acc[j] + a.bias[o0 + j] : acc[j];
+  }
+}
+
+/// Steps [k0, k1) of the tile of rows [t0, t0 + R) whose weights start at w, with prefetch `pf`.
+template <weight_format F, int W, int R, class P>
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_tile_steps(__m256 (&acc)[R][W], const void* w, const matmul_args& a,
+                                                                 std::size_t t0, std::size_t k0, std::size_t k1, P& pf) {
+  if constexpr (F == weight_format::bf16_pairs) {
+    avx2_pair_steps<W, R>(acc, static_cast<const std::uint16_t*>(w), a.xh + t0 * a.ldxh, a.ldxh, k0, k1, pf);
+  } else {
+    avx2_steps<F, W, R>(acc, w, a.x + t0 * a.ldx, a.ldx, k0, k1, pf);
+  }
+}
+
+/// A single row t over all of panel p (8 accumulators, not 4: enough independent FMA chains to
+/// keep both FMA pipes busy), prefetching its weights `win.ahead` bytes on.
+template <weight_format F>
+[[gnu::noinline]] SPECSAMPLE_TARGET_AVX2 void avx2_row_tile(const matmul_args& a, std::size_t p, std::size_t t,
+                                                          prefetch_window win) {
+  using wt = weight_t<F>;
+  constexpr std::size_t per = step_cols<F>;
+  constexpr std::size_t row_bytes = per * panel * sizeof(wt);
+  const std::size_t steps = packed_cols(F, a.K) / per;
+  const wt* w = static_cast<const wt*>(a.w) + p * steps * per * panel;
+  __m256 acc[1][8];
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) acc[0][j] = _mm256_setzero_ps();
+  const std::size_t k_pf = prefetched_steps(w, row_bytes, row_bytes, steps, win);
+  ahead_prefetch<row_bytes> ahead{win.ahead};
+  no_prefetch none;
+  avx2_tile_steps<F, 8, 1>(acc, w, a, t, 0, k_pf, ahead);
+  avx2_tile_steps<F, 8, 1>(acc, w, a, t, k_pf, steps, none);
+  alignas(32) float buf[panel];
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) _mm256_store_ps(buf + 8 * j, acc[0][j]);
+  avx2_store_rows(a, buf, p * panel, t, t + 1);
+}
+
+/// Steps [k0, k1) of rows [t0, t0 + R) × outputs [p·64 + o_off, + 8·W) of panel p, on the
+/// accumulators in `acc_buf` (row t0 + r at acc_buf[(t0 - g0 + r) * panel + o_off], g0 the
+/// first row of the group): loaded there (zeros when k0 = 0), stored back, exactly. The first
+/// `pf.left` steps prefetch (PF lines each). (Not inlined: Clang 14 inlined the tiles into
+/// matmul_avx2 and spilled their accumulators.)
+template <weight_format F, int W, int R, int PF>
 [[gnu::noinline]] SPECSAMPLE_TARGET_AVX2 void avx2_tile(const matmul_args& a, std::size_t p, std::size_t o_off,
-                                    std::size_t t0, prefetch_window win) {
+                                                      std::size_t t0, std::size_t k0, std::size_t k1,
+                                                      float* acc_buf, block_prefetch& pf) {
   using wt = weight_t<F>;
   constexpr std::size_t per = step_cols<F>;
   const std::size_t steps = packed_cols(F, a.K) / per;
@@ -663,50 +786,89 @@ template <weight_format F, int W, int R>
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 8
-    for (int j = 0; j < W; ++j) acc[r][j] = _mm256_setzero_ps();
+    for (int j = 0; j < W; ++j) {
+      acc[r][j] = k0 == 0 ? _mm256_setzero_ps()
+                          : _mm256_load_ps(acc_buf + static_cast<std::size_t>(r) * panel + o_off + 8 * static_cast<std::size_t>(j));
+    }
   }
-  const std::size_t k_pf =
-      prefetched_steps(w, per * panel * sizeof(wt), per * 8 * W * sizeof(wt), steps, win);
-  if constexpr (F == weight_format::bf16_pairs) {
-    const std::uint16_t* x = a.xh + t0 * a.ldxh;
-    avx2_pair_steps<W, R, true>(acc, w, x, a.ldxh, 0, k_pf, win.ahead);
-    avx2_pair_steps<W, R, false>(acc, w, x, a.ldxh, k_pf, steps, 0);
-  } else {
-    const float* x = a.x + t0 * a.ldx;
-    avx2_steps<F, W, R, true>(acc, w, x, a.ldx, 0, k_pf, win.ahead);
-    avx2_steps<F, W, R, false>(acc, w, x, a.ldx, k_pf, steps, 0);
-  }
+  const std::size_t k_pf = k0 + std::min(pf.left, k1 - k0);
+  pf.left -= k_pf - k0;
+  block_prefetch::cursor<PF> cur{pf.pos, pf.inc};  // a local copy, which stays in registers
+  no_prefetch none;
+  avx2_tile_steps<F, W, R>(acc, w, a, t0, k0, k_pf, cur);
+  avx2_tile_steps<F, W, R>(acc, w, a, t0, k_pf, k1, none);
+  pf.pos = cur.pos;
   // (Unrolled so that acc is only ever indexed by constants: an array indexed at run time lives
   // in memory, and GCC 12 then stored all of it on every k step.)
-  const std::size_t o0 = p * panel + o_off;
-  const std::size_t valid = std::min<std::size_t>(8 * W, a.OC - o0);
-  alignas(32) float buf[R][8 * W];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 8
-    for (int j = 0; j < W; ++j) _mm256_store_ps(buf[r] + 8 * j, acc[r][j]);
-  }
-  for (std::size_t r = 0; r < R; ++r) {
-    float* out = a.out + (t0 + r) * a.ldo + o0;
-    for (std::size_t j = 0; j < valid; ++j) {
-      out[j] = a.bias != nullptr ? buf[r][j] + a.bias[o0 + j] : buf[r][j];
+    for (int j = 0; j < W; ++j) {
+      _mm256_store_ps(acc_buf + static_cast<std::size_t>(r) * panel + o_off + 8 * static_cast<std::size_t>(j), acc[r][j]);
     }
   }
 }
 
+/// The tiles of one block of rows [g0, g1) and steps [k0, k1) of panel p: pairs of rows on half a
+/// panel at a time (the second half only when it holds outputs), an odd last row on the whole
+/// panel, with PF lines prefetched per step.
+template <weight_format F, int PF>
+SPECSAMPLE_TARGET_AVX2 void avx2_block(const matmul_args& a, std::size_t p, std::size_t g0, std::size_t g1,
+                                       std::size_t k0, std::size_t k1, float* acc_buf, block_prefetch& pf) {
+  const bool second_half = p * panel + 32 < a.OC;
+  std::size_t t = g0;
+  for (; t + 2 <= g1; t += 2) {
+    float* acc = acc_buf + (t - g0) * panel;
+    avx2_tile<F, 4, 2, PF>(a, p, 0, t, k0, k1, acc, pf);
+    if (second_half) avx2_tile<F, 4, 2, PF>(a, p, 32, t, k0, k1, acc, pf);
+  }
+  if (t < g1) avx2_tile<F, 8, 1, PF>(a, p, 0, t, k0, k1, acc_buf + (t - g0) * panel, pf);
+}
+
+/// Panels [p_begin, p_end) of `a` with the AVX2 tiles. Rows are taken in groups of up to
+/// `block_rows`, and each panel in blocks of steps (`block_prefetch::block_bytes` of weights):
+/// every tile of a group runs over one block before any moves to the next, so a block is read
+/// from memory once, while the group's tiles spread the prefetch of the next block over their
+/// steps: a verification of K + 1 rows streams the weights as a single row does, its
+/// multiply-adds overlapping the stream. (Before, the tiles of a panel ran one after another over
+/// all its steps, and the panel's weights came from memory in its first tiles alone, with no
+/// multiply-adds beside them. On a Zen 3 whose core streams the bundled target's weights from
+/// DRAM at ~10 GB/s, `BM_append` of the target, four alternating runs of both builds: 2 tokens
+/// 2.8–3.5 → 1.9–2.2 ms, 5 tokens 3.5–4.8 → 2.9–3.3 ms, 9 tokens 5.8–7.2 → 4.9–6.2 ms, 1 token
+/// 1.6–2.3 ms in both.) A single row takes each panel whole (`avx2_row_tile`). Every output is
+/// still one accumulator summed over k in order, kept in `acc_buf` between blocks.
 template <weight_format F>
 SPECSAMPLE_TARGET_AVX2 void matmul_avx2(const matmul_args& a, std::size_t p_begin,
                                       std::size_t p_end) {
+  constexpr std::size_t per = step_cols<F>;
+  const std::size_t steps = packed_cols(F, a.K) / per;
+  const std::size_t row_bytes = per * panel * sizeof(weight_t<F>);  // one step of a panel
+  const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(a.w);
   const prefetch_window win = window<F>(a, p_end);
+  if (a.T == 1) {  // one row: no block to share, each panel taken whole
+    for (std::size_t p = p_begin; p < p_end; ++p) avx2_row_tile<F>(a, p, 0, win);
+    return;
+  }
+  alignas(32) float acc_buf[block_rows * panel];
   for (std::size_t p = p_begin; p < p_end; ++p) {
-    // Pairs of rows on half a panel at a time (the second half only when it holds outputs), an
-    // odd last row on the whole panel.
-    const bool second_half = p * panel + 32 < a.OC;
-    for (std::size_t t = 0; t + 2 <= a.T; t += 2) {
-      avx2_tile<F, 4, 2>(a, p, 0, t, win);
-      if (second_half) avx2_tile<F, 4, 2>(a, p, 32, t, win);
+    const std::size_t tiles_per_pair = p * panel + 32 < a.OC ? 2 : 1;
+    for (std::size_t g0 = 0; g0 < a.T; g0 += block_rows) {
+      const std::size_t g1 = std::min(a.T, g0 + block_rows);
+      const std::size_t tiles = (g1 - g0) / 2 * tiles_per_pair + (g1 - g0) % 2;
+      const std::size_t block = block_prefetch::block_steps(row_bytes);
+      for (std::size_t k0 = 0; k0 < steps; k0 += block) {
+        const std::size_t k1 = std::min(steps, k0 + block);
+        block_prefetch pf = block_prefetch::of(base + (p * steps + k0) * row_bytes, tiles * (k1 - k0), row_bytes, tiles, win);
+        switch (pf.lines) {
+          case 0: avx2_block<F, 0>(a, p, g0, g1, k0, k1, acc_buf, pf); break;
+          case 1: avx2_block<F, 1>(a, p, g0, g1, k0, k1, acc_buf, pf); break;
+          case 2: avx2_block<F, 2>(a, p, g0, g1, k0, k1, acc_buf, pf); break;
+          case 3: avx2_block<F, 3>(a, p, g0, g1, k0, k1, acc_buf, pf); break;
+          default: avx2_block<F, 4>(a, p, g0, g1, k0, k1, acc_buf, pf); break;
+        }
+      }
+      avx2_store_rows(a, acc_buf, p * panel, g0, g1);
     }
-    if (a.T % 2 == 1) avx2_tile<F, 8, 1>(a, p, 0, a.T - 1, win);
   }
 }
 
