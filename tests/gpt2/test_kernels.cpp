@@ -328,7 +328,7 @@ TEST_CASE("matmul matches its reference twin and is bitwise batch- and thread-in
       for (const std::size_t C : {1u, 5u, 8u, 67u, 128u}) {
         for (const std::size_t OC : {1u, 13u, 64u, 100u}) {
           for (const bool with_bias : {false, true}) {
-            const std::size_t T = 9;
+            const std::size_t T = 14;  // the AVX2 level takes rows in groups of 12: two groups
             const auto inp = random_vector(T * C, rng);
             const auto w = rounded(random_vector(OC * C, rng, 0.2f), f);
             const auto packed = gpt2::weight_matrix::from_floats(f, OC, C, w.data());
@@ -349,7 +349,7 @@ TEST_CASE("matmul matches its reference twin and is bitwise batch- and thread-in
                         C, OC, &pool2, level);
               REQUIRE(bitwise_equal(row.data(), out.data() + t * OC, OC));
             }
-            for (std::size_t T2 = 2; T2 <= 8; ++T2) {  // every batch size and offset
+            for (std::size_t T2 = 2; T2 < T; ++T2) {  // every batch size and offset
               const std::size_t t0 = T - T2;
               std::vector<float> part(T2 * OC);
               k::matmul(part, std::span<const float>(inp).subspan(t0 * C, T2 * C), packed.view(),
