@@ -560,19 +560,19 @@ SPECSAMPLE_ALWAYS_INLINE void prefetch_ahead(const void* p, std::size_t ahead, s
 /// Rows of a matmul the AVX2 kernels take over one block of weights (`matmul_avx2`).
 inline constexpr std::size_t block_rows = 12;
 
-/// The prefetch of a later block of weights, spread evenly over the tile steps of the current
-/// block. The weights of a call's panels lie in memory in the order its blocks are computed, so
-/// while the block [s, e) is computed the bytes [s + ahead, e + ahead) are prefetched
-/// (`prefetch_window::ahead`): `total` tile steps (every tile of the block's rows, each over its
-/// steps) take `lines` lines each from a cursor that advances by (e − s) / total bytes a step
-/// (kept in 1/256 bytes), never past `stop`, the end of the call's panels (from there, `left` = 0,
-/// the steps prefetch nothing).
+/// The prefetch of later weights, spread evenly over the tile steps of a block. The weights of a
+/// call's panels lie in memory in the order its blocks are computed, so while the block [s, e) is
+/// computed the bytes [s + ahead, e + ahead) are prefetched (`prefetch_window::ahead`: 16 KiB,
+/// two blocks, or half a panel of a narrow matrix): the `total` tile steps of the block (every
+/// tile of its rows, each over its steps) take `lines` lines each from a cursor that advances by
+/// (e − s) / total bytes a step (kept in 1/256 bytes, in 64 bits), never past `stop`, the end of
+/// the call's panels (from there, `left` = 0, the steps prefetch nothing).
 struct block_prefetch {
   static constexpr std::size_t block_bytes = 8192;
-  std::uintptr_t pos = 0;  ///< the next line's address × 256
-  std::uintptr_t inc = 0;  ///< bytes per step × 256
-  std::size_t left = 0;    ///< steps that may still prefetch
-  int lines = 0;           ///< lines per step, 0 to 4
+  std::uint64_t pos = 0;  ///< the next line's address × 256
+  std::uint64_t inc = 0;  ///< bytes per step × 256
+  std::size_t left = 0;   ///< steps that may still prefetch
+  int lines = 0;          ///< lines per step: 0, 1, 2 or 4
 
   /// Steps of a block over weights of `row_bytes` per step (at least one).
   [[nodiscard]] static constexpr std::size_t block_steps(std::size_t row_bytes) noexcept {
@@ -586,15 +586,15 @@ struct block_prefetch {
     block_prefetch pf;
     const std::uintptr_t from = s + win.ahead;
     if (from >= win.stop) return pf;
-    pf.inc = (row_bytes * 256 + tiles - 1) / tiles;
-    pf.lines = static_cast<int>(std::min<std::uintptr_t>(4, (pf.inc + 64 * 256 - 1) / (64 * 256)));
-    pf.pos = from * 256;
+    pf.inc = (std::uint64_t{row_bytes} * 256 + tiles - 1) / tiles;
+    pf.lines = pf.inc <= 64 * 256 ? 1 : pf.inc <= 128 * 256 ? 2 : 4;  // row_bytes is at most 256
+    pf.pos = std::uint64_t{from} * 256;
     // Step i prefetches the lines from (pos + i·inc) / 256 on: all of them before `stop`.
-    const std::uintptr_t reach = static_cast<std::uintptr_t>(pf.lines) * 64;
-    if (from + (total * pf.inc) / 256 + reach <= win.stop) {
+    const std::uint64_t reach = static_cast<std::uint64_t>(pf.lines) * 64, end = win.stop;
+    if (from + (total * pf.inc) / 256 + reach <= end) {
       pf.left = total;
     } else {
-      pf.left = from + reach > win.stop ? 0 : std::min<std::uintptr_t>(total, ((win.stop - from - reach) * 256) / pf.inc + 1);
+      pf.left = from + reach > end ? 0 : static_cast<std::size_t>(std::min<std::uint64_t>(total, ((end - from - reach) * 256) / pf.inc + 1));
     }
     return pf;
   }
@@ -602,9 +602,9 @@ struct block_prefetch {
   /// The prefetch of a tile's steps: PF lines at the cursor, which then advances.
   template <int PF>
   struct cursor {
-    std::uintptr_t pos, inc;
+    std::uint64_t pos, inc;
     [[gnu::always_inline]] void step(const void*) noexcept {
-      const std::uintptr_t at = pos / 256;
+      const auto at = static_cast<std::uintptr_t>(pos / 256);
 #pragma GCC unroll 4
       for (int i = 0; i < PF; ++i) _mm_prefetch(reinterpret_cast<const char*>(at + 64 * static_cast<std::uintptr_t>(i)), _MM_HINT_T0);
       pos += inc;
@@ -770,8 +770,8 @@ template <weight_format F>
 }
 
 /// Steps [k0, k1) of rows [t0, t0 + R) × outputs [p·64 + o_off, + 8·W) of panel p, on the
-/// accumulators in `acc_buf` (row t0 + r at acc_buf[(t0 - g0 + r) * panel + o_off], g0 the
-/// first row of the group): loaded there (zeros when k0 = 0), stored back, exactly. The first
+/// accumulators in `acc_buf` (row t0 + r at acc_buf[r * panel + o_off]): loaded there (zeros
+/// when k0 = 0), stored back, exactly. The first
 /// `pf.left` steps prefetch (PF lines each). (Not inlined: Clang 14 inlined the tiles into
 /// matmul_avx2 and spilled their accumulators.)
 template <weight_format F, int W, int R, int PF>
@@ -810,12 +810,12 @@ template <weight_format F, int W, int R, int PF>
 }
 
 /// The tiles of one block of rows [g0, g1) and steps [k0, k1) of panel p: pairs of rows on half a
-/// panel at a time (the second half only when it holds outputs), an odd last row on the whole
-/// panel, with PF lines prefetched per step.
+/// panel at a time (the second half only when it holds outputs: `second_half`), an odd last row on
+/// the whole panel, with PF lines prefetched per step.
 template <weight_format F, int PF>
-SPECSAMPLE_TARGET_AVX2 void avx2_block(const matmul_args& a, std::size_t p, std::size_t g0, std::size_t g1,
-                                       std::size_t k0, std::size_t k1, float* acc_buf, block_prefetch& pf) {
-  const bool second_half = p * panel + 32 < a.OC;
+SPECSAMPLE_TARGET_AVX2 void avx2_block(const matmul_args& a, std::size_t p, bool second_half, std::size_t g0,
+                                       std::size_t g1, std::size_t k0, std::size_t k1, float* acc_buf,
+                                       block_prefetch& pf) {
   std::size_t t = g0;
   for (; t + 2 <= g1; t += 2) {
     float* acc = acc_buf + (t - g0) * panel;
@@ -828,12 +828,12 @@ SPECSAMPLE_TARGET_AVX2 void avx2_block(const matmul_args& a, std::size_t p, std:
 /// Panels [p_begin, p_end) of `a` with the AVX2 tiles. Rows are taken in groups of up to
 /// `block_rows`, and each panel in blocks of steps (`block_prefetch::block_bytes` of weights):
 /// every tile of a group runs over one block before any moves to the next, so a block is read
-/// from memory once, while the group's tiles spread the prefetch of the next block over their
-/// steps: a verification of K + 1 rows streams the weights as a single row does, its
+/// from memory once per group (once for up to 12 rows), while the group's tiles spread the
+/// prefetch of later weights over their steps: a verification of K + 1 rows streams the weights as a single row does, its
 /// multiply-adds overlapping the stream. (Before, the tiles of a panel ran one after another over
 /// all its steps, and the panel's weights came from memory in its first tiles alone, with no
 /// multiply-adds beside them. On a Zen 3 whose core streams the bundled target's weights from
-/// DRAM at ~10 GB/s, `BM_append` of the target, four alternating runs of both builds: 2 tokens
+/// DRAM at 10–18 GB/s, `BM_append` of the target, four alternating runs of both builds: 2 tokens
 /// 2.8–3.5 → 1.9–2.2 ms, 5 tokens 3.5–4.8 → 2.9–3.3 ms, 9 tokens 5.8–7.2 → 4.9–6.2 ms, 1 token
 /// 1.6–2.3 ms in both.) A single row takes each panel whole (`avx2_row_tile`). Every output is
 /// still one accumulator summed over k in order, kept in `acc_buf` between blocks.
@@ -850,21 +850,21 @@ SPECSAMPLE_TARGET_AVX2 void matmul_avx2(const matmul_args& a, std::size_t p_begi
     return;
   }
   alignas(32) float acc_buf[block_rows * panel];
+  const std::size_t block = block_prefetch::block_steps(row_bytes);
   for (std::size_t p = p_begin; p < p_end; ++p) {
-    const std::size_t tiles_per_pair = p * panel + 32 < a.OC ? 2 : 1;
+    const bool second_half = p * panel + 32 < a.OC;
     for (std::size_t g0 = 0; g0 < a.T; g0 += block_rows) {
       const std::size_t g1 = std::min(a.T, g0 + block_rows);
-      const std::size_t tiles = (g1 - g0) / 2 * tiles_per_pair + (g1 - g0) % 2;
-      const std::size_t block = block_prefetch::block_steps(row_bytes);
-      for (std::size_t k0 = 0; k0 < steps; k0 += block) {
+      const std::size_t tiles = (g1 - g0) / 2 * (second_half ? 2 : 1) + (g1 - g0) % 2;
+      // (At least one block, empty when K = 0: the tiles then zero the accumulators.)
+      for (std::size_t k0 = 0; k0 == 0 || k0 < steps; k0 += block) {
         const std::size_t k1 = std::min(steps, k0 + block);
         block_prefetch pf = block_prefetch::of(base + (p * steps + k0) * row_bytes, tiles * (k1 - k0), row_bytes, tiles, win);
         switch (pf.lines) {
-          case 0: avx2_block<F, 0>(a, p, g0, g1, k0, k1, acc_buf, pf); break;
-          case 1: avx2_block<F, 1>(a, p, g0, g1, k0, k1, acc_buf, pf); break;
-          case 2: avx2_block<F, 2>(a, p, g0, g1, k0, k1, acc_buf, pf); break;
-          case 3: avx2_block<F, 3>(a, p, g0, g1, k0, k1, acc_buf, pf); break;
-          default: avx2_block<F, 4>(a, p, g0, g1, k0, k1, acc_buf, pf); break;
+          case 0: avx2_block<F, 0>(a, p, second_half, g0, g1, k0, k1, acc_buf, pf); break;
+          case 1: avx2_block<F, 1>(a, p, second_half, g0, g1, k0, k1, acc_buf, pf); break;
+          case 2: avx2_block<F, 2>(a, p, second_half, g0, g1, k0, k1, acc_buf, pf); break;
+          default: avx2_block<F, 4>(a, p, second_half, g0, g1, k0, k1, acc_buf, pf); break;
         }
       }
       avx2_store_rows(a, acc_buf, p * panel, g0, g1);
@@ -1704,7 +1704,9 @@ template <int W, int R>
   i8_store<R, 8 * W>(a, meta, sums, o0, std::min<std::size_t>(8 * W, a.OC - o0), t0);
 }
 
-/// INT8 panels on AVX2 (and on AVX-512 CPUs without AVX512_VNNI): tiles as `matmul_avx2`'s.
+/// INT8 panels on AVX2 (and on AVX-512 CPUs without AVX512_VNNI): pairs of rows on half a panel,
+/// an odd row on the whole panel, each tile over all of the panel's steps (not in `matmul_avx2`'s
+/// blocks).
 SPECSAMPLE_TARGET_AVX2 inline void matmul_avx2_i8(const matmul_args& a, std::size_t p_begin, std::size_t p_end) {
   const prefetch_window win = window<weight_format::i8_quads>(a, p_end);
   const i8_meta meta = i8_meta_of(a.w, a.OC, a.K);
