@@ -368,6 +368,25 @@ TEST_CASE("matmul matches its reference twin and is bitwise batch- and thread-in
   }
 }
 
+TEST_CASE("matmul over zero input columns gives the bias (or zeros) for every row count", "[gpt2][kernels]") {
+  // K = 0: no step at all, so the accumulators must still start at zero (the AVX2 level's blocks
+  // once left them unset for several rows).
+  for (const isa level : levels()) {
+    for (const weight_format f : {weight_format::f32, weight_format::f16, weight_format::bf16_pairs}) {
+      const auto packed = gpt2::weight_matrix::from_floats(f, 3, 0, nullptr);
+      for (const std::size_t T : {1u, 2u, 3u, 13u}) {
+        for (const bool with_bias : {false, true}) {
+          const std::vector<float> bias = with_bias ? std::vector<float>{1.0f, -2.0f, 3.5f} : std::vector<float>{};
+          std::vector<float> out(T * 3, 42.0f);
+          k::matmul(out, std::span<const float>{}, packed.view(), bias, T, 0, 3, nullptr, level);
+          INFO(gpt2::isa_name(level) << ", format " << static_cast<int>(f) << ", T = " << T << ", bias = " << with_bias);
+          for (std::size_t i = 0; i < out.size(); ++i) REQUIRE(out[i] == (with_bias ? bias[i % 3] : 0.0f));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("BF16 pairs hold every weight as a BF16 operand, in column pairs, and refuse an overflow",
           "[gpt2][kernels]") {
   using Catch::Contains;
