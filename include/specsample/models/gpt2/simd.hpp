@@ -625,13 +625,15 @@ struct no_prefetch {
 };
 
 // --- AVX2: W vectors of 8 outputs × R rows (16 ymm registers) ------------------------------------
-// Pairs of rows take half a panel at a time (8 accumulators), a single row the whole panel (8
-// accumulators, not 4: enough independent FMA chains to keep both FMA pipes busy instead of
-// waiting on the FMA latency); several rows go block by block (`matmul_avx2`). Each weight vector
-// is converted once per pass and applied to every row of it; every output is still one
-// accumulator summed over k in order, whatever the tile or block. A
-// 3-row tile (12 accumulators + 3 broadcasts + a weight: all 16 registers) ran 3 rows 15–19% faster
-// than a pair and a single row with GCC 12, but Clang 14 spilled it and ran 40% slower.
+// A single row takes the whole panel (8 accumulators, not 4: enough independent FMA chains to
+// keep both FMA pipes busy instead of waiting on the FMA latency); several rows go block by block
+// (`matmul_avx2`) in tiles of 2 rows × 32 outputs or 4–6 rows × 16 outputs (8–12 accumulators, two
+// weight vectors, one row's broadcast at a time: `first_part`). Each weight vector is converted
+// once per step and applied to every row of its tile, so the 6 × 16 tile converts 2 vectors per
+// 12 multiply-adds where pairs of rows converted 4 per 8. Every output is still one accumulator
+// summed over k in order, whatever the tile or block. (A 3-row tile of 32 outputs, 12
+// accumulators + 3 broadcasts + a weight, all 16 registers, ran 15–19% faster than a pair and a
+// single row with GCC 12, but Clang 14 spilled it and ran 40% slower; 3 × 16 has only 6 chains.)
 
 template <weight_format F>
 SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256 avx2_load_w(const void* w, std::size_t i) {
@@ -656,17 +658,30 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_steps(__m256 (&acc)[R]
                                                             const float* x, std::size_t ldx,
                                                             std::size_t k0, std::size_t k1, P& pf) {
   using wt = weight_t<F>;
+#pragma GCC unroll 2
   for (std::size_t k = k0; k < k1; ++k) {
     const wt* wk = static_cast<const wt*>(w) + k * panel;
     pf.step(wk);
-    __m256 xb[R];
+    if constexpr (R <= 2) {  // the rows' broadcasts first, then one weight vector at a time
+      __m256 xb[R];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) xb[r] = _mm256_broadcast_ss(x + static_cast<std::size_t>(r) * ldx + k);
+      for (int r = 0; r < R; ++r) xb[r] = _mm256_broadcast_ss(x + static_cast<std::size_t>(r) * ldx + k);
 #pragma GCC unroll 8
-    for (int j = 0; j < W; ++j) {
-      const __m256 wv = avx2_load_w<F>(wk, static_cast<std::size_t>(8 * j));
+      for (int j = 0; j < W; ++j) {
+        const __m256 wv = avx2_load_w<F>(wk, static_cast<std::size_t>(8 * j));
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) acc[r][j] = _mm256_fmadd_ps(wv, xb[r], acc[r][j]);
+        for (int r = 0; r < R; ++r) acc[r][j] = _mm256_fmadd_ps(wv, xb[r], acc[r][j]);
+      }
+    } else {  // the weight vectors first, then one row's broadcast at a time (R·W + W + 1 registers)
+      __m256 wv[W];
+#pragma GCC unroll 8
+      for (int j = 0; j < W; ++j) wv[j] = avx2_load_w<F>(wk, static_cast<std::size_t>(8 * j));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m256 xb = _mm256_broadcast_ss(x + static_cast<std::size_t>(r) * ldx + k);
+#pragma GCC unroll 8
+        for (int j = 0; j < W; ++j) acc[r][j] = _mm256_fmadd_ps(wv[j], xb, acc[r][j]);
+      }
     }
   }
 }
@@ -809,34 +824,73 @@ template <weight_format F, int W, int R, int PF>
   }
 }
 
-/// The tiles of one block of rows [g0, g1) and steps [k0, k1) of panel p: pairs of rows on half a
-/// panel at a time (the second half only when it holds outputs: `second_half`), an odd last row on
-/// the whole panel, with PF lines prefetched per step.
+/// Rows a tile of `matmul_avx2`'s blocks takes at most: 6 (6 × 16 outputs: 12 accumulators, two
+/// weight vectors and a broadcast), 2 for `bf16_pairs` (whose weight vectors are two registers
+/// each, and whose rows are two: a pair of rows on half a panel).
+template <weight_format F>
+inline constexpr std::size_t tile_rows = F == weight_format::bf16_pairs ? 2 : 6;
+
+/// Vectors of 8 outputs a tile of r rows takes: 8 for one row, 4 for two, else 2 (8 to 12
+/// accumulators: enough independent chains of multiply-adds to keep both FMA pipes busy).
+[[nodiscard]] constexpr int tile_vectors(std::size_t r) noexcept { return r == 1 ? 8 : r == 2 ? 4 : 2; }
+
+/// Rows of the first tile of m rows of format F: at most `tile_rows<F>`, never 3 (a 3 × 16 tile has
+/// only 6 accumulators: 2 + 1 instead), halves of 8 to 12 rows (9: 5 + 4), 5 + 2 for 7 (not 4 + 3).
+template <weight_format F>
+[[nodiscard]] constexpr std::size_t first_part(std::size_t m) noexcept {
+  if (m <= 2 || tile_rows<F> == 2) return std::min<std::size_t>(m, tile_rows<F>);
+  if (m == 3) return 2;
+  if (m <= 6) return m;
+  if (m == 7) return 5;
+  return std::min<std::size_t>(tile_rows<F>, (m + 1) / 2);
+}
+
+/// Calls fn(t, r) for the tiles' parts of rows [g0, g1) (`first_part`: 12 rows → 6 + 6, 3 → 2 + 1).
+template <weight_format F, class Fn>
+SPECSAMPLE_ALWAYS_INLINE void for_each_part(std::size_t g0, std::size_t g1, Fn&& fn) {
+  for (std::size_t t = g0; t < g1;) {
+    const std::size_t r = first_part<F>(g1 - t);
+    fn(t, r);
+    t += r;
+  }
+}
+
+/// Tiles of one block of rows [g0, g1) and steps [k0, k1) of panel p, whose outputs below `valid`
+/// exist: each part of the rows (`for_each_part`) over each 8·W outputs holding any, with PF lines
+/// prefetched per step.
 template <weight_format F, int PF>
-SPECSAMPLE_TARGET_AVX2 void avx2_block(const matmul_args& a, std::size_t p, bool second_half, std::size_t g0,
+SPECSAMPLE_TARGET_AVX2 void avx2_block(const matmul_args& a, std::size_t p, std::size_t valid, std::size_t g0,
                                        std::size_t g1, std::size_t k0, std::size_t k1, float* acc_buf,
                                        block_prefetch& pf) {
-  std::size_t t = g0;
-  for (; t + 2 <= g1; t += 2) {
-    float* acc = acc_buf + (t - g0) * panel;
-    avx2_tile<F, 4, 2, PF>(a, p, 0, t, k0, k1, acc, pf);
-    if (second_half) avx2_tile<F, 4, 2, PF>(a, p, 32, t, k0, k1, acc, pf);
-  }
-  if (t < g1) avx2_tile<F, 8, 1, PF>(a, p, 0, t, k0, k1, acc_buf + (t - g0) * panel, pf);
+  const auto tiles = [&]<int R>(std::size_t t) {
+    constexpr int W = tile_vectors(R);
+    for (std::size_t o = 0; o < valid; o += 8 * W) {
+      avx2_tile<F, W, R, PF>(a, p, o, t, k0, k1, acc_buf + (t - g0) * panel, pf);
+    }
+  };
+  for_each_part<F>(g0, g1, [&](std::size_t t, std::size_t r) {
+    switch (r) {
+      case 1: tiles.template operator()<1>(t); break;
+      case 2: tiles.template operator()<2>(t); break;
+      case 4: if constexpr (tile_rows<F> >= 4) tiles.template operator()<4>(t); break;
+      case 5: if constexpr (tile_rows<F> >= 5) tiles.template operator()<5>(t); break;
+      default: if constexpr (tile_rows<F> >= 6) tiles.template operator()<6>(t); break;
+    }
+  });
 }
 
 /// Panels [p_begin, p_end) of `a` with the AVX2 tiles. Rows are taken in groups of up to
 /// `block_rows`, and each panel in blocks of steps (`block_prefetch::block_bytes` of weights):
-/// every tile of a group runs over one block before any moves to the next, so a block is read
-/// from memory once per group (once for up to 12 rows), while the group's tiles spread the
-/// prefetch of later weights over their steps: a verification of K + 1 rows streams the weights as a single row does, its
-/// multiply-adds overlapping the stream. (Before, the tiles of a panel ran one after another over
-/// all its steps, and the panel's weights came from memory in its first tiles alone, with no
-/// multiply-adds beside them. On a Zen 3 whose core streams the bundled target's weights from
-/// DRAM at 10–18 GB/s, `BM_append` of the target, four alternating runs of both builds: 2 tokens
-/// 2.8–3.5 → 1.9–2.2 ms, 5 tokens 3.5–4.8 → 2.9–3.3 ms, 9 tokens 5.8–7.2 → 4.9–6.2 ms, 1 token
-/// 1.6–2.3 ms in both.) A single row takes each panel whole (`avx2_row_tile`). Every output is
-/// still one accumulator summed over k in order, kept in `acc_buf` between blocks.
+/// every tile of a group (`avx2_block`) runs over one block before any moves to the next, so a
+/// block is read from memory once per group (once for up to 12 rows), while the group's tiles
+/// spread the prefetch of later weights over their steps: a verification of K + 1 rows streams the
+/// weights as a single row does, its multiply-adds overlapping the stream. (Before, the tiles of a
+/// panel ran one after another over all its steps, and the panel's weights came from memory in its
+/// first tiles alone, with no multiply-adds beside them. On a Zen 3 whose core streams the bundled
+/// target's weights from DRAM at 10–18 GB/s, `BM_append` of the target, four alternating runs of
+/// both builds: 2 tokens 2.8–3.5 → 1.9–2.2 ms, 5 tokens 3.5–4.8 → 2.9–3.3 ms, 9 tokens 5.8–7.2 →
+/// 4.9–6.2 ms, 1 token 1.6–2.3 ms in both.) A single row takes each panel whole (`avx2_row_tile`).
+/// Every output is still one accumulator summed over k in order, kept in `acc_buf` between blocks.
 template <weight_format F>
 SPECSAMPLE_TARGET_AVX2 void matmul_avx2(const matmul_args& a, std::size_t p_begin,
                                       std::size_t p_end) {
@@ -852,19 +906,23 @@ SPECSAMPLE_TARGET_AVX2 void matmul_avx2(const matmul_args& a, std::size_t p_begi
   alignas(32) float acc_buf[block_rows * panel];
   const std::size_t block = block_prefetch::block_steps(row_bytes);
   for (std::size_t p = p_begin; p < p_end; ++p) {
-    const bool second_half = p * panel + 32 < a.OC;
+    const std::size_t valid = std::min(panel, a.OC - p * panel);
     for (std::size_t g0 = 0; g0 < a.T; g0 += block_rows) {
       const std::size_t g1 = std::min(a.T, g0 + block_rows);
-      const std::size_t tiles = (g1 - g0) / 2 * (second_half ? 2 : 1) + (g1 - g0) % 2;
+      std::size_t tiles = 0;  // tile runs per block
+      for_each_part<F>(g0, g1, [&](std::size_t, std::size_t r) {
+        const std::size_t outs = 8 * static_cast<std::size_t>(tile_vectors(r));
+        tiles += (valid + outs - 1) / outs;
+      });
       // (At least one block, empty when K = 0: the tiles then zero the accumulators.)
       for (std::size_t k0 = 0; k0 == 0 || k0 < steps; k0 += block) {
         const std::size_t k1 = std::min(steps, k0 + block);
         block_prefetch pf = block_prefetch::of(base + (p * steps + k0) * row_bytes, tiles * (k1 - k0), row_bytes, tiles, win);
         switch (pf.lines) {
-          case 0: avx2_block<F, 0>(a, p, second_half, g0, g1, k0, k1, acc_buf, pf); break;
-          case 1: avx2_block<F, 1>(a, p, second_half, g0, g1, k0, k1, acc_buf, pf); break;
-          case 2: avx2_block<F, 2>(a, p, second_half, g0, g1, k0, k1, acc_buf, pf); break;
-          default: avx2_block<F, 4>(a, p, second_half, g0, g1, k0, k1, acc_buf, pf); break;
+          case 0: avx2_block<F, 0>(a, p, valid, g0, g1, k0, k1, acc_buf, pf); break;
+          case 1: avx2_block<F, 1>(a, p, valid, g0, g1, k0, k1, acc_buf, pf); break;
+          case 2: avx2_block<F, 2>(a, p, valid, g0, g1, k0, k1, acc_buf, pf); break;
+          default: avx2_block<F, 4>(a, p, valid, g0, g1, k0, k1, acc_buf, pf); break;
         }
       }
       avx2_store_rows(a, acc_buf, p * panel, g0, g1);
