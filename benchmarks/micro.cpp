@@ -244,6 +244,46 @@ BENCHMARK(BM_append)
     ->UseRealTime()
     ->MinTime(0.3);
 
+/// range: n tokens. The matmuls alone of the bundled target's append of n tokens: its own weights
+/// (as the model holds them), in the forward pass's order (every layer's QKV, attention projection,
+/// MLP up and down, then the logits), on random inputs, without the attention, norms, GELU and
+/// KV-cache writes between them. BM_append over this is what the rest of the forward pass costs,
+/// and its n-token / 1-token ratio is the matmuls' own share of a verification's cost.
+void BM_append_matmuls(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const gpt2::model m = gpt2::model::load(models_dir / "shakespeare-target", gpt2::options{.threads = 1});
+  const gpt2::weights& w = m.weights();
+  struct call {
+    const gpt2::weight_matrix* weight;
+    std::span<const float> bias;
+  };
+  std::vector<call> calls;
+  const auto vec = [](const auto& a) { return std::span<const float>(a.data(), a.size()); };
+  for (const gpt2::layer_weights& l : w.layers) {
+    calls.push_back({&l.attn_qkv_weight, vec(l.attn_qkv_bias)});
+    calls.push_back({&l.attn_proj_weight, vec(l.attn_proj_bias)});
+    calls.push_back({&l.mlp_fc_weight, vec(l.mlp_fc_bias)});
+    calls.push_back({&l.mlp_proj_weight, vec(l.mlp_proj_bias)});
+  }
+  calls.push_back({&w.output_embedding(), {}});
+  std::size_t widest = 0;
+  for (const call& c : calls) widest = std::max({widest, c.weight->rows(), c.weight->cols()});
+  const auto x = random_floats(n * widest, 1.0f, 12);
+  std::vector<float> out(n * widest);
+  for (auto _ : state) {
+    for (const call& c : calls) {
+      const std::size_t OC = c.weight->rows(), K = c.weight->cols();
+      gpt2::kernels::matmul(std::span<float>(out.data(), n * OC), std::span<const float>(x.data(), n * K),
+                            c.weight->view(), c.bias, n, K, OC, nullptr, m.kernels());
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetLabel(fmt::format("shakespeare-target {}", gpt2::isa_name(m.kernels())));
+  state.counters["weight_GB/s"] = benchmark::Counter(static_cast<double>(w.matmul_bytes()) * 1e-9,
+                                                     benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_append_matmuls)->ArgName("n")->Arg(1)->Arg(2)->Arg(5)->Arg(9)->UseRealTime()->MinTime(0.3);
+
 /// range: storage (0 F32, 1 F16, 2 BF16: `options::weight_storage`), n tokens. The bundled
 /// target (an F16 checkpoint) with its matmul weights held in each precision — F32 is how an F32
 /// checkpoint such as the released gpt2 ones is held by default — after a 64-token prefix, as

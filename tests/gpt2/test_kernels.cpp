@@ -683,7 +683,7 @@ TEST_CASE("matmul of INT8 quads gives the exact integer sums times the scales, b
             a.xq = xq.data();
             a.ldxq = ld;
             a.xs = xs.data();
-            gpt2::simd::matmul_avx2_i8(a, 0, gpt2::simd::panels(OC));
+            gpt2::simd::matmul_avx2<weight_format::i8_quads>(a, 0, gpt2::simd::panels(OC));
             REQUIRE(bitwise_equal(out.data(), want.data(), out.size()));
           }
 #endif

@@ -397,6 +397,103 @@ inline void softmax_row(isa level, float* x, std::size_t n) noexcept {
   specsample::simd::scale(level, x, n, inv);
 }
 
+// --- INT8 dot products (`i8_quads`, `matmul_precision::int8`) -------------------------------------
+
+/// Rows and matrices whose largest magnitude is below this quantise to zeros (scale 0): it keeps
+/// 127 / max finite. Such a row's products are below 2^-96 of the weights' magnitude.
+inline constexpr float i8_smallest_max = 0x1p-96f;
+
+/// Largest input width of an INT8 matmul: its integer sums (at most 255 · 127 per product,
+/// `i8_operands` offsetting the row's integers by 128) stay below 2^31.
+inline constexpr std::size_t i8_max_cols = 65536;
+
+/// x rounded to the nearest integer, ties to even, whatever the rounding mode (x finite).
+[[nodiscard]] inline float round_half_even(float x) noexcept {
+  const float f = std::floor(x);
+  const float d = x - f;  // exact
+  if (d != 0.5f) return d > 0.5f ? f + 1.0f : f;
+  return std::fmod(f, 2.0f) == 0.0f ? f : f + 1.0f;
+}
+
+/// The INT8 quantisation of n floats: scale = max |x| / 127 and the reciprocal 127 / max |x|
+/// every value is multiplied by (0 and 0 for a zero row, or one whose largest magnitude is below
+/// `i8_smallest_max`; NaN and NaN when a value is NaN or infinite: the products are then NaN).
+struct i8_scaling {
+  float scale;
+  float inverse;
+};
+
+/// The scaling of `i8_scaling` for a row whose largest magnitude is m (NaN: not finite).
+[[nodiscard]] inline i8_scaling i8_scaling_of(float m) noexcept {
+  if (!(m <= std::numeric_limits<float>::max())) {
+    return {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::quiet_NaN()};
+  }
+  if (m < i8_smallest_max) return {0.0f, 0.0f};
+  return {m / 127.0f, 127.0f / m};
+}
+
+/// x · inverse clamped to [−127, 127] and rounded half to even (0 for a NaN inverse).
+[[nodiscard]] inline int i8_value(float x, float inverse) noexcept {
+  const float v = x * inverse;
+  if (!(v == v)) return 0;
+  return static_cast<int>(round_half_even(std::clamp(v, -127.0f, 127.0f)));
+}
+
+/// The scaling of x[0, n) (generic: `i8_operands` and the weights' quantisation).
+[[nodiscard]] inline i8_scaling i8_scaling_of(const float* x, std::size_t n) noexcept {
+  float m = 0.0f;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    if (!(a <= std::numeric_limits<float>::max())) return i8_scaling_of(a);
+    m = std::max(m, a);
+  }
+  return i8_scaling_of(m);
+}
+
+/// One operand row, generic: dst[k] = i8_value(x[k]) + 128 for k < K, 128 (zero) up to ld.
+inline float i8_operand_row_generic(const float* x, std::size_t K, std::uint8_t* dst, std::size_t ld) noexcept {
+  const i8_scaling s = i8_scaling_of(x, K);
+  for (std::size_t k = 0; k < K; ++k) dst[k] = static_cast<std::uint8_t>(i8_value(x[k], s.inverse) + 128);
+  std::fill(dst + K, dst + ld, std::uint8_t{128});
+  return s.scale;
+}
+
+/// Output o of row t of an INT8 matmul from its integer sum d (the offset removed): d converted to
+/// float times scale[o] · xs[t], plus the bias in one fused multiply-add (so that no compiler's
+/// contraction of a multiply and an add can make one level differ from another).
+inline float i8_output(std::int32_t d, float scale, float row_scale, const float* bias,
+                      std::size_t o) noexcept {
+  const float s = scale * row_scale;
+  return bias != nullptr ? std::fma(static_cast<float>(d), s, bias[o]) : static_cast<float>(d) * s;
+}
+
+/// Panels [p_begin, p_end), generic: per output the integer sum Σ_k xq[t][k]·w[o][k] (exact),
+/// less 128 · sum[o] (the operands' offset), then `i8_output`: the result of every level.
+inline void matmul_generic_i8(const matmul_args& a, std::size_t p_begin, std::size_t p_end) noexcept {
+  const std::size_t Kq = packed_cols(weight_format::i8_quads, a.K);
+  const i8_meta meta = i8_meta_of(a.w, a.OC, a.K);
+  std::int32_t acc[panel];
+  for (std::size_t p = p_begin; p < p_end; ++p) {
+    const std::size_t o0 = p * panel;
+    const std::size_t valid = std::min(panel, a.OC - o0);
+    const std::int8_t* wp = static_cast<const std::int8_t*>(a.w) + p * Kq * panel;
+    for (std::size_t t = 0; t < a.T; ++t) {
+      const std::uint8_t* x = a.xq + t * a.ldxq;
+      std::fill_n(acc, panel, 0);
+      for (std::size_t k = 0; k < Kq; k += 4) {
+        const std::int8_t* wk = wp + k * panel;
+        for (std::size_t j = 0; j < panel; ++j) {
+          acc[j] += x[k] * wk[4 * j] + x[k + 1] * wk[4 * j + 1] + x[k + 2] * wk[4 * j + 2] + x[k + 3] * wk[4 * j + 3];
+        }
+      }
+      float* out = a.out + t * a.ldo + o0;
+      for (std::size_t j = 0; j < valid; ++j) {
+        out[j] = i8_output(acc[j] - 128 * meta.sum[o0 + j], meta.scale[o0 + j], a.xs[t], a.bias, o0 + j);
+      }
+    }
+  }
+}
+
 // --- attention layout ----------------------------------------------------------------------------
 // A head's keys are stored transposed in blocks of `key_block` positions: block b holds keys
 // 16·b .. 16·b + 15 as (HS, 16), element [d][j] = channel d of key 16·b + j. A score is then a
@@ -695,8 +792,9 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256 avx2_even(__m256i v) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
 
-/// The two BF16 operands at p (an even column and the next) as one 32-bit lane.
-SPECSAMPLE_ALWAYS_INLINE int load_pair(const std::uint16_t* p) noexcept {
+/// The four bytes at p as one 32-bit lane: a row's two BF16 operands of a column pair, or its four
+/// INT8 operands of a quad.
+SPECSAMPLE_ALWAYS_INLINE int load_lane(const void* p) noexcept {
   std::uint32_t u = 0;
   std::memcpy(&u, p, sizeof u);
   return static_cast<int>(u);
@@ -715,7 +813,7 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_pair_steps(__m256 (&ac
     __m256 xo[R], xe[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m256i pr = _mm256_set1_epi32(load_pair(x + static_cast<std::size_t>(r) * ldx + 2 * k));
+      const __m256i pr = _mm256_set1_epi32(load_lane(x + static_cast<std::size_t>(r) * ldx + 2 * k));
       xo[r] = avx2_odd(pr);
       xe[r] = avx2_even(pr);
     }
@@ -732,28 +830,114 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_pair_steps(__m256 (&ac
   }
 }
 
-/// out[t][o0 + j] = acc_buf[(t − g0)·64 + j] (+ bias[o0 + j]) for rows [g0, g1), j < the panel's
-/// outputs.
-SPECSAMPLE_TARGET_AVX2 inline void avx2_store_rows(const matmul_args& a, const float* acc_buf, std::size_t o0,
-                                                  std::size_t g0, std::size_t g1) noexcept {
-  const std::size_t valid = std::min<std::size_t>(panel, a.OC - o0);
-  for (std::size_t t = g0; t < g1; ++t) {
-    const float* acc = acc_buf + (t - g0) * panel;
-    float* out = a.out + t * a.ldo + o0;
-    std::size_t j = 0;
-    for (; j + 8 <= valid; j += 8) {
-      const __m256 v = _mm256_load_ps(acc + j);
-      _mm256_storeu_ps(out + j, a.bias != nullptr ? _mm256_add_ps(v, _mm256_loadu_ps(a.bias + o0 + j)) : v);
+/// Quads [k0, k1) of an AVX2 INT8 tile (its weights at w, the k-th quad of a panel at w + 4·64·k):
+/// vpmaddwd on the even and the odd bytes of each lane (the
+/// operands zero-extended, the weights sign-extended to 16 bits: exact), the two sums added.
+template <int W, int R, class P>
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_i8_steps(__m256i (&acc)[R][W], const std::int8_t* w,
+                                                                const std::uint8_t* x, std::size_t ldx,
+                                                                std::size_t k0, std::size_t k1, P& pf) {
+  const __m256i even_bytes = _mm256_set1_epi32(0x00FF00FF);
+  for (std::size_t k = k0; k < k1; ++k) {
+    const std::int8_t* wk = w + k * 4 * panel;
+    pf.step(wk);
+    __m256i xe[R], xo[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256i q = _mm256_set1_epi32(load_lane(x + static_cast<std::size_t>(r) * ldx + 4 * k));
+      xe[r] = _mm256_and_si256(q, even_bytes);
+      xo[r] = _mm256_srli_epi16(q, 8);
     }
-    for (; j < valid; ++j) out[j] = a.bias != nullptr ? acc[j] + a.bias[o0 + j] : acc[j];
+#pragma GCC unroll 8
+    for (int j = 0; j < W; ++j) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk + 32 * j));
+      const __m256i we = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8), wo = _mm256_srai_epi16(v, 8);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        acc[r][j] = _mm256_add_epi32(acc[r][j], _mm256_add_epi32(_mm256_madd_epi16(we, xe[r]), _mm256_madd_epi16(wo, xo[r])));
+      }
+    }
+  }
+}
+
+/// An AVX2 tile's accumulator vector over weights of format F: 8 integer sums for INT8 quads,
+/// else 8 floats; `acc_t<F>` their elements, as kept between blocks.
+/// (A trait, not std::conditional_t: GCC warns that a vector type as a template argument loses
+/// its attributes.)
+template <weight_format F>
+struct avx2_acc_of {
+  using type = __m256;
+};
+template <>
+struct avx2_acc_of<weight_format::i8_quads> {
+  using type = __m256i;
+};
+template <weight_format F>
+using avx2_acc = typename avx2_acc_of<F>::type;
+template <weight_format F>
+using acc_t = std::conditional_t<F == weight_format::i8_quads, std::int32_t, float>;
+
+template <weight_format F>
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE avx2_acc<F> avx2_acc_zero() {
+  if constexpr (F == weight_format::i8_quads) {
+    return _mm256_setzero_si256();
+  } else {
+    return _mm256_setzero_ps();
+  }
+}
+template <weight_format F>
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE avx2_acc<F> avx2_acc_load(const acc_t<F>* p) {
+  if constexpr (F == weight_format::i8_quads) {
+    return _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
+  } else {
+    return _mm256_load_ps(p);
+  }
+}
+template <weight_format F>
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_acc_store(acc_t<F>* p, avx2_acc<F> v) {
+  if constexpr (F == weight_format::i8_quads) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(p), v);
+  } else {
+    _mm256_store_ps(p, v);
+  }
+}
+
+/// out[t][o0 + j] from the sums acc_buf[(t − g0)·64 + j] of rows [g0, g1), j < the panel's
+/// outputs: + bias[o0 + j]; for INT8 quads `matmul_generic_i8`'s epilogue (`i8_output`).
+template <weight_format F>
+SPECSAMPLE_TARGET_AVX2 void avx2_store_rows(const matmul_args& a, const acc_t<F>* acc_buf, std::size_t o0,
+                                            std::size_t g0, std::size_t g1) noexcept {
+  const std::size_t valid = std::min<std::size_t>(panel, a.OC - o0);
+  if constexpr (F == weight_format::i8_quads) {
+    const i8_meta meta = i8_meta_of(a.w, a.OC, a.K);
+    for (std::size_t t = g0; t < g1; ++t) {
+      const std::int32_t* acc = acc_buf + (t - g0) * panel;
+      float* out = a.out + t * a.ldo + o0;
+      for (std::size_t j = 0; j < valid; ++j) {
+        out[j] = i8_output(acc[j] - 128 * meta.sum[o0 + j], meta.scale[o0 + j], a.xs[t], a.bias, o0 + j);
+      }
+    }
+  } else {
+    for (std::size_t t = g0; t < g1; ++t) {
+      const float* acc = acc_buf + (t - g0) * panel;
+      float* out = a.out + t * a.ldo + o0;
+      std::size_t j = 0;
+      for (; j + 8 <= valid; j += 8) {
+        const __m256 v = _mm256_load_ps(acc + j);
+        _mm256_storeu_ps(out + j, a.bias != nullptr ? _mm256_add_ps(v, _mm256_loadu_ps(a.bias + o0 + j)) : v);
+      }
+      for (; j < valid; ++j) out[j] = a.bias != nullptr ? acc[j] + a.bias[o0 + j] : acc[j];
+    }
   }
 }
 
 /// Steps [k0, k1) of the tile of rows [t0, t0 + R) whose weights start at w, with prefetch `pf`.
 template <weight_format F, int W, int R, class P>
-SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_tile_steps(__m256 (&acc)[R][W], const void* w, const matmul_args& a,
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_tile_steps(avx2_acc<F> (&acc)[R][W], const void* w, const matmul_args& a,
                                                                  std::size_t t0, std::size_t k0, std::size_t k1, P& pf) {
-  if constexpr (F == weight_format::bf16_pairs) {
+  if constexpr (F == weight_format::i8_quads) {
+    avx2_i8_steps<W, R>(acc, static_cast<const std::int8_t*>(w), a.xq + t0 * a.ldxq, a.ldxq, k0, k1, pf);
+  } else if constexpr (F == weight_format::bf16_pairs) {
     avx2_pair_steps<W, R>(acc, static_cast<const std::uint16_t*>(w), a.xh + t0 * a.ldxh, a.ldxh, k0, k1, pf);
   } else {
     avx2_steps<F, W, R>(acc, w, a.x + t0 * a.ldx, a.ldx, k0, k1, pf);
@@ -770,18 +954,18 @@ template <weight_format F>
   constexpr std::size_t row_bytes = per * panel * sizeof(wt);
   const std::size_t steps = packed_cols(F, a.K) / per;
   const wt* w = static_cast<const wt*>(a.w) + p * steps * per * panel;
-  __m256 acc[1][8];
+  avx2_acc<F> acc[1][8];
 #pragma GCC unroll 8
-  for (int j = 0; j < 8; ++j) acc[0][j] = _mm256_setzero_ps();
+  for (int j = 0; j < 8; ++j) acc[0][j] = avx2_acc_zero<F>();
   const std::size_t k_pf = prefetched_steps(w, row_bytes, row_bytes, steps, win);
   ahead_prefetch<row_bytes> ahead{win.ahead};
   no_prefetch none;
   avx2_tile_steps<F, 8, 1>(acc, w, a, t, 0, k_pf, ahead);
   avx2_tile_steps<F, 8, 1>(acc, w, a, t, k_pf, steps, none);
-  alignas(32) float buf[panel];
+  alignas(32) acc_t<F> buf[panel];
 #pragma GCC unroll 8
-  for (int j = 0; j < 8; ++j) _mm256_store_ps(buf + 8 * j, acc[0][j]);
-  avx2_store_rows(a, buf, p * panel, t, t + 1);
+  for (int j = 0; j < 8; ++j) avx2_acc_store<F>(buf + 8 * j, acc[0][j]);
+  avx2_store_rows<F>(a, buf, p * panel, t, t + 1);
 }
 
 /// Steps [k0, k1) of rows [t0, t0 + R) × outputs [p·64 + o_off, + 8·W) of panel p, on the
@@ -792,18 +976,18 @@ template <weight_format F>
 template <weight_format F, int W, int R, int PF>
 [[gnu::noinline]] SPECSAMPLE_TARGET_AVX2 void avx2_tile(const matmul_args& a, std::size_t p, std::size_t o_off,
                                                       std::size_t t0, std::size_t k0, std::size_t k1,
-                                                      float* acc_buf, block_prefetch& pf) {
+                                                      acc_t<F>* acc_buf, block_prefetch& pf) {
   using wt = weight_t<F>;
   constexpr std::size_t per = step_cols<F>;
   const std::size_t steps = packed_cols(F, a.K) / per;
   const wt* w = static_cast<const wt*>(a.w) + p * steps * per * panel + o_off * per;
-  __m256 acc[R][W];
+  avx2_acc<F> acc[R][W];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 8
     for (int j = 0; j < W; ++j) {
-      acc[r][j] = k0 == 0 ? _mm256_setzero_ps()
-                          : _mm256_load_ps(acc_buf + static_cast<std::size_t>(r) * panel + o_off + 8 * static_cast<std::size_t>(j));
+      acc[r][j] = k0 == 0 ? avx2_acc_zero<F>()
+                          : avx2_acc_load<F>(acc_buf + static_cast<std::size_t>(r) * panel + o_off + 8 * static_cast<std::size_t>(j));
     }
   }
   const std::size_t k_pf = k0 + std::min(pf.left, k1 - k0);
@@ -819,16 +1003,16 @@ template <weight_format F, int W, int R, int PF>
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 8
     for (int j = 0; j < W; ++j) {
-      _mm256_store_ps(acc_buf + static_cast<std::size_t>(r) * panel + o_off + 8 * static_cast<std::size_t>(j), acc[r][j]);
+      avx2_acc_store<F>(acc_buf + static_cast<std::size_t>(r) * panel + o_off + 8 * static_cast<std::size_t>(j), acc[r][j]);
     }
   }
 }
 
 /// Rows a tile of `matmul_avx2`'s blocks takes at most: 6 (6 × 16 outputs: 12 accumulators, two
-/// weight vectors and a broadcast), 2 for `bf16_pairs` (whose weight vectors are two registers
-/// each, and whose rows are two: a pair of rows on half a panel).
+/// weight vectors and a broadcast), 2 for `bf16_pairs` and `i8_quads` (whose weight vectors and
+/// row operands are two registers each: a pair of rows on half a panel).
 template <weight_format F>
-inline constexpr std::size_t tile_rows = F == weight_format::bf16_pairs ? 2 : 6;
+inline constexpr std::size_t tile_rows = F == weight_format::bf16_pairs || F == weight_format::i8_quads ? 2 : 6;
 
 /// Vectors of 8 outputs a tile of r rows takes: 8 for one row, 4 for two, else 2 (8 to 12
 /// accumulators: enough independent chains of multiply-adds to keep both FMA pipes busy).
@@ -860,7 +1044,7 @@ SPECSAMPLE_ALWAYS_INLINE void for_each_part(std::size_t g0, std::size_t g1, Fn&&
 /// prefetched per step.
 template <weight_format F, int PF>
 SPECSAMPLE_TARGET_AVX2 void avx2_block(const matmul_args& a, std::size_t p, std::size_t valid, std::size_t g0,
-                                       std::size_t g1, std::size_t k0, std::size_t k1, float* acc_buf,
+                                       std::size_t g1, std::size_t k0, std::size_t k1, acc_t<F>* acc_buf,
                                        block_prefetch& pf) {
   const auto tiles = [&]<int R>(std::size_t t) {
     constexpr int W = tile_vectors(R);
@@ -890,7 +1074,8 @@ SPECSAMPLE_TARGET_AVX2 void avx2_block(const matmul_args& a, std::size_t p, std:
 /// target's weights from DRAM at 10–18 GB/s, `BM_append` of the target, four alternating runs of
 /// both builds: 2 tokens 2.8–3.5 → 1.9–2.2 ms, 5 tokens 3.5–4.8 → 2.9–3.3 ms, 9 tokens 5.8–7.2 →
 /// 4.9–6.2 ms, 1 token 1.6–2.3 ms in both.) A single row takes each panel whole (`avx2_row_tile`).
-/// Every output is still one accumulator summed over k in order, kept in `acc_buf` between blocks.
+/// Every output is still one accumulator summed over k in order, kept in `acc_buf` between blocks
+/// (for INT8 quads an exact integer sum: `acc_t`, `avx2_store_rows` then applies the scales).
 template <weight_format F>
 SPECSAMPLE_TARGET_AVX2 void matmul_avx2(const matmul_args& a, std::size_t p_begin,
                                       std::size_t p_end) {
@@ -906,7 +1091,7 @@ SPECSAMPLE_TARGET_AVX2 void matmul_avx2(const matmul_args& a, std::size_t p_begi
     for (std::size_t p = p_begin; p < p_end; ++p) avx2_row_tile<F>(a, p, 0, win);
     return;
   }
-  alignas(32) float acc_buf[block_rows * panel];
+  alignas(32) acc_t<F> acc_buf[block_rows * panel];
   const std::size_t block = block_prefetch::block_steps(row_bytes);
   for (std::size_t p = p_begin; p < p_end; ++p) {
     const std::size_t valid = std::min(panel, a.OC - p * panel);
@@ -928,7 +1113,7 @@ SPECSAMPLE_TARGET_AVX2 void matmul_avx2(const matmul_args& a, std::size_t p_begi
           default: avx2_block<F, 4>(a, p, valid, g0, g1, k0, k1, acc_buf, pf); break;
         }
       }
-      avx2_store_rows(a, acc_buf, p * panel, g0, g1);
+      avx2_store_rows<F>(a, acc_buf, p * panel, g0, g1);
     }
   }
 }
@@ -1005,7 +1190,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_pair_steps(__m512 
     __m512 xo[TT], xe[TT];
 #pragma GCC unroll 8
     for (int t = 0; t < TT; ++t) {
-      const __m512i pr = _mm512_set1_epi32(load_pair(x + static_cast<std::size_t>(t) * ldx + 2 * k));
+      const __m512i pr = _mm512_set1_epi32(load_lane(x + static_cast<std::size_t>(t) * ldx + 2 * k));
       xo[t] = _mm512_castsi512_ps(_mm512_and_si512(pr, high));
       xe[t] = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, pr, 16));
     }
@@ -1039,7 +1224,7 @@ SPECSAMPLE_TARGET_AVX512_BF16 SPECSAMPLE_ALWAYS_INLINE void avx512_dot_steps(__m
     for (int j = 0; j < 4; ++j) wv[j] = _mm512_loadu_si512(wk + 32 * j);
 #pragma GCC unroll 8
     for (int t = 0; t < TT; ++t) {
-      const __m512i xb = _mm512_set1_epi32(load_pair(x + static_cast<std::size_t>(t) * ldx + 2 * k));
+      const __m512i xb = _mm512_set1_epi32(load_lane(x + static_cast<std::size_t>(t) * ldx + 2 * k));
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) acc[t][j] = _mm512_dpbf16_ps(acc[t][j], (__m512bh)wv[j], (__m512bh)xb);
     }
@@ -1592,195 +1777,7 @@ inline void attend(isa level, const float* q, std::size_t ldq, std::size_t nq, c
   (void)ahead;  // the generic path does not prefetch
 }
 
-// --- INT8 dot products (`i8_quads`, `matmul_precision::int8`) -------------------------------------
-
-/// Rows and matrices whose largest magnitude is below this quantise to zeros (scale 0): it keeps
-/// 127 / max finite. Such a row's products are below 2^-96 of the weights' magnitude.
-inline constexpr float i8_smallest_max = 0x1p-96f;
-
-/// Largest input width of an INT8 matmul: its integer sums (at most 255 · 127 per product,
-/// `i8_operands` offsetting the row's integers by 128) stay below 2^31.
-inline constexpr std::size_t i8_max_cols = 65536;
-
-/// x rounded to the nearest integer, ties to even, whatever the rounding mode (x finite).
-[[nodiscard]] inline float round_half_even(float x) noexcept {
-  const float f = std::floor(x);
-  const float d = x - f;  // exact
-  if (d != 0.5f) return d > 0.5f ? f + 1.0f : f;
-  return std::fmod(f, 2.0f) == 0.0f ? f : f + 1.0f;
-}
-
-/// The INT8 quantisation of n floats: scale = max |x| / 127 and the reciprocal 127 / max |x|
-/// every value is multiplied by (0 and 0 for a zero row, or one whose largest magnitude is below
-/// `i8_smallest_max`; NaN and NaN when a value is NaN or infinite: the products are then NaN).
-struct i8_scaling {
-  float scale;
-  float inverse;
-};
-
-/// The scaling of `i8_scaling` for a row whose largest magnitude is m (NaN: not finite).
-[[nodiscard]] inline i8_scaling i8_scaling_of(float m) noexcept {
-  if (!(m <= std::numeric_limits<float>::max())) {
-    return {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::quiet_NaN()};
-  }
-  if (m < i8_smallest_max) return {0.0f, 0.0f};
-  return {m / 127.0f, 127.0f / m};
-}
-
-/// x · inverse clamped to [−127, 127] and rounded half to even (0 for a NaN inverse).
-[[nodiscard]] inline int i8_value(float x, float inverse) noexcept {
-  const float v = x * inverse;
-  if (!(v == v)) return 0;
-  return static_cast<int>(round_half_even(std::clamp(v, -127.0f, 127.0f)));
-}
-
-/// The scaling of x[0, n) (generic: `i8_operands` and the weights' quantisation).
-[[nodiscard]] inline i8_scaling i8_scaling_of(const float* x, std::size_t n) noexcept {
-  float m = 0.0f;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float a = std::fabs(x[i]);
-    if (!(a <= std::numeric_limits<float>::max())) return i8_scaling_of(a);
-    m = std::max(m, a);
-  }
-  return i8_scaling_of(m);
-}
-
-/// One operand row, generic: dst[k] = i8_value(x[k]) + 128 for k < K, 128 (zero) up to ld.
-inline float i8_operand_row_generic(const float* x, std::size_t K, std::uint8_t* dst, std::size_t ld) noexcept {
-  const i8_scaling s = i8_scaling_of(x, K);
-  for (std::size_t k = 0; k < K; ++k) dst[k] = static_cast<std::uint8_t>(i8_value(x[k], s.inverse) + 128);
-  std::fill(dst + K, dst + ld, std::uint8_t{128});
-  return s.scale;
-}
-
-/// Output o of row t of an INT8 matmul from its integer sum d (the offset removed): d converted to
-/// float times scale[o] · xs[t], plus the bias in one fused multiply-add (so that no compiler's
-/// contraction of a multiply and an add can make one level differ from another).
-inline float i8_output(std::int32_t d, float scale, float row_scale, const float* bias,
-                      std::size_t o) noexcept {
-  const float s = scale * row_scale;
-  return bias != nullptr ? std::fma(static_cast<float>(d), s, bias[o]) : static_cast<float>(d) * s;
-}
-
-/// Panels [p_begin, p_end), generic: per output the integer sum Σ_k xq[t][k]·w[o][k] (exact),
-/// less 128 · sum[o] (the operands' offset), then `i8_output`: the result of every level.
-inline void matmul_generic_i8(const matmul_args& a, std::size_t p_begin, std::size_t p_end) noexcept {
-  const std::size_t Kq = packed_cols(weight_format::i8_quads, a.K);
-  const i8_meta meta = i8_meta_of(a.w, a.OC, a.K);
-  std::int32_t acc[panel];
-  for (std::size_t p = p_begin; p < p_end; ++p) {
-    const std::size_t o0 = p * panel;
-    const std::size_t valid = std::min(panel, a.OC - o0);
-    const std::int8_t* wp = static_cast<const std::int8_t*>(a.w) + p * Kq * panel;
-    for (std::size_t t = 0; t < a.T; ++t) {
-      const std::uint8_t* x = a.xq + t * a.ldxq;
-      std::fill_n(acc, panel, 0);
-      for (std::size_t k = 0; k < Kq; k += 4) {
-        const std::int8_t* wk = wp + k * panel;
-        for (std::size_t j = 0; j < panel; ++j) {
-          acc[j] += x[k] * wk[4 * j] + x[k + 1] * wk[4 * j + 1] + x[k + 2] * wk[4 * j + 2] + x[k + 3] * wk[4 * j + 3];
-        }
-      }
-      float* out = a.out + t * a.ldo + o0;
-      for (std::size_t j = 0; j < valid; ++j) {
-        out[j] = i8_output(acc[j] - 128 * meta.sum[o0 + j], meta.scale[o0 + j], a.xs[t], a.bias, o0 + j);
-      }
-    }
-  }
-}
-
 #if SPECSAMPLE_X86
-/// The four operand bytes of row x at column 4k as one 32-bit lane.
-SPECSAMPLE_ALWAYS_INLINE int load_quad(const std::uint8_t* p) noexcept {
-  std::uint32_t u = 0;
-  std::memcpy(&u, p, sizeof u);
-  return static_cast<int>(u);
-}
-
-/// The epilogue of the AVX2 INT8 tiles, per row r < R and output j < valid: `matmul_generic_i8`'s,
-/// on the integer sums of outputs o0 .. o0 + valid.
-template <int R, int N>
-SPECSAMPLE_ALWAYS_INLINE void i8_store(const matmul_args& a, const i8_meta& meta, const std::int32_t (&acc)[R][N],
-                                       std::size_t o0, std::size_t valid, std::size_t t0) noexcept {
-  for (std::size_t r = 0; r < static_cast<std::size_t>(R); ++r) {
-    float* out = a.out + (t0 + r) * a.ldo + o0;
-    for (std::size_t j = 0; j < valid; ++j) {
-      out[j] = i8_output(acc[r][j] - 128 * meta.sum[o0 + j], meta.scale[o0 + j], a.xs[t0 + r], a.bias, o0 + j);
-    }
-  }
-}
-
-/// Quads [k0, k1) of an AVX2 INT8 tile: vpmaddwd on the even and the odd bytes of each lane (the
-/// operands zero-extended, the weights sign-extended to 16 bits: exact), the two sums added.
-template <int W, int R, bool Prefetch>
-SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_i8_steps(__m256i (&acc)[R][W], const std::int8_t* w,
-                                                                const std::uint8_t* x, std::size_t ldx,
-                                                                std::size_t k0, std::size_t k1, std::size_t ahead) {
-  const __m256i even_bytes = _mm256_set1_epi32(0x00FF00FF);
-  for (std::size_t k = k0; k < k1; ++k) {
-    const std::int8_t* wk = w + k * 4 * panel;
-    if constexpr (Prefetch) prefetch_ahead(wk, ahead, 32 * W);
-    __m256i xe[R], xo[R];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m256i q = _mm256_set1_epi32(load_quad(x + static_cast<std::size_t>(r) * ldx + 4 * k));
-      xe[r] = _mm256_and_si256(q, even_bytes);
-      xo[r] = _mm256_srli_epi16(q, 8);
-    }
-#pragma GCC unroll 8
-    for (int j = 0; j < W; ++j) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk + 32 * j));
-      const __m256i we = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8), wo = _mm256_srai_epi16(v, 8);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        acc[r][j] = _mm256_add_epi32(acc[r][j], _mm256_add_epi32(_mm256_madd_epi16(we, xe[r]), _mm256_madd_epi16(wo, xo[r])));
-      }
-    }
-  }
-}
-
-/// Rows [t0, t0 + R) × outputs [p·64 + o_off, + 8·W) of INT8 panel p.
-template <int W, int R>
-[[gnu::noinline]] SPECSAMPLE_TARGET_AVX2 void avx2_i8_tile(const matmul_args& a, const i8_meta& meta, std::size_t p,
-                                                         std::size_t o_off, std::size_t t0, prefetch_window win) {
-  const std::size_t steps = packed_cols(weight_format::i8_quads, a.K) / 4;
-  const std::int8_t* w = static_cast<const std::int8_t*>(a.w) + p * steps * 4 * panel + o_off * 4;
-  __m256i acc[R][W];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 8
-    for (int j = 0; j < W; ++j) acc[r][j] = _mm256_setzero_si256();
-  }
-  const std::size_t k_pf = prefetched_steps(w, 4 * panel, 32 * W, steps, win);
-  const std::uint8_t* x = a.xq + t0 * a.ldxq;
-  avx2_i8_steps<W, R, true>(acc, w, x, a.ldxq, 0, k_pf, win.ahead);
-  avx2_i8_steps<W, R, false>(acc, w, x, a.ldxq, k_pf, steps, 0);
-  alignas(32) std::int32_t sums[R][8 * W];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 8
-    for (int j = 0; j < W; ++j) _mm256_store_si256(reinterpret_cast<__m256i*>(sums[r] + 8 * j), acc[r][j]);
-  }
-  const std::size_t o0 = p * panel + o_off;
-  i8_store<R, 8 * W>(a, meta, sums, o0, std::min<std::size_t>(8 * W, a.OC - o0), t0);
-}
-
-/// INT8 panels on AVX2 (and on AVX-512 CPUs without AVX512_VNNI): pairs of rows on half a panel,
-/// an odd row on the whole panel, each tile over all of the panel's steps (not in `matmul_avx2`'s
-/// blocks).
-SPECSAMPLE_TARGET_AVX2 inline void matmul_avx2_i8(const matmul_args& a, std::size_t p_begin, std::size_t p_end) {
-  const prefetch_window win = window<weight_format::i8_quads>(a, p_end);
-  const i8_meta meta = i8_meta_of(a.w, a.OC, a.K);
-  for (std::size_t p = p_begin; p < p_end; ++p) {
-    const bool second_half = p * panel + 32 < a.OC;
-    for (std::size_t t = 0; t + 2 <= a.T; t += 2) {
-      avx2_i8_tile<4, 2>(a, meta, p, 0, t, win);
-      if (second_half) avx2_i8_tile<4, 2>(a, meta, p, 32, t, win);
-    }
-    if (a.T % 2 == 1) avx2_i8_tile<8, 1>(a, meta, p, 0, a.T - 1, win);
-  }
-}
-
 /// Quads [k0, k1) of an AVX-512 INT8 panel with vpdpbusd: per 32-bit lane, the four products of
 /// the row's unsigned operand bytes and the output's signed weight bytes, added exactly.
 template <int TT, bool Prefetch>
@@ -1796,7 +1793,7 @@ SPECSAMPLE_TARGET_AVX512_VNNI SPECSAMPLE_ALWAYS_INLINE void avx512_vnni_steps(__
     for (int j = 0; j < 4; ++j) wv[j] = _mm512_loadu_si512(wk + 64 * j);
 #pragma GCC unroll 8
     for (int t = 0; t < TT; ++t) {
-      const __m512i xb = _mm512_set1_epi32(load_quad(x + static_cast<std::size_t>(t) * ldx + 4 * k));
+      const __m512i xb = _mm512_set1_epi32(load_lane(x + static_cast<std::size_t>(t) * ldx + 4 * k));
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) acc[t][j] = _mm512_dpbusd_epi32(acc[t][j], xb, wv[j]);
     }
@@ -1965,7 +1962,7 @@ inline void matmul_panels(isa level, weight_format f, const matmul_args& a, std:
         return matmul_avx512<weight_format::bf16_pairs>(a, p_begin, p_end);
       case weight_format::i8_quads:
         if (has_avx512_vnni()) return matmul_avx512_vnni(a, p_begin, p_end);
-        return matmul_avx2_i8(a, p_begin, p_end);
+        return matmul_avx2<weight_format::i8_quads>(a, p_begin, p_end);
     }
   }
   if (level == isa::avx2) {
@@ -1974,7 +1971,7 @@ inline void matmul_panels(isa level, weight_format f, const matmul_args& a, std:
       case weight_format::f16: return matmul_avx2<weight_format::f16>(a, p_begin, p_end);
       case weight_format::bf16: return matmul_avx2<weight_format::bf16>(a, p_begin, p_end);
       case weight_format::bf16_pairs: return matmul_avx2<weight_format::bf16_pairs>(a, p_begin, p_end);
-      case weight_format::i8_quads: return matmul_avx2_i8(a, p_begin, p_end);
+      case weight_format::i8_quads: return matmul_avx2<weight_format::i8_quads>(a, p_begin, p_end);
     }
   }
 #else
