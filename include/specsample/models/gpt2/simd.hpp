@@ -676,15 +676,21 @@ struct block_prefetch {
     return std::max<std::size_t>(1, block_bytes / row_bytes);
   }
 
-  /// The prefetch of the block starting at `s`, `total` tile steps over weights of `row_bytes` a
-  /// step computed by `tiles` tiles each.
-  [[nodiscard]] static block_prefetch of(std::uintptr_t s, std::size_t total, std::size_t row_bytes,
-                                         std::size_t tiles, prefetch_window win) noexcept {
+  /// The share of each tile step for `tiles` tiles over weights of `row_bytes` a step (`inc`,
+  /// `lines`; the same for every block of a group of rows), prefetching nothing yet.
+  [[nodiscard]] static block_prefetch per_step(std::size_t row_bytes, std::size_t tiles) noexcept {
     block_prefetch pf;
-    const std::uintptr_t from = s + win.ahead;
-    if (from >= win.stop) return pf;
     pf.inc = (std::uint64_t{row_bytes} * 256 + tiles - 1) / tiles;
     pf.lines = pf.inc <= 64 * 256 ? 1 : pf.inc <= 128 * 256 ? 2 : 4;  // row_bytes is at most 256
+    return pf;
+  }
+
+  /// This share's prefetch for the block starting at `s`, of `total` tile steps: `lines` = 0 when
+  /// nothing before `stop` is left to prefetch.
+  [[nodiscard]] block_prefetch at(std::uintptr_t s, std::size_t total, prefetch_window win) const noexcept {
+    block_prefetch pf = *this;
+    const std::uintptr_t from = s + win.ahead;
+    if (from >= win.stop) return block_prefetch{};
     pf.pos = std::uint64_t{from} * 256;
     // Step i prefetches the lines from (pos + i·inc) / 256 on: all of them before `stop`.
     const std::uint64_t reach = static_cast<std::uint64_t>(pf.lines) * 64, end = win.stop;
@@ -1102,10 +1108,11 @@ SPECSAMPLE_TARGET_AVX2 void matmul_avx2(const matmul_args& a, std::size_t p_begi
         const std::size_t outs = 8 * static_cast<std::size_t>(tile_vectors(r));
         tiles += (valid + outs - 1) / outs;
       });
+      const block_prefetch share = block_prefetch::per_step(row_bytes, tiles);
       // (At least one block, empty when K = 0: the tiles then zero the accumulators.)
       for (std::size_t k0 = 0; k0 == 0 || k0 < steps; k0 += block) {
         const std::size_t k1 = std::min(steps, k0 + block);
-        block_prefetch pf = block_prefetch::of(base + (p * steps + k0) * row_bytes, tiles * (k1 - k0), row_bytes, tiles, win);
+        block_prefetch pf = share.at(base + (p * steps + k0) * row_bytes, tiles * (k1 - k0), win);
         switch (pf.lines) {
           case 0: avx2_block<F, 0>(a, p, valid, g0, g1, k0, k1, acc_buf, pf); break;
           case 1: avx2_block<F, 1>(a, p, valid, g0, g1, k0, k1, acc_buf, pf); break;
