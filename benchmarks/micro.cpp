@@ -116,6 +116,28 @@ void stream_read_args(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_stream_read)->Apply(stream_read_args)->UseRealTime()->MinTime(0.3);
 
+/// range: tokens (0, 1, 5, 9). The streaming read over the bundled target's matmul bytes (F16 as
+/// held) with a `tokens`-token call's F32 multiply-adds per weight on register chains beside it
+/// (probes.hpp, `stream_fma`): 0 is the stream alone. Beside BM_append_matmuls/n:tokens, how much
+/// of the overlap of stream and multiply-adds that this core gives the kernels take.
+void BM_stream_fma(benchmark::State& state) {
+  const int tokens = static_cast<int>(state.range(0));
+  const auto bytes = static_cast<std::size_t>(model_weight_bytes("shakespeare-target"));
+  const std::size_t n = bytes / sizeof(float) / 16 * 16;
+  const specsample_bench::float_buffer buf(n);
+  std::fill_n(buf.get(), n, 1.0f);
+  if (!specsample_bench::stream_fma(gpt2::simd::detected(), tokens, buf.get(), n)) {
+    state.SkipWithError("needs the AVX2 or AVX-512 kernels");
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(specsample_bench::stream_fma(gpt2::simd::detected(), tokens, buf.get(), n));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(n * sizeof(float)));
+  state.counters["GMAC/s"] = benchmark::Counter(static_cast<double>(n * sizeof(float) / 2 * static_cast<std::size_t>(tokens)) * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(gpt2::isa_name(gpt2::simd::detected()));
+}
+BENCHMARK(BM_stream_fma)->ArgName("tokens")->Arg(0)->Arg(1)->Arg(5)->Arg(9)->UseRealTime()->MinTime(0.3);
+
 // --- kernels -------------------------------------------------------------------------------------
 
 void BM_layer_norm(benchmark::State& state) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <numeric>
+#include <optional>
 
 namespace specsample_bench {
 
@@ -95,6 +96,84 @@ inline float stream_sum(specsample::isa level, const float* p, std::size_t n) {
 #endif
   (void)level;
   return stream_sum_generic(p, n);
+}
+
+// --- streaming read with multiply-adds ---------------------------------------------------------
+// The streaming read above (one 64-byte line at a time, prefetched 16 KiB ahead) with, per line,
+// the F32 multiply-adds of `Tokens` tokens over the line's 32 F16 weights (32 × Tokens) on the
+// FMA peak's register chains, which depend on no loaded data: how much of a Tokens-token call's
+// multiply-adds this core hides under the weight stream when nothing else gets in the way — a
+// bound for the matmul kernels, which also convert the weights, broadcast the inputs and store
+// the outputs. Tokens = 0 is the stream alone. The machine floors of specsample-bench take a call
+// as the longer of the stream and the multiply-adds at the peak; this probe measures whether the
+// two overlap that well (docs/benchmarks.md, "A third machine: Zen 3").
+
+#if SPECSAMPLE_X86
+template <int Tokens>
+SPECSAMPLE_TARGET_AVX512 __attribute__((noinline)) inline float stream_fma_avx512(const float* p, std::size_t n) {
+  constexpr int fmas = 2 * Tokens;  // 32 × Tokens multiply-adds per line, 16 per FMA
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(0.001f * static_cast<float>(i));
+  const __m512 x = _mm512_set1_ps(0.9999f), y = _mm512_set1_ps(1e-4f);
+  __m512i seen = _mm512_setzero_si512();
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    if (i + probe_ahead < n) _mm_prefetch(reinterpret_cast<const char*>(p + i + probe_ahead), _MM_HINT_T0);
+    seen = _mm512_xor_si512(seen, _mm512_loadu_si512(p + i));
+#pragma GCC unroll 64
+    for (int f = 0; f < fmas; ++f) acc[f % 16] = _mm512_fmadd_ps(acc[f % 16], x, y);
+  }
+  for (int j = 1; j < 16; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
+  alignas(64) float out[16];
+  _mm512_store_ps(out, _mm512_add_ps(acc[0], _mm512_castsi512_ps(seen)));
+  return std::accumulate(out, out + 16, 0.0f);
+}
+
+template <int Tokens>
+SPECSAMPLE_TARGET_AVX2 __attribute__((noinline)) inline float stream_fma_avx2(const float* p, std::size_t n) {
+  constexpr int fmas = 4 * Tokens;  // 32 × Tokens multiply-adds per line, 8 per FMA
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(0.001f * static_cast<float>(i));
+  const __m256 x = _mm256_set1_ps(0.9999f), y = _mm256_set1_ps(1e-4f);
+  __m256 seen = _mm256_setzero_ps();
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    if (i + probe_ahead < n) _mm_prefetch(reinterpret_cast<const char*>(p + i + probe_ahead), _MM_HINT_T0);
+    seen = _mm256_xor_ps(seen, _mm256_xor_ps(_mm256_loadu_ps(p + i), _mm256_loadu_ps(p + i + 8)));
+#pragma GCC unroll 64
+    for (int f = 0; f < fmas; ++f) acc[f % 12] = _mm256_fmadd_ps(acc[f % 12], x, y);
+  }
+  for (int j = 1; j < 12; ++j) acc[0] = _mm256_add_ps(acc[0], acc[j]);
+  alignas(32) float out[8];
+  _mm256_store_ps(out, _mm256_add_ps(acc[0], seen));
+  return std::accumulate(out, out + 8, 0.0f);
+}
+#endif
+
+#if SPECSAMPLE_X86
+template <int Tokens>
+inline std::optional<float> stream_fma_at(specsample::isa level, const float* p, std::size_t n) {
+  if (level == specsample::isa::avx512) return stream_fma_avx512<Tokens>(p, n);
+  if (level == specsample::isa::avx2) return stream_fma_avx2<Tokens>(p, n);
+  return std::nullopt;
+}
+#endif
+
+/// `stream_fma_*<tokens>` over p[0, n) at `level`, for tokens 0, 1, 5 or 9; nullopt for another
+/// count or at the generic level (whose kernels are not vectorised this way).
+inline std::optional<float> stream_fma(specsample::isa level, int tokens, const float* p, std::size_t n) {
+#if SPECSAMPLE_X86
+  switch (tokens) {
+    case 0: return stream_fma_at<0>(level, p, n);
+    case 1: return stream_fma_at<1>(level, p, n);
+    case 5: return stream_fma_at<5>(level, p, n);
+    case 9: return stream_fma_at<9>(level, p, n);
+    default: return std::nullopt;
+  }
+#else
+  (void)level, (void)tokens, (void)p, (void)n;
+  return std::nullopt;
+#endif
 }
 
 // --- FMA peak ---------------------------------------------------------------------------------
