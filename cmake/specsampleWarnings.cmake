@@ -40,11 +40,11 @@ function(specsample_add_test name)
   catch_discover_tests(${name} EXTRA_ARGS --warn NoTests PROPERTIES TIMEOUT 600)
 endfunction()
 
-# specsample_add_allocation_test(name SOURCE): a test counting every heap allocation
-# (tests/support/counting_allocator.hpp wraps malloc and replaces the global operator new, so it
-# lives in its own executable).
-function(specsample_add_allocation_test name source)
-  specsample_add_test(${name} NO_PCH ${source})
+# specsample_add_allocation_test(name [NO_PCH] SOURCES...): a test executable counting every heap
+# allocation (tests/support/counting_allocator.hpp, included by one of its TUs, wraps malloc and
+# replaces the global operator new for the whole executable).
+function(specsample_add_allocation_test name)
+  specsample_add_test(${name} ${ARGN})
   target_link_options(${name} PRIVATE -Wl,--wrap=malloc -Wl,--wrap=calloc -Wl,--wrap=realloc)
   target_compile_options(${name} PRIVATE -Wno-mismatched-new-delete)
 endfunction()

@@ -23,7 +23,7 @@
 using specsample::test::allocation_count;
 
 namespace {
-const std::filesystem::path models = std::filesystem::path(SPECSAMPLE_SOURCE_DIR) / "models";
+const std::filesystem::path bundled_models = std::filesystem::path(SPECSAMPLE_SOURCE_DIR) / "models";
 }
 
 TEST_CASE("the allocation counter sees std and Eigen allocations", "[gpt2][allocations]") {
@@ -41,7 +41,7 @@ TEST_CASE("append allocates nothing in steady state, with F32, BF16 or INT8 matm
   using specsample::token;
   namespace gpt2 = specsample::gpt2;
   for (const auto precision : {gpt2::matmul_precision::f32, gpt2::matmul_precision::bf16, gpt2::matmul_precision::int8}) {
-    gpt2::model m = gpt2::model::load(models / "shakespeare-draft",
+    gpt2::model m = gpt2::model::load(bundled_models / "shakespeare-draft",
                                       gpt2::options{.threads = 2, .batch_capacity = 8, .matmul_precision = precision});
     std::vector<token> tokens(20);
     for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<token>(i * 37 % 4096);
@@ -63,8 +63,8 @@ TEST_CASE("speculative sampling with the GPT-2 pair allocates nothing per round 
           "state",
           "[gpt2][allocations]") {
   for (const std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
-    auto target = specsample::gpt2::model::load(models / "shakespeare-target", {.threads = threads});
-    auto draft = specsample::gpt2::model::load(models / "shakespeare-draft", {.threads = threads});
+    auto target = specsample::gpt2::model::load(bundled_models / "shakespeare-target", {.threads = threads});
+    auto draft = specsample::gpt2::model::load(bundled_models / "shakespeare-draft", {.threads = threads});
     const std::vector<specsample::token> prompt = {10, 20, 30, 40};
     for (const float temperature : {0.0f, 0.8f}) {
       specsample::speculative_params params;
