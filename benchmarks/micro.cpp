@@ -118,8 +118,8 @@ BENCHMARK(BM_stream_read)->Apply(stream_read_args)->UseRealTime()->MinTime(0.3);
 
 /// range: tokens (0, 1, 5, 9). The streaming read over the bundled target's matmul bytes (F16 as
 /// held) with a `tokens`-token call's F32 multiply-adds per weight on register chains beside it
-/// (probes.hpp, `stream_fma`): 0 is the stream alone. Beside BM_append_matmuls/n:tokens, how much
-/// of the overlap of stream and multiply-adds that this core gives the kernels take.
+/// (probes.hpp, `stream_fma`): 0 is the stream alone. It bounds BM_append_matmuls/n:tokens: how
+/// much of the call's multiply-adds this core can hide under the weight stream.
 void BM_stream_fma(benchmark::State& state) {
   const int tokens = static_cast<int>(state.range(0));
   const auto bytes = static_cast<std::size_t>(model_weight_bytes("shakespeare-target"));
