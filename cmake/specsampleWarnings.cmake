@@ -8,12 +8,23 @@ if(SPECSAMPLE_SANITIZE)
   target_link_options(specsample_dev_flags INTERFACE -fsanitize=address,undefined)
 endif()
 
+# The library as our own targets link it, with those flags: header-only (as by default for a
+# consumer), or with the GPT-2 kernels compiled once (SPECSAMPLE_SEPARATE_KERNELS, which the
+# sanitized build of scripts/test.sh uses: one compile of the kernels instead of one per program).
+add_library(specsample_dev INTERFACE)
+if(SPECSAMPLE_SEPARATE_KERNELS)
+  target_link_libraries(specsample_kernels PRIVATE specsample_dev_flags)
+  target_link_libraries(specsample_dev INTERFACE specsample::kernels specsample_dev_flags)
+else()
+  target_link_libraries(specsample_dev INTERFACE specsample::specsample specsample_dev_flags)
+endif()
+
 # One precompiled header of the heavy dependencies, shared by every test executable (the suite
 # is built twice, plain and sanitized, on two cores: compile time is most of its cost).
 function(specsample_test_pch)
   file(WRITE "${CMAKE_CURRENT_BINARY_DIR}/pch_anchor.cpp" "// anchors the shared precompiled header\n")
   add_library(specsample_test_pch OBJECT "${CMAKE_CURRENT_BINARY_DIR}/pch_anchor.cpp")
-  target_link_libraries(specsample_test_pch PRIVATE specsample::specsample specsample_dev_flags Catch2::Catch2)
+  target_link_libraries(specsample_test_pch PRIVATE specsample_dev Catch2::Catch2)
   specsample_test_definitions(specsample_test_pch)
   target_precompile_headers(specsample_test_pch PRIVATE
     <catch2/catch.hpp> <Eigen/Core> <xtensor/xarray.hpp> <xtensor/xtensor.hpp> <fmt/format.h>
@@ -29,7 +40,7 @@ endfunction()
 function(specsample_add_test name)
   cmake_parse_arguments(arg "NO_PCH" "" "" ${ARGN})
   add_executable(${name} ${arg_UNPARSED_ARGUMENTS})
-  target_link_libraries(${name} PRIVATE specsample::specsample specsample_dev_flags Catch2::Catch2WithMain)
+  target_link_libraries(${name} PRIVATE specsample_dev Catch2::Catch2WithMain)
   specsample_test_definitions(${name})
   if(NOT arg_NO_PCH)
     target_precompile_headers(${name} REUSE_FROM specsample_test_pch)

@@ -55,6 +55,27 @@
 #include <specsample/detail/simd.hpp>
 #include <specsample/io/half.hpp>
 
+// Where the kernels are compiled. Two entry points lead into the SIMD kernel templates,
+// `matmul_panels` and `attend`. By default (header-only) they are inline, and every TU that
+// calls them compiles every kernel behind them: most of the compile time of a TU that runs the
+// GPT-2 model (clang++ 14 with ASan + UBSan: ~3 minutes of ~4). A program may compile them once
+// instead: SPECSAMPLE_SEPARATE_KERNELS, defined in every TU of the program, leaves them
+// declared only here, and one TU that also defines SPECSAMPLE_DEFINE_MATMUL_KERNELS and one
+// that defines SPECSAMPLE_DEFINE_ATTENTION_KERNELS (they may be the same TU) compile them —
+// src/matmul_kernels.cpp and src/attention_kernels.cpp, the CMake target specsample::kernels.
+// The kernels and their results are the same either way.
+#if !defined(SPECSAMPLE_SEPARATE_KERNELS)
+#define SPECSAMPLE_MATMUL_KERNELS inline
+#define SPECSAMPLE_ATTENTION_KERNELS inline
+#else
+#if defined(SPECSAMPLE_DEFINE_MATMUL_KERNELS)
+#define SPECSAMPLE_MATMUL_KERNELS
+#endif
+#if defined(SPECSAMPLE_DEFINE_ATTENTION_KERNELS)
+#define SPECSAMPLE_ATTENTION_KERNELS
+#endif
+#endif
+
 namespace specsample::gpt2 {
 
 /// The kernels' instruction-set level (shared with the sampling code): see
@@ -1759,10 +1780,12 @@ static_assert(query_tile == 6, "with_query_tile covers 1..6");
 /// `attend_generic`'s fixed order on this level — whether it runs alone or in a tile. The vector
 /// paths prefetch `ahead` (the next head's keys and values) as they go. Keys and values are held
 /// in F: F32, or F16 (`options::kv_storage`), converted exactly to F32 as they are loaded.
+#ifdef SPECSAMPLE_ATTENTION_KERNELS
 template <weight_format F = weight_format::f32>
-inline void attend(isa level, const float* q, std::size_t ldq, std::size_t nq, const weight_t<F>* kb,
-                   const weight_t<F>* v, std::size_t len0, std::size_t HS, float scale, float* att,
-                   std::size_t ldatt, float* out, std::size_t ldo, prefetch_stream ahead = {}) noexcept {
+SPECSAMPLE_ATTENTION_KERNELS void attend(isa level, const float* q, std::size_t ldq, std::size_t nq,
+                                         const weight_t<F>* kb, const weight_t<F>* v, std::size_t len0,
+                                         std::size_t HS, float scale, float* att, std::size_t ldatt, float* out,
+                                         std::size_t ldo, prefetch_stream ahead = {}) noexcept {
   static_assert(F == weight_format::f32 || F == weight_format::f16, "the KV cache is F32 or F16");
   assert(nq >= 1 && nq <= query_tile);
 #if SPECSAMPLE_X86
@@ -1783,6 +1806,21 @@ inline void attend(isa level, const float* q, std::size_t ldq, std::size_t nq, c
   (void)level;
   (void)ahead;  // the generic path does not prefetch
 }
+#ifdef SPECSAMPLE_DEFINE_ATTENTION_KERNELS
+#define SPECSAMPLE_ATTEND(F)                                                                                       \
+  template void attend<F>(isa, const float*, std::size_t, std::size_t, const weight_t<F>*, const weight_t<F>*, \
+                          std::size_t, std::size_t, float, float*, std::size_t, float*, std::size_t,          \
+                          prefetch_stream) noexcept;
+SPECSAMPLE_ATTEND(weight_format::f32)
+SPECSAMPLE_ATTEND(weight_format::f16)
+#undef SPECSAMPLE_ATTEND
+#endif
+#else
+template <weight_format F = weight_format::f32>
+void attend(isa level, const float* q, std::size_t ldq, std::size_t nq, const weight_t<F>* kb, const weight_t<F>* v,
+            std::size_t len0, std::size_t HS, float scale, float* att, std::size_t ldatt, float* out,
+            std::size_t ldo, prefetch_stream ahead = {}) noexcept;
+#endif
 
 #if SPECSAMPLE_X86
 /// Quads [k0, k1) of an AVX-512 INT8 panel with vpdpbusd: per 32-bit lane, the four products of
@@ -1956,8 +1994,9 @@ inline void i8_operands(isa level, const float* x, std::size_t ldx, std::size_t 
 
 /// Computes the outputs of panels [p_begin, p_end) of `a` for all T rows with the kernels of
 /// `level` (already resolved: `resolve(...)`).
-inline void matmul_panels(isa level, weight_format f, const matmul_args& a, std::size_t p_begin,
-                          std::size_t p_end) noexcept {
+#ifdef SPECSAMPLE_MATMUL_KERNELS
+SPECSAMPLE_MATMUL_KERNELS void matmul_panels(isa level, weight_format f, const matmul_args& a, std::size_t p_begin,
+                                             std::size_t p_end) noexcept {
 #if SPECSAMPLE_X86
   if (level == isa::avx512) {
     switch (f) {
@@ -1992,6 +2031,9 @@ inline void matmul_panels(isa level, weight_format f, const matmul_args& a, std:
     case weight_format::i8_quads: return matmul_generic_i8(a, p_begin, p_end);
   }
 }
+#else
+void matmul_panels(isa level, weight_format f, const matmul_args& a, std::size_t p_begin, std::size_t p_end) noexcept;
+#endif
 
 /// dst[t·ldd + k] = bf16_operand(x[t·ldx + k]) for t < T, k < K, and 0 for K <= k < ldd: the
 /// operands of a `bf16_pairs` matmul (`matmul_args::xh`).
