@@ -61,10 +61,15 @@
 // GPT-2 model (one that loads and runs it: 249 s with clang++ 14, ASan + UBSan and -O1, 31 s
 // without the kernels; 57 s and 31 s with g++ 12 -O3). A program may compile them once
 // instead: SPECSAMPLE_SEPARATE_KERNELS, defined in every TU of the program, leaves them
-// declared only here, and one TU that also defines SPECSAMPLE_DEFINE_MATMUL_KERNELS and one
-// that defines SPECSAMPLE_DEFINE_ATTENTION_KERNELS (they may be the same TU) compile them —
-// src/matmul_kernels.cpp and src/attention_kernels.cpp, the CMake target specsample::kernels.
-// The kernels and their results are the same either way.
+// declared only here, and one TU that defines SPECSAMPLE_DEFINE_MATMUL_KERNELS and one that
+// defines SPECSAMPLE_DEFINE_ATTENTION_KERNELS (they may be the same TU; either implies
+// SPECSAMPLE_SEPARATE_KERNELS) compile them — src/matmul_kernels.cpp and
+// src/attention_kernels.cpp, the CMake target specsample::kernels. The kernels and their results
+// are the same either way.
+#if (defined(SPECSAMPLE_DEFINE_MATMUL_KERNELS) || defined(SPECSAMPLE_DEFINE_ATTENTION_KERNELS)) && \
+    !defined(SPECSAMPLE_SEPARATE_KERNELS)
+#define SPECSAMPLE_SEPARATE_KERNELS 1
+#endif
 #if !defined(SPECSAMPLE_SEPARATE_KERNELS)
 #define SPECSAMPLE_MATMUL_KERNELS inline
 #define SPECSAMPLE_ATTENTION_KERNELS inline
