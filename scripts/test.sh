@@ -24,9 +24,9 @@ if [ -z "${SPECSAMPLE_SKIP_SANITIZE:-}" ]; then
   # in specsample-bench once passed the optimised build unnoticed. The micro-benchmarks, which no
   # test runs, are not built.
   # The GPT-2 kernels are compiled once (SPECSAMPLE_SEPARATE_KERNELS), not in each of the three
-  # programs that run the model: instrumented, they are most of such a program's compile (a TU
-  # that loads and runs the model: 249 s header-only, 31 s with separate kernels). The optimised
-  # build keeps the header-only default, so both ways are built and tested.
+  # programs that run the model: instrumented, they are most of such a program's compile
+  # (docs/getting-started.md, "Compile time"). The optimised build keeps the header-only default,
+  # so both ways are built and tested.
   run_suite sanitize-clang -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" \
     -DSPECSAMPLE_SANITIZE=ON -DSPECSAMPLE_BUILD_MICRO=OFF -DSPECSAMPLE_SEPARATE_KERNELS=ON
 fi

@@ -58,8 +58,7 @@
 // Where the kernels are compiled. Two entry points lead into the SIMD kernel templates,
 // `matmul_panels` and `attend`. By default (header-only) they are inline, and every TU that
 // calls them compiles every kernel behind them: most of the compile time of a TU that runs the
-// GPT-2 model (one that loads and runs it: 249 s with clang++ 14, ASan + UBSan and -O1, 31 s
-// without the kernels; 57 s and 31 s with g++ 12 -O3). A program may compile them once
+// GPT-2 model (docs/getting-started.md, "Compile time"). A program may compile them once
 // instead: SPECSAMPLE_SEPARATE_KERNELS, defined in every TU of the program, leaves them
 // declared only here, and one TU that defines SPECSAMPLE_DEFINE_MATMUL_KERNELS and one that
 // defines SPECSAMPLE_DEFINE_ATTENTION_KERNELS (they may be the same TU; either implies
