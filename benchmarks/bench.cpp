@@ -1904,6 +1904,7 @@ int run(int argc, char** argv) {
         c_loop, fmt_t(b->temperature), b->measured->k, costs.c(), c_floor,
         verdict_or_limit(c_loop <= 0.08, c_floor <= 0.08));
   }
+  constexpr double formula_share = 0.9;  // of the classic formula's prediction, the loop's goal
   for (const auto& [temp, goal] : {std::pair{0.0, 1.8}, std::pair{1.0, 1.9}}) {
     if (const best* b = best_at(temp)) {
       const double ratio = b->measured->speedup.median / b->measured->predicted;
@@ -1917,16 +1918,16 @@ int run(int argc, char** argv) {
           measured, b->measured->k, top, top_all, verdict_or_limit(measured >= goal, top_all >= goal));
       // The formula takes the (K + 1)-token verification call to cost one single token. A loop that
       // wastes nothing measures the same tokens per round over cK + v instead, so 90% of the
-      // formula needs (cK + 1) / (cK + v) ≥ 0.9: v ≤ (cK + 1) / 0.9 − cK (less the time outside
-      // the models, which the loop spends besides).
+      // formula needs (cK + 1) / (cK + v) ≥ formula_share: v ≤ (cK + 1) / formula_share − cK (less
+      // the time outside the models, which the loop spends besides).
       const double ck = b->measured->c_stats * static_cast<double>(b->measured->k);
       out("| … and ≥ 90% of the formula's prediction from the measured α{} and c | {:.0f}% of {:.2f}x (with the "
           "measured verification cost: {:.0f}% of {:.2f}x; 90% needs the {}-token verification call at ≤ {:.2f} "
           "single tokens: {:.2f} in the loop, {:.2f} at the machine floors) | {} |\n",
           block ? " (accepted / (accepted + corrections) of the block rounds)" : "", 100.0 * ratio, b->measured->predicted,
           100.0 * b->measured->speedup.median / b->measured->predicted_verify, b->measured->predicted_verify,
-          b->measured->k + 1, (ck + 1.0) / 0.9 - ck, b->measured->verify_ratio_stats, v_floor(b->measured->k + 1),
-          verdict(ratio >= 0.9));
+          b->measured->k + 1, (ck + 1.0) / formula_share - ck, b->measured->verify_ratio_stats,
+          v_floor(b->measured->k + 1), verdict(ratio >= formula_share));
     }
   }
   {
