@@ -380,6 +380,42 @@ inline SPECSAMPLE_TARGET_AVX512 std::ptrdiff_t argmax_avx512(const float* x, std
   return -1;  // unreachable
 }
 
+/// See `max_value`. Two vectors per step (the maximum is exact in any order), then the last
+/// n mod 16 elements, padded with -inf.
+inline SPECSAMPLE_TARGET_AVX2 float max_value_avx2(const float* x, std::size_t n) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  __m256 best[2] = {_mm256_set1_ps(ninf), _mm256_set1_ps(ninf)};
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    best[0] = _mm256_max_ps(best[0], _mm256_loadu_ps(x + i));
+    best[1] = _mm256_max_ps(best[1], _mm256_loadu_ps(x + i + 8));
+  }
+  if (i < n) {
+    alignas(32) float tail[16];
+    for (std::size_t j = 0; j < 16; ++j) tail[j] = i + j < n ? x[i + j] : ninf;
+    best[0] = _mm256_max_ps(best[0], _mm256_load_ps(tail));
+    best[1] = _mm256_max_ps(best[1], _mm256_load_ps(tail + 8));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_max_ps(best[0], best[1]));
+  float m = lanes[0];
+  for (const float v : lanes) m = v > m ? v : m;
+  return m;
+}
+
+/// See `scale`: the last n mod 8 elements through a buffer.
+inline SPECSAMPLE_TARGET_AVX2 void scale_avx2(float* x, std::size_t n, float s) {
+  const __m256 sv = _mm256_set1_ps(s);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), sv));
+  if (i < n) {
+    alignas(32) float tail[8] = {};
+    std::memcpy(tail, x + i, (n - i) * sizeof(float));
+    _mm256_store_ps(tail, _mm256_mul_ps(_mm256_load_ps(tail), sv));
+    std::memcpy(x + i, tail, (n - i) * sizeof(float));
+  }
+}
+
 /// See `argmax`.
 inline SPECSAMPLE_TARGET_AVX2 std::ptrdiff_t argmax_avx2(const float* x, std::size_t n) {
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -589,6 +625,7 @@ inline double exp_shifted(isa level, const float* x, float* y, std::size_t n, fl
 inline float max_value(isa level, const float* x, std::size_t n) noexcept {
 #if SPECSAMPLE_X86
   if (level == isa::avx512) return max_value_avx512(x, n);
+  if (level == isa::avx2) return max_value_avx2(x, n);
 #else
   (void)level;
 #endif
@@ -686,6 +723,7 @@ inline void zero_after(isa level, float* x, std::size_t n, float p, std::uint32_
 inline void scale(isa level, float* x, std::size_t n, float s) noexcept {
 #if SPECSAMPLE_X86
   if (level == isa::avx512) return scale_avx512(x, n, s);
+  if (level == isa::avx2) return scale_avx2(x, n, s);
 #else
   (void)level;
 #endif
