@@ -597,6 +597,84 @@ inline SPECSAMPLE_TARGET_AVX512 void zero_after_avx512(float* x, std::size_t n, 
   }
 }
 
+// The AVX2 twins of the three above. Their tails go through a buffer padded with NaN, which
+// compares false with every threshold and is never stored.
+
+/// See `find_greater`.
+inline SPECSAMPLE_TARGET_AVX2 std::size_t find_greater_avx2(const float* x, std::size_t n, float t) {
+  const __m256 tv = _mm256_set1_ps(t);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), tv, _CMP_GT_OQ));
+    if (hit != 0) return i + static_cast<std::size_t>(__builtin_ctz(static_cast<unsigned>(hit)));
+  }
+  if (i < n) {
+    alignas(32) float tail[8];
+    for (std::size_t j = 0; j < 8; ++j) tail[j] = i + j < n ? x[i + j] : std::numeric_limits<float>::quiet_NaN();
+    const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_load_ps(tail), tv, _CMP_GT_OQ));
+    if (hit != 0) return i + static_cast<std::size_t>(__builtin_ctz(static_cast<unsigned>(hit)));
+  }
+  return n;
+}
+
+/// See `tally_above`: per threshold a count and eight float partial masses.
+inline SPECSAMPLE_TARGET_AVX2 void tally_above_avx2(const float* x, std::size_t n, const float* t, std::size_t nt,
+                                                   std::size_t* count, double* mass) {
+  alignas(32) float tv[tally_width][8];
+  __m256 w[tally_width];
+  std::size_t c[tally_width] = {};
+  for (std::size_t j = 0; j < tally_width; ++j) {
+    const float tj = j < nt ? t[j] : std::numeric_limits<float>::infinity();
+    for (float& l : tv[j]) l = tj;
+    w[j] = _mm256_setzero_ps();
+  }
+  const auto step = [&](__m256 v) SPECSAMPLE_TARGET_AVX2 {
+#pragma GCC unroll 8
+    for (std::size_t j = 0; j < tally_width; ++j) {  // (unrolled: the 8 sums stay in registers)
+      const __m256 above = _mm256_cmp_ps(v, _mm256_load_ps(tv[j]), _CMP_GT_OQ);
+      c[j] += static_cast<std::size_t>(__builtin_popcount(static_cast<unsigned>(_mm256_movemask_ps(above))));
+      w[j] = _mm256_add_ps(w[j], _mm256_and_ps(above, v));
+    }
+  };
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) step(_mm256_loadu_ps(x + i));
+  if (i < n) {
+    alignas(32) float tail[8];
+    for (std::size_t j = 0; j < 8; ++j) tail[j] = i + j < n ? x[i + j] : std::numeric_limits<float>::quiet_NaN();
+    step(_mm256_load_ps(tail));
+  }
+  for (std::size_t j = 0; j < nt; ++j) {
+    alignas(32) float l[8];
+    _mm256_store_ps(l, w[j]);
+    count[j] = c[j];
+    mass[j] = 0.0;
+    for (const float v : l) mass[j] += static_cast<double>(v);
+  }
+}
+
+/// See `zero_after` (the index comparison unsigned: both sides offset by 2^31 for the signed one).
+inline SPECSAMPLE_TARGET_AVX2 void zero_after_avx2(float* x, std::size_t n, float p, std::uint32_t id) {
+  const __m256 pv = _mm256_set1_ps(p);
+  const __m256i bias = _mm256_set1_epi32(std::numeric_limits<std::int32_t>::min()), eight = _mm256_set1_epi32(8);
+  const __m256i idv = _mm256_xor_si256(_mm256_set1_epi32(static_cast<int>(id)), bias);
+  __m256i idx = _mm256_xor_si256(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), bias);  // i + lane, offset
+  const auto step = [&](__m256 v) SPECSAMPLE_TARGET_AVX2 {
+    const __m256 after_id = _mm256_castsi256_ps(_mm256_cmpgt_epi32(idx, idv));
+    const __m256 keep = _mm256_or_ps(_mm256_cmp_ps(v, pv, _CMP_GT_OQ),
+                                     _mm256_andnot_ps(after_id, _mm256_cmp_ps(v, pv, _CMP_EQ_OQ)));
+    idx = _mm256_add_epi32(idx, eight);
+    return _mm256_and_ps(keep, v);
+  };
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, step(_mm256_loadu_ps(x + i)));
+  if (i < n) {
+    alignas(32) float tail[8] = {};
+    std::memcpy(tail, x + i, (n - i) * sizeof(float));
+    _mm256_store_ps(tail, step(_mm256_load_ps(tail)));
+    std::memcpy(x + i, tail, (n - i) * sizeof(float));
+  }
+}
+
 #endif  // SPECSAMPLE_X86
 
 /// y[i] = exp((x[i] - m) · scale), 0 where (x[i] - m) · scale < exp_floor (so -inf gives exactly
@@ -673,6 +751,7 @@ inline excess_shortfall excess_and_shortfall(isa level, const float* p, const fl
 inline std::size_t find_greater(isa level, const float* x, std::size_t n, float t) noexcept {
 #if SPECSAMPLE_X86
   if (level == isa::avx512) return find_greater_avx512(x, n, t);
+  if (level == isa::avx2) return find_greater_avx2(x, n, t);
 #else
   (void)level;
 #endif
@@ -691,6 +770,7 @@ inline void tally_above(isa level, const float* x, std::size_t n, const float* t
   assert(nt <= tally_width);
 #if SPECSAMPLE_X86
   if (level == isa::avx512) return tally_above_avx512(x, n, t, nt, count, mass);
+  if (level == isa::avx2) return tally_above_avx2(x, n, t, nt, count, mass);
 #else
   (void)level;
 #endif
@@ -713,6 +793,7 @@ inline void tally_above(isa level, const float* x, std::size_t n, const float* t
 inline void zero_after(isa level, float* x, std::size_t n, float p, std::uint32_t id) noexcept {
 #if SPECSAMPLE_X86
   if (level == isa::avx512) return zero_after_avx512(x, n, p, id);
+  if (level == isa::avx2) return zero_after_avx2(x, n, p, id);
 #else
   (void)level;
 #endif
