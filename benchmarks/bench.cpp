@@ -1921,12 +1921,13 @@ int run(int argc, char** argv) {
       // formula needs (cK + 1) / (cK + v) ≥ formula_share: v ≤ (cK + 1) / formula_share − cK (less
       // the time outside the models, which the loop spends besides).
       const double ck = b->measured->c_stats * static_cast<double>(b->measured->k);
-      out("| … and ≥ 90% of the formula's prediction from the measured α{} and c | {:.0f}% of {:.2f}x (with the "
-          "measured verification cost: {:.0f}% of {:.2f}x; 90% needs the {}-token verification call at ≤ {:.2f} "
+      const double goal_pct = 100.0 * formula_share;
+      out("| … and ≥ {:.0f}% of the formula's prediction from the measured α{} and c | {:.0f}% of {:.2f}x (with the "
+          "measured verification cost: {:.0f}% of {:.2f}x; {:.0f}% needs the {}-token verification call at ≤ {:.2f} "
           "single tokens: {:.2f} in the loop, {:.2f} at the machine floors) | {} |\n",
-          block ? " (accepted / (accepted + corrections) of the block rounds)" : "", 100.0 * ratio, b->measured->predicted,
+          goal_pct, block ? " (accepted / (accepted + corrections) of the block rounds)" : "", 100.0 * ratio, b->measured->predicted,
           100.0 * b->measured->speedup.median / b->measured->predicted_verify, b->measured->predicted_verify,
-          b->measured->k + 1, (ck + 1.0) / formula_share - ck, b->measured->verify_ratio_stats,
+          goal_pct, b->measured->k + 1, (ck + 1.0) / formula_share - ck, b->measured->verify_ratio_stats,
           v_floor(b->measured->k + 1), verdict(ratio >= formula_share));
     }
   }

@@ -222,6 +222,23 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE __mmask16 avx512_first(std::si
   return n >= 16 ? static_cast<__mmask16>(0xffffu) : static_cast<__mmask16>((1u << n) - 1u);
 }
 
+// The tails of the AVX2 loops (fewer than 8 elements left) go through a buffer: no load or store
+// past the data.
+
+/// The n (< 8) floats at x in the low lanes, `pad` in the others.
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256 avx2_load_first(const float* x, std::size_t n, float pad) {
+  alignas(32) float buf[8];
+  for (std::size_t j = 0; j < 8; ++j) buf[j] = j < n ? x[j] : pad;
+  return _mm256_load_ps(buf);
+}
+
+/// Stores the low n (< 8) lanes of v at y.
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_store_first(float* y, __m256 v, std::size_t n) {
+  alignas(32) float buf[8];
+  _mm256_store_ps(buf, v);
+  std::memcpy(y, buf, n * sizeof(float));
+}
+
 // A Cephes-style exp (range reduction by ln 2, degree-5 polynomial, ~1 ulp), argument clamped to
 // [-87.34, 88.38] (results from the smallest normal float up). Elementwise: every element gets
 // the same instructions wherever it sits in a buffer.
@@ -313,10 +330,7 @@ inline SPECSAMPLE_TARGET_AVX2 double exp_shifted_avx2(const float* x, float* y, 
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, step(_mm256_loadu_ps(x + i)));
   if (i < n) {  // the tail, padded with -inf (which gives 0)
-    alignas(32) float buf[8];
-    for (std::size_t j = 0; j < 8; ++j) buf[j] = i + j < n ? x[i + j] : -std::numeric_limits<float>::infinity();
-    _mm256_store_ps(buf, step(_mm256_load_ps(buf)));
-    std::memcpy(y + i, buf, (n - i) * sizeof(float));
+    avx2_store_first(y + i, step(avx2_load_first(x + i, n - i, -std::numeric_limits<float>::infinity())), n - i);
   }
   if (_mm256_movemask_ps(nan) != 0) return std::numeric_limits<double>::quiet_NaN();
   alignas(32) double l[8];
@@ -380,8 +394,8 @@ inline SPECSAMPLE_TARGET_AVX512 std::ptrdiff_t argmax_avx512(const float* x, std
   return -1;  // unreachable
 }
 
-/// See `max_value`. Two vectors per step (the maximum is exact in any order), then the last
-/// n mod 16 elements, padded with -inf.
+/// See `max_value`. Two vectors per step (the maximum is exact in any order); the tail padded with
+/// -inf.
 inline SPECSAMPLE_TARGET_AVX2 float max_value_avx2(const float* x, std::size_t n) {
   const float ninf = -std::numeric_limits<float>::infinity();
   __m256 best[2] = {_mm256_set1_ps(ninf), _mm256_set1_ps(ninf)};
@@ -390,12 +404,11 @@ inline SPECSAMPLE_TARGET_AVX2 float max_value_avx2(const float* x, std::size_t n
     best[0] = _mm256_max_ps(best[0], _mm256_loadu_ps(x + i));
     best[1] = _mm256_max_ps(best[1], _mm256_loadu_ps(x + i + 8));
   }
-  if (i < n) {
-    alignas(32) float tail[16];
-    for (std::size_t j = 0; j < 16; ++j) tail[j] = i + j < n ? x[i + j] : ninf;
-    best[0] = _mm256_max_ps(best[0], _mm256_load_ps(tail));
-    best[1] = _mm256_max_ps(best[1], _mm256_load_ps(tail + 8));
+  if (i + 8 <= n) {
+    best[0] = _mm256_max_ps(best[0], _mm256_loadu_ps(x + i));
+    i += 8;
   }
+  if (i < n) best[1] = _mm256_max_ps(best[1], avx2_load_first(x + i, n - i, ninf));
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, _mm256_max_ps(best[0], best[1]));
   float m = lanes[0];
@@ -403,17 +416,12 @@ inline SPECSAMPLE_TARGET_AVX2 float max_value_avx2(const float* x, std::size_t n
   return m;
 }
 
-/// See `scale`: the last n mod 8 elements through a buffer.
+/// See `scale`.
 inline SPECSAMPLE_TARGET_AVX2 void scale_avx2(float* x, std::size_t n, float s) {
   const __m256 sv = _mm256_set1_ps(s);
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), sv));
-  if (i < n) {
-    alignas(32) float tail[8] = {};
-    std::memcpy(tail, x + i, (n - i) * sizeof(float));
-    _mm256_store_ps(tail, _mm256_mul_ps(_mm256_load_ps(tail), sv));
-    std::memcpy(x + i, tail, (n - i) * sizeof(float));
-  }
+  if (i < n) avx2_store_first(x + i, _mm256_mul_ps(avx2_load_first(x + i, n - i, 0.0f), sv), n - i);
 }
 
 /// See `argmax`.
@@ -597,22 +605,22 @@ inline SPECSAMPLE_TARGET_AVX512 void zero_after_avx512(float* x, std::size_t n, 
   }
 }
 
-// The AVX2 twins of the three above. Their tails go through a buffer padded with NaN, which
-// compares false with every threshold and is never stored.
+// The AVX2 twins of the three above. Their searches pad the tail with NaN, which compares false
+// with every threshold.
 
 /// See `find_greater`.
 inline SPECSAMPLE_TARGET_AVX2 std::size_t find_greater_avx2(const float* x, std::size_t n, float t) {
   const __m256 tv = _mm256_set1_ps(t);
+  const auto hits = [&](__m256 v) SPECSAMPLE_TARGET_AVX2 {
+    return static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(v, tv, _CMP_GT_OQ)));
+  };
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), tv, _CMP_GT_OQ));
-    if (hit != 0) return i + static_cast<std::size_t>(__builtin_ctz(static_cast<unsigned>(hit)));
+    if (const unsigned hit = hits(_mm256_loadu_ps(x + i)); hit != 0) return i + static_cast<std::size_t>(__builtin_ctz(hit));
   }
   if (i < n) {
-    alignas(32) float tail[8];
-    for (std::size_t j = 0; j < 8; ++j) tail[j] = i + j < n ? x[i + j] : std::numeric_limits<float>::quiet_NaN();
-    const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_load_ps(tail), tv, _CMP_GT_OQ));
-    if (hit != 0) return i + static_cast<std::size_t>(__builtin_ctz(static_cast<unsigned>(hit)));
+    const unsigned hit = hits(avx2_load_first(x + i, n - i, std::numeric_limits<float>::quiet_NaN()));
+    if (hit != 0) return i + static_cast<std::size_t>(__builtin_ctz(hit));
   }
   return n;
 }
@@ -638,11 +646,7 @@ inline SPECSAMPLE_TARGET_AVX2 void tally_above_avx2(const float* x, std::size_t 
   };
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) step(_mm256_loadu_ps(x + i));
-  if (i < n) {
-    alignas(32) float tail[8];
-    for (std::size_t j = 0; j < 8; ++j) tail[j] = i + j < n ? x[i + j] : std::numeric_limits<float>::quiet_NaN();
-    step(_mm256_load_ps(tail));
-  }
+  if (i < n) step(avx2_load_first(x + i, n - i, std::numeric_limits<float>::quiet_NaN()));
   for (std::size_t j = 0; j < nt; ++j) {
     alignas(32) float l[8];
     _mm256_store_ps(l, w[j]);
@@ -667,12 +671,7 @@ inline SPECSAMPLE_TARGET_AVX2 void zero_after_avx2(float* x, std::size_t n, floa
   };
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, step(_mm256_loadu_ps(x + i)));
-  if (i < n) {
-    alignas(32) float tail[8] = {};
-    std::memcpy(tail, x + i, (n - i) * sizeof(float));
-    _mm256_store_ps(tail, step(_mm256_load_ps(tail)));
-    std::memcpy(x + i, tail, (n - i) * sizeof(float));
-  }
+  if (i < n) avx2_store_first(x + i, step(avx2_load_first(x + i, n - i, 0.0f)), n - i);
 }
 
 #endif  // SPECSAMPLE_X86
