@@ -819,14 +819,58 @@ TEST_CASE("the attention's prefetch walk gives every line of the next keys, then
     CHECK(walk.advance() == 0);  // stays done
     walk.step();                 // and a step past the end prefetches nothing, touches nothing
     CHECK(walk.advance() == 0);
-    // A step takes lines_per_step lines of the same walk.
-    auto stepped = simd::prefetch_stream::of(keys + a.first, a.second * sizeof(float), values + b.first,
-                                           b.second * sizeof(float));
-    stepped.step();
-    const std::size_t taken = std::min<std::size_t>(simd::prefetch_stream::lines_per_step, expected.size());
-    CHECK(stepped.advance() == (taken < expected.size() ? expected[taken] : 0));
+    // A step takes per_step lines of the same walk: max_lines_per_step unless paced.
+    const auto fresh = simd::prefetch_stream::of(keys + a.first, a.second * sizeof(float), values + b.first,
+                                                 b.second * sizeof(float));
+    CHECK(fresh.lines() == expected.size());
+    for (const std::size_t steps : {0u, 1u, 2u, 3u, 7u, 40u, 1000u}) {
+      // Paced over `steps` steps: the fewest lines per step (1..4) that give every line in them.
+      auto stepped = fresh.paced(steps);
+      const std::size_t per_step = static_cast<std::size_t>(stepped.per_step);
+      CAPTURE(steps, per_step);
+      REQUIRE(per_step >= 1);
+      REQUIRE(per_step <= static_cast<std::size_t>(simd::prefetch_stream::max_lines_per_step));
+      if (steps == 0 || per_step * steps < expected.size()) {
+        CHECK(per_step == static_cast<std::size_t>(simd::prefetch_stream::max_lines_per_step));  // cannot reach them all
+      } else if (per_step > 1) {
+        CHECK((per_step - 1) * steps < expected.size());  // and no fewer would
+      }
+      stepped.step();
+      const std::size_t taken = std::min(per_step, expected.size());
+      CHECK(stepped.advance() == (taken < expected.size() ? expected[taken] : 0));
+    }
   }
   CHECK(simd::prefetch_stream{}.advance() == 0);  // the default walk (no next head) is empty
+  CHECK(simd::prefetch_stream{}.lines() == 0);
+}
+
+TEST_CASE("attend_steps counts the steps of the attention's prefetch walk on every level", "[gpt2][kernels]") {
+  // A walk of one line per step over more lines than any head here takes: after attend, the
+  // walk has given exactly attend_steps lines (the pace of the next head's prefetch rests on it).
+  namespace simd = specsample::gpt2::simd;
+  std::mt19937 rng(11);
+  const std::vector<float> lines(64 * 16 * 1024);
+  const std::uintptr_t first_line = reinterpret_cast<std::uintptr_t>(lines.data()) & ~std::uintptr_t{63};
+  for (const isa level : levels()) {
+    for (const std::size_t HS : {4u, 20u, 64u, 72u, 136u}) {
+      for (const std::size_t len0 : {1u, 15u, 16u, 63u, 141u}) {
+        for (std::size_t nq = 1; nq <= simd::query_tile; ++nq) {
+          const std::size_t keys = len0 + nq - 1;
+          const auto q = random_vector(nq * HS, rng), kb = random_vector(simd::key_cache_blocks(keys) * simd::key_block * HS, rng),
+                     v = random_vector(keys * HS, rng);
+          std::vector<float> att(nq * keys), out(nq * HS);
+          auto walk = simd::prefetch_stream::of(lines.data(), lines.size() * sizeof(float), nullptr, 0);
+          walk.per_step = 1;
+          walk = simd::attend<weight_format::f32>(level, q.data(), HS, nq, kb.data(), v.data(), len0, HS, 1.0f,
+                                                  att.data(), keys, out.data(), HS, walk);
+          const std::size_t steps = simd::attend_steps(level, nq, len0, HS);
+          INFO(gpt2::isa_name(level) << ", HS = " << HS << ", len0 = " << len0 << ", nq = " << nq);
+          REQUIRE(steps < lines.size() * sizeof(float) / 64);
+          CHECK(walk.advance() == first_line + 64 * steps);
+        }
+      }
+    }
+  }
 }
 
 // `attention` with a KV cache held in F (F32 or F16) against `attention_reference` reading the

@@ -428,12 +428,13 @@ void attention(std::span<float> out,                  // (T, C)
       const std::size_t h = task / tiles, tile = task % tiles;
       const std::size_t t = tile * T / tiles, nq = (tile + 1) * T / tiles - t;
       // The first tile of a head (the one that reads it from memory) prefetches the keys and
-      // values of the next head when this chunk of tasks runs it too.
+      // values of the next head when this chunk of tasks runs it too, paced over its steps.
       simd::prefetch_stream ahead;
       if (task % tiles == 0 && (h + 1) * tiles < end) {
         ahead = simd::prefetch_stream::of(k_cache.data() + (h + 1) * head,
                                           simd::key_elements(len, HS) * sizeof(weight_t<F>),
-                                          v_cache.data() + (h + 1) * head, len * HS * sizeof(weight_t<F>));
+                                          v_cache.data() + (h + 1) * head, len * HS * sizeof(weight_t<F>))
+                    .paced(simd::attend_steps(lv, nq, pos0 + t + 1, HS));
       }
       simd::attend<F>(lv, qkv.data() + t * 3 * C + h * HS, 3 * C, nq, k_cache.data() + h * head,
                    v_cache.data() + h * head, pos0 + t + 1, HS, scale, att, ldatt,

@@ -583,8 +583,7 @@ inline void attend_generic(const float* q, const weight_t<F>* kb, const weight_t
 /// evicted by the weight stream between calls (the target's 24 MB of weights pass through the
 /// caches every call), and its keys are read as several interleaved 4 KiB blocks, which the
 /// hardware prefetchers pick up late. `attend` walks the next head's key blocks, then its value
-/// rows, `lines_per_step` cache lines per step of its score and value loops, as far as the steps
-/// reach: at context 141 every key and value line on both vector paths. The lines go to L2
+/// rows, `per_step` cache lines per step of its score and value loops. The lines go to L2
 /// (prefetcht1), not L1: a head's keys and values (77 KB at context 141 with an F32 cache) do not
 /// fit in L1 beside the head being computed. Prefetches only: no result changes. Measured on the
 /// bundled target at context 141 (paired calls with and without; see the commit that introduced
@@ -594,11 +593,20 @@ inline void attend_generic(const float* q, const weight_t<F>* kb, const weight_t
 /// instead (Zen 4, paired medians of 400 calls, after four draft calls as in the loop): BF16
 /// matmuls 2.6–3.9% faster for 1 token and 3.5–3.8% for 5, F32 0–3.8% and 0.8–3.6%, the draft's
 /// call unchanged (0.98–1.01); 4 lines into L1 gained nothing over 2, nor 8 into L2 over 4.
+///
+/// `paced` spreads the walk over the steps the head takes (`attend_steps`): the fewest lines per
+/// step, at most 4, that reach every line. Where the cache streams from DRAM a burst of 4 lines
+/// per step queued the next head's lines ahead of the current one's demand misses: on the Zen 3
+/// (AVX2, 12 GB/s) six layers' attention at context 141 with the keys and values evicted took
+/// 490–606 µs for 5 queries at 4 lines per step and 363–444 µs at 1, the pace for 5 queries
+/// there (scratch program, three alternating runs); on the AVX-512 path at that context the pace
+/// is 4 lines, as before.
 struct prefetch_stream {
-  static constexpr int lines_per_step = 4;
+  static constexpr int max_lines_per_step = 4;
   static constexpr std::uintptr_t line = 64;  ///< bytes per cache line
   std::uintptr_t cur = 0, end = 0;            ///< the range being walked: lines [cur, end)
   std::uintptr_t next = 0, next_end = 0;      ///< the range after it
+  int per_step = max_lines_per_step;          ///< lines each `step` prefetches
 
   /// Every cache line holding one of the `a_bytes` bytes at `a`, then of the `b_bytes` at `b`
   /// (kept as integer addresses: no pointer past an array is ever formed).
@@ -606,6 +614,23 @@ struct prefetch_stream {
                                           std::size_t b_bytes) noexcept {
     const auto ia = reinterpret_cast<std::uintptr_t>(a), ib = reinterpret_cast<std::uintptr_t>(b);
     return {ia & ~(line - 1), ia + a_bytes, ib & ~(line - 1), ib + b_bytes};
+  }
+
+  /// Lines the walk has still to give.
+  [[nodiscard]] std::size_t lines() const noexcept {
+    const auto of = [](std::uintptr_t from, std::uintptr_t to) {
+      return to > from ? static_cast<std::size_t>((to - from + line - 1) / line) : std::size_t{0};
+    };
+    return of(cur, end) + of(next, next_end);
+  }
+
+  /// The same walk at the fewest lines per step (1..max_lines_per_step) that give every line
+  /// within `steps` steps (max_lines_per_step when they cannot).
+  [[nodiscard]] prefetch_stream paced(std::size_t steps) const noexcept {
+    prefetch_stream s = *this;
+    const std::size_t need = steps == 0 ? max_lines_per_step : (lines() + steps - 1) / steps;
+    s.per_step = static_cast<int>(std::clamp<std::size_t>(need, 1, max_lines_per_step));
+    return s;
   }
 
   /// The address of the next line of the walk, 0 once every line has been given.
@@ -621,9 +646,9 @@ struct prefetch_stream {
     return at;
   }
 
-  /// Prefetches the next `lines_per_step` lines, as many as are left.
+  /// Prefetches the next `per_step` lines, as many as are left.
   [[gnu::always_inline]] void step() noexcept {
-    for (int i = 0; i < lines_per_step; ++i) {
+    for (int i = 0; i < per_step; ++i) {
       const std::uintptr_t at = advance();
       if (at == 0) return;
       __builtin_prefetch(reinterpret_cast<const void*>(at), 0, 2);  // prefetcht1: into L2
@@ -1575,7 +1600,7 @@ template <int NQ, int N, weight_format F>
 /// as many channels, the last HS mod 8 channels one at a time. How many queries run together
 /// changes no query's result.
 template <int NQ, weight_format F>
-SPECSAMPLE_TARGET_AVX2 void attend_avx2(const float* q, std::size_t ldq, const weight_t<F>* kb, const weight_t<F>* v,
+SPECSAMPLE_TARGET_AVX2 prefetch_stream attend_avx2(const float* q, std::size_t ldq, const weight_t<F>* kb, const weight_t<F>* v,
                                       std::size_t len0, std::size_t HS, float scale, float* att,
                                       std::size_t ldatt, float* out, std::size_t ldo, prefetch_stream ahead) {
   constexpr int V = avx2_vectors<NQ>;
@@ -1618,6 +1643,7 @@ SPECSAMPLE_TARGET_AVX2 void attend_avx2(const float* q, std::size_t ldq, const w
       out[static_cast<std::size_t>(i) * ldo + c] = o;
     }
   }
+  return ahead;
 }
 
 /// Scores of NQ (1..6) queries against N (1..4) key blocks from key p0 (a multiple of 16), the
@@ -1730,7 +1756,7 @@ template <int NQ, int N, weight_format F>
 /// NQ consecutive queries of one head (query i sees len0 + i positions): scores of up to 64 keys
 /// per pass over the channels, per-query softmax, values in passes of up to 64 channels.
 template <int NQ, weight_format F>
-SPECSAMPLE_TARGET_AVX512 void attend_avx512(const float* q, std::size_t ldq, const weight_t<F>* kb, const weight_t<F>* v,
+SPECSAMPLE_TARGET_AVX512 prefetch_stream attend_avx512(const float* q, std::size_t ldq, const weight_t<F>* kb, const weight_t<F>* v,
                                           std::size_t len0, std::size_t HS, float scale, float* att,
                                           std::size_t ldatt, float* out, std::size_t ldo,
                                           prefetch_stream ahead) {
@@ -1754,6 +1780,7 @@ SPECSAMPLE_TARGET_AVX512 void attend_avx512(const float* q, std::size_t ldq, con
       default: ahead = avx512_values<NQ, 4, F>(att, ldatt, v, len0, HS, d, tail, out, ldo, ahead); break;
     }
   }
+  return ahead;
 }
 
 #endif  // SPECSAMPLE_X86
@@ -1779,15 +1806,38 @@ void with_query_tile(std::size_t nq, Fn&& f) {
 }
 static_assert(query_tile == 6, "with_query_tile covers 1..6");
 
+/// Steps of `attend` on `level` for nq queries, query i over len0 + i positions, head size HS:
+/// each step advances the prefetch walk by `prefetch_stream::per_step` lines. One step per
+/// channel of every score pass and per position of every value pass; the generic path takes
+/// none (it does not prefetch). A test checks it against the kernels' walk.
+[[nodiscard]] inline std::size_t attend_steps(isa level, std::size_t nq, std::size_t len0, std::size_t HS) noexcept {
+  const std::size_t keys = len0 + nq - 1;
+#if SPECSAMPLE_X86
+  if (level == isa::avx512) return (keys + 63) / 64 * HS + (HS + 63) / 64 * len0;
+  if (level == isa::avx2) {
+    // Passes of 8 · avx2_vectors<NQ> keys or channels; the values' last pass takes the rest in
+    // whole vectors (the last HS mod 8 channels run without steps).
+    const std::size_t w = 8 * static_cast<std::size_t>(nq == 1 ? avx2_vectors<1> : avx2_vectors<2>);
+    static_assert(avx2_vectors<2> == avx2_vectors<query_tile>, "tiles of 2..6 queries take the same passes");
+    return (keys + w - 1) / w * HS + (HS / w + (HS % w >= 8 ? 1 : 0)) * len0;
+  }
+#endif
+  (void)level;
+  (void)keys;
+  (void)HS;
+  return 0;
+}
+
 /// `nq` (1..query_tile) consecutive queries of one attention head with the kernels of `level`:
 /// query i (at q + i·ldq) attends to len0 + i positions; its scores go to att + i·ldatt (room for
 /// len0 + nq − 1 floats), its output to out + i·ldo. Every query's result is exactly that of
 /// `attend_generic`'s fixed order on this level — whether it runs alone or in a tile. The vector
-/// paths prefetch `ahead` (the next head's keys and values) as they go. Keys and values are held
-/// in F: F32, or F16 (`options::kv_storage`), converted exactly to F32 as they are loaded.
+/// paths prefetch `ahead` (the next head's keys and values) as they go, `attend_steps` steps of
+/// it, and return the rest of the walk. Keys and values are held in F: F32, or F16
+/// (`options::kv_storage`), converted exactly to F32 as they are loaded.
 #ifdef SPECSAMPLE_ATTENTION_KERNELS
 template <weight_format F = weight_format::f32>
-SPECSAMPLE_ATTENTION_KERNELS void attend(isa level, const float* q, std::size_t ldq, std::size_t nq,
+SPECSAMPLE_ATTENTION_KERNELS prefetch_stream attend(isa level, const float* q, std::size_t ldq, std::size_t nq,
                                          const weight_t<F>* kb, const weight_t<F>* v, std::size_t len0,
                                          std::size_t HS, float scale, float* att, std::size_t ldatt, float* out,
                                          std::size_t ldo, prefetch_stream ahead = {}) noexcept {
@@ -1795,25 +1845,27 @@ SPECSAMPLE_ATTENTION_KERNELS void attend(isa level, const float* q, std::size_t 
   assert(nq >= 1 && nq <= query_tile);
 #if SPECSAMPLE_X86
   if (level == isa::avx512) {
-    return with_query_tile(nq, [&]<int NQ>() {
-      attend_avx512<NQ, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+    with_query_tile(nq, [&]<int NQ>() {
+      ahead = attend_avx512<NQ, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
     });
+    return ahead;
   }
   if (level == isa::avx2) {
-    return with_query_tile(nq, [&]<int NQ>() {
-      attend_avx2<NQ, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+    with_query_tile(nq, [&]<int NQ>() {
+      ahead = attend_avx2<NQ, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
     });
+    return ahead;
   }
 #endif
   for (std::size_t i = 0; i < nq; ++i) {
     attend_generic<F>(q + i * ldq, kb, v, len0 + i, HS, scale, att + i * ldatt, out + i * ldo);
   }
   (void)level;
-  (void)ahead;  // the generic path does not prefetch
+  return ahead;  // the generic path does not prefetch
 }
 #ifdef SPECSAMPLE_DEFINE_ATTENTION_KERNELS
 #define SPECSAMPLE_ATTEND(F)                                                                                       \
-  template void attend<F>(isa, const float*, std::size_t, std::size_t, const weight_t<F>*, const weight_t<F>*, \
+  template prefetch_stream attend<F>(isa, const float*, std::size_t, std::size_t, const weight_t<F>*, const weight_t<F>*, \
                           std::size_t, std::size_t, float, float*, std::size_t, float*, std::size_t,          \
                           prefetch_stream) noexcept;
 SPECSAMPLE_ATTEND(weight_format::f32)
@@ -1822,7 +1874,7 @@ SPECSAMPLE_ATTEND(weight_format::f16)
 #endif
 #else
 template <weight_format F = weight_format::f32>
-void attend(isa level, const float* q, std::size_t ldq, std::size_t nq, const weight_t<F>* kb, const weight_t<F>* v,
+prefetch_stream attend(isa level, const float* q, std::size_t ldq, std::size_t nq, const weight_t<F>* kb, const weight_t<F>* v,
             std::size_t len0, std::size_t HS, float scale, float* att, std::size_t ldatt, float* out,
             std::size_t ldo, prefetch_stream ahead = {}) noexcept;
 #endif
