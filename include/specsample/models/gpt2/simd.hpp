@@ -1601,8 +1601,8 @@ template <int NQ, int N, weight_format F>
 /// changes no query's result.
 template <int NQ, weight_format F>
 SPECSAMPLE_TARGET_AVX2 prefetch_stream attend_avx2(const float* q, std::size_t ldq, const weight_t<F>* kb, const weight_t<F>* v,
-                                      std::size_t len0, std::size_t HS, float scale, float* att,
-                                      std::size_t ldatt, float* out, std::size_t ldo, prefetch_stream ahead) {
+                                                 std::size_t len0, std::size_t HS, float scale, float* att,
+                                                 std::size_t ldatt, float* out, std::size_t ldo, prefetch_stream ahead) {
   constexpr int V = avx2_vectors<NQ>;
   constexpr std::size_t step = 8 * V;
   const std::size_t len = len0 + NQ - 1;  // keys scored (the last query's); row i uses len0 + i
@@ -1757,9 +1757,9 @@ template <int NQ, int N, weight_format F>
 /// per pass over the channels, per-query softmax, values in passes of up to 64 channels.
 template <int NQ, weight_format F>
 SPECSAMPLE_TARGET_AVX512 prefetch_stream attend_avx512(const float* q, std::size_t ldq, const weight_t<F>* kb, const weight_t<F>* v,
-                                          std::size_t len0, std::size_t HS, float scale, float* att,
-                                          std::size_t ldatt, float* out, std::size_t ldo,
-                                          prefetch_stream ahead) {
+                                                     std::size_t len0, std::size_t HS, float scale, float* att,
+                                                     std::size_t ldatt, float* out, std::size_t ldo,
+                                                     prefetch_stream ahead) {
   const std::size_t len = len0 + NQ - 1;  // keys scored (the last query's); row i uses len0 + i
   for (std::size_t p0 = 0; p0 < len; p0 += 64) {
     const std::size_t n = std::min<std::size_t>(64, len - p0), vecs = (n + 15) / 16, tail = n - 16 * (vecs - 1);
@@ -1838,9 +1838,9 @@ static_assert(query_tile == 6, "with_query_tile covers 1..6");
 #ifdef SPECSAMPLE_ATTENTION_KERNELS
 template <weight_format F = weight_format::f32>
 SPECSAMPLE_ATTENTION_KERNELS prefetch_stream attend(isa level, const float* q, std::size_t ldq, std::size_t nq,
-                                         const weight_t<F>* kb, const weight_t<F>* v, std::size_t len0,
-                                         std::size_t HS, float scale, float* att, std::size_t ldatt, float* out,
-                                         std::size_t ldo, prefetch_stream ahead = {}) noexcept {
+                                                    const weight_t<F>* kb, const weight_t<F>* v, std::size_t len0,
+                                                    std::size_t HS, float scale, float* att, std::size_t ldatt, float* out,
+                                                    std::size_t ldo, prefetch_stream ahead = {}) noexcept {
   static_assert(F == weight_format::f32 || F == weight_format::f16, "the KV cache is F32 or F16");
   assert(nq >= 1 && nq <= query_tile);
 #if SPECSAMPLE_X86
@@ -1875,8 +1875,8 @@ SPECSAMPLE_ATTEND(weight_format::f16)
 #else
 template <weight_format F = weight_format::f32>
 prefetch_stream attend(isa level, const float* q, std::size_t ldq, std::size_t nq, const weight_t<F>* kb, const weight_t<F>* v,
-            std::size_t len0, std::size_t HS, float scale, float* att, std::size_t ldatt, float* out,
-            std::size_t ldo, prefetch_stream ahead = {}) noexcept;
+                       std::size_t len0, std::size_t HS, float scale, float* att, std::size_t ldatt, float* out,
+                       std::size_t ldo, prefetch_stream ahead = {}) noexcept;
 #endif
 
 #if SPECSAMPLE_X86
