@@ -137,6 +137,18 @@ namespace simd {
 /// Thresholds `tally_above` handles in one pass.
 inline constexpr std::size_t tally_width = 8;
 
+/// The end of a vector `tally_above`: per threshold j < nt its count c[j] and its mass, the L
+/// float partial masses lanes[j] summed in double in lane order.
+template <std::size_t L>
+inline void tally_result(const std::size_t* c, const float (*lanes)[L], std::size_t nt, std::size_t* count,
+                         double* mass) noexcept {
+  for (std::size_t j = 0; j < nt; ++j) {
+    count[j] = c[j];
+    mass[j] = 0.0;
+    for (const float v : lanes[j]) mass[j] += static_cast<double>(v);
+  }
+}
+
 /// Arguments below this give exp_shifted 0 (the vector exp's lower clamp: exp(-87.34) is the
 /// smallest normal float).
 inline constexpr float exp_floor = -87.3365447505531f;
@@ -582,13 +594,9 @@ inline SPECSAMPLE_TARGET_AVX512 void tally_above_avx512(const float* x, std::siz
       w[j] = _mm512_mask_add_ps(w[j], above, w[j], v);
     }
   }
-  for (std::size_t j = 0; j < nt; ++j) {
-    alignas(64) float l[16];
-    _mm512_store_ps(l, w[j]);
-    count[j] = c[j];
-    mass[j] = 0.0;
-    for (const float v : l) mass[j] += static_cast<double>(v);
-  }
+  alignas(64) float lanes[tally_width][16];
+  for (std::size_t j = 0; j < nt; ++j) _mm512_store_ps(lanes[j], w[j]);
+  tally_result(c, lanes, nt, count, mass);
 }
 
 /// See `zero_after`.
@@ -647,13 +655,9 @@ inline SPECSAMPLE_TARGET_AVX2 void tally_above_avx2(const float* x, std::size_t 
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) step(_mm256_loadu_ps(x + i));
   if (i < n) step(avx2_load_first(x + i, n - i, std::numeric_limits<float>::quiet_NaN()));
-  for (std::size_t j = 0; j < nt; ++j) {
-    alignas(32) float l[8];
-    _mm256_store_ps(l, w[j]);
-    count[j] = c[j];
-    mass[j] = 0.0;
-    for (const float v : l) mass[j] += static_cast<double>(v);
-  }
+  alignas(32) float lanes[tally_width][8];
+  for (std::size_t j = 0; j < nt; ++j) _mm256_store_ps(lanes[j], w[j]);
+  tally_result(c, lanes, nt, count, mass);
 }
 
 /// See `zero_after` (the index comparison unsigned: both sides offset by 2^31 for the signed one).

@@ -1510,10 +1510,9 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256i avx2_first(std::size_t n
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-/// Vectors of 8 keys (or channels) an AVX2 pass takes for a tile of NQ queries: the NQ × N
+/// Vectors of 8 keys (or channels) an AVX2 pass takes for a tile of nq queries: the nq × N
 /// accumulators, the N loaded vectors and a broadcast within the 16 ymm registers.
-template <int NQ>
-inline constexpr int avx2_vectors = NQ == 1 ? 4 : 2;
+[[nodiscard]] constexpr int avx2_vectors(std::size_t nq) noexcept { return nq == 1 ? 4 : 2; }
 
 /// Scores of NQ (1..6) queries against N vectors of 8 keys from key p0 (a multiple of 8), the
 /// last `tail` lanes wide: att_i[p] = scale · Σ_d q_i[d]·k_p[d], d in order (one lane per key).
@@ -1610,14 +1609,14 @@ template <int NQ, int N, weight_format F>
 }
 
 /// NQ (1..6) consecutive queries of one head (query i sees len0 + i positions): scores of up to
-/// 8 · avx2_vectors<NQ> keys per pass over the channels, per-query softmax, values in passes of
+/// 8 · avx2_vectors(NQ) keys per pass over the channels, per-query softmax, values in passes of
 /// as many channels, the last HS mod 8 channels one at a time. How many queries run together
 /// changes no query's result.
 template <int NQ, weight_format F>
 SPECSAMPLE_TARGET_AVX2 prefetch_stream attend_avx2(const float* q, std::size_t ldq, const weight_t<F>* kb, const weight_t<F>* v,
                                                  std::size_t len0, std::size_t HS, float scale, float* att,
                                                  std::size_t ldatt, float* out, std::size_t ldo, prefetch_stream ahead) {
-  constexpr int V = avx2_vectors<NQ>;
+  constexpr int V = avx2_vectors(NQ);
   constexpr std::size_t step = 8 * V;
   const std::size_t len = len0 + NQ - 1;  // keys scored (the last query's); row i uses len0 + i
   for (std::size_t p0 = 0; p0 < len; p0 += step) {
@@ -1829,10 +1828,9 @@ static_assert(query_tile == 6, "with_query_tile covers 1..6");
 #if SPECSAMPLE_X86
   if (level == isa::avx512) return (keys + 63) / 64 * HS + (HS + 63) / 64 * len0;
   if (level == isa::avx2) {
-    // Passes of 8 · avx2_vectors<NQ> keys or channels; the values' last pass takes the rest in
+    // Passes of 8 · avx2_vectors(nq) keys or channels; the values' last pass takes the rest in
     // whole vectors (the last HS mod 8 channels run without steps).
-    const std::size_t w = 8 * static_cast<std::size_t>(nq == 1 ? avx2_vectors<1> : avx2_vectors<2>);
-    static_assert(avx2_vectors<2> == avx2_vectors<query_tile>, "tiles of 2..6 queries take the same passes");
+    const std::size_t w = 8 * static_cast<std::size_t>(avx2_vectors(nq));
     return (keys + w - 1) / w * HS + (HS / w + (HS % w >= 8 ? 1 : 0)) * len0;
   }
 #endif
