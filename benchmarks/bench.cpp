@@ -624,17 +624,18 @@ struct overhead_result {
   summary seconds_per_round;  // outside the models, per round, over the generations
 };
 
-overhead_result measure_loop_overhead(std::size_t V, std::size_t k, double temperature, std::size_t generations,
-                                      std::uint64_t seed, specsample::verification rule) {
-  auto target = synthetic_model(V, 0.0f, seed);
-  auto draft = synthetic_model(V, 0.7f, seed + 1);
+/// The loop's own cost per round at V = `target.vocab_size()`, over `generations` of 128 tokens
+/// (after one warm-up) at draft length k.
+template <class Model>
+overhead_result measure_loop_overhead(Model& draft, Model& target, std::size_t k, double temperature,
+                                      std::size_t generations, std::uint64_t seed, specsample::verification rule) {
   specsample::speculative_params params;
   params.max_new_tokens = 128;
   params.draft_length = k;
   params.sampling.temperature = static_cast<float>(temperature);
   params.verify = rule;
   const std::vector<token> prompt{1, 2, 3};
-  overhead_result r{V, k, 0, temperature, {}};
+  overhead_result r{target.vocab_size(), k, 0, temperature, {}};
   std::vector<double> per_round;
   for (std::size_t g = 0; g < generations + 1; ++g) {  // the first is warm-up
     std::mt19937_64 rng(seed + g);
@@ -1668,8 +1669,10 @@ int run(int argc, char** argv) {
   std::vector<overhead_result> loop_costs;
   const std::size_t loop_generations = c.quick ? 2 : 10;
   for (const std::size_t V : {std::size_t{4096}, std::size_t{50257}}) {
+    auto target = synthetic_model(V, 0.0f, c.seed);
+    auto draft = synthetic_model(V, 0.7f, c.seed + 1);
     for (const double temp : {0.0, 1.0}) {
-      loop_costs.push_back(measure_loop_overhead(V, 4, temp, loop_generations, c.seed, c.verify));
+      loop_costs.push_back(measure_loop_overhead(draft, target, 4, temp, loop_generations, c.seed, c.verify));
     }
   }
 

@@ -20,9 +20,9 @@ run_suite release -DCMAKE_BUILD_TYPE=Release
 if [ -z "${SPECSAMPLE_SKIP_SANITIZE:-}" ]; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   # -O1 -g1: fast enough to run the statistical tests, line tables for the reports. The benchmark
-  # harnesses' smoke tests run here too (on one prompt, ~2.5 minutes of CPU): a dangling reference
-  # in specsample-bench once passed the optimised build unnoticed. The micro-benchmarks, which no
-  # test runs, are not built.
+  # harnesses' smoke tests run here too, smaller than --quick (~2 minutes of CPU; see
+  # benchmarks/CMakeLists.txt): a dangling reference in specsample-bench once passed the optimised
+  # build unnoticed. The micro-benchmarks, which no test runs, are not built.
   # The GPT-2 kernels are compiled once (SPECSAMPLE_SEPARATE_KERNELS), not in each of the three
   # programs that run the model: instrumented, they are most of such a program's compile
   # (docs/getting-started.md, "Compile time"). The optimised build keeps the header-only default,
