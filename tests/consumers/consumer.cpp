@@ -1,5 +1,5 @@
 // A downstream program: includes the umbrella header and runs one generation with toy models.
-// Built with CONSUMER_RUNS_GPT2 and given a GPT-2 checkpoint directory, it also runs one greedy
+// Built with CONSUMER_RUNS_GPT2 it also takes a GPT-2 checkpoint directory and runs one greedy
 // generation on that model drafting for itself, which calls into the GPT-2 kernels.
 #include <specsample/specsample.hpp>
 
@@ -17,7 +17,10 @@ int main(int argc, char** argv) {
   std::printf("consumer generated %zu tokens\n", r.tokens.size());
   if (r.tokens.size() != 16) return 1;
 #ifdef CONSUMER_RUNS_GPT2
-  if (argc < 2) return 0;
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: consumer GPT2_CHECKPOINT_DIR\n");
+    return 1;
+  }
   try {
     auto gpt2_target = specsample::gpt2::model::load(argv[1]);
     auto gpt2_draft = specsample::gpt2::model::load(argv[1]);
