@@ -42,6 +42,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -539,6 +540,55 @@ cost_result measure_costs(specsample::gpt2::model& draft, specsample::gpt2::mode
   for (std::size_t j = 0; j <= k_max; ++j) {
     for (std::size_t s = 0; s < d.size(); ++s) ratio[s] = t[j][s] / t[0][s];
     r.verify_paired.push_back(summarize(ratio).median);
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Where the target's verification call goes: a single-token call and an n-token one, each
+// operation timed (`gpt2::op_times`), interleaved as in measure_costs (each timed single-token call
+// after an untimed one, the n-token call right after it).
+
+struct op_split {
+  std::size_t tokens = 0, samples = 0;
+  summary whole_1, whole_n;  // seconds per call
+  std::array<summary, specsample::gpt2::op_times::count> one, many;  // seconds per operation and call
+};
+
+op_split measure_op_split(specsample::gpt2::model& target, const std::vector<token>& stream, std::size_t context,
+                          std::size_t tokens, std::size_t samples) {
+  using specsample::gpt2::op_times;
+  op_split r;
+  r.tokens = tokens;
+  r.samples = samples;
+  const std::span<const token> next(stream.data() + context, tokens);
+  target.truncate(0);
+  (void)target.append(std::span<const token>(stream.data(), context));
+  op_times times;
+  target.time_ops(&times);
+  std::vector<double> w1, wn;
+  std::array<std::vector<double>, op_times::count> o1, on;
+  for (std::size_t s = 0; s < samples + 2; ++s) {  // the first two are warm-up
+    (void)time_append(target, next.first(1), context);
+    times.clear();
+    const double a = time_append(target, next.first(1), context);
+    const op_times one = times;
+    times.clear();
+    const double b = time_append(target, next, context);
+    if (s < 2) continue;
+    w1.push_back(a);
+    wn.push_back(b);
+    for (std::size_t i = 0; i < op_times::count; ++i) {
+      o1[i].push_back(one.seconds[i]);
+      on[i].push_back(times.seconds[i]);
+    }
+  }
+  target.time_ops(nullptr);
+  r.whole_1 = summarize(w1);
+  r.whole_n = summarize(wn);
+  for (std::size_t i = 0; i < op_times::count; ++i) {
+    r.one[i] = summarize(o1[i]);
+    r.many[i] = summarize(on[i]);
   }
   return r;
 }
@@ -1664,6 +1714,8 @@ int run(int argc, char** argv) {
     scaling5 = measure_thread_scaling(target, target2, stream, context, scale_tokens, c.cost_samples);
     scaling1 = measure_thread_scaling(target, target2, stream, context, 1, c.cost_samples);
   }
+  fmt::print(stderr, "specsample-bench: the target's calls of 1 and {} tokens, per operation\n", scale_tokens);
+  const op_split split = measure_op_split(target, stream, context, scale_tokens, c.cost_samples);
   // The loop's own cost per round at the bundled vocabulary and at GPT-2's.
   fmt::print(stderr, "specsample-bench: loop cost per round (synthetic models, V = 4096 and 50257)\n");
   std::vector<overhead_result> loop_costs;
@@ -1837,6 +1889,32 @@ int run(int argc, char** argv) {
     out("| {} | {:.2f}x (K = {}) | {:.2f}x (K = {}) | {:.2f}x (K = {}) |\n", fmt_t(b.temperature),
         b.measured->speedup.median, b.measured->k, at_floors, k_floors, at_all, k_all);
   }
+  {
+    using specsample::gpt2::op_times;
+    out("\n#### Where the target's call goes: {} tokens against 1 (context {}, medians of {} interleaved samples)\n\n"
+        "Each operation of the forward pass timed on its own (`gpt2::model::time_ops`), in a single-token call and "
+        "in a {}-token one, the {}-token call right after the single-token one; the last column is each operation's "
+        "share of what the {} tokens cost more. Rows are medians over the samples, so they need not add up to the "
+        "sums below them; the whole call also holds what lies between the operations (argument checks, the clock "
+        "reads).\n\n"
+        "| operation | 1 token, µs | {} tokens, µs | difference, µs | share of the difference |\n|---|---|---|---|---|\n",
+        split.tokens, context, split.samples, split.tokens, split.tokens, split.tokens, split.tokens);
+    double sum1 = 0.0, sumn = 0.0;
+    for (std::size_t i = 0; i < op_times::count; ++i) {
+      sum1 += split.one[i].median;
+      sumn += split.many[i].median;
+    }
+    for (std::size_t i = 0; i < op_times::count; ++i) {
+      const double a = split.one[i].median, b = split.many[i].median;
+      out("| {} | {:.1f} | {:.1f} | {:+.1f} | {:.0f}% |\n", op_times::names[i], a * 1e6, b * 1e6, (b - a) * 1e6,
+          100.0 * (b - a) / (sumn - sum1));
+    }
+    out("| the operations (sum of the rows) | {:.1f} | {:.1f} | {:+.1f} | 100% |\n", sum1 * 1e6, sumn * 1e6,
+        (sumn - sum1) * 1e6);
+    out("| the whole call | {:.1f} | {:.1f} | {:+.1f} | ratio {:.2f} |\n", split.whole_1.median * 1e6,
+        split.whole_n.median * 1e6, (split.whole_n.median - split.whole_1.median) * 1e6,
+        split.whole_n.median / split.whole_1.median);
+  }
   if (scaling5) {
     out("\n#### Threads: the target with 1 and with {} kernel threads (context {}, median of {} interleaved "
         "samples)\n\nMeanwhile: steal, the share of each virtual CPU's time that the hypervisor gave to something "
@@ -1981,6 +2059,18 @@ int run(int argc, char** argv) {
     };
     j["cost"] = {{"before_sweep", cost_json(costs_before)}, {"after_sweep", cost_json(costs_after)},
                  {"used_for_targets", costs_name}};
+    {
+      using specsample::gpt2::op_times;
+      json ops = json::array();
+      for (std::size_t i = 0; i < op_times::count; ++i) {
+        ops.push_back({{"operation", op_times::names[i]}, {"one_token_seconds", to_json(split.one[i])},
+                       {"n_tokens_seconds", to_json(split.many[i])}});
+      }
+      j["op_split"] = {{"tokens", split.tokens}, {"samples", split.samples}, {"context", context},
+                       {"whole_one_token_seconds", to_json(split.whole_1)},
+                       {"whole_n_tokens_seconds", to_json(split.whole_n)}, {"operations", ops}};
+    }
+
     {
       json fj = json::array();
       for (std::size_t jj = 1; jj <= c.k_max + 1; ++jj) {

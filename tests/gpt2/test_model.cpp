@@ -9,6 +9,7 @@
 #include "../support/sanitizer.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -772,6 +773,41 @@ TEST_CASE("the model reports its shape and handles empty appends, truncation and
   m.reserve(std::size_t{1} << 57);
   m.truncate(0);
   REQUIRE(m.append(many) == a);
+}
+
+TEST_CASE("time_ops adds each operation's time to the attached op_times and changes no logit", "[gpt2][model]") {
+  gpt2::model m = gpt2::model::load(models_dir / "shakespeare-draft", gpt2::options{.threads = 1});
+  std::vector<token> tokens(12);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<token>(i * 37 % 4096);
+  const std::span<const token> all(tokens);
+  const Eigen::MatrixXf plain = m.append(all);
+  m.truncate(0);
+
+  gpt2::op_times times;
+  m.time_ops(&times);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Eigen::MatrixXf timed = m.append(all);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(bitwise_equal(timed, plain));
+  for (std::size_t i = 0; i < gpt2::op_times::count; ++i) {
+    INFO(gpt2::op_times::names[i]);
+    REQUIRE(times.seconds[i] > 0.0);
+  }
+  REQUIRE(times.total() <= wall);
+
+  // A prefill without logits skips the lm_head; a detached model adds nothing.
+  const double head = times.seconds[gpt2::op_times::lm_head], attention = times.seconds[gpt2::op_times::attention];
+  m.truncate(0);
+  (void)m.append(all, 0);
+  REQUIRE(times.seconds[gpt2::op_times::lm_head] == head);
+  REQUIRE(times.seconds[gpt2::op_times::attention] > attention);
+  const gpt2::op_times before = times;
+  m.time_ops(nullptr);
+  m.truncate(0);
+  (void)m.append(all);
+  REQUIRE(times.seconds == before.seconds);
+  times.clear();
+  REQUIRE(times.total() == 0.0);
 }
 
 TEST_CASE("a model built from parameters in memory checks every parameter's size", "[gpt2][model]") {

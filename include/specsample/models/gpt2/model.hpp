@@ -16,7 +16,9 @@
 #include <xtensor/xtensor.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cassert>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -24,10 +26,44 @@
 #include <new>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 namespace specsample::gpt2 {
+
+/// Wall time a model's forward passes spent in each operation, summed over the appends made while
+/// it is attached (`model::time_ops`): where a call's time goes. specsample-bench's table "Where
+/// the target's verification call goes" compares a single token's call with a (K + 1)-token one
+/// this way. Attached, an append reads the clock twice per operation (~80 reads for the bundled
+/// target, 6 layers); a model with none attached reads no clock.
+struct op_times {
+  enum op : std::uint8_t {
+    embed,       ///< token and position embeddings
+    layer_norm,  ///< every layer norm (two per layer and the final one)
+    qkv,         ///< the attention's input matmul
+    store_kv,    ///< the new positions' keys and values into the cache
+    attention,   ///< scores, softmax and the weighted sum of values
+    attn_proj,   ///< the attention's output matmul
+    residual,    ///< the residual adds
+    mlp_fc,      ///< the MLP's first matmul
+    gelu,        ///< the MLP's activation
+    mlp_proj,    ///< the MLP's second matmul
+    lm_head,     ///< the logits' matmul
+  };
+  static constexpr std::size_t count = 11;
+  static constexpr std::array<std::string_view, count> names{
+      "embed", "layer norm", "QKV matmul", "KV store", "attention", "attention projection",
+      "residual add", "MLP matmul (up)", "GELU", "MLP matmul (down)", "lm_head matmul"};
+  std::array<double, count> seconds{};  ///< per operation, summed
+
+  void clear() noexcept { seconds.fill(0.0); }
+  [[nodiscard]] double total() const noexcept {
+    double t = 0.0;
+    for (const double s : seconds) t += s;
+    return t;
+  }
+};
 
 /// Keys and values of every layer for the positions in the context: per layer
 /// `kernels::kv_layer_size(P, C, NH)` elements each of `format` (F32 or F16:
@@ -193,6 +229,10 @@ class model {
   /// The kernel instruction set in use (`options::kernels` capped at what the CPU supports).
   [[nodiscard]] isa kernels() const noexcept { return isa_; }
 
+  /// Adds the time of each operation of every later append to `*times` (nullptr, the default:
+  /// none). `*times` must outlive its attachment. Bits and allocations are the same either way.
+  void time_ops(op_times* times) noexcept { op_times_ = times; }
+
   /// Grows the scratch buffers so that appends of up to `batch` tokens (at most n_positions: no
   /// append is longer) allocate nothing.
   void reserve(std::size_t batch) {
@@ -270,30 +310,44 @@ class model {
       kernels::matmul(buf(out), cbuf(in), w.view(), bias, n(), K, OC, pool_for(OC * K), isa_, &operands_);
     };
 
-    kernels::embed(buf(x_), tokens, w_.wte.view(), vec(w_.wpe), pos0, C);
+    // Runs f, its wall time added to the attached op_times (`time_ops`) under `o`.
+    const auto timed = [this](op_times::op o, auto&& f) {
+      if (op_times_ == nullptr) return f();
+      const auto t0 = std::chrono::steady_clock::now();
+      f();
+      op_times_->seconds[o] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    const auto ln = [&](std::span<const float> weight, std::span<const float> bias) {
+      timed(op_times::layer_norm, [&] {
+        kernels::layer_norm(buf(ln_), cbuf(x_), weight, bias, n(), C, cfg_.layer_norm_epsilon);
+      });
+    };
+    const auto residual = [&] { timed(op_times::residual, [&] { kernels::residual_add(buf(x_), cbuf(proj_)); }); };
+
+    timed(op_times::embed, [&] { kernels::embed(buf(x_), tokens, w_.wte.view(), vec(w_.wpe), pos0, C); });
     const auto blocks = [&]<weight_format F>() {  // F: the KV cache's format
       for (std::size_t l = 0; l < cfg_.n_layer; ++l) {
         const layer_weights& lw = w_.layers[l];
         const std::span<weight_t<F>> k_layer = cache_.keys<F>(l);
         const std::span<weight_t<F>> v_layer = cache_.values<F>(l);
-        kernels::layer_norm(buf(ln_), cbuf(x_), vec(lw.ln_1_weight), vec(lw.ln_1_bias), n(), C,
-                            cfg_.layer_norm_epsilon);
-        mm(qkv_, ln_, lw.attn_qkv_weight, vec(lw.attn_qkv_bias));
-        kernels::store_kv<F>(k_layer, v_layer, cbuf(qkv_), pos0, T, C, NH, P);
+        ln(vec(lw.ln_1_weight), vec(lw.ln_1_bias));
+        timed(op_times::qkv, [&] { mm(qkv_, ln_, lw.attn_qkv_weight, vec(lw.attn_qkv_bias)); });
+        timed(op_times::store_kv, [&] { kernels::store_kv<F>(k_layer, v_layer, cbuf(qkv_), pos0, T, C, NH, P); });
         if (l + 1 == cfg_.n_layer) {
           if (logits == 0) break;
           first = T - logits;
         }
-        kernels::attention<F>(buf(atty_), cbuf(qkv_), k_layer, v_layer, {att_.data(), att_.size()},
-                              pos0 + first, n(), C, NH, P, pool_for(2 * (pos0 + T) * C), isa_);
-        mm(proj_, atty_, lw.attn_proj_weight, vec(lw.attn_proj_bias));
-        kernels::residual_add(buf(x_), cbuf(proj_));
-        kernels::layer_norm(buf(ln_), cbuf(x_), vec(lw.ln_2_weight), vec(lw.ln_2_bias), n(), C,
-                            cfg_.layer_norm_epsilon);
-        mm(fc_, ln_, lw.mlp_fc_weight, vec(lw.mlp_fc_bias));
-        kernels::gelu(buf(fc_), cbuf(fc_), isa_);
-        mm(proj_, fc_, lw.mlp_proj_weight, vec(lw.mlp_proj_bias));
-        kernels::residual_add(buf(x_), cbuf(proj_));
+        timed(op_times::attention, [&] {
+          kernels::attention<F>(buf(atty_), cbuf(qkv_), k_layer, v_layer, {att_.data(), att_.size()},
+                                pos0 + first, n(), C, NH, P, pool_for(2 * (pos0 + T) * C), isa_);
+        });
+        timed(op_times::attn_proj, [&] { mm(proj_, atty_, lw.attn_proj_weight, vec(lw.attn_proj_bias)); });
+        residual();
+        ln(vec(lw.ln_2_weight), vec(lw.ln_2_bias));
+        timed(op_times::mlp_fc, [&] { mm(fc_, ln_, lw.mlp_fc_weight, vec(lw.mlp_fc_bias)); });
+        timed(op_times::gelu, [&] { kernels::gelu(buf(fc_), cbuf(fc_), isa_); });
+        timed(op_times::mlp_proj, [&] { mm(proj_, fc_, lw.mlp_proj_weight, vec(lw.mlp_proj_bias)); });
+        residual();
       }
     };
     if (cache_.format == weight_format::f16) {
@@ -303,10 +357,9 @@ class model {
     }
     cache_.length += T;
     if (logits == 0) return {logits_.data(), rows, 0};
-    kernels::layer_norm(buf(ln_), cbuf(x_), vec(w_.ln_f_weight), vec(w_.ln_f_bias), n(), C,
-                        cfg_.layer_norm_epsilon);
+    ln(vec(w_.ln_f_weight), vec(w_.ln_f_bias));
     // logits (n, V) row-major == (V, n) column-major.
-    mm(logits_, ln_, w_.output_embedding(), {});
+    timed(op_times::lm_head, [&] { mm(logits_, ln_, w_.output_embedding(), {}); });
     return {logits_.data() + first * V, rows, static_cast<Eigen::Index>(n())};
   }
 
@@ -374,6 +427,7 @@ class model {
   xt::xtensor<float, 2> fc_;      // (B, I) MLP hidden
   xt::xtensor<float, 2> logits_;  // (B, V) == logits (V, B) column-major
   kernels::matmul_operands operands_;  // (B, C or I) BF16 or INT8 matmul operands (matmul_precision bf16, int8)
+  op_times* op_times_ = nullptr;       // where append adds its operations' times (`time_ops`), or none
 };
 
 static_assert(language_model<model>,
