@@ -34,9 +34,10 @@ namespace specsample::gpt2 {
 
 /// Wall time a model's forward passes spent in each operation, summed over the appends made while
 /// it is attached (`model::time_ops`): where a call's time goes. specsample-bench's table "Where
-/// the target's verification call goes" compares a single token's call with a (K + 1)-token one
-/// this way. Attached, an append reads the clock twice per operation (~80 reads for the bundled
-/// target, 6 layers); a model with none attached reads no clock.
+/// the target's call goes" compares a single token's call with a 5-token one this way. Attached,
+/// an append reads the clock twice per operation (11 per layer and 3 more: 138 reads for the
+/// bundled target's 6 layers); a model with none attached reads no clock. One op_times per model:
+/// models appending concurrently need their own.
 struct op_times {
   enum op : std::uint8_t {
     embed,       ///< token and position embeddings
@@ -51,7 +52,7 @@ struct op_times {
     mlp_proj,    ///< the MLP's second matmul
     lm_head,     ///< the logits' matmul
   };
-  static constexpr std::size_t count = 11;
+  static constexpr std::size_t count = lm_head + 1;
   static constexpr std::array<std::string_view, count> names{
       "embed", "layer norm", "QKV matmul", "KV store", "attention", "attention projection",
       "residual add", "MLP matmul (up)", "GELU", "MLP matmul (down)", "lm_head matmul"};
