@@ -734,7 +734,7 @@ struct block_prefetch {
   std::uint64_t pos = 0;  ///< the next line's address × 256
   std::uint64_t inc = 0;  ///< bytes per step × 256
   std::size_t left = 0;   ///< steps that may still prefetch
-  int lines = 0;          ///< lines per step: 0, 1, 2 or 4
+  int lines = 1;          ///< lines per step: 1, 2 or 4 (the steps after the first `left` take none)
 
   /// Steps of a block over weights of `row_bytes` per step (at least one).
   [[nodiscard]] static constexpr std::size_t block_steps(std::size_t row_bytes) noexcept {
@@ -750,12 +750,13 @@ struct block_prefetch {
     return pf;
   }
 
-  /// This share's prefetch for the block starting at `s`, of `total` tile steps: `lines` = 0 when
+  /// This share's prefetch for the block starting at `s`, of `total` tile steps: `left` = 0 when
   /// nothing before `stop` is left to prefetch.
   [[nodiscard]] block_prefetch at(std::uintptr_t s, std::size_t total, prefetch_window win) const noexcept {
     block_prefetch pf = *this;
     const std::uintptr_t from = s + win.ahead;
-    if (from >= win.stop) return block_prefetch{};
+    pf.left = 0;
+    if (from >= win.stop) return pf;
     pf.pos = std::uint64_t{from} * 256;
     // Step i prefetches the lines from (pos + i·inc) / 256 on: all of them before `stop`.
     const std::uint64_t reach = static_cast<std::uint64_t>(pf.lines) * 64, end = win.stop;
@@ -1179,7 +1180,6 @@ SPECSAMPLE_TARGET_AVX2 void matmul_avx2(const matmul_args& a, std::size_t p_begi
         const std::size_t k1 = std::min(steps, k0 + block);
         block_prefetch pf = share.at(base + (p * steps + k0) * row_bytes, tiles * (k1 - k0), win);
         switch (pf.lines) {
-          case 0: avx2_block<F, 0>(a, p, valid, g0, g1, k0, k1, acc_buf, pf); break;
           case 1: avx2_block<F, 1>(a, p, valid, g0, g1, k0, k1, acc_buf, pf); break;
           case 2: avx2_block<F, 2>(a, p, valid, g0, g1, k0, k1, acc_buf, pf); break;
           default: avx2_block<F, 4>(a, p, valid, g0, g1, k0, k1, acc_buf, pf); break;
