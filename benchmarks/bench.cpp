@@ -1721,10 +1721,11 @@ int run(int argc, char** argv) {
   std::vector<overhead_result> loop_costs;
   const std::size_t loop_generations = c.quick ? 2 : 10;
   for (const std::size_t V : {std::size_t{4096}, std::size_t{50257}}) {
-    auto target = synthetic_model(V, 0.0f, c.seed);
-    auto draft = synthetic_model(V, 0.7f, c.seed + 1);
+    auto synthetic_target = synthetic_model(V, 0.0f, c.seed);
+    auto synthetic_draft = synthetic_model(V, 0.7f, c.seed + 1);
     for (const double temp : {0.0, 1.0}) {
-      loop_costs.push_back(measure_loop_overhead(draft, target, 4, temp, loop_generations, c.seed, c.verify));
+      loop_costs.push_back(measure_loop_overhead(synthetic_draft, synthetic_target, 4, temp, loop_generations,
+                                                 c.seed, c.verify));
     }
   }
 
