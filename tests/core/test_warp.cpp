@@ -220,28 +220,37 @@ TEST_CASE("the vector softmax numerator, maximum, scaling and argmax agree with 
       std::vector<float> scaled = x;
       simd::scale(level, scaled.data(), n, 0.37f);
       for (std::size_t i = 0; i < n; ++i) REQUIRE(scaled[i] == x[i] * 0.37f);
-      std::vector<float> e = x;
-      const double total = simd::exp_shifted(level, e.data(), e.data(), n, m, 0.7f);
-      double ref_total = 0.0;
-      for (std::size_t i = 0; i < n; ++i) {
-        const float a = (x[i] - m) * 0.7f;  // the argument as the kernels form it, in float
-        const double ref = a < simd::exp_floor ? 0.0 : std::exp(static_cast<double>(a));
-        ref_total += ref;
-        INFO("i = " << i << ", x = " << x[i] << ", e = " << e[i] << ", reference " << ref);
-        // within 1e-6 relative (the vector exp is ~1 ulp), and 0 only below the floor
-        REQUIRE(std::abs(static_cast<double>(e[i]) - ref) <= 1e-6 * ref);
+      for (const float scale : {0.7f, 1.0f}) {  // 1: the kernels skip the multiply
+        INFO("scale = " << scale);
+        std::vector<float> e = x;
+        const double total = simd::exp_shifted(level, e.data(), e.data(), n, m, scale);
+        double ref_total = 0.0;
+        for (std::size_t i = 0; i < n; ++i) {
+          const float a = (x[i] - m) * scale;  // the argument as the kernels form it, in float
+          const double ref = a < simd::exp_floor ? 0.0 : std::exp(static_cast<double>(a));
+          ref_total += ref;
+          INFO("i = " << i << ", x = " << x[i] << ", e = " << e[i] << ", reference " << ref);
+          // within 1e-6 relative (the vector exp is ~1 ulp), and 0 only below the floor
+          REQUIRE(std::abs(static_cast<double>(e[i]) - ref) <= 1e-6 * ref);
+        }
+        REQUIRE(total == Approx(ref_total).epsilon(1e-6));
+        double stored = 0.0;  // the documented bound: within 2^-24 of the stored values' sum
+        for (const float v : e) stored += static_cast<double>(v);
+        REQUIRE(std::abs(total - stored) <= 0x1p-24 * stored);
+        if (n > 3) REQUIRE(e[2] == 0.0f);  // -inf gives exactly 0
+        std::vector<float> out(n, -1.0f);  // out of place: the same bits and total, x untouched
+        const std::vector<float> before = x;
+        REQUIRE(simd::exp_shifted(level, x.data(), out.data(), n, m, scale) == total);
+        REQUIRE(std::memcmp(out.data(), e.data(), n * sizeof(float)) == 0);
+        REQUIRE(x == before);
       }
-      REQUIRE(total == Approx(ref_total).epsilon(1e-6));
-      if (n > 3) REQUIRE(e[2] == 0.0f);  // -inf gives exactly 0
-      std::vector<float> out(n, -1.0f);  // out of place: the same bits and total, x untouched
-      const std::vector<float> before = x;
-      REQUIRE(simd::exp_shifted(level, x.data(), out.data(), n, m, 0.7f) == total);
-      REQUIRE(std::memcmp(out.data(), e.data(), n * sizeof(float)) == 0);
-      REQUIRE(x == before);
     }
     std::vector<float> bad{1.0f, std::nanf(""), 2.0f};
     CHECK(simd::argmax(level, bad.data(), 3) == -1);
-    CHECK(std::isnan(simd::exp_shifted(level, bad.data(), bad.data(), 3, 2.0f, 1.0f)));
+    for (const float scale : {1.0f, 0.7f}) {
+      std::vector<float> y(3);
+      CHECK(std::isnan(simd::exp_shifted(level, bad.data(), y.data(), 3, 2.0f, scale)));
+    }
     std::vector<float> inf{1.0f, std::numeric_limits<float>::infinity()};
     CHECK(simd::argmax(level, inf.data(), 2) == -1);
     std::vector<float> none{ninf, ninf, ninf};

@@ -253,11 +253,16 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_store_first(float* y, 
 
 // A Cephes-style exp (range reduction by ln 2, degree-5 polynomial, ~1 ulp), argument clamped to
 // [-87.34, 88.38] (results from the smallest normal float up). Elementwise: every element gets
-// the same instructions wherever it sits in a buffer.
+// the same instructions wherever it sits in a buffer. `*_exp_reduced` is its core without the
+// clamp: exp(x) = y · 2^n for x in that range; `exp_shifted`, whose arguments are at most 0 and
+// whose results below the range are 0 anyway, skips the clamp (and, at AVX-512, masks in the
+// scaling).
 
-SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE __m512 avx512_exp(__m512 x) {
-  x = _mm512_maskz_max_ps(0xFFFF, _mm512_maskz_min_ps(0xFFFF, x, _mm512_set1_ps(88.3762626647949f)),
-                          _mm512_set1_ps(-87.3365447505531f));
+struct avx512_exp_parts {
+  __m512 y, n;
+};
+
+SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE avx512_exp_parts avx512_exp_reduced(__m512 x) {
   const __m512 n = _mm512_maskz_roundscale_ps(
       0xFFFF, _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -269,13 +274,21 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE __m512 avx512_exp(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  return {_mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f)), n};
+}
+
+SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE __m512 avx512_exp(__m512 x) {
+  x = _mm512_maskz_max_ps(0xFFFF, _mm512_maskz_min_ps(0xFFFF, x, _mm512_set1_ps(88.3762626647949f)),
+                          _mm512_set1_ps(-87.3365447505531f));
+  const auto [y, n] = avx512_exp_reduced(x);
   return _mm512_maskz_scalef_ps(0xFFFF, y, n);
 }
 
-SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256 avx2_exp(__m256 x) {
-  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)),
-                    _mm256_set1_ps(-87.3365447505531f));
+struct avx2_exp_parts {
+  __m256 y, n;
+};
+
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE avx2_exp_parts avx2_exp_reduced(__m256 x) {
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
@@ -286,65 +299,92 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256 avx2_exp(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  // 2^n for n in [-126, 127] (guaranteed by the clamp), built in the exponent field.
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  return {_mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f)), n};
 }
 
-/// See `exp_shifted`. Two vectors per step into four double accumulators (the sum's dependency
-/// chain is the loop's bound), added in a fixed order at the end.
-inline SPECSAMPLE_TARGET_AVX512 double exp_shifted_avx512(const float* x, float* y, std::size_t n, float m,
-                                                          float scale) {
+// 2^n for whole n in [-126, 127], built in the exponent field.
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256 avx2_pow2(__m256 n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256 avx2_exp(__m256 x) {
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)),
+                    _mm256_set1_ps(-87.3365447505531f));
+  const auto [y, n] = avx2_exp_reduced(x);
+  return _mm256_mul_ps(y, avx2_pow2(n));
+}
+
+/// See `exp_shifted`. Scale1: scale == 1, whose multiply is skipped (x · 1 = x, bit for bit).
+/// Pairs of vectors are added in float, each pair's two halves then into its double accumulator.
+template <bool Scale1>
+SPECSAMPLE_TARGET_AVX512 double exp_shifted_avx512(const float* x, float* y, std::size_t n, float m, float scale) {
   const __m512 mv = _mm512_set1_ps(m), sv = _mm512_set1_ps(scale), floor = _mm512_set1_ps(exp_floor);
-  __m512d acc[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
-  __mmask16 nan = 0;
-  // k: the lanes in range (all but in the last one or two steps, where the loads are masked).
-  const auto step = [&](std::size_t i, __mmask16 k, __m512d& lo, __m512d& hi) SPECSAMPLE_TARGET_AVX512 {
-    const __m512 v = _mm512_maskz_loadu_ps(k, x + i);
-    nan |= _mm512_mask_cmp_ps_mask(k, v, v, _CMP_UNORD_Q);
-    const __m512 a = _mm512_mul_ps(_mm512_sub_ps(v, mv), sv);
-    const __mmask16 live = _mm512_mask_cmp_ps_mask(k, a, floor, _CMP_GE_OQ);
-    const __m512 e = _mm512_maskz_mov_ps(live, avx512_exp(a));
-    _mm512_mask_storeu_ps(y + i, k, e);
+  __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+  // One vector at x + i, the lanes of k in range (all but in the tail). A NaN argument passes the
+  // floor test (unordered), so the total turns NaN.
+  const auto step = [&](std::size_t i, __mmask16 k) SPECSAMPLE_TARGET_AVX512 {
+    const bool full = k == 0xFFFF;
+    const __m512 v = full ? _mm512_loadu_ps(x + i) : _mm512_maskz_loadu_ps(k, x + i);
+    __m512 a = _mm512_sub_ps(v, mv);
+    if constexpr (!Scale1) a = _mm512_mul_ps(a, sv);
+    const __mmask16 live = _mm512_mask_cmp_ps_mask(k, a, floor, _CMP_NLT_UQ);
+    const auto [ey, en] = avx512_exp_reduced(a);
+    const __m512 e = _mm512_maskz_scalef_ps(live, ey, en);
+    if (full) {
+      _mm512_storeu_ps(y + i, e);
+    } else {
+      _mm512_mask_storeu_ps(y + i, k, e);
+    }
+    return e;
+  };
+  const auto add = [&](__m512 e) SPECSAMPLE_TARGET_AVX512 {
     // (the maskz forms: GCC 12 warns about the _undefined operand of the plain ones)
     lo = _mm512_add_pd(lo, _mm512_maskz_cvtps_pd(0xFF, _mm512_maskz_extractf32x8_ps(0xFF, e, 0)));
     hi = _mm512_add_pd(hi, _mm512_maskz_cvtps_pd(0xFF, _mm512_maskz_extractf32x8_ps(0xFF, e, 1)));
   };
   std::size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    step(i, 0xFFFF, acc[0], acc[1]);
-    step(i + 16, 0xFFFF, acc[2], acc[3]);
-  }
-  if (i < n) step(i, avx512_first(n - i), acc[0], acc[1]);
-  if (i + 16 < n) step(i + 16, avx512_first(n - i - 16), acc[2], acc[3]);
-  if (nan != 0) return std::numeric_limits<double>::quiet_NaN();
-  alignas(64) double l[32];
-  for (int j = 0; j < 4; ++j) _mm512_store_pd(l + 8 * j, acc[j]);
+  for (; i + 32 <= n; i += 32) add(_mm512_add_ps(step(i, 0xFFFF), step(i + 16, 0xFFFF)));
+  for (; i < n; i += 16) add(step(i, avx512_first(n - i)));
+  alignas(64) double l[16];
+  _mm512_store_pd(l, lo);
+  _mm512_store_pd(l + 8, hi);
   double total = 0.0;
   for (const double v : l) total += v;
   return total;
 }
 
-/// See `exp_shifted`.
-inline SPECSAMPLE_TARGET_AVX2 double exp_shifted_avx2(const float* x, float* y, std::size_t n, float m, float scale) {
+/// See `exp_shifted` and the AVX-512 version.
+template <bool Scale1>
+SPECSAMPLE_TARGET_AVX2 double exp_shifted_avx2(const float* x, float* y, std::size_t n, float m, float scale) {
   const __m256 mv = _mm256_set1_ps(m), sv = _mm256_set1_ps(scale), floor = _mm256_set1_ps(exp_floor);
   __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
-  __m256 nan = _mm256_setzero_ps();
   const auto step = [&](__m256 v) SPECSAMPLE_TARGET_AVX2 {
-    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    const __m256 a = _mm256_mul_ps(_mm256_sub_ps(v, mv), sv);
-    const __m256 e = _mm256_and_ps(_mm256_cmp_ps(a, floor, _CMP_GE_OQ), avx2_exp(a));
+    __m256 a = _mm256_sub_ps(v, mv);
+    if constexpr (!Scale1) a = _mm256_mul_ps(a, sv);
+    const auto [ey, en] = avx2_exp_reduced(a);
+    return _mm256_and_ps(_mm256_cmp_ps(a, floor, _CMP_NLT_UQ), _mm256_mul_ps(ey, avx2_pow2(en)));
+  };
+  const auto add = [&](__m256 e) SPECSAMPLE_TARGET_AVX2 {
     lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
     hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
-    return e;
   };
   std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, step(_mm256_loadu_ps(x + i)));
-  if (i < n) {  // the tail, padded with -inf (which gives 0)
-    avx2_store_first(y + i, step(avx2_load_first(x + i, n - i, -std::numeric_limits<float>::infinity())), n - i);
+  for (; i + 16 <= n; i += 16) {
+    const __m256 e0 = step(_mm256_loadu_ps(x + i)), e1 = step(_mm256_loadu_ps(x + i + 8));
+    _mm256_storeu_ps(y + i, e0);
+    _mm256_storeu_ps(y + i + 8, e1);
+    add(_mm256_add_ps(e0, e1));
   }
-  if (_mm256_movemask_ps(nan) != 0) return std::numeric_limits<double>::quiet_NaN();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = step(_mm256_loadu_ps(x + i));
+    _mm256_storeu_ps(y + i, e);
+    add(e);
+  }
+  if (i < n) {  // the tail, padded with -inf (which gives 0)
+    const __m256 e = step(avx2_load_first(x + i, n - i, -std::numeric_limits<float>::infinity()));
+    avx2_store_first(y + i, e, n - i);
+    add(e);
+  }
   alignas(32) double l[8];
   _mm256_store_pd(l, lo);
   _mm256_store_pd(l + 4, hi);
@@ -681,12 +721,20 @@ inline SPECSAMPLE_TARGET_AVX2 void zero_after_avx2(float* x, std::size_t n, floa
 #endif  // SPECSAMPLE_X86
 
 /// y[i] = exp((x[i] - m) · scale), 0 where (x[i] - m) · scale < exp_floor (so -inf gives exactly
-/// 0), with the vector exp of `level`; returns Σ y[i] in double (a fixed order per level), or NaN
-/// when some x[i] is NaN. y may be x (in place). The softmax numerator of the logit warper.
+/// 0), with the vector exp of `level`; m >= every x[i] and scale > 0 (callers pass the maximum:
+/// the arguments are at most 0). Returns Σ y[i], or NaN when some x[i] is NaN. The vector levels
+/// add two vectors' y in float, then each such sum into double accumulators in a fixed order per
+/// level: within 2^-24 relative of the exact sum of the y[i] (every term is non-negative), the
+/// rounding of a float. y may be x (in place). The softmax numerator of the logit warper and of
+/// the GPT-2 attention.
 inline double exp_shifted(isa level, const float* x, float* y, std::size_t n, float m, float scale) noexcept {
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) return exp_shifted_avx512(x, y, n, m, scale);
-  if (level == isa::avx2) return exp_shifted_avx2(x, y, n, m, scale);
+  if (level == isa::avx512) {
+    return scale == 1.0f ? exp_shifted_avx512<true>(x, y, n, m, scale) : exp_shifted_avx512<false>(x, y, n, m, scale);
+  }
+  if (level == isa::avx2) {
+    return scale == 1.0f ? exp_shifted_avx2<true>(x, y, n, m, scale) : exp_shifted_avx2<false>(x, y, n, m, scale);
+  }
 #else
   (void)level;
 #endif

@@ -414,8 +414,8 @@ inline void matmul_generic(const matmul_args& a, std::size_t p_begin, std::size_
 }
 
 /// x = exp(x − max x) / Σ exp(x − max x) over one row of n, with the vector exp of `level`
-/// (specsample::simd::exp_shifted: the same numerator the logit warper uses; its sum in double in a
-/// fixed order per level), so a row's result depends only on the row and the level.
+/// (specsample::simd::exp_shifted: the same numerator the logit warper uses, summed in a fixed
+/// order per level), so a row's result depends only on the row and the level.
 inline void softmax_row(isa level, float* x, std::size_t n) noexcept {
   if (n == 0) return;
   const float mx = specsample::simd::max_value(level, x, n);
