@@ -48,42 +48,6 @@ void split(thread_pool* pool, std::size_t n, F&& f) {
 }
 }  // namespace detail
 
-// --- reductions -------------------------------------------------------------------------------
-
-/// Σ a[i]·b[i] in a fixed order: 8 interleaved partial sums (vectorisable without reordering),
-/// combined pairwise, then the tail. Depends only on n and the values, not on alignment.
-[[nodiscard]] inline float dot(const float* a, const float* b, std::size_t n) noexcept {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (std::size_t j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  }
-  float tail = 0;
-  for (; i < n; ++i) tail += a[i] * b[i];
-  return (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) +
-         tail;
-}
-
-/// Plain sequential Σ a[i]·b[i] in double.
-[[nodiscard]] inline double dot_reference(const float* a, const float* b, std::size_t n) noexcept {
-  double s = 0;
-  for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * static_cast<double>(b[i]);
-  return s;
-}
-
-/// Σ a[i] in the same fixed order as `dot`.
-[[nodiscard]] inline float sum(const float* a, std::size_t n) noexcept {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (std::size_t j = 0; j < 8; ++j) acc[j] += a[i + j];
-  }
-  float tail = 0;
-  for (; i < n; ++i) tail += a[i];
-  return (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) +
-         tail;
-}
-
 // --- embedding --------------------------------------------------------------------------------
 
 /// out[t] = wte[tokens[t]] + wpe[pos0 + t]. Token ids must be in [0, V) (the model checks).
@@ -135,34 +99,17 @@ inline void embed_reference(std::span<float> out, std::span<const token> tokens,
 
 // --- layer norm -------------------------------------------------------------------------------
 
-/// out[t] = (inp[t] − mean) / sqrt(var + eps) · weight + bias, per row (biased variance, two-pass).
+/// out[t] = (inp[t] − mean) / sqrt(var + eps) · weight + bias, per row (biased variance, two-pass;
+/// `simd::layer_norm_row` with the kernels of `level`).
 inline void layer_norm(std::span<float> out,           // (T, C)
                        std::span<const float> inp,     // (T, C)
                        std::span<const float> weight,  // (C)
                        std::span<const float> bias,    // (C)
-                       std::size_t T, std::size_t C, float eps) {
+                       std::size_t T, std::size_t C, float eps, isa level = isa::best) {
   assert(out.size() >= T * C && inp.size() >= T * C && weight.size() >= C && bias.size() >= C);
-  const float inv_c = 1.0f / static_cast<float>(C);
+  const isa lv = simd::resolve(level);
   for (std::size_t t = 0; t < T; ++t) {
-    const float* x = inp.data() + t * C;
-    float* y = out.data() + t * C;
-    const float mean = sum(x, C) * inv_c;
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    std::size_t i = 0;
-    for (; i + 8 <= C; i += 8) {
-      for (std::size_t j = 0; j < 8; ++j) {
-        const float d = x[i + j] - mean;
-        acc[j] += d * d;
-      }
-    }
-    float tail = 0;
-    for (; i < C; ++i) tail += (x[i] - mean) * (x[i] - mean);
-    const float var =
-        ((((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) +
-         tail) *
-        inv_c;
-    const float rstd = 1.0f / std::sqrt(var + eps);
-    for (std::size_t c = 0; c < C; ++c) y[c] = (x[c] - mean) * rstd * weight[c] + bias[c];
+    simd::layer_norm_row(lv, out.data() + t * C, inp.data() + t * C, weight.data(), bias.data(), C, eps);
   }
 }
 

@@ -320,7 +320,7 @@ class model {
     };
     const auto ln = [&](std::span<const float> weight, std::span<const float> bias) {
       timed(op_times::layer_norm, [&] {
-        kernels::layer_norm(buf(ln_), cbuf(x_), weight, bias, n(), C, cfg_.layer_norm_epsilon);
+        kernels::layer_norm(buf(ln_), cbuf(x_), weight, bias, n(), C, cfg_.layer_norm_epsilon, isa_);
       });
     };
     const auto residual = [&] { timed(op_times::residual, [&] { kernels::residual_add(buf(x_), cbuf(proj_)); }); };

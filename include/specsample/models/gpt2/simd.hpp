@@ -1491,6 +1491,89 @@ inline SPECSAMPLE_TARGET_AVX2 void gelu_avx2(float* out, const float* in, std::s
   }
 }
 
+// --- layer norm, one row of C: mean and biased variance in two passes, then (x − mean)·rstd·w + b
+// Each sum in four vector accumulators (16 or 8 lanes; the tail masked or padded so that it adds
+// 0), a fixed order per C, so a row's result depends only on the row.
+
+using specsample::simd::avx2_load_first;
+using specsample::simd::avx2_store_first;
+
+inline SPECSAMPLE_TARGET_AVX512 void layer_norm_row_avx512(float* y, const float* x, const float* w,
+                                                           const float* b, std::size_t C, float eps) {
+  const float inv_c = 1.0f / static_cast<float>(C);
+  // Σ term(i, k) over the row, k the lanes of x + i in range.
+  const auto total = [C](auto term) SPECSAMPLE_TARGET_AVX512 {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    std::size_t i = 0;
+    for (; i + 64 <= C; i += 64) {
+      a0 = _mm512_add_ps(a0, term(i, 0xFFFF));
+      a1 = _mm512_add_ps(a1, term(i + 16, 0xFFFF));
+      a2 = _mm512_add_ps(a2, term(i + 32, 0xFFFF));
+      a3 = _mm512_add_ps(a3, term(i + 48, 0xFFFF));
+    }
+    for (; i < C; i += 16) a0 = _mm512_add_ps(a0, term(i, avx512_first(C - i)));
+    const __m512 a = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
+    // (the maskz forms: GCC 12 warns about the _undefined operand of the plain ones)
+    const __m256 a8 = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xFF, a, 0), _mm512_maskz_extractf32x8_ps(0xFF, a, 1));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+  };
+  const float mean = total([x](std::size_t i, __mmask16 k) SPECSAMPLE_TARGET_AVX512 {
+    return _mm512_maskz_loadu_ps(k, x + i);
+  }) * inv_c;
+  const __m512 mv = _mm512_set1_ps(mean);
+  const float var = total([x, mv](std::size_t i, __mmask16 k) SPECSAMPLE_TARGET_AVX512 {
+    const __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x + i), mv);
+    return _mm512_mul_ps(d, d);
+  }) * inv_c;
+  const __m512 rv = _mm512_set1_ps(1.0f / std::sqrt(var + eps));
+  for (std::size_t i = 0; i < C; i += 16) {
+    const __mmask16 k = avx512_first(C - i);
+    const __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), mv), rv);
+    _mm512_mask_storeu_ps(y + i, k, _mm512_fmadd_ps(d, _mm512_maskz_loadu_ps(k, w + i), _mm512_maskz_loadu_ps(k, b + i)));
+  }
+}
+
+inline SPECSAMPLE_TARGET_AVX2 void layer_norm_row_avx2(float* y, const float* x, const float* w,
+                                                       const float* b, std::size_t C, float eps) {
+  const float inv_c = 1.0f / static_cast<float>(C);
+  // Σ term(v) over the row's vectors v of x, the tail padded with `pad` (whose term is 0).
+  const auto total = [x, C](float pad, auto term) SPECSAMPLE_TARGET_AVX2 {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    std::size_t i = 0;
+    for (; i + 32 <= C; i += 32) {
+      a0 = _mm256_add_ps(a0, term(_mm256_loadu_ps(x + i)));
+      a1 = _mm256_add_ps(a1, term(_mm256_loadu_ps(x + i + 8)));
+      a2 = _mm256_add_ps(a2, term(_mm256_loadu_ps(x + i + 16)));
+      a3 = _mm256_add_ps(a3, term(_mm256_loadu_ps(x + i + 24)));
+    }
+    for (; i + 8 <= C; i += 8) a0 = _mm256_add_ps(a0, term(_mm256_loadu_ps(x + i)));
+    if (i < C) a1 = _mm256_add_ps(a1, term(avx2_load_first(x + i, C - i, pad)));
+    const __m256 a = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+  };
+  // (a capturing lambda: a captureless one's function-pointer conversion lacks the target)
+  const float mean = total(0.0f, [&](__m256 v) SPECSAMPLE_TARGET_AVX2 { return v; }) * inv_c;
+  const __m256 mv = _mm256_set1_ps(mean);
+  const float var = total(mean, [mv](__m256 v) SPECSAMPLE_TARGET_AVX2 {
+    const __m256 d = _mm256_sub_ps(v, mv);
+    return _mm256_mul_ps(d, d);
+  }) * inv_c;
+  const __m256 rv = _mm256_set1_ps(1.0f / std::sqrt(var + eps));
+  const auto out = [mv, rv](__m256 v, __m256 wv, __m256 bv) SPECSAMPLE_TARGET_AVX2 {
+    return _mm256_fmadd_ps(_mm256_mul_ps(_mm256_sub_ps(v, mv), rv), wv, bv);
+  };
+  std::size_t i = 0;
+  for (; i + 8 <= C; i += 8) _mm256_storeu_ps(y + i, out(_mm256_loadu_ps(x + i), _mm256_loadu_ps(w + i), _mm256_loadu_ps(b + i)));
+  if (i < C) {
+    const std::size_t n = C - i;
+    avx2_store_first(y + i, out(avx2_load_first(x + i, n, 0.0f), avx2_load_first(w + i, n, 0.0f), avx2_load_first(b + i, n, 0.0f)), n);
+  }
+}
+
 // --- attention heads (scores a lane per key, values a lane per channel) ---------------------------
 // A head's keys (transposed blocks) and values (rows) are one contiguous region each (the cache
 // is head-major). Softmax is `softmax_row` with this level's vector exp (~1 ulp); the value
@@ -2128,6 +2211,35 @@ inline void bf16_operands(isa level, const float* x, std::size_t ldx, std::size_
 #endif
     std::fill(dr + K, dr + ldd, std::uint16_t{0});
   }
+}
+
+/// y = (x − mean) / sqrt(var + eps) · w + b over one row of C (y may be x), mean and biased
+/// variance in float, two passes, with the kernels of `level`: a row's result depends only on the
+/// row and the level. The generic path keeps eight interleaved partial sums.
+inline void layer_norm_row(isa level, float* y, const float* x, const float* w, const float* b, std::size_t C,
+                           float eps) noexcept {
+#if SPECSAMPLE_X86
+  if (level == isa::avx512) return layer_norm_row_avx512(y, x, w, b, C, eps);
+  if (level == isa::avx2) return layer_norm_row_avx2(y, x, w, b, C, eps);
+#else
+  (void)level;
+#endif
+  const float inv_c = 1.0f / static_cast<float>(C);
+  // Σ term(i) in eight interleaved partial sums plus the tail, added in a fixed order.
+  const auto total = [C](auto term) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    std::size_t i = 0;
+    for (; i + 8 <= C; i += 8) {
+      for (std::size_t j = 0; j < 8; ++j) acc[j] += term(i + j);
+    }
+    float tail = 0;
+    for (; i < C; ++i) tail += term(i);
+    return (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) + tail;
+  };
+  const float mean = total([x](std::size_t i) { return x[i]; }) * inv_c;
+  const float var = total([x, mean](std::size_t i) { return (x[i] - mean) * (x[i] - mean); }) * inv_c;
+  const float rstd = 1.0f / std::sqrt(var + eps);
+  for (std::size_t c = 0; c < C; ++c) y[c] = (x[c] - mean) * rstd * w[c] + b[c];
 }
 
 /// out = gelu(in) elementwise (may alias) with the kernels of `level`; the generic path is the
