@@ -1498,6 +1498,13 @@ inline SPECSAMPLE_TARGET_AVX2 void gelu_avx2(float* out, const float* in, std::s
 using specsample::simd::avx2_load_first;
 using specsample::simd::avx2_store_first;
 
+// The sum of a vector's 8 lanes: halves, then pairs, then the last two (a fixed order).
+SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE float avx2_sum(__m256 a) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+
 inline SPECSAMPLE_TARGET_AVX512 void layer_norm_row_avx512(float* y, const float* x, const float* w,
                                                            const float* b, std::size_t C, float eps) {
   const float inv_c = 1.0f / static_cast<float>(C);
@@ -1514,10 +1521,7 @@ inline SPECSAMPLE_TARGET_AVX512 void layer_norm_row_avx512(float* y, const float
     for (; i < C; i += 16) a0 = _mm512_add_ps(a0, term(i, avx512_first(C - i)));
     const __m512 a = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
     // (the maskz forms: GCC 12 warns about the _undefined operand of the plain ones)
-    const __m256 a8 = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xFF, a, 0), _mm512_maskz_extractf32x8_ps(0xFF, a, 1));
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+    return avx2_sum(_mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xFF, a, 0), _mm512_maskz_extractf32x8_ps(0xFF, a, 1)));
   };
   const float mean = total([x](std::size_t i, __mmask16 k) SPECSAMPLE_TARGET_AVX512 {
     return _mm512_maskz_loadu_ps(k, x + i);
@@ -1550,10 +1554,7 @@ inline SPECSAMPLE_TARGET_AVX2 void layer_norm_row_avx2(float* y, const float* x,
     }
     for (; i + 8 <= C; i += 8) a0 = _mm256_add_ps(a0, term(_mm256_loadu_ps(x + i)));
     if (i < C) a1 = _mm256_add_ps(a1, term(avx2_load_first(x + i, C - i, pad)));
-    const __m256 a = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+    return avx2_sum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
   };
   // (a capturing lambda: a captureless one's function-pointer conversion lacks the target)
   const float mean = total(0.0f, [&](__m256 v) SPECSAMPLE_TARGET_AVX2 { return v; }) * inv_c;
