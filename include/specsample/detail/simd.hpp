@@ -198,15 +198,17 @@ enum class weight_kind : std::uint8_t { plain, excess, shortfall };
 
 /// The sum `weight_sum` computes, of any weights w(i) ≥ 0, i in [0, n): eight partial sums, sum j
 /// taking w(j), w(j + 8), w(j + 16), … in order, combined pairwise, then the sequential sum of the
-/// last n mod 8. No loop-carried dependency longer than every 8th element, and no branch.
-template <class W>
-[[nodiscard]] double weight_sum(W&& w, std::size_t n) {
-  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+/// last n mod 8. No loop-carried dependency longer than every 8th element, and no branch. In
+/// double (the default), or in the accumulator type `Acc` (the GPT-2 generic layer norm's float
+/// sums).
+template <class Acc = double, class W>
+[[nodiscard]] Acc weight_sum(W&& w, std::size_t n) {
+  Acc acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     for (std::size_t j = 0; j < 8; ++j) acc[j] += w(i + j);
   }
-  double tail = 0.0;
+  Acc tail = 0;
   for (; i < n; ++i) tail += w(i);
   return (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) + tail;
 }

@@ -2226,19 +2226,10 @@ inline void layer_norm_row(isa level, float* y, const float* x, const float* w, 
   (void)level;
 #endif
   const float inv_c = 1.0f / static_cast<float>(C);
-  // Σ term(i) in eight interleaved partial sums plus the tail, added in a fixed order.
-  const auto total = [C](auto term) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    std::size_t i = 0;
-    for (; i + 8 <= C; i += 8) {
-      for (std::size_t j = 0; j < 8; ++j) acc[j] += term(i + j);
-    }
-    float tail = 0;
-    for (; i < C; ++i) tail += term(i);
-    return (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) + tail;
-  };
-  const float mean = total([x](std::size_t i) { return x[i]; }) * inv_c;
-  const float var = total([x, mean](std::size_t i) { return (x[i] - mean) * (x[i] - mean); }) * inv_c;
+  // Σ in float, eight interleaved partial sums plus the tail, in a fixed order.
+  using specsample::simd::weight_sum;
+  const float mean = weight_sum<float>([x](std::size_t i) { return x[i]; }, C) * inv_c;
+  const float var = weight_sum<float>([x, mean](std::size_t i) { return (x[i] - mean) * (x[i] - mean); }, C) * inv_c;
   const float rstd = 1.0f / std::sqrt(var + eps);
   for (std::size_t c = 0; c < C; ++c) y[c] = (x[c] - mean) * rstd * w[c] + b[c];
 }
