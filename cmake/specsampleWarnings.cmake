@@ -19,16 +19,41 @@ else()
   target_link_libraries(specsample_dev INTERFACE specsample::specsample specsample_dev_flags)
 endif()
 
-# One precompiled header of the heavy dependencies, shared by every test executable (the suite
-# is built twice, plain and sanitized, on two cores: compile time is most of its cost).
+# Precompiled headers: the heavy dependencies and the library's own headers, parsed once per build
+# instead of once per TU (the suite is built twice, plain and sanitized, on two cores: compile time
+# is most of its cost; parsing them was ~5 of a toy example's 13 s with clang++ 14 and ASan).
+# One for the test executables (with Catch2 and their definitions), one for the programs
+# (examples and benchmarks). -Winvalid-pch (an error with SPECSAMPLE_WERROR): g++ silently
+# compiles without a precompiled header it cannot use, e.g. when a macro it was built with is
+# not defined in the TU, and nothing would show the time lost.
+target_compile_options(specsample_dev_flags INTERFACE -Winvalid-pch)
+set(SPECSAMPLE_PCH_HEADERS
+  <specsample/specsample.hpp> <specsample/testing/distribution.hpp> <specsample/io/prompt_list.hpp>
+  <Eigen/Core> <xtensor/xarray.hpp> <xtensor/xtensor.hpp> <fmt/format.h> <nlohmann/json.hpp>
+  <random> <span> <vector> <string> <filesystem>)
+
+function(specsample_pch_target name)  # name, extra libraries...
+  file(WRITE "${CMAKE_CURRENT_BINARY_DIR}/${name}_anchor.cpp" "// anchors the precompiled header ${name}\n")
+  add_library(${name} OBJECT "${CMAKE_CURRENT_BINARY_DIR}/${name}_anchor.cpp")
+  target_link_libraries(${name} PRIVATE specsample_dev ${ARGN})
+endfunction()
+
 function(specsample_test_pch)
-  file(WRITE "${CMAKE_CURRENT_BINARY_DIR}/pch_anchor.cpp" "// anchors the shared precompiled header\n")
-  add_library(specsample_test_pch OBJECT "${CMAKE_CURRENT_BINARY_DIR}/pch_anchor.cpp")
-  target_link_libraries(specsample_test_pch PRIVATE specsample_dev Catch2::Catch2)
+  specsample_pch_target(specsample_test_pch Catch2::Catch2)
   specsample_test_definitions(specsample_test_pch)
-  target_precompile_headers(specsample_test_pch PRIVATE
-    <catch2/catch.hpp> <Eigen/Core> <xtensor/xarray.hpp> <xtensor/xtensor.hpp> <fmt/format.h>
-    <nlohmann/json.hpp> <random> <span> <vector> <string> <filesystem>)
+  target_precompile_headers(specsample_test_pch PRIVATE <catch2/catch.hpp> ${SPECSAMPLE_PCH_HEADERS})
+endfunction()
+
+# specsample_add_program(name SOURCES...): an example or benchmark program, with the programs'
+# precompiled header (which has no definitions: each program keeps its own).
+function(specsample_add_program name)
+  if(NOT TARGET specsample_program_pch)
+    specsample_pch_target(specsample_program_pch)
+    target_precompile_headers(specsample_program_pch PRIVATE ${SPECSAMPLE_PCH_HEADERS})
+  endif()
+  add_executable(${name} ${ARGN})
+  target_link_libraries(${name} PRIVATE specsample_dev)
+  target_precompile_headers(${name} REUSE_FROM specsample_program_pch)
 endfunction()
 
 function(specsample_test_definitions target)
@@ -36,22 +61,19 @@ function(specsample_test_definitions target)
     SPECSAMPLE_SOURCE_DIR="${PROJECT_SOURCE_DIR}" SPECSAMPLE_TEST_DATA="${PROJECT_SOURCE_DIR}/tests/data")
 endfunction()
 
-# specsample_add_test(name [NO_PCH] SOURCES...): one Catch2 executable registered with ctest.
+# specsample_add_test(name SOURCES...): one Catch2 executable registered with ctest.
 function(specsample_add_test name)
-  cmake_parse_arguments(arg "NO_PCH" "" "" ${ARGN})
-  add_executable(${name} ${arg_UNPARSED_ARGUMENTS})
+  add_executable(${name} ${ARGN})
   target_link_libraries(${name} PRIVATE specsample_dev Catch2::Catch2WithMain)
   specsample_test_definitions(${name})
-  if(NOT arg_NO_PCH)
-    target_precompile_headers(${name} REUSE_FROM specsample_test_pch)
-  endif()
+  target_precompile_headers(${name} REUSE_FROM specsample_test_pch)
   # --warn NoTests: a ctest entry whose name filter matches no test case fails instead of passing
   # with "No tests ran" (a '[' in a test name breaks catch_discover_tests' list and used to merge
   # the rest of the executable's tests into one entry that ran nothing).
   catch_discover_tests(${name} EXTRA_ARGS --warn NoTests PROPERTIES TIMEOUT 600)
 endfunction()
 
-# specsample_add_allocation_test(name [NO_PCH] SOURCES...): a test executable counting every heap
+# specsample_add_allocation_test(name SOURCES...): a test executable counting every heap
 # allocation (tests/support/counting_allocator.hpp, included by one of its TUs, wraps malloc and
 # replaces the global operator new for the whole executable).
 function(specsample_add_allocation_test name)
