@@ -1,7 +1,7 @@
 # Flags for our own tests, examples and benchmarks only: consumers never inherit them.
 add_library(specsample_dev_flags INTERFACE)
 target_compile_options(specsample_dev_flags INTERFACE
-  -Wall -Wextra -Wpedantic -Wconversion $<$<BOOL:${SPECSAMPLE_WERROR}>:-Werror>)
+  -Wall -Wextra -Wpedantic -Wconversion -Winvalid-pch $<$<BOOL:${SPECSAMPLE_WERROR}>:-Werror>)
 if(SPECSAMPLE_SANITIZE)
   target_compile_options(specsample_dev_flags INTERFACE
     -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
@@ -19,41 +19,26 @@ else()
   target_link_libraries(specsample_dev INTERFACE specsample::specsample specsample_dev_flags)
 endif()
 
-# Precompiled headers: the heavy dependencies and the library's own headers, parsed once per build
-# instead of once per TU (the suite is built twice, plain and sanitized, on two cores: compile time
-# is most of its cost; parsing them was ~5 of a toy example's 13 s with clang++ 14 and ASan).
-# One for the test executables (with Catch2 and their definitions), one for the programs
-# (examples and benchmarks). -Winvalid-pch (an error with SPECSAMPLE_WERROR): g++ silently
-# compiles without a precompiled header it cannot use, e.g. when a macro it was built with is
-# not defined in the TU, and nothing would show the time lost.
-target_compile_options(specsample_dev_flags INTERFACE -Winvalid-pch)
-set(SPECSAMPLE_PCH_HEADERS
-  <specsample/specsample.hpp> <specsample/testing/distribution.hpp> <specsample/io/prompt_list.hpp>
-  <Eigen/Core> <xtensor/xarray.hpp> <xtensor/xtensor.hpp> <fmt/format.h> <nlohmann/json.hpp>
-  <random> <span> <vector> <string> <filesystem>)
-
-function(specsample_pch_target name)  # name, extra libraries...
-  file(WRITE "${CMAKE_CURRENT_BINARY_DIR}/${name}_anchor.cpp" "// anchors the precompiled header ${name}\n")
-  add_library(${name} OBJECT "${CMAKE_CURRENT_BINARY_DIR}/${name}_anchor.cpp")
-  target_link_libraries(${name} PRIVATE specsample_dev ${ARGN})
-endfunction()
-
+# One precompiled header for the test executables: the heavy dependencies, Catch2 and the
+# library's own headers, parsed once per build instead of once per TU (the suite is built twice,
+# plain and sanitized, on two cores: compile time is most of its cost). With the library's headers
+# in it (one compile of each TU each way, 2026-11-27, Zen 5): clang++ 14 with ASan,
+# test_exactness.cpp 14.6 -> 10.8 s; g++ 12 -O3, whose precompiled header grew to ~350 MB to load,
+# test_exactness.cpp 16.3 -> 12.9 s and test_gpt2's 74 -> 53 s, the smallest ~2 s slower
+# (test_prompt_list.cpp 2.1 -> 4.4 s). The programs
+# (examples, benchmarks) have none: their own precompiled header saved ~5 s of parsing per program
+# but put the largest TU (specsample-generate) last in the build, alone on one core for ~35 s.
+# -Winvalid-pch (above; an error with SPECSAMPLE_WERROR): g++ silently compiles without a
+# precompiled header it cannot use, e.g. when a macro it was built with is not defined in the TU.
 function(specsample_test_pch)
-  specsample_pch_target(specsample_test_pch Catch2::Catch2)
+  file(WRITE "${CMAKE_CURRENT_BINARY_DIR}/pch_anchor.cpp" "// anchors the shared precompiled header\n")
+  add_library(specsample_test_pch OBJECT "${CMAKE_CURRENT_BINARY_DIR}/pch_anchor.cpp")
+  target_link_libraries(specsample_test_pch PRIVATE specsample_dev Catch2::Catch2)
   specsample_test_definitions(specsample_test_pch)
-  target_precompile_headers(specsample_test_pch PRIVATE <catch2/catch.hpp> ${SPECSAMPLE_PCH_HEADERS})
-endfunction()
-
-# specsample_add_program(name SOURCES...): an example or benchmark program, with the programs'
-# precompiled header (which has no definitions: each program keeps its own).
-function(specsample_add_program name)
-  if(NOT TARGET specsample_program_pch)
-    specsample_pch_target(specsample_program_pch)
-    target_precompile_headers(specsample_program_pch PRIVATE ${SPECSAMPLE_PCH_HEADERS})
-  endif()
-  add_executable(${name} ${ARGN})
-  target_link_libraries(${name} PRIVATE specsample_dev)
-  target_precompile_headers(${name} REUSE_FROM specsample_program_pch)
+  target_precompile_headers(specsample_test_pch PRIVATE
+    <catch2/catch.hpp> <specsample/specsample.hpp> <specsample/testing/distribution.hpp>
+    <specsample/io/prompt_list.hpp> <Eigen/Core> <xtensor/xarray.hpp> <xtensor/xtensor.hpp> <fmt/format.h>
+    <nlohmann/json.hpp> <random> <span> <vector> <string> <filesystem>)
 endfunction()
 
 function(specsample_test_definitions target)
