@@ -102,7 +102,8 @@ constexpr std::string_view help = R"(usage: specsample-bench [options]
   --draft DIR           draft checkpoint (default: models/shakespeare-draft; try
                         models/shakespeare-draft-distilled)
   --prompts FILE        prompt file (default: benchmarks/prompts.txt of the source tree)
-  -n N                  tokens generated per run (default 128)
+  -n N                  tokens generated per run, and per generation of the loop-cost
+                        measurement (default 128)
   --reps R              repetitions of every (prompt, K, temperature) (default 2; 4 with --strategies)
   --k-max K             sweep K = 1..K (default 8)
   --temperatures LIST   comma-separated temperatures (default 0,0.7,1)
@@ -674,13 +675,14 @@ struct overhead_result {
   summary seconds_per_round;  // outside the models, per round, over the generations
 };
 
-/// The loop's own cost per round at V = `target.vocab_size()`, over `generations` of 128 tokens
-/// (after one warm-up) at draft length k.
+/// The loop's own cost per round at V = `target.vocab_size()`, over `generations` of `tokens`
+/// tokens (after one warm-up) at draft length k.
 template <class Model>
 overhead_result measure_loop_overhead(Model& draft, Model& target, std::size_t k, double temperature,
-                                      std::size_t generations, std::uint64_t seed, specsample::verification rule) {
+                                      std::size_t tokens, std::size_t generations, std::uint64_t seed,
+                                      specsample::verification rule) {
   specsample::speculative_params params;
-  params.max_new_tokens = 128;
+  params.max_new_tokens = tokens;
   params.draft_length = k;
   params.sampling.temperature = static_cast<float>(temperature);
   params.verify = rule;
@@ -1716,7 +1718,8 @@ int run(int argc, char** argv) {
   }
   fmt::print(stderr, "specsample-bench: the target's calls of 1 and {} tokens, per operation\n", scale_tokens);
   const op_split split = measure_op_split(target, stream, context, scale_tokens, c.cost_samples);
-  // The loop's own cost per round at the bundled vocabulary and at GPT-2's.
+  // The loop's own cost per round at the bundled vocabulary and at GPT-2's, generations as long as
+  // the sweep's (-n).
   fmt::print(stderr, "specsample-bench: loop cost per round (synthetic models, V = 4096 and 50257)\n");
   std::vector<overhead_result> loop_costs;
   const std::size_t loop_generations = c.quick ? 2 : 10;
@@ -1724,7 +1727,7 @@ int run(int argc, char** argv) {
     auto synthetic_target = synthetic_model(V, 0.0f, c.seed);
     auto synthetic_draft = synthetic_model(V, 0.7f, c.seed + 1);
     for (const double temp : {0.0, 1.0}) {
-      loop_costs.push_back(measure_loop_overhead(synthetic_draft, synthetic_target, 4, temp, loop_generations,
+      loop_costs.push_back(measure_loop_overhead(synthetic_draft, synthetic_target, 4, temp, c.n, loop_generations,
                                                  c.seed, c.verify));
     }
   }
@@ -1931,10 +1934,10 @@ int run(int argc, char** argv) {
           fmt_contention(sc->meanwhile));
     }
   }
-  out("\n#### The loop's own cost per round (synthetic models, K = 4{}, 128 tokens, median (min–max) over {} "
+  out("\n#### The loop's own cost per round (synthetic models, K = 4{}, {} tokens, median (min–max) over {} "
       "generations)\n\n| vocabulary | T | µs per round outside the models | share of a bundled-target "
       "verification call (K + 1 = 5 tokens) |\n|---|---|---|---|\n",
-      c.verify == specsample::verification::block ? ", block verification" : "", loop_generations);
+      c.verify == specsample::verification::block ? ", block verification" : "", c.n, loop_generations);
   const double verify5 = costs.target_j[std::min<std::size_t>(5, c.k_max + 1) - 1].median;
   for (const auto& lc : loop_costs) {
     out("| {} | {} | {} | {:.1f}% |\n", lc.vocab, fmt_t(lc.temperature),
