@@ -25,9 +25,9 @@ endif()
 # in it (one compile of each TU each way, 2026-11-27, Zen 5): clang++ 14 with ASan,
 # test_exactness.cpp 14.6 -> 10.8 s; g++ 12 -O3, whose precompiled header grew to ~350 MB to load,
 # test_exactness.cpp 16.3 -> 12.9 s and test_gpt2's 74 -> 53 s, the smallest ~2 s slower
-# (test_prompt_list.cpp 2.1 -> 4.4 s). The programs
-# (examples, benchmarks) have none: their own precompiled header saved ~5 s of parsing per program
-# but put the largest TU (specsample-generate) last in the build, alone on one core for ~35 s.
+# (test_prompt_list.cpp 2.1 -> 4.4 s). The programs (examples, benchmarks) have none: their own
+# precompiled header saved ~5 s of parsing per program but put the largest TU
+# (specsample-generate) last in the build, alone on one core for ~35 s.
 # -Winvalid-pch (above; an error with SPECSAMPLE_WERROR): g++ silently compiles without a
 # precompiled header it cannot use, e.g. when a macro it was built with is not defined in the TU.
 function(specsample_test_pch)
