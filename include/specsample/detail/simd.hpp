@@ -727,8 +727,8 @@ inline SPECSAMPLE_TARGET_AVX2 void zero_after_avx2(float* x, std::size_t n, floa
 /// the arguments are at most 0). Returns Σ y[i], or NaN when some x[i] is NaN. The vector levels
 /// add two vectors' y in float, then each such sum into double accumulators in a fixed order per
 /// level: within 2^-24 relative of the exact sum of the y[i] (every term is non-negative; one
-/// float rounding per pair) plus the double additions' own, ~n·2^-53. y may be x (in place). The softmax numerator of the logit warper and of
-/// the GPT-2 attention.
+/// float rounding per pair) plus the double additions' own, ~n·2^-53. y may be x (in place). The
+/// softmax numerator of the logit warper and of the GPT-2 attention.
 inline double exp_shifted(isa level, const float* x, float* y, std::size_t n, float m, float scale) noexcept {
 #if SPECSAMPLE_X86
   if (level == isa::avx512) {
