@@ -116,27 +116,52 @@ void stream_read_args(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_stream_read)->Apply(stream_read_args)->UseRealTime()->MinTime(0.3);
 
-/// range: tokens (0, 1, 5, 9). The streaming read over the bundled target's matmul bytes (F16 as
-/// held) with a `tokens`-token call's F32 multiply-adds per weight on register chains beside it
-/// (probes.hpp, `stream_fma`): 0 is the stream alone. It bounds BM_append_matmuls/n:tokens: how
-/// much of the call's multiply-adds this core can hide under the weight stream.
-void BM_stream_fma(benchmark::State& state) {
+/// Times `probe(level, tokens, p, n)` (probes.hpp: stream_fma, stream_dot) over a buffer of
+/// `bytes`, as float_buffer allocates weights: the stream read with range(0) tokens' multiply-adds
+/// beside it; `needs` says what the CPU lacks when the probe does not run (nullopt).
+template <class Probe>
+void time_stream_probe(benchmark::State& state, std::size_t bytes, Probe probe, const char* needs) {
   const int tokens = static_cast<int>(state.range(0));
-  const auto bytes = static_cast<std::size_t>(model_weight_bytes("shakespeare-target"));
-  const std::size_t n = bytes / sizeof(float) / 16 * 16;
+  const std::size_t n = bytes / sizeof(float) / 64 * 64;
   const specsample_bench::float_buffer buf(n);
   std::fill_n(buf.get(), n, 1.0f);
-  if (!specsample_bench::stream_fma(gpt2::simd::detected(), tokens, buf.get(), n)) {
-    state.SkipWithError("needs the AVX2 or AVX-512 kernels");
+  const gpt2::isa level = gpt2::simd::detected();
+  if (!probe(level, tokens, buf.get(), n)) {
+    state.SkipWithError(needs);
     return;
   }
-  for (auto _ : state) benchmark::DoNotOptimize(specsample_bench::stream_fma(gpt2::simd::detected(), tokens, buf.get(), n));
+  for (auto _ : state) benchmark::DoNotOptimize(probe(level, tokens, buf.get(), n));
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(n * sizeof(float)));
   state.counters["GMAC/s"] = benchmark::Counter(static_cast<double>(n * sizeof(float) / 2 * static_cast<std::size_t>(tokens)) * 1e-9,
                                                 benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(gpt2::isa_name(gpt2::simd::detected()));
+  state.SetLabel(gpt2::isa_name(level));
+}
+
+/// range: tokens (0, 1, 5, 9). The streaming read over the bundled target's matmul bytes (F16 as
+/// held) with a `tokens`-token call's F32 multiply-adds per weight on register chains beside it
+/// (probes.hpp, `stream_fma`): 0 is the stream alone. It bounds BM_append_matmuls/n:tokens/precision:0:
+/// how much of the call's multiply-adds this core can hide under the weight stream.
+void BM_stream_fma(benchmark::State& state) {
+  time_stream_probe(state, static_cast<std::size_t>(model_weight_bytes("shakespeare-target")),
+                    specsample_bench::stream_fma, "needs the AVX2 or AVX-512 kernels");
 }
 BENCHMARK(BM_stream_fma)->ArgName("tokens")->Arg(0)->Arg(1)->Arg(5)->Arg(9)->UseRealTime()->MinTime(0.3);
+
+/// range: tokens (0, 1, 2, 5, 6). The streaming read over the bundled target's matmul bytes as the
+/// BF16 matmuls hold them (`matmul_precision::bf16`), with a `tokens`-token call's vdpbf16ps per
+/// 256-byte step beside it, each row's activation pair broadcast from memory as the kernel does
+/// (probes.hpp, `stream_dot`): 0 is the stream alone. It bounds
+/// BM_append_matmuls/n:tokens/precision:1 as BM_stream_fma bounds the F32 matmuls. CPUs with
+/// AVX512_BF16 only.
+void BM_stream_dot(benchmark::State& state) {
+  static const std::size_t bytes =
+      gpt2::model::load(models_dir / "shakespeare-target",
+                        gpt2::options{.threads = 1, .matmul_precision = gpt2::matmul_precision::bf16})
+          .weights()
+          .matmul_bytes();
+  time_stream_probe(state, bytes, specsample_bench::stream_dot, "needs the AVX-512 kernels and AVX512_BF16");
+}
+BENCHMARK(BM_stream_dot)->ArgName("tokens")->Arg(0)->Arg(1)->Arg(2)->Arg(5)->Arg(6)->UseRealTime()->MinTime(0.3);
 
 // --- kernels -------------------------------------------------------------------------------------
 
@@ -266,14 +291,17 @@ BENCHMARK(BM_append)
     ->UseRealTime()
     ->MinTime(0.3);
 
-/// range: n tokens. The matmuls alone of the bundled target's append of n tokens: its own weights
-/// (as the model holds them), in the forward pass's order (every layer's QKV, attention projection,
-/// MLP up and down, then the logits), on random inputs, without the attention, norms, GELU and
-/// KV-cache writes between them. BM_append over this is what the rest of the forward pass costs,
-/// and its n-token / 1-token ratio is the matmuls' own share of a verification's cost.
+/// range: n tokens, precision (0 F32, 1 BF16: `options::matmul_precision`). The matmuls alone of
+/// the bundled target's append of n tokens: its own weights (as the model holds them), in the
+/// forward pass's order (every layer's QKV, attention projection, MLP up and down, then the
+/// logits), on random inputs, without the attention, norms, GELU and KV-cache writes between them.
+/// BM_append (BM_append_precision) over this is what the rest of the forward pass costs, and its
+/// n-token / 1-token ratio is the matmuls' own share of a verification's cost.
 void BM_append_matmuls(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
-  const gpt2::model m = gpt2::model::load(models_dir / "shakespeare-target", gpt2::options{.threads = 1});
+  const auto precision = static_cast<gpt2::matmul_precision>(state.range(1));
+  const gpt2::model m = gpt2::model::load(models_dir / "shakespeare-target",
+                                          gpt2::options{.threads = 1, .matmul_precision = precision});
   const gpt2::weights& w = m.weights();
   struct call {
     const gpt2::weight_matrix* weight;
@@ -292,19 +320,24 @@ void BM_append_matmuls(benchmark::State& state) {
   for (const call& c : calls) widest = std::max({widest, c.weight->rows(), c.weight->cols()});
   const auto x = random_floats(n * widest, 1.0f, 12);
   std::vector<float> out(n * widest);
+  gpt2::kernels::matmul_operands operands;  // (BF16: the rounded activations, reused as the model does)
   for (auto _ : state) {
     for (const call& c : calls) {
       const std::size_t OC = c.weight->rows(), K = c.weight->cols();
       gpt2::kernels::matmul(std::span<float>(out.data(), n * OC), std::span<const float>(x.data(), n * K),
-                            c.weight->view(), c.bias, n, K, OC, nullptr, m.kernels());
+                            c.weight->view(), c.bias, n, K, OC, nullptr, m.kernels(), &operands);
     }
     benchmark::DoNotOptimize(out.data());
   }
-  state.SetLabel(fmt::format("shakespeare-target {}", gpt2::isa_name(m.kernels())));
+  state.SetLabel(fmt::format("shakespeare-target {}, {} matmuls", gpt2::isa_name(m.kernels()), gpt2::precision_name(precision)));
   state.counters["weight_GB/s"] = benchmark::Counter(static_cast<double>(w.matmul_bytes()) * 1e-9,
                                                      benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_append_matmuls)->ArgName("n")->Arg(1)->Arg(2)->Arg(5)->Arg(9)->UseRealTime()->MinTime(0.3);
+BENCHMARK(BM_append_matmuls)
+    ->ArgNames({"n", "precision"})
+    ->ArgsProduct({{1, 2, 5, 6, 9}, {0, 1}})
+    ->UseRealTime()
+    ->MinTime(0.3);
 
 /// range: storage (0 F32, 1 F16, 2 BF16: `options::weight_storage`), n tokens. The bundled
 /// target (an F16 checkpoint) with its matmul weights held in each precision — F32 is how an F32

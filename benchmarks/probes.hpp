@@ -9,6 +9,7 @@
 #include <specsample/models/gpt2/weights.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -99,9 +100,13 @@ inline float stream_sum(specsample::isa level, const float* p, std::size_t n) {
 }
 
 // --- streaming read with multiply-adds ---------------------------------------------------------
-// The streaming read above (one 64-byte line at a time, prefetched 16 KiB ahead) with, per line,
-// the F32 multiply-adds of `Tokens` tokens over the line's 32 F16 weights (32 × Tokens) on the
-// FMA peak's register chains, which depend on no loaded data: how much of a Tokens-token call's
+// The streaming read above (four 64-byte lines per step, prefetched 16 KiB ahead) with, per step,
+// the F32 multiply-adds of `Tokens` tokens over its 128 F16 weights (128 × Tokens) spread over the
+// FMA peak's register chains, which depend on no loaded data. (Until 2026-11-27 the probe took one
+// line per step and advanced 2 × Tokens chains once per line: the FMA's latency, 4 cycles a line,
+// then bound it to ~56 GB/s on the Zen 5 whatever its throughput; each chain now advances at most
+// ceil(8 × Tokens / 16) times per 256 bytes. Its Zen 3 figures, streams of 10–18 GB/s from DRAM,
+// were below that bound.) How much of a Tokens-token call's
 // multiply-adds this core hides under the weight stream when nothing else gets in the way — a
 // bound for the matmul kernels, which also convert the weights, broadcast the inputs and store
 // the outputs. Tokens = 0 is the stream alone. The machine floors of specsample-bench take a call
@@ -111,16 +116,18 @@ inline float stream_sum(specsample::isa level, const float* p, std::size_t n) {
 #if SPECSAMPLE_X86
 template <int Tokens>
 SPECSAMPLE_TARGET_AVX512 __attribute__((noinline)) inline float stream_fma_avx512(const float* p, std::size_t n) {
-  constexpr int fmas = 2 * Tokens;  // 32 × Tokens multiply-adds per line, 16 per FMA
+  constexpr int fmas = 8 * Tokens;  // per step of 4 lines: 4 × 32 × Tokens multiply-adds, 16 per FMA
   __m512 acc[16];
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(0.001f * static_cast<float>(i));
   const __m512 x = _mm512_set1_ps(0.9999f), y = _mm512_set1_ps(1e-4f);
   __m512i seen = _mm512_setzero_si512();
   std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    if (i + probe_ahead < n) _mm_prefetch(reinterpret_cast<const char*>(p + i + probe_ahead), _MM_HINT_T0);
-    seen = _mm512_xor_si512(seen, _mm512_loadu_si512(p + i));
-#pragma GCC unroll 64
+  for (; i + 64 <= n; i += 64) {
+    for (std::size_t j = 0; j < 4; ++j) {
+      if (i + probe_ahead + 16 * j < n) _mm_prefetch(reinterpret_cast<const char*>(p + i + probe_ahead + 16 * j), _MM_HINT_T0);
+      seen = _mm512_xor_si512(seen, _mm512_loadu_si512(p + i + 16 * j));
+    }
+#pragma GCC unroll 72
     for (int f = 0; f < fmas; ++f) acc[f % 16] = _mm512_fmadd_ps(acc[f % 16], x, y);
   }
   for (int j = 1; j < 16; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
@@ -131,16 +138,18 @@ SPECSAMPLE_TARGET_AVX512 __attribute__((noinline)) inline float stream_fma_avx51
 
 template <int Tokens>
 SPECSAMPLE_TARGET_AVX2 __attribute__((noinline)) inline float stream_fma_avx2(const float* p, std::size_t n) {
-  constexpr int fmas = 4 * Tokens;  // 32 × Tokens multiply-adds per line, 8 per FMA
+  constexpr int fmas = 16 * Tokens;  // per step of 4 lines: 4 × 32 × Tokens multiply-adds, 8 per FMA
   __m256 acc[12];
   for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(0.001f * static_cast<float>(i));
   const __m256 x = _mm256_set1_ps(0.9999f), y = _mm256_set1_ps(1e-4f);
   __m256 seen = _mm256_setzero_ps();
   std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    if (i + probe_ahead < n) _mm_prefetch(reinterpret_cast<const char*>(p + i + probe_ahead), _MM_HINT_T0);
-    seen = _mm256_xor_ps(seen, _mm256_xor_ps(_mm256_loadu_ps(p + i), _mm256_loadu_ps(p + i + 8)));
-#pragma GCC unroll 64
+  for (; i + 64 <= n; i += 64) {
+    for (std::size_t j = 0; j < 4; ++j) {
+      if (i + probe_ahead + 16 * j < n) _mm_prefetch(reinterpret_cast<const char*>(p + i + probe_ahead + 16 * j), _MM_HINT_T0);
+      seen = _mm256_xor_ps(seen, _mm256_xor_ps(_mm256_loadu_ps(p + i + 16 * j), _mm256_loadu_ps(p + i + 16 * j + 8)));
+    }
+#pragma GCC unroll 144
     for (int f = 0; f < fmas; ++f) acc[f % 12] = _mm256_fmadd_ps(acc[f % 12], x, y);
   }
   for (int j = 1; j < 12; ++j) acc[0] = _mm256_add_ps(acc[0], acc[j]);
@@ -168,6 +177,79 @@ inline std::optional<float> stream_fma(specsample::isa level, int tokens, const 
     case 1: return stream_fma_at<1>(level, p, n);
     case 5: return stream_fma_at<5>(level, p, n);
     case 9: return stream_fma_at<9>(level, p, n);
+    default: return std::nullopt;
+  }
+#else
+  (void)level, (void)tokens, (void)p, (void)n;
+  return std::nullopt;
+#endif
+}
+
+// --- streaming read with BF16 dot products -----------------------------------------------------
+// The same stream read as BF16 weight pairs, with per 256-byte step (64 outputs × one column pair,
+// a step of the BF16 matmul's panel) what `Tokens` rows of `matmul_avx512_dot` do there: per row
+// one activation pair broadcast from memory (a 1 KiB row per token, in L1) and four vdpbf16ps on
+// the loaded weights, into 4 × Tokens accumulators. Up to 6 rows, the kernel's tile (more would
+// spill). How much of a verification's BF16 multiply-adds this core hides under the weight stream
+// when nothing else gets in the way: a bound for the BF16 matmuls, which also round the
+// activations, store the outputs and move from panel to panel (docs/benchmarks.md, "How much of
+// the BF16 multiply-adds the stream can hide (Zen 5)"). CPUs with AVX512_BF16 only.
+
+#if SPECSAMPLE_X86
+template <int Tokens>
+SPECSAMPLE_TARGET_AVX512_BF16 __attribute__((noinline)) inline float stream_dot_avx512(const float* p, std::size_t n) {
+  static_assert(Tokens >= 0 && Tokens <= 6);
+  constexpr int rows = Tokens > 0 ? Tokens : 1;
+  constexpr std::size_t row_pairs = 256;
+  alignas(64) static const auto x = [] {
+    std::array<std::uint32_t, rows * row_pairs> v{};
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0x3F803F80u + static_cast<std::uint32_t>(i % 7);  // ~1.0 pairs
+    return v;
+  }();
+  __m512 acc[rows][4];
+  for (auto& r : acc) {
+    for (__m512& a : r) a = _mm512_setzero_ps();
+  }
+  __m512i seen = _mm512_setzero_si512();
+  std::size_t k = 0;
+  for (std::size_t i = 0; i + 64 <= n; i += 64, k = (k + 1) % row_pairs) {
+    __m512i w[4];
+    for (std::size_t j = 0; j < 4; ++j) {
+      if (i + probe_ahead + 16 * j < n) _mm_prefetch(reinterpret_cast<const char*>(p + i + probe_ahead + 16 * j), _MM_HINT_T0);
+      w[j] = _mm512_loadu_si512(p + i + 16 * j);
+    }
+    if constexpr (Tokens == 0) {
+      for (const __m512i& v : w) seen = _mm512_xor_si512(seen, v);
+    } else {
+#pragma GCC unroll 6
+      for (int t = 0; t < Tokens; ++t) {
+        const __m512i xb = _mm512_set1_epi32(static_cast<int>(x[static_cast<std::size_t>(t) * row_pairs + k]));
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) acc[t][j] = _mm512_dpbf16_ps(acc[t][j], (__m512bh)w[j], (__m512bh)xb);
+      }
+    }
+  }
+  __m512 s = _mm512_castsi512_ps(seen);
+  for (const auto& r : acc) {
+    for (const __m512& a : r) s = _mm512_add_ps(s, a);
+  }
+  alignas(64) float out[16];
+  _mm512_store_ps(out, s);
+  return std::accumulate(out, out + 16, 0.0f);
+}
+#endif
+
+/// `stream_dot_avx512<tokens>` over p[0, n) (read as BF16 pairs), for tokens 0, 1, 2, 5 or 6;
+/// nullopt below the AVX-512 level, on a CPU without AVX512_BF16 or for another count.
+inline std::optional<float> stream_dot(specsample::isa level, int tokens, const float* p, std::size_t n) {
+#if SPECSAMPLE_X86
+  if (level != specsample::isa::avx512 || !specsample::simd::has_avx512_bf16()) return std::nullopt;
+  switch (tokens) {
+    case 0: return stream_dot_avx512<0>(p, n);
+    case 1: return stream_dot_avx512<1>(p, n);
+    case 2: return stream_dot_avx512<2>(p, n);
+    case 5: return stream_dot_avx512<5>(p, n);
+    case 6: return stream_dot_avx512<6>(p, n);
     default: return std::nullopt;
   }
 #else
