@@ -105,13 +105,14 @@ inline float stream_sum(specsample::isa level, const float* p, std::size_t n) {
 // FMA peak's register chains, which depend on no loaded data. (Until 2026-11-27 the probe took one
 // line per step and advanced 2 × Tokens chains once per line: the FMA's latency, 4 cycles a line,
 // then bound it to ~56 GB/s on the Zen 5 whatever its throughput; each chain now advances at most
-// ceil(8 × Tokens / 16) times per 256 bytes. Its Zen 3 figures, streams of 10–18 GB/s from DRAM,
-// were below that bound.) How much of a Tokens-token call's
+// ceil(8 × Tokens / 16) times per 256 bytes, ceil(16 × Tokens / 12) with AVX2. Its Zen 3 figures,
+// streams of 10–18 GB/s from DRAM, were below that bound.) How much of a Tokens-token call's
 // multiply-adds this core hides under the weight stream when nothing else gets in the way — a
 // bound for the matmul kernels, which also convert the weights, broadcast the inputs and store
 // the outputs. Tokens = 0 is the stream alone. The machine floors of specsample-bench take a call
 // as the longer of the stream and the multiply-adds at the peak; this probe measures whether the
-// two overlap that well (docs/benchmarks.md, "A third machine: Zen 3").
+// two overlap that well (docs/benchmarks.md, "How much of the multiply-adds the stream can hide",
+// Zen 3 and Zen 5).
 
 #if SPECSAMPLE_X86
 template <int Tokens>
@@ -193,7 +194,7 @@ inline std::optional<float> stream_fma(specsample::isa level, int tokens, const 
 // spill). How much of a verification's BF16 multiply-adds this core hides under the weight stream
 // when nothing else gets in the way: a bound for the BF16 matmuls, which also round the
 // activations, store the outputs and move from panel to panel (docs/benchmarks.md, "How much of
-// the BF16 multiply-adds the stream can hide (Zen 5)"). CPUs with AVX512_BF16 only.
+// the multiply-adds the stream can hide (Zen 5)"). CPUs with AVX512_BF16 only.
 
 #if SPECSAMPLE_X86
 template <int Tokens>
