@@ -128,7 +128,7 @@ TEST_CASE("categorical and residual draws are exact across many blocks of the bl
   // inside the block skipped). The same statistic must reject it.
   const auto broken = testing::g_test(draws([&](auto& rng) {
     auto weight = [&](std::size_t i) { return static_cast<double>(p(static_cast<Eigen::Index>(i))); };
-    const double u = uniform_01(rng) * detail::total_weight(weight, V);
+    const double u = uniform_01(rng) * detail::sum_blocks(weight, V).total;
     double cum = 0.0;
     for (std::size_t b = 0; b < V; b += detail::sample_block) {
       const std::size_t end = std::min(V, b + detail::sample_block);
@@ -146,6 +146,31 @@ TEST_CASE("categorical and residual draws are exact across many blocks of the bl
   }), want_p);
   INFO("broken: G = " << broken.statistic << ", p = " << broken.p_value);
   CHECK(broken.p_value < 1e-6);
+}
+
+TEST_CASE("a draw reads its stored block sums and sums any later block again, to the same token",
+          "[random][residual]") {
+  // sum_blocks stores the first block_totals::kept block sums (vocabularies up to 65536); beyond
+  // them draw_weighted sums the blocks again. Both ways must give the same token for the same
+  // uniform: below, one draw with everything it may store, one with nothing stored.
+  for (const std::size_t V : {300u, 4096u, 70001u}) {
+    std::mt19937 gen(static_cast<unsigned>(V));
+    std::exponential_distribution<float> e(1.0f);
+    std::vector<float> w(V);
+    for (std::size_t i = 0; i < V; ++i) w[i] = i % 11 == 4 ? 0.0f : e(gen);
+    detail::float_weights weight{w.data()};
+    const detail::block_totals stored = detail::sum_blocks(weight, V);
+    const std::size_t blocks = (V + detail::sample_block - 1) / detail::sample_block;
+    INFO("V = " << V);
+    REQUIRE(stored.stored == std::min(blocks, detail::block_totals::kept));
+    double total = 0.0;  // the sequential sum of the blocks, as the scan adds them
+    for (std::size_t b = 0; b < V; b += detail::sample_block) total += detail::weight_sum(weight, b, std::min(V, b + detail::sample_block));
+    REQUIRE(stored.total == total);
+    detail::block_totals none = stored;
+    none.stored = 0;
+    std::mt19937_64 a(7), b(7);
+    for (int n = 0; n < 3000; ++n) REQUIRE(detail::draw_weighted(weight, V, stored, a) == detail::draw_weighted(weight, V, none, b));
+  }
 }
 
 TEST_CASE("a rejected draft token is resampled from the residual", "[verify]") {
@@ -279,7 +304,7 @@ TEST_CASE("draws from contiguous and from strided weights are the same draws", "
       return simd::residual_weight(static_cast<double>(rows(0, static_cast<Eigen::Index>(i))),
                                    static_cast<double>(rows(1, static_cast<Eigen::Index>(i))), s);
     };
-    CHECK(detail::total_weight(vector_path, V) == detail::total_weight(scalar_path, V));
+    CHECK(detail::sum_blocks(vector_path, V).total == detail::sum_blocks(scalar_path, V).total);
   }
   std::mt19937_64 a(31), b(31);
   for (int n = 0; n < 2000; ++n) {

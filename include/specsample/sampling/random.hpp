@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <concepts>
@@ -86,28 +87,43 @@ template <class Weight>
   }
 }
 
-/// Σ weight(i) over [0, n) as the sequential sum of the block sums `draw_weighted` scans.
-template <class Weight>
-[[nodiscard]] double total_weight(Weight& weight, std::size_t n) {
+/// The block sums `draw_weighted` scans and their total, Σ weight(i) over [0, n) as the sequential
+/// sum of the block sums. The first `kept` block sums are stored (every block of a vocabulary of
+/// up to 65536 weights, GPT-2's 50257 included), so that a draw after the total reads them
+/// instead of summing its blocks a second time; the draw sums any later block again, to the same
+/// bits. (On the stack: 8 KiB, no allocation.)
+struct block_totals {
+  static constexpr std::size_t kept = 1024;
   double total = 0.0;
-  for (std::size_t b = 0; b < n; b += sample_block) total += weight_sum(weight, b, std::min(n, b + sample_block));
-  return total;
+  std::size_t stored = 0;          ///< sums[0, stored) hold blocks 0, 1, ...
+  std::array<double, kept> sums;   ///< (only [0, stored) is written)
+};
+
+template <class Weight>
+[[nodiscard]] block_totals sum_blocks(Weight& weight, std::size_t n) {
+  block_totals t;
+  for (std::size_t b = 0; b < n; b += sample_block) {
+    const double block = weight_sum(weight, b, std::min(n, b + sample_block));
+    if (t.stored < block_totals::kept) t.sums[t.stored++] = block;
+    t.total += block;
+  }
+  return t;
 }
 
-/// The index whose cumulative weight first exceeds u·total (u ~ U[0, 1)), where `total` is
-/// `total_weight(weight, n)`: an inverse-CDF draw in double over non-negative weights. Blocked:
-/// the scan adds whole blocks (the same sums as `total_weight`, so the search covers exactly
+/// The index whose cumulative weight first exceeds u·total (u ~ U[0, 1)), `t` the weights'
+/// `sum_blocks(weight, n)`: an inverse-CDF draw in double over non-negative weights. Blocked:
+/// the scan adds whole blocks (the sums that make up `t.total`, so the search covers exactly
 /// [0, total)) and walks one block element by element; only indices with positive weight can be
 /// returned. Where rounding leaves u·total in a gap the walk does not close (a ~1e-16 event, as
 /// with any floating-point inverse CDF), the last positive index of the block — or, past the last
 /// block, of all — is returned.
 template <class Weight, std::uniform_random_bit_generator Rng>
-[[nodiscard]] token draw_weighted(Weight& weight, std::size_t n, double total, Rng& rng) {
-  const double u = uniform_01(rng) * total;
+[[nodiscard]] token draw_weighted(Weight& weight, std::size_t n, const block_totals& t, Rng& rng) {
+  const double u = uniform_01(rng) * t.total;
   double cum = 0.0;
-  for (std::size_t b = 0; b < n; b += sample_block) {
+  for (std::size_t b = 0, k = 0; b < n; b += sample_block, ++k) {
     const std::size_t end = std::min(n, b + sample_block);
-    const double block = weight_sum(weight, b, end);
+    const double block = k < t.stored ? t.sums[k] : weight_sum(weight, b, end);
     if (u < cum + block) {
       double c = cum;
       std::size_t last_positive = b;
@@ -133,13 +149,13 @@ template <class Weight, std::uniform_random_bit_generator Rng>
 /// no positive weight throws `specsample::error` naming the total.
 template <class Weight, std::uniform_random_bit_generator Rng>
 [[nodiscard]] token draw_checked(Weight& weight, std::size_t n, Rng& rng) {
-  const double total = total_weight(weight, n);
-  if (!(total > 0.0 && std::isfinite(total))) {
+  const block_totals t = sum_blocks(weight, n);
+  if (!(t.total > 0.0 && std::isfinite(t.total))) {
     throw error(fmt::format("sample_categorical: the {} weights sum to {}; they must be finite and "
                             "non-negative, with at least one positive",
-                            n, total));
+                            n, t.total));
   }
-  return draw_weighted(weight, n, total, rng);
+  return draw_weighted(weight, n, t, rng);
 }
 
 /// `sample_categorical` without its check of every weight, for weights the library computed
