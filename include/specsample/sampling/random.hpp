@@ -95,10 +95,11 @@ template <class Weight>
 struct block_totals {
   static constexpr std::size_t kept = 1024;
   double total = 0.0;
-  std::size_t stored = 0;          ///< sums[0, stored) hold blocks 0, 1, ...
-  std::array<double, kept> sums;   ///< (only [0, stored) is written)
+  std::size_t stored = 0;         ///< sums[0, stored) hold blocks 0, 1, ...
+  std::array<double, kept> sums;  ///< (only [0, stored) is written)
 };
 
+/// The `block_totals` of weight(i) over [0, n): every block's `weight_sum`, added in order.
 template <class Weight>
 [[nodiscard]] block_totals sum_blocks(Weight& weight, std::size_t n) {
   block_totals t;
