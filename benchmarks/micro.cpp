@@ -23,6 +23,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "probes.hpp"
@@ -96,13 +97,15 @@ void BM_stream_read(benchmark::State& state) {
   state.counters["MB"] = static_cast<double>(n * sizeof(float)) / 1e6;
 }
 
-/// Weight bytes of a single-token forward pass of a bundled model (the matmuls' weights).
-std::int64_t model_weight_bytes(const char* name) {
-  static std::map<std::string, std::int64_t> cache;
-  auto it = cache.find(name);
+/// Weight bytes of a single-token forward pass of a bundled model (the matmuls' weights), as the
+/// model holds them when it multiplies in `precision`.
+std::int64_t model_weight_bytes(const char* name, gpt2::matmul_precision precision = gpt2::matmul_precision::f32) {
+  static std::map<std::pair<std::string, gpt2::matmul_precision>, std::int64_t> cache;
+  const auto key = std::make_pair(std::string(name), precision);
+  auto it = cache.find(key);
   if (it == cache.end()) {
-    const auto m = gpt2::model::load(models_dir / name, gpt2::options{.threads = 1});
-    it = cache.emplace(name, static_cast<std::int64_t>(m.weights().matmul_bytes())).first;
+    const auto m = gpt2::model::load(models_dir / name, gpt2::options{.threads = 1, .matmul_precision = precision});
+    it = cache.emplace(key, static_cast<std::int64_t>(m.weights().matmul_bytes())).first;
   }
   return it->second;
 }
@@ -154,12 +157,8 @@ BENCHMARK(BM_stream_fma)->ArgName("tokens")->Arg(0)->Arg(1)->Arg(5)->Arg(9)->Use
 /// BM_append_matmuls/n:tokens/precision:1 as BM_stream_fma bounds the F32 matmuls. CPUs with
 /// AVX512_BF16 only.
 void BM_stream_dot(benchmark::State& state) {
-  static const std::size_t bytes =
-      gpt2::model::load(models_dir / "shakespeare-target",
-                        gpt2::options{.threads = 1, .matmul_precision = gpt2::matmul_precision::bf16})
-          .weights()
-          .matmul_bytes();
-  time_stream_probe(state, bytes, specsample_bench::stream_dot, "needs the AVX-512 kernels and AVX512_BF16");
+  time_stream_probe(state, static_cast<std::size_t>(model_weight_bytes("shakespeare-target", gpt2::matmul_precision::bf16)),
+                    specsample_bench::stream_dot, "needs the AVX-512 kernels and AVX512_BF16");
 }
 BENCHMARK(BM_stream_dot)->ArgName("tokens")->Arg(0)->Arg(1)->Arg(2)->Arg(5)->Arg(6)->UseRealTime()->MinTime(0.3);
 
