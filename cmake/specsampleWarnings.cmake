@@ -9,8 +9,8 @@ if(SPECSAMPLE_SANITIZE)
 endif()
 
 # The library as our own targets link it, with those flags: header-only (as by default for a
-# consumer), or with the GPT-2 kernels compiled once (SPECSAMPLE_SEPARATE_KERNELS, which the
-# sanitized build of scripts/test.sh uses: one compile of the kernels instead of one per program).
+# consumer), or with the GPT-2 kernels compiled once (SPECSAMPLE_SEPARATE_KERNELS, which both
+# builds of scripts/test.sh use: one compile of the kernels instead of one per program).
 add_library(specsample_dev INTERFACE)
 if(SPECSAMPLE_SEPARATE_KERNELS)
   target_link_libraries(specsample_kernels PRIVATE specsample_dev_flags)
