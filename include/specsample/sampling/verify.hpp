@@ -38,9 +38,9 @@ template <class P, class Q, std::uniform_random_bit_generator Rng>
   }
   const auto n = static_cast<std::size_t>(p.size());
   const auto draw = [&](auto& residual) {
-    const detail::block_totals mass = detail::sum_blocks(residual, n);
-    if (!(mass.total > residual_mass_epsilon)) return detail::draw_categorical(p, rng);
-    return detail::draw_weighted(residual, n, mass, rng);
+    const detail::block_totals sums = detail::sum_blocks(residual, n);  // sums.total: the residual mass
+    if (!(sums.total > residual_mass_epsilon)) return detail::draw_categorical(p, rng);
+    return detail::draw_weighted(residual, n, sums, rng);
   };
   const float* pd = detail::contiguous_floats(p);
   const float* qd = detail::contiguous_floats(q);
