@@ -3,6 +3,21 @@
 /// The GPT-2 language model: weights + KV cache + batched forward pass. Models
 /// `specsample::language_model`.
 
+// Where the model's loading (`load`), construction and forward pass (`append`) are compiled — with
+// the weights' loading and conversion, the JSON and safetensors parsing and the kernels they call:
+// inline in every TU that uses them (header-only, the default), or, with
+// SPECSAMPLE_SEPARATE_KERNELS, once, in the TU that defines SPECSAMPLE_DEFINE_GPT2_MODEL
+// (src/gpt2_model.cpp of specsample::kernels; models/gpt2/simd.hpp, "Where the kernels are
+// compiled"), which implies SPECSAMPLE_SEPARATE_KERNELS.
+#if defined(SPECSAMPLE_DEFINE_GPT2_MODEL) && !defined(SPECSAMPLE_SEPARATE_KERNELS)
+#define SPECSAMPLE_SEPARATE_KERNELS 1
+#endif
+#if !defined(SPECSAMPLE_SEPARATE_KERNELS)
+#define SPECSAMPLE_GPT2_MODEL inline
+#elif defined(SPECSAMPLE_DEFINE_GPT2_MODEL)
+#define SPECSAMPLE_GPT2_MODEL
+#endif
+
 #include <specsample/concepts.hpp>
 #include <specsample/error.hpp>
 #include <specsample/io/safetensors.hpp>
@@ -129,73 +144,12 @@ class model {
  public:
   /// Loads `dir/config.json` and `dir/model.safetensors` (a Hugging Face GPT-2 directory).
   /// Throws `specsample::error` naming the file and the problem.
-  [[nodiscard]] static model load(const std::filesystem::path& dir, options opts = {}) {
-    const std::filesystem::path config_path = dir / "config.json";
-    const std::filesystem::path weights_path = dir / "model.safetensors";
-    gpt2::config cfg = gpt2::config::load(config_path);
-    const io::safetensors_file file = io::safetensors_file::open(weights_path);
-    gpt2::weights w = gpt2::weights::load(file, cfg, config_path.string(), storage_of(opts));
-    return model(cfg, std::move(w), opts);
-  }
+  [[nodiscard]] static model load(const std::filesystem::path& dir, options opts = {});
 
   /// Builds a model from parameters already in memory (they must match `cfg`), converting the
   /// matmul weights to `opts.weight_storage` when it is set (`weights::convert`). Throws
   /// `specsample::error` when they do not match, or when the KV cache does not fit in memory.
-  model(const gpt2::config& cfg, gpt2::weights w, options opts = {}) try
-      : cfg_(validated(cfg)),
-        w_(std::move(w)),
-        pool_(pool_of(opts)),
-        isa_(simd::resolve(opts.kernels)),
-        min_parallel_work_(opts.min_parallel_work),
-        cache_(cfg.n_layer, cfg.n_head, cfg.n_positions, cfg.n_embd, opts.kv_storage) {
-    if (const std::optional<weight_format> s = storage_of(opts)) w_.convert(*s);
-    const std::size_t L = cfg_.n_layer, P = cfg_.n_positions, C = cfg_.n_embd;
-    if (w_.layers.size() != L || w_.wte.shape(0) != cfg_.vocab_size || w_.wte.shape(1) != C ||
-        w_.wpe.shape(0) != P || w_.wpe.shape(1) != C) {
-      throw error("gpt2::model: weights do not match the config");
-    }
-    const auto shaped = [](const weight_matrix& m, std::size_t r, std::size_t c) {
-      return m.rows() == r && m.cols() == c;
-    };
-    const auto sized = [](const xt::xtensor<float, 1>& v, std::size_t n) { return v.size() == n; };
-    const std::size_t I = cfg_.n_inner;
-    for (const layer_weights& lw : w_.layers) {
-      if (!shaped(lw.attn_qkv_weight, 3 * C, C) || !shaped(lw.attn_proj_weight, C, C) ||
-          !shaped(lw.mlp_fc_weight, I, C) || !shaped(lw.mlp_proj_weight, C, I) ||
-          !sized(lw.ln_1_weight, C) || !sized(lw.ln_1_bias, C) || !sized(lw.ln_2_weight, C) ||
-          !sized(lw.ln_2_bias, C) || !sized(lw.attn_qkv_bias, 3 * C) || !sized(lw.attn_proj_bias, C) ||
-          !sized(lw.mlp_fc_bias, I) || !sized(lw.mlp_proj_bias, C)) {
-        throw error("gpt2::model: weights do not match the config");
-      }
-    }
-    if (!shaped(w_.output_embedding(), cfg_.vocab_size, C) || !sized(w_.ln_f_weight, C) ||
-        !sized(w_.ln_f_bias, C)) {
-      throw error("gpt2::model: weights do not match the config");
-    }
-    // A matmul precision's layout (BF16 pairs, INT8 quads) is all of the matmul weights' or none's.
-    for (const weight_format f : {weight_format::bf16_pairs, weight_format::i8_quads}) {
-      const bool held = w_.output_embedding().format() == f;
-      for (const layer_weights& lw : w_.layers) {
-        for (const weight_matrix* m : {&lw.attn_qkv_weight, &lw.attn_proj_weight, &lw.mlp_fc_weight, &lw.mlp_proj_weight}) {
-          if ((m->format() == f) != held) {
-            throw error(fmt::format("gpt2::model: the matmul weights must be all {} (matmul_precision {}) or none",
-                                    format_name(f), f == weight_format::bf16_pairs ? "BF16" : "INT8"));
-          }
-        }
-      }
-    }
-    att_ = xt::xtensor<float, 2>::from_shape({pool_->size(), kernels::attention_scratch(P)});
-    reserve(std::min(std::max<std::size_t>(opts.batch_capacity, 1), P));
-  } catch (const std::bad_alloc&) {
-    const auto per_layer = static_cast<double>(kernels::kv_layer_size(cfg.n_positions, cfg.n_embd, cfg.n_head));
-    const std::size_t b = format_bytes(opts.kv_storage);
-    throw error(fmt::format(
-        "gpt2::model: out of memory for its buffers (the KV cache alone, for {} positions: {} layers x 2 "
-        "(keys, values) x {:.0f} elements x {} bytes = {:.3g} GB)",
-        cfg.n_positions, cfg.n_layer, per_layer, b,
-        static_cast<double>(kv_cache::total_bytes(cfg.n_layer, cfg.n_head, cfg.n_positions, cfg.n_embd,
-                                                  opts.kv_storage)) / 1e9));
-  }
+  model(const gpt2::config& cfg, gpt2::weights w, options opts = {});
 
   model(model&&) noexcept = default;
   model& operator=(model&&) noexcept = default;
@@ -265,104 +219,7 @@ class model {
   /// their logits need: the last block's attention, projection and MLP, the final layer norm and
   /// the lm_head (a prompt's prefill, `logits` = 0: 24% of the bundled target's multiply-adds,
   /// 73% of the drafts'). Throws `specsample::error` when logits > tokens.size().
-  Eigen::Map<const Eigen::MatrixXf> append(std::span<const token> tokens, std::size_t logits) {
-    const std::size_t T = tokens.size();
-    const std::size_t V = cfg_.vocab_size, C = cfg_.n_embd, P = cfg_.n_positions;
-    const std::size_t NH = cfg_.n_head;
-    if (T > P - cache_.length) {
-      throw error(fmt::format("gpt2: cannot append {} tokens to a context of {}: that would "
-                              "exceed the model's n_positions = {}",
-                              T, cache_.length, P));
-    }
-    if (logits > T) {
-      throw error(fmt::format("gpt2: cannot return the logits of the last {} of {} appended tokens", logits, T));
-    }
-    for (std::size_t t = 0; t < T; ++t) {
-      if (!in_vocabulary(tokens[t], V)) {
-        throw error(fmt::format("gpt2: token id {} (at index {}) is out of range for vocab_size {}",
-                                tokens[t], t, V));
-      }
-    }
-    const auto rows = static_cast<Eigen::Index>(V);
-    if (T == 0) return {logits_.data(), rows, 0};
-    reserve(T);
-
-    thread_pool* pool = pool_.get();
-    const std::size_t pos0 = cache_.length;
-    // Rows [first, T) of the activations are computed; every layer but the last runs them all
-    // (their keys and values are needed), the last only those whose logits are asked for.
-    std::size_t first = 0;
-    const auto n = [&] { return T - first; };
-    const auto buf = [&](xt::xtensor<float, 2>& b) {
-      return std::span<float>(b.data() + first * b.shape(1), n() * b.shape(1));
-    };
-    const auto cbuf = [&](const xt::xtensor<float, 2>& b) {
-      return std::span<const float>(b.data() + first * b.shape(1), n() * b.shape(1));
-    };
-    const auto vec = [](const auto& a) { return std::span<const float>(a.data(), a.size()); };
-
-    // The pool for an op touching `work` weight elements per row (nullptr: run inline).
-    const auto pool_for = [&](std::size_t work) {
-      return work * n() >= min_parallel_work_ ? pool : nullptr;
-    };
-    const auto mm = [&](xt::xtensor<float, 2>& out, const xt::xtensor<float, 2>& in,
-                        const weight_matrix& w, std::span<const float> bias) {
-      const std::size_t OC = w.rows(), K = w.cols();
-      kernels::matmul(buf(out), cbuf(in), w.view(), bias, n(), K, OC, pool_for(OC * K), isa_, &operands_);
-    };
-
-    // Runs f, its wall time added to the attached op_times (`time_ops`) under `o`.
-    const auto timed = [this](op_times::op o, auto&& f) {
-      if (op_times_ == nullptr) return f();
-      const auto t0 = std::chrono::steady_clock::now();
-      f();
-      op_times_->seconds[o] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    };
-    const auto ln = [&](std::span<const float> weight, std::span<const float> bias) {
-      timed(op_times::layer_norm, [&] {
-        kernels::layer_norm(buf(ln_), cbuf(x_), weight, bias, n(), C, cfg_.layer_norm_epsilon, isa_);
-      });
-    };
-    const auto residual = [&] { timed(op_times::residual, [&] { kernels::residual_add(buf(x_), cbuf(proj_)); }); };
-
-    timed(op_times::embed, [&] { kernels::embed(buf(x_), tokens, w_.wte.view(), vec(w_.wpe), pos0, C); });
-    const auto blocks = [&]<weight_format F>() {  // F: the KV cache's format
-      for (std::size_t l = 0; l < cfg_.n_layer; ++l) {
-        const layer_weights& lw = w_.layers[l];
-        const std::span<weight_t<F>> k_layer = cache_.keys<F>(l);
-        const std::span<weight_t<F>> v_layer = cache_.values<F>(l);
-        ln(vec(lw.ln_1_weight), vec(lw.ln_1_bias));
-        timed(op_times::qkv, [&] { mm(qkv_, ln_, lw.attn_qkv_weight, vec(lw.attn_qkv_bias)); });
-        timed(op_times::store_kv, [&] { kernels::store_kv<F>(k_layer, v_layer, cbuf(qkv_), pos0, T, C, NH, P); });
-        if (l + 1 == cfg_.n_layer) {
-          if (logits == 0) break;
-          first = T - logits;
-        }
-        timed(op_times::attention, [&] {
-          kernels::attention<F>(buf(atty_), cbuf(qkv_), k_layer, v_layer, {att_.data(), att_.size()},
-                                pos0 + first, n(), C, NH, P, pool_for(2 * (pos0 + T) * C), isa_);
-        });
-        timed(op_times::attn_proj, [&] { mm(proj_, atty_, lw.attn_proj_weight, vec(lw.attn_proj_bias)); });
-        residual();
-        ln(vec(lw.ln_2_weight), vec(lw.ln_2_bias));
-        timed(op_times::mlp_fc, [&] { mm(fc_, ln_, lw.mlp_fc_weight, vec(lw.mlp_fc_bias)); });
-        timed(op_times::gelu, [&] { kernels::gelu(buf(fc_), cbuf(fc_), isa_); });
-        timed(op_times::mlp_proj, [&] { mm(proj_, fc_, lw.mlp_proj_weight, vec(lw.mlp_proj_bias)); });
-        residual();
-      }
-    };
-    if (cache_.format == weight_format::f16) {
-      blocks.template operator()<weight_format::f16>();
-    } else {
-      blocks.template operator()<weight_format::f32>();
-    }
-    cache_.length += T;
-    if (logits == 0) return {logits_.data(), rows, 0};
-    ln(vec(w_.ln_f_weight), vec(w_.ln_f_bias));
-    // logits (n, V) row-major == (V, n) column-major.
-    timed(op_times::lm_head, [&] { mm(logits_, ln_, w_.output_embedding(), {}); });
-    return {logits_.data() + first * V, rows, static_cast<Eigen::Index>(n())};
-  }
+  Eigen::Map<const Eigen::MatrixXf> append(std::span<const token> tokens, std::size_t logits);
 
   /// Keeps the first `n` tokens of the context (O(1): the cache rows past n are just ignored).
   /// Throws `specsample::error` when n > size().
@@ -430,6 +287,175 @@ class model {
   kernels::matmul_operands operands_;  // (B, C or I) BF16 or INT8 matmul operands (matmul_precision bf16, int8)
   op_times* op_times_ = nullptr;       // where append adds its operations' times (`time_ops`), or none
 };
+
+// The definitions of the model's loading, construction and forward pass (see the top of the file).
+#ifdef SPECSAMPLE_GPT2_MODEL
+
+SPECSAMPLE_GPT2_MODEL model model::load(const std::filesystem::path& dir, options opts) {
+  const std::filesystem::path config_path = dir / "config.json";
+  const std::filesystem::path weights_path = dir / "model.safetensors";
+  gpt2::config cfg = gpt2::config::load(config_path);
+  const io::safetensors_file file = io::safetensors_file::open(weights_path);
+  gpt2::weights w = gpt2::weights::load(file, cfg, config_path.string(), storage_of(opts));
+  return model(cfg, std::move(w), opts);
+}
+
+SPECSAMPLE_GPT2_MODEL model::model(const gpt2::config& cfg, gpt2::weights w, options opts) try
+    : cfg_(validated(cfg)),
+      w_(std::move(w)),
+      pool_(pool_of(opts)),
+      isa_(simd::resolve(opts.kernels)),
+      min_parallel_work_(opts.min_parallel_work),
+      cache_(cfg.n_layer, cfg.n_head, cfg.n_positions, cfg.n_embd, opts.kv_storage) {
+  if (const std::optional<weight_format> s = storage_of(opts)) w_.convert(*s);
+  const std::size_t L = cfg_.n_layer, P = cfg_.n_positions, C = cfg_.n_embd;
+  if (w_.layers.size() != L || w_.wte.shape(0) != cfg_.vocab_size || w_.wte.shape(1) != C ||
+      w_.wpe.shape(0) != P || w_.wpe.shape(1) != C) {
+    throw error("gpt2::model: weights do not match the config");
+  }
+  const auto shaped = [](const weight_matrix& m, std::size_t r, std::size_t c) {
+    return m.rows() == r && m.cols() == c;
+  };
+  const auto sized = [](const xt::xtensor<float, 1>& v, std::size_t n) { return v.size() == n; };
+  const std::size_t I = cfg_.n_inner;
+  for (const layer_weights& lw : w_.layers) {
+    if (!shaped(lw.attn_qkv_weight, 3 * C, C) || !shaped(lw.attn_proj_weight, C, C) ||
+        !shaped(lw.mlp_fc_weight, I, C) || !shaped(lw.mlp_proj_weight, C, I) ||
+        !sized(lw.ln_1_weight, C) || !sized(lw.ln_1_bias, C) || !sized(lw.ln_2_weight, C) ||
+        !sized(lw.ln_2_bias, C) || !sized(lw.attn_qkv_bias, 3 * C) || !sized(lw.attn_proj_bias, C) ||
+        !sized(lw.mlp_fc_bias, I) || !sized(lw.mlp_proj_bias, C)) {
+      throw error("gpt2::model: weights do not match the config");
+    }
+  }
+  if (!shaped(w_.output_embedding(), cfg_.vocab_size, C) || !sized(w_.ln_f_weight, C) ||
+      !sized(w_.ln_f_bias, C)) {
+    throw error("gpt2::model: weights do not match the config");
+  }
+  // A matmul precision's layout (BF16 pairs, INT8 quads) is all of the matmul weights' or none's.
+  for (const weight_format f : {weight_format::bf16_pairs, weight_format::i8_quads}) {
+    const bool held = w_.output_embedding().format() == f;
+    for (const layer_weights& lw : w_.layers) {
+      for (const weight_matrix* m : {&lw.attn_qkv_weight, &lw.attn_proj_weight, &lw.mlp_fc_weight, &lw.mlp_proj_weight}) {
+        if ((m->format() == f) != held) {
+          throw error(fmt::format("gpt2::model: the matmul weights must be all {} (matmul_precision {}) or none",
+                                  format_name(f), f == weight_format::bf16_pairs ? "BF16" : "INT8"));
+        }
+      }
+    }
+  }
+  att_ = xt::xtensor<float, 2>::from_shape({pool_->size(), kernels::attention_scratch(P)});
+  reserve(std::min(std::max<std::size_t>(opts.batch_capacity, 1), P));
+} catch (const std::bad_alloc&) {
+  const auto per_layer = static_cast<double>(kernels::kv_layer_size(cfg.n_positions, cfg.n_embd, cfg.n_head));
+  const std::size_t b = format_bytes(opts.kv_storage);
+  throw error(fmt::format(
+      "gpt2::model: out of memory for its buffers (the KV cache alone, for {} positions: {} layers x 2 "
+      "(keys, values) x {:.0f} elements x {} bytes = {:.3g} GB)",
+      cfg.n_positions, cfg.n_layer, per_layer, b,
+      static_cast<double>(kv_cache::total_bytes(cfg.n_layer, cfg.n_head, cfg.n_positions, cfg.n_embd,
+                                                opts.kv_storage)) / 1e9));
+}
+
+SPECSAMPLE_GPT2_MODEL Eigen::Map<const Eigen::MatrixXf> model::append(std::span<const token> tokens, std::size_t logits) {
+  const std::size_t T = tokens.size();
+  const std::size_t V = cfg_.vocab_size, C = cfg_.n_embd, P = cfg_.n_positions;
+  const std::size_t NH = cfg_.n_head;
+  if (T > P - cache_.length) {
+    throw error(fmt::format("gpt2: cannot append {} tokens to a context of {}: that would "
+                            "exceed the model's n_positions = {}",
+                            T, cache_.length, P));
+  }
+  if (logits > T) {
+    throw error(fmt::format("gpt2: cannot return the logits of the last {} of {} appended tokens", logits, T));
+  }
+  for (std::size_t t = 0; t < T; ++t) {
+    if (!in_vocabulary(tokens[t], V)) {
+      throw error(fmt::format("gpt2: token id {} (at index {}) is out of range for vocab_size {}",
+                              tokens[t], t, V));
+    }
+  }
+  const auto rows = static_cast<Eigen::Index>(V);
+  if (T == 0) return {logits_.data(), rows, 0};
+  reserve(T);
+
+  thread_pool* pool = pool_.get();
+  const std::size_t pos0 = cache_.length;
+  // Rows [first, T) of the activations are computed; every layer but the last runs them all
+  // (their keys and values are needed), the last only those whose logits are asked for.
+  std::size_t first = 0;
+  const auto n = [&] { return T - first; };
+  const auto buf = [&](xt::xtensor<float, 2>& b) {
+    return std::span<float>(b.data() + first * b.shape(1), n() * b.shape(1));
+  };
+  const auto cbuf = [&](const xt::xtensor<float, 2>& b) {
+    return std::span<const float>(b.data() + first * b.shape(1), n() * b.shape(1));
+  };
+  const auto vec = [](const auto& a) { return std::span<const float>(a.data(), a.size()); };
+
+  // The pool for an op touching `work` weight elements per row (nullptr: run inline).
+  const auto pool_for = [&](std::size_t work) {
+    return work * n() >= min_parallel_work_ ? pool : nullptr;
+  };
+  const auto mm = [&](xt::xtensor<float, 2>& out, const xt::xtensor<float, 2>& in,
+                      const weight_matrix& w, std::span<const float> bias) {
+    const std::size_t OC = w.rows(), K = w.cols();
+    kernels::matmul(buf(out), cbuf(in), w.view(), bias, n(), K, OC, pool_for(OC * K), isa_, &operands_);
+  };
+
+  // Runs f, its wall time added to the attached op_times (`time_ops`) under `o`.
+  const auto timed = [this](op_times::op o, auto&& f) {
+    if (op_times_ == nullptr) return f();
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    op_times_->seconds[o] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  const auto ln = [&](std::span<const float> weight, std::span<const float> bias) {
+    timed(op_times::layer_norm, [&] {
+      kernels::layer_norm(buf(ln_), cbuf(x_), weight, bias, n(), C, cfg_.layer_norm_epsilon, isa_);
+    });
+  };
+  const auto residual = [&] { timed(op_times::residual, [&] { kernels::residual_add(buf(x_), cbuf(proj_)); }); };
+
+  timed(op_times::embed, [&] { kernels::embed(buf(x_), tokens, w_.wte.view(), vec(w_.wpe), pos0, C); });
+  const auto blocks = [&]<weight_format F>() {  // F: the KV cache's format
+    for (std::size_t l = 0; l < cfg_.n_layer; ++l) {
+      const layer_weights& lw = w_.layers[l];
+      const std::span<weight_t<F>> k_layer = cache_.keys<F>(l);
+      const std::span<weight_t<F>> v_layer = cache_.values<F>(l);
+      ln(vec(lw.ln_1_weight), vec(lw.ln_1_bias));
+      timed(op_times::qkv, [&] { mm(qkv_, ln_, lw.attn_qkv_weight, vec(lw.attn_qkv_bias)); });
+      timed(op_times::store_kv, [&] { kernels::store_kv<F>(k_layer, v_layer, cbuf(qkv_), pos0, T, C, NH, P); });
+      if (l + 1 == cfg_.n_layer) {
+        if (logits == 0) break;
+        first = T - logits;
+      }
+      timed(op_times::attention, [&] {
+        kernels::attention<F>(buf(atty_), cbuf(qkv_), k_layer, v_layer, {att_.data(), att_.size()},
+                              pos0 + first, n(), C, NH, P, pool_for(2 * (pos0 + T) * C), isa_);
+      });
+      timed(op_times::attn_proj, [&] { mm(proj_, atty_, lw.attn_proj_weight, vec(lw.attn_proj_bias)); });
+      residual();
+      ln(vec(lw.ln_2_weight), vec(lw.ln_2_bias));
+      timed(op_times::mlp_fc, [&] { mm(fc_, ln_, lw.mlp_fc_weight, vec(lw.mlp_fc_bias)); });
+      timed(op_times::gelu, [&] { kernels::gelu(buf(fc_), cbuf(fc_), isa_); });
+      timed(op_times::mlp_proj, [&] { mm(proj_, fc_, lw.mlp_proj_weight, vec(lw.mlp_proj_bias)); });
+      residual();
+    }
+  };
+  if (cache_.format == weight_format::f16) {
+    blocks.template operator()<weight_format::f16>();
+  } else {
+    blocks.template operator()<weight_format::f32>();
+  }
+  cache_.length += T;
+  if (logits == 0) return {logits_.data(), rows, 0};
+  ln(vec(w_.ln_f_weight), vec(w_.ln_f_bias));
+  // logits (n, V) row-major == (V, n) column-major.
+  timed(op_times::lm_head, [&] { mm(logits_, ln_, w_.output_embedding(), {}); });
+  return {logits_.data() + first * V, rows, static_cast<Eigen::Index>(n())};
+}
+
+#endif  // SPECSAMPLE_GPT2_MODEL
 
 static_assert(language_model<model>,
               "gpt2::model must model specsample::language_model (vocab_size, size, append, "

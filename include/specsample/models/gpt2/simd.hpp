@@ -63,7 +63,8 @@
 // declared only here, and one TU that defines SPECSAMPLE_DEFINE_MATMUL_KERNELS and one that
 // defines SPECSAMPLE_DEFINE_ATTENTION_KERNELS (they may be the same TU; either implies
 // SPECSAMPLE_SEPARATE_KERNELS) compile them — src/matmul_kernels.cpp and
-// src/attention_kernels.cpp, the CMake target specsample::kernels. The kernels and their results
+// src/attention_kernels.cpp, the CMake target specsample::kernels (which also compiles the
+// model's loading and forward pass once: models/gpt2/model.hpp). The kernels and their results
 // are the same either way.
 #if (defined(SPECSAMPLE_DEFINE_MATMUL_KERNELS) || defined(SPECSAMPLE_DEFINE_ATTENTION_KERNELS)) && \
     !defined(SPECSAMPLE_SEPARATE_KERNELS)
