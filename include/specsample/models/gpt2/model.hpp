@@ -3,21 +3,6 @@
 /// The GPT-2 language model: weights + KV cache + batched forward pass. Models
 /// `specsample::language_model`.
 
-// Where the model's loading (`load`), construction and forward pass (`append`) are compiled — with
-// the weights' loading and conversion, the JSON and safetensors parsing and the kernels they call:
-// inline in every TU that uses them (header-only, the default), or, with
-// SPECSAMPLE_SEPARATE_KERNELS, once, in the TU that defines SPECSAMPLE_DEFINE_GPT2_MODEL
-// (src/gpt2_model.cpp of specsample::kernels; models/gpt2/simd.hpp, "Where the kernels are
-// compiled"), which implies SPECSAMPLE_SEPARATE_KERNELS.
-#if defined(SPECSAMPLE_DEFINE_GPT2_MODEL) && !defined(SPECSAMPLE_SEPARATE_KERNELS)
-#define SPECSAMPLE_SEPARATE_KERNELS 1
-#endif
-#if !defined(SPECSAMPLE_SEPARATE_KERNELS)
-#define SPECSAMPLE_GPT2_MODEL inline
-#elif defined(SPECSAMPLE_DEFINE_GPT2_MODEL)
-#define SPECSAMPLE_GPT2_MODEL
-#endif
-
 #include <specsample/concepts.hpp>
 #include <specsample/error.hpp>
 #include <specsample/io/safetensors.hpp>
@@ -288,7 +273,11 @@ class model {
   op_times* op_times_ = nullptr;       // where append adds its operations' times (`time_ops`), or none
 };
 
-// The definitions of the model's loading, construction and forward pass (see the top of the file).
+// The model's loading (`load`), construction and forward pass (`append`) — with them the weights'
+// loading and conversion, the JSON and safetensors parsing and the kernels they call: inline in
+// every TU that uses them (header-only, the default), or, with SPECSAMPLE_SEPARATE_KERNELS, only
+// in the TU that defines SPECSAMPLE_DEFINE_GPT2_MODEL (src/gpt2_model.cpp of specsample::kernels;
+// the switch is models/gpt2/simd.hpp's, "Where the kernels are compiled").
 #ifdef SPECSAMPLE_GPT2_MODEL
 
 SPECSAMPLE_GPT2_MODEL model model::load(const std::filesystem::path& dir, options opts) {

@@ -63,22 +63,28 @@
 // declared only here, and one TU that defines SPECSAMPLE_DEFINE_MATMUL_KERNELS and one that
 // defines SPECSAMPLE_DEFINE_ATTENTION_KERNELS (they may be the same TU; either implies
 // SPECSAMPLE_SEPARATE_KERNELS) compile them — src/matmul_kernels.cpp and
-// src/attention_kernels.cpp, the CMake target specsample::kernels (which also compiles the
-// model's loading and forward pass once: models/gpt2/model.hpp). The kernels and their results
-// are the same either way.
-#if (defined(SPECSAMPLE_DEFINE_MATMUL_KERNELS) || defined(SPECSAMPLE_DEFINE_ATTENTION_KERNELS)) && \
+// src/attention_kernels.cpp, the CMake target specsample::kernels. The same switch, with
+// SPECSAMPLE_DEFINE_GPT2_MODEL (src/gpt2_model.cpp), places the model's loading, construction and
+// forward pass (SPECSAMPLE_GPT2_MODEL, models/gpt2/model.hpp). The kernels and their results are
+// the same either way.
+#if (defined(SPECSAMPLE_DEFINE_MATMUL_KERNELS) || defined(SPECSAMPLE_DEFINE_ATTENTION_KERNELS) || \
+     defined(SPECSAMPLE_DEFINE_GPT2_MODEL)) &&                                                     \
     !defined(SPECSAMPLE_SEPARATE_KERNELS)
 #define SPECSAMPLE_SEPARATE_KERNELS 1
 #endif
 #if !defined(SPECSAMPLE_SEPARATE_KERNELS)
 #define SPECSAMPLE_MATMUL_KERNELS inline
 #define SPECSAMPLE_ATTENTION_KERNELS inline
+#define SPECSAMPLE_GPT2_MODEL inline
 #else
 #if defined(SPECSAMPLE_DEFINE_MATMUL_KERNELS)
 #define SPECSAMPLE_MATMUL_KERNELS
 #endif
 #if defined(SPECSAMPLE_DEFINE_ATTENTION_KERNELS)
 #define SPECSAMPLE_ATTENTION_KERNELS
+#endif
+#if defined(SPECSAMPLE_DEFINE_GPT2_MODEL)
+#define SPECSAMPLE_GPT2_MODEL
 #endif
 #endif
 
