@@ -9,6 +9,15 @@
 
 using namespace specsample;
 
+namespace {
+// A toy model whose context holds at most `limit` tokens.
+struct bounded_markov : toy::markov {
+  bounded_markov(toy::markov m, std::size_t limit) : toy::markov(std::move(m)), limit(limit) {}
+  std::size_t limit;
+  std::size_t max_size() const { return limit; }
+};
+}  // namespace
+
 TEST_CASE("the performance model matches its closed form", "[tuning]") {
   // (1 - a^(K+1)) / ((1 - a)(cK + 1))
   for (const double a : {0.3, 0.64, 0.9}) {
@@ -203,4 +212,34 @@ TEST_CASE("the draft temperature scan finds the ratio at which a sharpened draft
   CHECK_THROWS_WITH(scan_draft_temperature(other, t, std::span<const std::vector<token>>(prompts), params,
                                            std::span<const double>(ratios), rng, 20),
                     Contains("vocabularies differ"));
+}
+
+TEST_CASE("warm-ups shorten to the room a prompt leaves in the models' contexts", "[tuning]") {
+  // Contexts of 12 (draft) and 10 (target) tokens: after a 7-token prompt a warm-up has room for
+  // 4 tokens, not the 64 asked for; a calibration or scan on it runs instead of reporting a
+  // context overflow of a max_new_tokens the caller never set.
+  const auto markov = toy::markov::random(6, 1, 3, 0.5f);
+  bounded_markov target(markov, 10), draft(toy::markov::similar_to(markov, 0.5, 4, 0.5f), 12);
+  speculative_params params;
+  params.sampling.temperature = 1.0f;
+  const std::vector<std::vector<token>> prompts{{0, 1, 2, 3, 4, 5, 0}, {1}};
+  CHECK(detail::warmup_length(draft, target, 7, 64, "test") == 4);
+  CHECK(detail::warmup_length(draft, target, 1, 64, "test") == 10);
+  CHECK(detail::warmup_length(draft, target, 10, 64, "test") == 1);
+  CHECK(detail::warmup_length(draft, target, 7, 3, "test") == 3);
+  std::mt19937_64 rng(5);
+  const auto cal = calibrate(draft, target, std::span<const std::vector<token>>(prompts), params, rng, 3, 64);
+  CHECK((cal.best_k >= 1 && cal.best_k <= 3));
+  const std::vector<double> ratios{0.5, 1.0, 2.0};
+  const auto scan = scan_draft_temperature(draft, target, std::span<const std::vector<token>>(prompts), params,
+                                           std::span<const double>(ratios), rng, 64);
+  CHECK(scan.positions == 4 + 10);
+  // A prompt that alone overflows the smaller context is refused by name.
+  const std::vector<std::vector<token>> too_long{std::vector<token>(11, 0)};
+  using Catch::Matchers::Contains;
+  CHECK_THROWS_WITH(calibrate(draft, target, std::span<const std::vector<token>>(too_long), params, rng, 3, 64),
+                    Contains("calibrate: a prompt of 11 tokens does not fit the models' context of 10 tokens"));
+  CHECK_THROWS_WITH(scan_draft_temperature(draft, target, std::span<const std::vector<token>>(too_long), params,
+                                           std::span<const double>(ratios), rng, 64),
+                    Contains("scan_draft_temperature: a prompt of 11 tokens does not fit"));
 }

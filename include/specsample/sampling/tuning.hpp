@@ -205,8 +205,28 @@ calibration cost_ratios(Draft& draft, Target& target, std::span<const token> con
 
 }  // namespace detail
 
+namespace detail {
+
+/// How many tokens a warm-up may generate after a prompt of `prompt` tokens: `wanted`, or fewer
+/// where the smaller of the two models' contexts ends sooner (the loop's `check_fits`: prompt +
+/// max_new_tokens − 1 positions). Throws `specsample::error` when the prompt alone overflows it.
+template <class Draft, class Target>
+[[nodiscard]] std::size_t warmup_length(const Draft& draft, const Target& target, std::size_t prompt,
+                                        std::size_t wanted, const char* who) {
+  const std::size_t limit = std::min(max_context(draft), max_context(target));
+  if (prompt == 0) return wanted;  // (the entry points report the empty prompt)
+  if (prompt > limit) {
+    throw error(fmt::format("{}: a prompt of {} tokens does not fit the models' context of {} tokens", who, prompt,
+                            limit));
+  }
+  return std::min(wanted, limit - prompt + 1);
+}
+
+}  // namespace detail
+
 /// Runs a short speculative generation with K = k_max from each of `prompts` (`warmup_tokens`
-/// tokens each, the caller's sampling parameters) to measure acceptance by position, pooled over
+/// tokens each, fewer where a prompt leaves the models' contexts less room; the caller's
+/// sampling parameters) to measure acceptance by position, pooled over
 /// the prompts; times single-token calls of both models for c (a round's first draft call apart)
 /// and the target's (K+1)-token calls for the verification cost (after the first prompt; medians
 /// of per-round ratios, see `detail::cost_ratios`), and picks the K that maximises the predicted
@@ -220,10 +240,12 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   if (prompts.empty()) throw error("calibrate: no prompts");
   speculative_params warm = params;
   warm.draft_length = k_max;
-  warm.max_new_tokens = warmup_tokens;
   warm.adaptive_draft_length = false;
   position_acceptance positions(k_max);
-  for (const std::vector<token>& prompt : prompts) (void)speculative_sample(draft, target, prompt, warm, rng, positions);
+  for (const std::vector<token>& prompt : prompts) {
+    warm.max_new_tokens = detail::warmup_length(draft, target, prompt.size(), warmup_tokens, "calibrate");
+    (void)speculative_sample(draft, target, prompt, warm, rng, positions);
+  }
   calibration c = detail::cost_ratios(draft, target, std::span<const token>(prompts.front()), k_max);
   c.acceptance = positions.rates();
   const std::vector<double> round = c.round_cost();
@@ -268,9 +290,10 @@ struct draft_temperature_scan {
 /// A draft sharper than the target peaks above R = 1 (the bundled distilled draft at T = 1: 1.2;
 /// docs/algorithm.md). Exact sampling does not depend on the choice (`draft_sampling`). Costs
 /// one generation per prompt plus one call of each model per prompt; the models hold each
-/// scored text afterwards. Throws `specsample::error` at temperature 0 (both models greedy: no
+/// scored text afterwards. A prompt that leaves the models' contexts less room than `tokens` is
+/// followed by fewer tokens. Throws `specsample::error` at temperature 0 (both models greedy: no
 /// ratio matters), for no prompts or no ratios, a ratio that is not finite and > 0, or when a
-/// prompt plus `tokens` does not fit either model.
+/// prompt alone does not fit either model.
 template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng>
 [[nodiscard]] draft_temperature_scan scan_draft_temperature(Draft& draft, Target& target,
                                                             std::span<const std::vector<token>> prompts,
@@ -287,8 +310,7 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   const auto vocab = static_cast<std::size_t>(target.vocab_size());
   detail::check_vocabularies(static_cast<std::size_t>(draft.vocab_size()), vocab);
   speculative_params gen = params;
-  gen.max_new_tokens = tokens;
-  gen.eos.reset();  // every text the same length: positions are what the means are over
+  gen.eos.reset();  // every text as long as its room allows: positions are what the means are over
   logit_warper warp_p(params.sampling, vocab);
   std::vector<logit_warper> warp_q;  // the draft's warping at each ratio, as `apply` would set it
   for (const double r : ratios) {
@@ -298,7 +320,7 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   Eigen::VectorXf p(static_cast<Eigen::Index>(vocab)), q(static_cast<Eigen::Index>(vocab));
   std::vector<token> text;
   for (const std::vector<token>& prompt : prompts) {
-    detail::check_fits(draft, "draft", prompt.size(), tokens);
+    gen.max_new_tokens = detail::warmup_length(draft, target, prompt.size(), tokens, "scan_draft_temperature");
     const auto out = autoregressive_sample(target, prompt, gen, rng);
     text.assign(prompt.begin(), prompt.end());
     text.insert(text.end(), out.tokens.begin(), out.tokens.end());
