@@ -688,7 +688,13 @@ inline weights weights::load(const io::safetensors_file& file, const config& cfg
   const auto slot = [](std::size_t bytes) { return (bytes + 63) / 64 * 64; };
   std::size_t total = 0;
   for (const spec& m : matrices) total += slot(ld.packed_bytes(m));
-  const std::shared_ptr<unsigned char[]> arena = allocate_weight_storage(total);
+  std::shared_ptr<unsigned char[]> arena;
+  try {
+    arena = allocate_weight_storage(total);
+  } catch (const std::bad_alloc&) {
+    throw error(fmt::format("{}: out of memory for the matmul weights ({:.3g} GB as held, in panels of {} rows)",
+                            file.path().string(), static_cast<double>(total) / 1e9, simd::panel));
+  }
   std::size_t offset = 0;
   for (const spec& m : matrices) {
     ld.load_matrix(m, std::shared_ptr<unsigned char[]>(arena, arena.get() + offset));  // (aliasing)
