@@ -9,6 +9,7 @@
 #include <charconv>
 #include <exception>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -26,6 +27,10 @@ template <class T>
 T parse_number(std::string_view flag, std::string_view text) {
   T value{};
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec == std::errc::result_out_of_range && end == text.data() + text.size()) {
+    usage_error(fmt::format("{} expects a number from {} to {}, got '{}'", flag, std::numeric_limits<T>::lowest(),
+                            std::numeric_limits<T>::max(), text));
+  }
   if (ec != std::errc{} || end != text.data() + text.size()) {
     usage_error(fmt::format("{} expects a number, got '{}'", flag, text));
   }

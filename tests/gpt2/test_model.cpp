@@ -1081,6 +1081,9 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
     REQUIRE(load_error(dir).empty());  // falls back to n_ctx
     write_text(cfg, "{ not json");
     REQUIRE_THAT(load_error(dir), Contains(cfg.string()) && Contains("not valid JSON"));
+    // A NUL byte ends nlohmann's input: a valid config before it must not hide what follows.
+    write_text(cfg, read_json(src / "config.json").dump(2) + std::string("\0{\"n_layer\": 999", 16));
+    REQUIRE_THAT(load_error(dir), Contains(cfg.string()) && Contains("a NUL byte at offset"));
   }
   SECTION("missing files, and paths that are not regular files") {
     fs::remove(cfg);

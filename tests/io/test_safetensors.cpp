@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <string>
@@ -258,6 +259,11 @@ TEST_CASE("every kind of malformed file is rejected with a message naming file a
     REQUIRE_THAT(error_of(raw_file("{\"a\": [1, 2", 0)), Contains("not valid JSON"));
     REQUIRE_THAT(error_of(raw_file("", 0)), Contains("not valid JSON"));
     REQUIRE_THAT(error_of(raw_file("{\"a\xff\":1}", 0)), Contains("not valid JSON"));
+    // A NUL byte ends nlohmann's input: the valid header before it must not hide what follows.
+    using namespace std::string_literals;
+    REQUIRE_THAT(error_of(raw_file("{\"__metadata__\":{}}\0\xff garbage {{"s, 0)),
+                 Contains("bad.safetensors") && Contains("a NUL byte at offset 19"));
+    REQUIRE_THAT(error_of(raw_file("{\"__metadata__\":{}}\0"s, 0)), Contains("a NUL byte at offset 19"));
   }
   SECTION("a header that is JSON but not an object") {
     REQUIRE_THAT(error_of(raw_file("[1,2,3]", 0)), Contains("not a JSON object"));
@@ -434,4 +440,17 @@ TEST_CASE("thousands of truncated and mutated files either load or throw, never 
   REQUIRE(variants.size() > 4000);
   REQUIRE(loaded > 100);
   REQUIRE(rejected > 1000);
+}
+
+TEST_CASE("read_file refuses a file larger than any text file, naming it, before reading it", "[io]") {
+  // A sparse file: no disk and no memory is spent on it (the read would have allocated 1 GiB).
+  temp_dir dir("read-file");
+  const fs::path big = dir.path / "vocab.json";
+  { std::ofstream(big) << "{}"; }
+  fs::resize_file(big, io::max_text_file_bytes + 1);
+  using Catch::Contains;
+  REQUIRE_THROWS_WITH(io::read_file(big), Contains(big.string()) && Contains("1073741825 bytes") &&
+                                              Contains("larger than any text file this library reads"));
+  fs::resize_file(big, 2);
+  REQUIRE(io::read_file(big) == "{}");
 }

@@ -545,6 +545,8 @@ TEST_CASE("loading rejects a malformed vocab.json naming the file and the proble
       {"{\"a\": 0, \"b\": 2}", {"id 2 of token \"b\"", "contiguous"}},
       {"{\"a\": -1}", {"id -1", "contiguous"}},
       {"{\"a\": 0}", {"missing the byte symbol \"Ā\" for byte 0x00", "all 256 byte symbols"}},
+      // A NUL byte ends nlohmann's input: the valid vocab before it must not hide what follows.
+      {small_vocab_json({}) + std::string("\0{\"extra\": 256}", 15), {"a NUL byte at offset", "not JSON text"}},
   };
   for (const auto& [content, fragments] : cases) {
     INFO("vocab.json: " << content);

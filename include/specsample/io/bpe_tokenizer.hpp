@@ -571,6 +571,7 @@ class bpe_tokenizer {
   void load_vocab(const std::filesystem::path& path) {
     const std::string file = path.string();
     const std::string data = io::read_file(path);
+    io::detail::check_no_nul(data, file);
     detail::vocab_reader reader(file);
     nlohmann::json::sax_parse(data, &reader);
     auto& entries = reader.entries;

@@ -124,15 +124,29 @@ class mapped_file {
   std::size_t size_ = 0;
 };
 
+/// The largest file `read_file` reads (1 GiB): the text files it serves (config.json, vocab.json,
+/// merges.txt, prompt lists) are megabytes at most; a larger one is a wrong path or a broken file,
+/// and reading it would only exhaust memory.
+inline constexpr std::size_t max_text_file_bytes = std::size_t{1} << 30;
+
 /// The whole of the regular file `path` as a string (read to its end: files under /proc report a
-/// size of 0); throws `specsample::error` naming the file as `detail::open_regular_file` does, or
-/// on a read error.
+/// size of 0); throws `specsample::error` naming the file as `detail::open_regular_file` does, on
+/// a read error, or for a file of more than `max_text_file_bytes`.
 [[nodiscard]] inline std::string read_file(const std::filesystem::path& path) {
   detail::file_descriptor fd;
-  std::string data(std::max<std::size_t>(detail::open_regular_file(path, fd) + 1, 4096), '\0');
+  const auto too_large = [&](std::size_t bytes) {
+    return error(fmt::format("{}: {} bytes or more, larger than any text file this library reads (at most {})",
+                             path.string(), bytes, max_text_file_bytes));
+  };
+  const std::size_t size = detail::open_regular_file(path, fd);
+  if (size > max_text_file_bytes) throw too_large(size);
+  std::string data(std::max<std::size_t>(size + 1, 4096), '\0');
   std::size_t n = 0;
   for (;;) {
-    if (n == data.size()) data.resize(2 * data.size());
+    if (n == data.size()) {
+      if (n > max_text_file_bytes) throw too_large(n);  // (a file that grew, or reports no size)
+      data.resize(2 * data.size());
+    }
     const ::ssize_t got = ::read(fd.fd, data.data() + n, data.size() - n);
     if (got == 0) break;
     if (got < 0) {
@@ -147,6 +161,15 @@ class mapped_file {
 }
 
 namespace detail {
+
+/// Throws `specsample::error` naming `label` when the JSON `text` holds a NUL byte. JSON allows
+/// none (not even inside a string), and nlohmann's parser takes one for the end of its input: it
+/// would accept whatever follows it unread.
+inline void check_no_nul(std::string_view text, std::string_view label) {
+  if (const std::size_t at = text.find('\0'); at != std::string_view::npos) {
+    throw error(fmt::format("{}: a NUL byte at offset {}: not JSON text", label, at));
+  }
+}
 
 /// Calls `f(number, line)` for each line of `text` (numbered from 1; LF or CRLF ends, the ending
 /// not included; a last line without an ending counts too).

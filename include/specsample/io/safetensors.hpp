@@ -159,6 +159,7 @@ struct parsed_header {
     }
     return true;
   };
+  detail::check_no_nul(text, label);
   try {
     return nlohmann::json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/true);
   } catch (const nlohmann::json::exception& e) {

@@ -274,6 +274,7 @@ struct config {
   /// Reads and validates `path` (a Hugging Face GPT-2 `config.json`).
   [[nodiscard]] static config load(const std::filesystem::path& path) {
     const std::string text = io::read_file(path);
+    io::detail::check_no_nul(text, path.string());
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(text);
