@@ -71,6 +71,12 @@ using steady = std::chrono::steady_clock;
 
 double seconds_since(steady::time_point t0) { return std::chrono::duration<double>(steady::now() - t0).count(); }
 
+// A report's JSON text; a byte that is not valid UTF-8 (paths and --prompts files need not be) is written
+// as U+FFFD instead of throwing away the run.
+std::string dump_json(const json& j, int indent) {
+  return j.dump(indent, ' ', false, json::error_handler_t::replace);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Command line
 
@@ -307,6 +313,9 @@ cli parse(int argc, char** argv) {
   if (c.n == 0) usage_error("-n must be >= 1");
   if (c.reps == 0) usage_error("--reps must be >= 1");
   if (c.k_max == 0) usage_error("--k-max must be >= 1");
+  if (c.k_max > specsample::max_draft_length) {
+    usage_error(fmt::format("--k-max {} is above max_draft_length = {}", c.k_max, specsample::max_draft_length));
+  }
   if (c.cost_samples == 0) usage_error("--cost-samples must be >= 1");
   if (c.warmup_tokens == 0) usage_error("--warmup-tokens must be >= 1");
   if (c.strategies && set("--verify")) usage_error("--strategies compares both verification rules; drop --verify");
@@ -1210,7 +1219,7 @@ int run_draft_temperature_scan(const bench_setup& b) {
     j["config"].update(specsample::gpt2::precision_json(c.model));
     j["config"]["draft_matmul"] = specsample::gpt2::precision_name(draft_options(c).matmul_precision);
     j["rows"] = rows;
-    specsample_bench::write_file(*c.out, "draft-temperatures.json", j.dump(2) + "\n");
+    specsample_bench::write_file(*c.out, "draft-temperatures.json", dump_json(j, 2) + "\n");
   }
   return 0;
 }
@@ -1466,7 +1475,7 @@ int run_strategies(const bench_setup& b) {
                     {"runs", runs}});
     }
     j["cells"] = cj;
-    specsample_bench::write_file(*c.out, "strategies.json", j.dump(1) + '\n');
+    specsample_bench::write_file(*c.out, "strategies.json", dump_json(j, 1) + '\n');
     fmt::print(stderr, "specsample-bench: wrote {}/strategies.md, strategies.json\n", c.out->string());
   }
   fmt::print(stderr, "specsample-bench: done in {}\n", fmt_duration(total_seconds));
@@ -1512,6 +1521,11 @@ int run(int argc, char** argv) {
   if (c.max_prompts != 0 && prompt_text.size() > c.max_prompts) prompt_text.resize(c.max_prompts);
   std::vector<std::vector<token>> prompts;
   const std::size_t limit = std::min(target.max_size(), draft.max_size());
+  if (c.k_max + 2 > limit) {  // the cost measurement appends K + 1 tokens after a context of at least one
+    throw specsample::error(fmt::format("--k-max {}: a verification call of {} tokens does not fit the models' context "
+                                        "of {} tokens after any prompt",
+                                        c.k_max, c.k_max + 1, limit));
+  }
   for (std::size_t i = 0; i < prompt_text.size(); ++i) {
     prompts.push_back(tok.encode(prompt_text[i]));
     if (prompts.back().empty()) throw specsample::error(fmt::format("prompt {} encodes to no tokens", i));
@@ -2175,7 +2189,7 @@ int run(int argc, char** argv) {
                     {"overhead_fraction_autoregressive", b.measured->overhead_ar}});
     }
     j["per_temperature"] = bj;
-    specsample_bench::write_file(*c.out, "sweep.json", j.dump(1) + '\n');
+    specsample_bench::write_file(*c.out, "sweep.json", dump_json(j, 1) + '\n');
     // gnuplot data: one index block per temperature, its first line a column header.
     {
       std::ofstream f(*c.out / "speedup.dat");

@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <random>
 #include <string>
@@ -71,6 +72,10 @@ template <class T>
 T parse_number(std::string_view flag, std::string_view text) {
   T value{};
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec == std::errc::result_out_of_range && end == text.data() + text.size()) {
+    usage_error(fmt::format("{} expects a number from {} to {}, got '{}'", flag, std::numeric_limits<T>::lowest(),
+                            std::numeric_limits<T>::max(), text));
+  }
   if (ec != std::errc{} || end != text.data() + text.size()) {
     usage_error(fmt::format("{} expects a number, got '{}'", flag, text));
   }
@@ -125,7 +130,9 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
   --stream              print text as it is generated, under its section header
                         (compare: the first run of each mode)
   --verbose             per-round trace on stderr: drafts with q and p, accepted or not, emitted
-  --json                print all statistics as JSON on stdout
+  --json                print all statistics as JSON on stdout: per mode the text (each byte
+                        that is not valid UTF-8 there, e.g. of a character cut by -n, as U+FFFD)
+                        and its token_ids
 )";
 
 cli parse(int argc, char** argv) {
@@ -578,12 +585,14 @@ int run(int argc, char** argv) {
     if (!spec_runs.empty()) {
       j["speculative"] = stats_json(spec_runs.front());
       j["speculative"]["text"] = tok.decode(spec_runs.front().result.tokens);
+      j["speculative"]["token_ids"] = spec_runs.front().result.tokens;
       j["speculative"]["decode_seconds_all"] = spec_s;
       j["speculative"]["seconds_all"] = spec_all;
     }
     if (!ar_runs.empty()) {
       j["autoregressive"] = stats_json(ar_runs.front());
       j["autoregressive"]["text"] = tok.decode(ar_runs.front().result.tokens);
+      j["autoregressive"]["token_ids"] = ar_runs.front().result.tokens;
       j["autoregressive"]["decode_seconds_all"] = ar_s;
       j["autoregressive"]["seconds_all"] = ar_all;
     }
@@ -593,7 +602,9 @@ int run(int argc, char** argv) {
       j["speedup_min_time"] = *std::min_element(ar_s.begin(), ar_s.end()) / *std::min_element(spec_s.begin(), spec_s.end());
       if (greedy) j["identical"] = identical;
     }
-    fmt::print("{}\n", j.dump(2));
+    // Byte-level tokens can end the text inside a UTF-8 character (and paths need not be UTF-8):
+    // each invalid byte is written as U+FFFD; "token_ids" has the exact output.
+    fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     return compare && greedy && !identical ? 1 : 0;
   }
 
