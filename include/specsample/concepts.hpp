@@ -76,8 +76,9 @@ template <class M>
 concept language_model = detail::has_vocab_size<M> && detail::has_context_size<M> &&
                          detail::has_append<M> && detail::has_truncate<M>;
 
-/// The longest context `m` accepts: `m.max_size()` when the model provides it, else unbounded.
-template <language_model M>
+/// The longest context `m` accepts: `m.max_size()` when the model (or drafter: a model drafter
+/// forwards its model's) provides it, else unbounded.
+template <class M>
 [[nodiscard]] std::size_t max_context(const M& m) {
   if constexpr (detail::has_max_size<M>) {
     return static_cast<std::size_t>(m.max_size());

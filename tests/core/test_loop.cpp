@@ -321,10 +321,12 @@ TEST_CASE("a huge max_new_tokens with EOS generates up to the EOS", "[loop][eos]
   for (const std::size_t n : {std::size_t{100'000'000'000}, std::numeric_limits<std::size_t>::max()}) {
     auto p = make_params(n, 3);
     p.eos = 4;
-    const auto r = speculative_sample(draft, target, std::vector<token>{0}, p, rng);
-    REQUIRE(!r.tokens.empty());
-    CHECK(r.tokens.back() == 4);
-    CHECK(autoregressive_sample(target, std::vector<token>{0}, p, rng).tokens.back() == 4);
+    for (const std::vector<token>& prompt : {std::vector<token>{0}, std::vector<token>{0, 1, 2}}) {
+      const auto r = speculative_sample(draft, target, prompt, p, rng);
+      REQUIRE(!r.tokens.empty());
+      CHECK(r.tokens.back() == 4);
+      CHECK(autoregressive_sample(target, prompt, p, rng).tokens.back() == 4);
+    }
   }
 }
 
@@ -341,6 +343,19 @@ TEST_CASE("a context that cannot hold the generation is refused up front", "[loo
                     Contains("context overflow") && Contains("at most 8"));
   toy::markov unbounded = toy::markov::random(4, 1, 2);
   CHECK_THROWS_WITH(speculative_sample(unbounded, target, prompt, make_params(7, 4), rng), Contains("target model"));
+  // A drafter over a bounded model is held to its model's context too (it would append past it),
+  // alone and inside a fallback behind a model-free drafter.
+  toy::markov unbounded_target = toy::markov::random(4, 1, 1);
+  const auto params = make_params(7, 4);
+  model_drafter<bounded_model> drafter(draft, params.draft_warping());
+  CHECK(drafter.max_size() == 8);
+  CHECK_THROWS_WITH(speculative_sample(drafter, unbounded_target, prompt, params, rng),
+                    Contains("context overflow") && Contains("the draft model holds at most 8"));
+  drafters::fallback both(drafters::ngram(4, 2), model_drafter<bounded_model>(draft, params.draft_warping()));
+  CHECK(both.max_size() == 8);
+  CHECK_THROWS_WITH(speculative_sample(both, unbounded_target, prompt, params, rng),
+                    Contains("the draft model holds at most 8"));
+  CHECK(speculative_sample(both, unbounded_target, prompt, make_params(6, 4), rng).tokens.size() == 6);
 }
 
 TEST_CASE("one object as both draft and target is refused, not read out of bounds", "[loop][errors]") {

@@ -10,6 +10,7 @@
 #include <Eigen/Core>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <random>
 #include <span>
@@ -45,6 +46,8 @@ class fallback {
   }
 
   [[nodiscard]] std::size_t vocab_size() const { return first_.vocab_size(); }
+  /// The shorter of the two drafters' contexts (`max_context`; unbounded for a model-free one).
+  [[nodiscard]] std::size_t max_size() const { return std::min(max_context(first_), max_context(second_)); }
 
   void begin(std::span<const token> ctx) {
     first_.begin(ctx);

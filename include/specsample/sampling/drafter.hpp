@@ -133,6 +133,8 @@ class model_drafter {
   }
 
   [[nodiscard]] std::size_t vocab_size() const { return static_cast<std::size_t>(model_->vocab_size()); }
+  /// The model's `max_context`: the sampling loops check up front that a generation fits it.
+  [[nodiscard]] std::size_t max_size() const { return max_context(*model_); }
   [[nodiscard]] M& model() noexcept { return *model_; }
 
   void begin(std::span<const token> ctx) { detail::prefill(*model_, ctx, vocab_size(), "draft"); }

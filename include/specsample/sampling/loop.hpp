@@ -42,12 +42,15 @@ inline void check_prompt(std::span<const token> prompt, std::size_t vocab) {
 }
 
 // The models hold every token but the last one emitted, so the longest context a model sees is
-// prompt + max_new_tokens - 1 tokens. Computed without wrapping: an empty prompt (reported by
-// check_prompt, which the entry points call first) or a huge max_new_tokens cannot slip through.
+// prompt + max_new_tokens - 1 tokens (a drafter's model too: the loop never drafts past
+// max_new_tokens). Computed without wrapping: an empty prompt (reported by check_prompt, which
+// the entry points call first) or a huge max_new_tokens cannot slip through. A model without a
+// limit takes any max_new_tokens (SIZE_MAX: stop at EOS only).
 template <class M>
 void check_fits(const M& m, const char* role, std::size_t prompt, std::size_t max_new) {
   if (prompt == 0 && max_new == 0) return;  // nothing is ever appended
   const std::size_t limit = max_context(m);
+  if (limit == std::numeric_limits<std::size_t>::max()) return;  // unbounded
   // needed = prompt + max_new - 1 = held + more, the 1 taken from an operand that is >= 1; the
   // comparison below is the sum's, rearranged so it cannot wrap either.
   const std::size_t held = prompt > 0 ? prompt - 1 : max_new - 1;
@@ -103,6 +106,7 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
   }
   check_prompt(prompt, vocab);
   check_fits(target, "target", prompt.size(), params.max_new_tokens);
+  if constexpr (has_draft) check_fits(drafter, "draft", prompt.size(), params.max_new_tokens);
 
   const std::size_t max_k = has_draft ? params.draft_length : 0;
   const auto max_new = params.max_new_tokens;
@@ -249,7 +253,6 @@ model_drafter<Draft> drafter_for(Draft& draft, const Target& target, std::span<c
   validate(params, vocab);
   check_prompt(prompt, vocab);  // before the fit: names an empty prompt
   check_distinct(draft, target);
-  check_fits(draft, "draft", prompt.size(), params.max_new_tokens);
   return model_drafter<Draft>(draft, params.draft_warping(), params.draft_min_probability);
 }
 
