@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 
 using namespace specsample;
@@ -242,4 +243,40 @@ TEST_CASE("warm-ups shorten to the room a prompt leaves in the models' contexts"
   CHECK_THROWS_WITH(scan_draft_temperature(draft, target, std::span<const std::vector<token>>(too_long), params,
                                            std::span<const double>(ratios), rng, 64),
                     Contains("scan_draft_temperature: a prompt of 11 tokens does not fit"));
+}
+
+TEST_CASE("the tuning functions refuse what they cannot use, by name", "[tuning][errors]") {
+  using Catch::Matchers::Contains;
+  // Draft lengths past max_draft_length (the loops' limit): refused before any work (one used to
+  // loop for ages, another to allocate).
+  const std::vector<double> a{0.5};
+  const std::size_t huge = std::numeric_limits<std::size_t>::max();
+  CHECK_THROWS_WITH(expected_tokens_per_round(a, huge), Contains("expected_tokens_per_round: K = "));
+  CHECK_THROWS_WITH(predicted_speedup(0.5, 0.1, huge), Contains("above max_draft_length = 256"));
+  CHECK_THROWS_WITH(best_draft_length(a, 0.1, 1'000'000), Contains("best_draft_length: K = 1000000 is above"));
+  CHECK(best_draft_length(a, 0.1, max_draft_length) >= 1);
+  auto target = toy::markov::random(5, 1, 1, 0.5f), draft = toy::markov::random(5, 1, 2, 0.5f);
+  speculative_params params;
+  params.sampling.temperature = 1.0f;
+  const std::vector<std::vector<token>> prompts{{0}};
+  std::mt19937_64 rng(1);
+  CHECK_THROWS_WITH(calibrate(draft, target, std::span<const std::vector<token>>(prompts), params, rng, huge),
+                    Contains("calibrate: K = "));
+  // The scan: no positions to average over; a model that returns fewer columns than it was given
+  // tokens (which autoregressive decoding, reading only the last, cannot notice).
+  const std::vector<double> ratios{0.8, 1.0, 1.2};
+  CHECK_THROWS_WITH(scan_draft_temperature(draft, target, std::span<const std::vector<token>>(prompts), params,
+                                           std::span<const double>(ratios), rng, 0),
+                    Contains("tokens must be >= 1"));
+  struct last_column_only : toy::markov {
+    explicit last_column_only(toy::markov m) : toy::markov(std::move(m)) {}
+    Eigen::MatrixXf append(std::span<const token> t) {
+      const Eigen::MatrixXf l = toy::markov::append(t);
+      return l.rightCols(std::min<Eigen::Index>(1, l.cols()));
+    }
+  };
+  last_column_only short_target(target);
+  CHECK_THROWS_WITH(scan_draft_temperature(draft, short_target, std::span<const std::vector<token>>(prompts), params,
+                                           std::span<const double>(ratios), rng, 8),
+                    Contains("target model returned logits of shape (5, 1) for 8 tokens; expected (5, 8)"));
 }

@@ -25,11 +25,22 @@
 
 namespace specsample {
 
+namespace detail {
+// A draft length of the performance model: at most `max_draft_length`, as the loops take.
+inline void check_model_draft_length(std::size_t k, const char* who) {
+  if (k > max_draft_length) {
+    throw error(fmt::format("{}: K = {} is above max_draft_length = {}", who, k, max_draft_length));
+  }
+}
+}  // namespace detail
+
 /// Expected tokens per round with K drafts when draft i passes with probability a[i] given that
 /// drafts 0..i-1 passed: 1 + Σ_{j=1..K} Π_{i<j} a[i]. With a constant α this is
 /// (1 - α^(K+1)) / (1 - α). Positions past the end of `acceptance` take its last rate (none: 0).
-/// Throws `specsample::error` for a rate outside [0, 1] (NaN included) among the first K.
+/// Throws `specsample::error` for a rate outside [0, 1] (NaN included) among the first K, or K
+/// above `max_draft_length` (as every function of the performance model below).
 [[nodiscard]] inline double expected_tokens_per_round(std::span<const double> acceptance, std::size_t k) {
+  detail::check_model_draft_length(k, "expected_tokens_per_round");
   double expected = 1.0, reach = 1.0;
   for (std::size_t i = 0; i < k; ++i) {
     const double a = acceptance.empty() ? 0.0 : acceptance[std::min(i, acceptance.size() - 1)];
@@ -68,6 +79,7 @@ namespace specsample {
 
 /// The same with one acceptance probability α for every position: (1 - α^(K+1)) / ((1 - α)(cK + 1)).
 [[nodiscard]] inline double predicted_speedup(double alpha, double c, std::size_t k) {
+  detail::check_model_draft_length(k, "predicted_speedup");
   const std::vector<double> a(k, alpha);
   return predicted_speedup(std::span<const double>(a), c, k);
 }
@@ -78,6 +90,7 @@ namespace specsample {
 [[nodiscard]] inline std::size_t best_draft_length(std::span<const double> acceptance, double c, std::size_t k_max,
                                                    std::span<const double> verify_cost = {}) {
   if (k_max == 0) throw error("best_draft_length: k_max must be >= 1");
+  detail::check_model_draft_length(k_max, "best_draft_length");
   std::size_t best = 1;
   double best_speedup = predicted_speedup(acceptance, c, 1, verify_cost);  // (checks c, also for k_max = 1)
   for (std::size_t k = 2; k <= k_max; ++k) {
@@ -237,6 +250,7 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
                                     const speculative_params& params, Rng& rng, std::size_t k_max = 8,
                                     std::size_t warmup_tokens = 64) {
   if (k_max == 0) throw error("calibrate: k_max must be >= 1");
+  detail::check_model_draft_length(k_max, "calibrate");
   if (prompts.empty()) throw error("calibrate: no prompts");
   speculative_params warm = params;
   warm.draft_length = k_max;
@@ -304,6 +318,7 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   if (!(t > 0.0f)) throw error("scan_draft_temperature: the target's temperature must be > 0 (at 0 both models are greedy)");
   if (prompts.empty()) throw error("scan_draft_temperature: no prompts");
   if (ratios.empty()) throw error("scan_draft_temperature: no ratios");
+  if (tokens == 0) throw error("scan_draft_temperature: tokens must be >= 1 (the positions the means are over)");
   for (const double r : ratios) {
     if (!(r > 0.0) || !std::isfinite(r)) throw error(fmt::format("scan_draft_temperature: ratio {} must be finite and > 0", r));
   }
@@ -327,10 +342,13 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
     // Column j of a call on text[0, n - 1) conditions on text[0, j]: the generated positions are
     // the columns from prompt.size() - 1 on.
     const auto input = std::span<const token>(text).first(text.size() - 1);
+    const std::size_t generated = out.tokens.size();
     target.truncate(0);
     draft.truncate(0);
-    const Eigen::MatrixXf lp = target.append(input), lq = draft.append(input);
-    for (auto j = static_cast<Eigen::Index>(prompt.size() - 1); j < static_cast<Eigen::Index>(input.size()); ++j) {
+    Eigen::MatrixXf lp, lq;  // (V, generated): the last columns, checked like the loops check theirs
+    (void)detail::forward(target, input, generated, vocab, "target", [&](const auto& l) { lp = l; });
+    (void)detail::forward(draft, input, generated, vocab, "draft", [&](const auto& l) { lq = l; });
+    for (Eigen::Index j = 0; j < static_cast<Eigen::Index>(generated); ++j) {
       warp_p(lp.col(j), p);
       for (std::size_t i = 0; i < warp_q.size(); ++i) {
         warp_q[i](lq.col(j), q);
