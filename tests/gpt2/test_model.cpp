@@ -1070,6 +1070,8 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
     set_config("n_layer", 2);
     set_config("n_embd", std::uint64_t{1} << 62);  // n_inner (absent) would be 4 n_embd = 0
     REQUIRE_THAT(load_error(dir), Contains("n_embd = 4611686018427387904 is implausibly large"));
+    set_config("n_embd", 1 << 24);  // at the limit itself; n_inner, absent, is 4 n_embd: beyond it
+    REQUIRE_THAT(load_error(dir), Contains("n_inner (4 n_embd where the config has none) = 67108864 is implausibly large"));
     set_config("n_embd", 16);
     for (const double eps : {1e39, 2.0, 1e-50, 0.0}) {  // inf as a float; > 1; 0 as a float; 0
       set_config("layer_norm_epsilon", eps);

@@ -206,7 +206,8 @@ struct config {
     // In this order: n_inner defaults to 4 n_embd, which wraps when n_embd is absurd.
     for (const auto& [v, name] : {std::pair{n_layer, "n_layer"}, std::pair{n_head, "n_head"},
                                   std::pair{n_embd, "n_embd"}, std::pair{n_positions, "n_positions"},
-                                  std::pair{vocab_size, "vocab_size"}, std::pair{n_inner, "n_inner"}}) {
+                                  std::pair{vocab_size, "vocab_size"},
+                                  std::pair{n_inner, "n_inner (4 n_embd where the config has none)"}}) {
       if (v == 0) throw error(fmt::format("{}: {} must be positive", source, name));
       if (v > max_dimension) {
         throw error(fmt::format("{}: {} = {} is implausibly large (limit {})", source, name, v,
