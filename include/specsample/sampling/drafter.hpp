@@ -42,6 +42,9 @@ struct proposal {
 ///     choice of n and of the drafts may depend on anything but the target's output for this
 ///     round: that keeps sampling exact;
 ///  4. `d.sync(ctx)` is told the context after each round (for KV-cache rollback and the like).
+///
+/// Optionally, `cd.max_size()` returns the longest context the drafter's model accepts; the loops
+/// then check up front that the prompt and `max_new_tokens` fit it (`max_context`).
 template <class D>
 concept drafter = requires(D& d, const D& cd, std::span<const token> ctx, std::size_t k, Eigen::Ref<Eigen::MatrixXf> q,
                            std::span<token> out, std::mt19937_64& rng) {
