@@ -391,3 +391,24 @@ TEST_CASE("an empty prompt is named as such, before any context check", "[loop][
   CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, make_params(std::numeric_limits<std::size_t>::max(), 2), rng),
                     Contains("context overflow") && Contains("more than"));
 }
+
+TEST_CASE("a model reporting a vocabulary size of 0, a negative one or one past int32 ids is refused", "[loop][errors]") {
+  struct odd_vocab : toy::markov {
+    odd_vocab(toy::markov m, long long v) : toy::markov(std::move(m)), v(v) {}
+    long long v;
+    long long vocab_size() const { return v; }
+  };
+  using Catch::Matchers::Contains;
+  const auto good = toy::markov::random(4, 1, 1);
+  std::mt19937_64 rng(1);
+  const std::vector<token> prompt{0};
+  for (const long long v : {0LL, -1LL, (1LL << 31) + 1}) {
+    odd_vocab odd(good, v);
+    toy::markov other = good;
+    INFO("vocab_size() = " << v);
+    CHECK_THROWS_WITH(autoregressive_sample(odd, prompt, make_params(4, 2), rng),
+                      Contains(fmt::format("target model reports vocab_size() = {}; it must be in 1..2147483648", v)));
+    CHECK_THROWS_WITH(speculative_sample(odd, other, prompt, make_params(4, 2), rng),
+                      Contains(fmt::format("draft model reports vocab_size() = {}", v)));
+  }
+}

@@ -233,7 +233,23 @@ TEST_CASE("verify rejects inconsistent inputs", "[verify][errors]") {
   const token y = 7;
   CHECK_THROWS_WITH(verify_tokenwise(std::span<const token>(&y, 1), q, p2, rng), Contains("out of range"));
   Eigen::MatrixXf q0 = Eigen::MatrixXf::Zero(3, 1);
-  CHECK_THROWS_WITH(verify_tokenwise(std::span<const token>(&x, 1), q0, p2, rng), Contains("zero draft probability"));
+  CHECK_THROWS_WITH(verify_tokenwise(std::span<const token>(&x, 1), q0, p2, rng),
+                    Contains("has draft probability q = 0 (draft 0)"));
+  // NaN where the verifiers read p or q, under either rule; a residual's weight outside (0, 1].
+  Eigen::MatrixXf qn = q, pn = p2;
+  qn(0, 0) = std::nanf("");
+  pn(0, 0) = std::nanf("");
+  for (const bool block : {false, true}) {
+    const auto run = [&](const Eigen::MatrixXf& qq, const Eigen::MatrixXf& pp) {
+      return block ? block_verifier{}(std::span<const token>(&x, 1), qq, pp, rng)
+                   : verify_tokenwise(std::span<const token>(&x, 1), qq, pp, rng);
+    };
+    CHECK_THROWS_WITH(run(qn, p2), Contains("has draft probability q = nan (draft 0)"));
+    CHECK_THROWS_WITH(run(q, pn), Contains("has target probability p = nan (draft 0)"));
+  }
+  for (const double w : {0.0, -1.0, 1.5, std::nan("")}) {
+    CHECK_THROWS_WITH(sample_residual(p2.col(0), q.col(0), rng, w), Contains("the weight of p must be in (0, 1]"));
+  }
   // A verifier built directly is checked too: leniency 0 would accept every draft, NaN none.
   for (const double b : {0.0, -0.5, 1.5, std::nan("")}) {
     CHECK_THROWS_WITH((tokenwise_verifier{.leniency = b}(std::span<const token>(&x, 1), q, p2, rng)),

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <memory>
 #include <span>
@@ -65,6 +66,15 @@ void check_fits(const M& m, const char* role, std::size_t prompt, std::size_t ma
   }
 }
 
+// m.vocab_size() as a size, checked: at least 1, and at most 2^31 (token ids are int32).
+template <class M>
+std::size_t vocabulary_of(const M& m, const char* role) {
+  const auto v = m.vocab_size();
+  constexpr std::uint64_t most = std::uint64_t{1} << 31;
+  if (!(v > 0 && static_cast<std::uint64_t>(v) <= most)) throw error(fmt::format("{} model reports vocab_size() = {}; it must be in 1..{}", role, v, most));
+  return static_cast<std::size_t>(v);
+}
+
 // A draft's tokens index the target's vocabulary: the two sizes must agree.
 inline void check_vocabularies(std::size_t draft, std::size_t target) {
   if (draft != target) {
@@ -95,7 +105,7 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
                            const speculative_params& params, Rng& rng, Observer& observer, Verifier& verify) {
   const auto t_start = clock::now();
   constexpr bool has_draft = !std::is_same_v<Drafter, no_draft>;
-  const auto vocab = static_cast<std::size_t>(target.vocab_size());
+  const std::size_t vocab = vocabulary_of(target, "target");
   if constexpr (has_draft) {
     check_vocabularies(static_cast<std::size_t>(drafter.vocab_size()), vocab);
     validate(params, vocab);
@@ -249,10 +259,11 @@ generation_result generate_with(Drafter& drafter, Target& target, std::span<cons
 template <class Draft, class Target>
 model_drafter<Draft> drafter_for(Draft& draft, const Target& target, std::span<const token> prompt,
                                  const speculative_params& params) {
-  const auto vocab = static_cast<std::size_t>(target.vocab_size());
+  const std::size_t vocab = vocabulary_of(target, "target");
   validate(params, vocab);
   check_prompt(prompt, vocab);  // before the fit: names an empty prompt
   check_distinct(draft, target);
+  check_vocabularies(vocabulary_of(draft, "draft"), vocab);  // before the drafter sizes its buffers
   return model_drafter<Draft>(draft, params.draft_warping(), params.draft_min_probability);
 }
 

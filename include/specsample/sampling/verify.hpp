@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <span>
 
@@ -35,6 +36,9 @@ template <class P, class Q, std::uniform_random_bit_generator Rng>
                                     double weight = 1.0) {
   if (p.size() != q.size()) {
     throw error(fmt::format("sample_residual: p has {} entries, q has {}", p.size(), q.size()));
+  }
+  if (!(weight > 0.0 && weight <= 1.0)) {
+    throw error(fmt::format("sample_residual: the weight of p must be in (0, 1], got {}", weight));
   }
   const auto n = static_cast<std::size_t>(p.size());
   const auto draw = [&](auto& residual) {
@@ -78,8 +82,14 @@ inline void check_verify_inputs(std::span<const token> drafts, const Eigen::Ref<
       throw error(fmt::format("verify: draft token {} is out of range for a vocabulary of {}", x, p.rows()));
     }
     if (!(q(x, i) > 0.0f)) {
-      throw error(fmt::format("verify: draft token {} has zero draft probability: it cannot have "
-                              "been drawn from q", x));
+      throw error(fmt::format("verify: draft token {} has draft probability q = {} (draft {}): it cannot have "
+                              "been drawn from q",
+                              x, q(x, i), i));
+    }
+    if (!(p(x, i) >= 0.0f && std::isfinite(p(x, i)))) {
+      throw error(fmt::format("verify: draft token {} has target probability p = {} (draft {}): p must be a "
+                              "distribution (finite, >= 0)",
+                              x, p(x, i), i));
     }
   }
 }
