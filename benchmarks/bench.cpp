@@ -71,8 +71,8 @@ using steady = std::chrono::steady_clock;
 
 double seconds_since(steady::time_point t0) { return std::chrono::duration<double>(steady::now() - t0).count(); }
 
-// A report's JSON text; a byte that is not valid UTF-8 (paths and --prompts files need not be) is written
-// as U+FFFD instead of throwing away the run.
+// A report's JSON text; a byte that is not valid UTF-8 (paths and --prompts files need not be)
+// is written as U+FFFD instead of throwing away the run.
 std::string dump_json(const json& j, int indent) {
   return j.dump(indent, ' ', false, json::error_handler_t::replace);
 }

@@ -9,8 +9,8 @@
 #include <charconv>
 #include <exception>
 #include <filesystem>
-#include <limits>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <string_view>

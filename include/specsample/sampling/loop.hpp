@@ -71,7 +71,9 @@ template <class M>
 std::size_t vocabulary_of(const M& m, const char* role) {
   const auto v = m.vocab_size();
   constexpr std::uint64_t most = std::uint64_t{1} << 31;
-  if (!(v > 0 && static_cast<std::uint64_t>(v) <= most)) throw error(fmt::format("{} model reports vocab_size() = {}; it must be in 1..{}", role, v, most));
+  if (!(v > 0 && static_cast<std::uint64_t>(v) <= most)) {
+    throw error(fmt::format("{} model reports vocab_size() = {}; it must be in 1..{}", role, v, most));
+  }
   return static_cast<std::size_t>(v);
 }
 

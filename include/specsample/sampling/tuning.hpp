@@ -216,10 +216,6 @@ calibration cost_ratios(Draft& draft, Target& target, std::span<const token> con
   return m;
 }
 
-}  // namespace detail
-
-namespace detail {
-
 /// How many tokens a warm-up may generate after a prompt of `prompt` tokens: `wanted`, or fewer
 /// where the smaller of the two models' contexts ends sooner (the loop's `check_fits`: prompt +
 /// max_new_tokens − 1 positions). Throws `specsample::error` when the prompt alone overflows it.
@@ -322,8 +318,8 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   for (const double r : ratios) {
     if (!(r > 0.0) || !std::isfinite(r)) throw error(fmt::format("scan_draft_temperature: ratio {} must be finite and > 0", r));
   }
-  const auto vocab = static_cast<std::size_t>(target.vocab_size());
-  detail::check_vocabularies(static_cast<std::size_t>(draft.vocab_size()), vocab);
+  const std::size_t vocab = detail::vocabulary_of(target, "target");
+  detail::check_vocabularies(detail::vocabulary_of(draft, "draft"), vocab);
   speculative_params gen = params;
   gen.eos.reset();  // every text as long as its room allows: positions are what the means are over
   logit_warper warp_p(params.sampling, vocab);
@@ -340,7 +336,7 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
     text.assign(prompt.begin(), prompt.end());
     text.insert(text.end(), out.tokens.begin(), out.tokens.end());
     // Column j of a call on text[0, n - 1) conditions on text[0, j]: the generated positions are
-    // the columns from prompt.size() - 1 on.
+    // its last out.tokens.size() columns (from prompt.size() - 1 on).
     const auto input = std::span<const token>(text).first(text.size() - 1);
     const std::size_t generated = out.tokens.size();
     target.truncate(0);
