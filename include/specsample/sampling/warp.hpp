@@ -34,6 +34,9 @@ namespace specsample {
 /// Every T > 0 is softmax(logits / T) as written, however small: a subnormal T (whose reciprocal
 /// overflows float) is divided in double, so as T -> 0+ the result tends to the greedy one-hot
 /// (uniform over exactly tied maxima, which only T = 0 breaks by lowest id) instead of NaN.
+/// The differences x - max are taken in float before the division by T: logits more than
+/// FLT_MAX (3.4e38) below the maximum get probability 0 even where T > 1 would bring them back
+/// into range (no real model's logits come near).
 /// Logits may be -inf (probability zero); NaN, +inf, or a column that is entirely -inf throw.
 class logit_warper {
  public:
