@@ -27,6 +27,11 @@ TEST_CASE("a prompt list reads one prompt per line with escapes, skipping commen
   const auto crlf = specsample::io::read_prompt_list(
       write_file("specsample_prompts_crlf.txt", "# a comment\r\n\r\nROMEO:\\nO\\tsoft\\\\light\r\nJULIET:\r\n"));
   CHECK(crlf == prompts);
+  // And with lone CRs (old Mac line ends); an LF followed by a CR is two line ends.
+  CHECK(specsample::io::read_prompt_list(write_file("specsample_prompts_cr.txt",
+                                                    "# a comment\r\rROMEO:\\nO\\tsoft\\\\light\rJULIET:\r")) == prompts);
+  CHECK(specsample::io::read_prompt_list(write_file("specsample_prompts_lfcr.txt", "ROMEO:\n\rJULIET:\n")) ==
+        std::vector<std::string>{"ROMEO:", "JULIET:"});
 }
 
 TEST_CASE("a bad prompt list is reported with the file, the line and the problem", "[io][prompts]") {

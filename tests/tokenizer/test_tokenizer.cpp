@@ -589,4 +589,11 @@ TEST_CASE("loading rejects a malformed merges.txt naming the file, the line and 
   const auto tok = bpe_tokenizer::load(dir.path);
   CHECK(tok.merge_count() == 1);
   CHECK(tok.encode("aaa") == std::vector<token>{256, 97});
+  // Lone CRs (old Mac line ends) end lines too: the #version header is skipped, not read as a
+  // first line holding every merge.
+  dir.write("vocab.json", small_vocab_json({"aa", "aaa"}));
+  dir.write("merges.txt", "#version: 0.2\ra a\raa a\r");
+  const auto cr = bpe_tokenizer::load(dir.path);
+  CHECK(cr.merge_count() == 2);
+  CHECK(cr.encode("aaa") == std::vector<token>{257});
 }

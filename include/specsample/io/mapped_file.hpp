@@ -171,17 +171,17 @@ inline void check_no_nul(std::string_view text, std::string_view label) {
   }
 }
 
-/// Calls `f(number, line)` for each line of `text` (numbered from 1; LF or CRLF ends, the ending
-/// not included; a last line without an ending counts too).
+/// Calls `f(number, line)` for each line of `text` (numbered from 1; LF, CRLF or a lone CR ends a
+/// line, as with Python's universal newlines; the ending not included; a last line without an
+/// ending counts too).
 template <class F>
 void for_each_line(std::string_view text, F&& f) {
   std::size_t number = 0;
   for (std::size_t pos = 0; pos < text.size();) {
-    std::size_t eol = text.find('\n', pos);
+    std::size_t eol = text.find_first_of("\r\n", pos);
     if (eol == std::string_view::npos) eol = text.size();
-    std::string_view line = text.substr(pos, eol - pos);
-    pos = eol + 1;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    const std::string_view line = text.substr(pos, eol - pos);
+    pos = eol + (text.substr(eol).starts_with("\r\n") ? 2 : 1);
     f(++number, line);
   }
 }

@@ -1,8 +1,8 @@
 #pragma once
 /// @file prompt_list.hpp
 /// A list of prompts in a text file: one prompt per line, `\n` for a newline, `\t` for a tab and
-/// `\\` for a backslash; lines starting with `#` and blank lines are ignored, LF or CRLF (the format of
-/// benchmarks/prompts.txt, read by specsample-bench and by specsample-generate's
+/// `\\` for a backslash; lines starting with `#` and blank lines are ignored; LF, CRLF or CR line
+/// ends (the format of benchmarks/prompts.txt, read by specsample-bench and by specsample-generate's
 /// `--calibration-prompts`).
 
 #include <specsample/error.hpp>
@@ -18,7 +18,7 @@
 
 namespace specsample::io {
 
-/// Reads the prompts of `path` (LF or CRLF line ends); throws `specsample::error` naming the file
+/// Reads the prompts of `path` (LF, CRLF or CR line ends); throws `specsample::error` naming the file
 /// (and the line) when it cannot be read, an escape is unknown or dangling, or it holds no prompt.
 [[nodiscard]] inline std::vector<std::string> read_prompt_list(const std::filesystem::path& path) {
   const std::string data = read_file(path);
