@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <random>
 #include <span>
 #include <type_traits>
@@ -60,6 +61,17 @@ using clock = std::chrono::steady_clock;
 
 inline double seconds_since(clock::time_point t0) {
   return std::chrono::duration<double>(clock::now() - t0).count();
+}
+
+// m.vocab_size() as a size, checked: at least 1, and at most 2^31 (token ids are int32).
+template <class M>
+std::size_t vocabulary_of(const M& m, const char* role) {
+  const auto v = m.vocab_size();
+  constexpr std::uint64_t most = std::uint64_t{1} << 31;
+  if (!(v > 0 && static_cast<std::uint64_t>(v) <= most)) {
+    throw error(fmt::format("{} model reports vocab_size() = {}; it must be in 1..{}", role, v, most));
+  }
+  return static_cast<std::size_t>(v);
 }
 
 // Appends t to m and hands the (V, n) logits of its last n tokens to `use` (n <= t.size()): via
@@ -129,7 +141,7 @@ template <language_model M>
 class model_drafter {
  public:
   model_drafter(M& model, const sampling_params& sampling, float min_probability = 0.0f)
-      : model_(&model), warp_(sampling, static_cast<std::size_t>(model.vocab_size())), min_probability_(min_probability) {
+      : model_(&model), warp_(sampling, detail::vocabulary_of(model, "draft")), min_probability_(min_probability) {
     if (!(min_probability >= 0.0f && min_probability < 1.0f)) {
       throw error(fmt::format("draft min_probability must be in [0, 1), got {}", min_probability));
     }

@@ -17,7 +17,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
-#include <cstdint>
 #include <limits>
 #include <memory>
 #include <span>
@@ -64,17 +63,6 @@ void check_fits(const M& m, const char* role, std::size_t prompt, std::size_t ma
                             "context of {} tokens, but the {} model holds at most {}",
                             prompt, max_new, needed, role, limit));
   }
-}
-
-// m.vocab_size() as a size, checked: at least 1, and at most 2^31 (token ids are int32).
-template <class M>
-std::size_t vocabulary_of(const M& m, const char* role) {
-  const auto v = m.vocab_size();
-  constexpr std::uint64_t most = std::uint64_t{1} << 31;
-  if (!(v > 0 && static_cast<std::uint64_t>(v) <= most)) {
-    throw error(fmt::format("{} model reports vocab_size() = {}; it must be in 1..{}", role, v, most));
-  }
-  return static_cast<std::size_t>(v);
 }
 
 // A draft's tokens index the target's vocabulary: the two sizes must agree.
@@ -265,7 +253,6 @@ model_drafter<Draft> drafter_for(Draft& draft, const Target& target, std::span<c
   validate(params, vocab);
   check_prompt(prompt, vocab);  // before the fit: names an empty prompt
   check_distinct(draft, target);
-  check_vocabularies(vocabulary_of(draft, "draft"), vocab);  // before the drafter sizes its buffers
   return model_drafter<Draft>(draft, params.draft_warping(), params.draft_min_probability);
 }
 
