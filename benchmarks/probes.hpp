@@ -111,8 +111,8 @@ inline float stream_sum(specsample::isa level, const float* p, std::size_t n) {
 // bound for the matmul kernels, which also convert the weights, broadcast the inputs and store
 // the outputs. Tokens = 0 is the stream alone. The machine floors of specsample-bench take a call
 // as the longer of the stream and the multiply-adds at the peak; this probe measures whether the
-// two overlap that well (docs/benchmarks.md, "How much of the multiply-adds the stream can hide",
-// Zen 3 and Zen 5).
+// two overlap that well ("How much of the multiply-adds the stream can hide": Zen 5 in
+// docs/benchmarks.md, Zen 3 in docs/benchmarks-machines.md).
 
 #if SPECSAMPLE_X86
 template <int Tokens>

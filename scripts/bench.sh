@@ -16,8 +16,9 @@
 #   scripts/bench.sh --leniency [ARGS...]   the lossy leniency trade-off on a toy Markov pair
 #                               (specsample-leniency; seconds): docs/benchmarks/leniency.md
 #
-# Runs writing into docs/benchmarks/ or docs/benchmarks/distilled/ also refresh the generated
-# tables inside docs/benchmarks.md (between its <!-- generated:... --> markers).
+# Runs writing into a result directory under docs/benchmarks/ that a page marks (docs/benchmarks/,
+# its distilled/, or the other machines' zen4/..., zen3/...) also refresh the generated tables of
+# docs/benchmarks.md or docs/benchmarks-machines.md (between their <!-- generated:... --> markers).
 # Builds in build/bench.
 # Plots need gnuplot (Debian: gnuplot-nox); without it the tables and JSON are still written.
 set -euo pipefail
@@ -85,20 +86,23 @@ run_leniency() {
   return "$status"
 }
 
-# Copies $out/$report (sweep.md, strategies.md, leniency.md) into docs/benchmarks.md between the markers
+# Copies $out/$report (sweep.md, strategies.md, leniency.md) into the page of docs/benchmarks*.md
+# (benchmarks.md, or benchmarks-machines.md for the other machines' runs) that has the markers
 #   <!-- generated:begin benchmarks/.../sweep.md --> ... <!-- generated:end benchmarks/.../sweep.md -->
-# (only for result directories under docs/ that the page has markers for).
+# (only for result directories under docs/ that a page has markers for).
 splice() {
-  local out=$1 report=${2:-sweep.md} doc="$root/docs/benchmarks.md"
+  local out=$1 report=${2:-sweep.md} doc
   local rel="${out#"$root/docs/"}/$report"
-  [ -f "$out/$report" ] && [ -f "$doc" ] || return 0
-  grep -qxF "<!-- generated:begin $rel -->" "$doc" || return 0
-  awk -v f="$out/$report" -v b="<!-- generated:begin $rel -->" -v e="<!-- generated:end $rel -->" '
-    $0 == b { print; while ((getline line < f) > 0) print line; skip = 1; next }
-    $0 == e { skip = 0 }
-    !skip { print }' "$doc" >"$doc.tmp"
-  mv "$doc.tmp" "$doc"
-  echo "specsample: updated the $rel section of docs/benchmarks.md" >&2
+  [ -f "$out/$report" ] || return 0
+  for doc in "$root"/docs/benchmarks*.md; do
+    grep -qxF "<!-- generated:begin $rel -->" "$doc" || continue
+    awk -v f="$out/$report" -v b="<!-- generated:begin $rel -->" -v e="<!-- generated:end $rel -->" '
+      $0 == b { print; while ((getline line < f) > 0) print line; skip = 1; next }
+      $0 == e { skip = 0 }
+      !skip { print }' "$doc" >"$doc.tmp"
+    mv "$doc.tmp" "$doc"
+    echo "specsample: updated the $rel section of docs/${doc##*/}" >&2
+  done
 }
 
 start=$(date +%s)
