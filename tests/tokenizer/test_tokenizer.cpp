@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -152,6 +153,16 @@ void check_load_error(const temp_dir& dir, const std::string& fragment1,
   }
 }
 
+// A load error quotes at most a bounded part of the file, whatever its lines and keys hold.
+void check_message_bounded(const temp_dir& dir) {
+  try {
+    (void)bpe_tokenizer::load(dir.path);
+  } catch (const specsample::error& e) {
+    INFO("message: " << e.what());
+    CHECK(std::string_view(e.what()).size() < 400 + dir.path.string().size());
+  }
+}
+
 }  // namespace
 
 TEST_CASE("gpt2 tokenizer encodes every llama.cpp test vector exactly", "[tokenizer][gpt2]") {
@@ -197,6 +208,30 @@ TEST_CASE("gpt2 vocab has 50257 tokens and end-of-text is the only special token
   CHECK(tok.id_to_bytes(262) == " the");
   CHECK(tok.id_to_bytes(198) == "\n");
   CHECK(tok.id_to_bytes(50256) == "<|endoftext|>");
+}
+
+TEST_CASE("whitespace is Unicode White_Space, as in Python's regex: U+180E is no space",
+          "[tokenizer][gpt2]") {
+  const auto& tok = gpt2();
+  // encoder.py pre-tokenizes "a" + U+180E + "'s" as "a", U+180E "'" (neither space, letter nor
+  // number), "s"; PCRE2's \s takes U+180E for a space and would give "a", U+180E, "'s".
+  const std::string mvs = utf8(0x180E);
+  CHECK(tok.encode("a" + mvs + "'s") == std::vector<token>{64, 157, 254, 236, 6, 82});
+  CHECK(tok.encode(mvs + "'") == std::vector<token>{157, 254, 236, 6});
+  CHECK(tok.encode("a" + mvs + " b") == std::vector<token>{64, 157, 254, 236, 275});
+  // The White_Space characters stay spaces: runs of them group as \s+ does ("\s+(?!\S)").
+  for (const std::uint32_t cp : {0x09U, 0x0BU, 0x85U, 0xA0U, 0x1680U, 0x2000U, 0x200AU, 0x2028U, 0x202FU,
+                                 0x205FU, 0x3000U}) {
+    INFO("U+" << std::hex << cp);
+    const std::string space = utf8(cp);
+    CHECK(tok.encode("a" + space + space + "b") ==
+          [&] {
+            std::vector<token> ids = tok.encode("a");
+            for (const token id : tok.encode(space)) ids.push_back(id);
+            for (const token id : tok.encode(space + "b")) ids.push_back(id);
+            return ids;
+          }());
+  }
 }
 
 TEST_CASE("end-of-text in the input encodes to the special token", "[tokenizer][gpt2]") {
@@ -433,6 +468,19 @@ TEST_CASE("a merges.txt that leaves ordinary vocab tokens unreachable is rejecte
                    "0 merges for 4096 tokens");
   dir.write("merges.txt", "#version: 0.2\n");
   check_load_error(dir, "3839 vocab tokens are produced by no merge", "0 merges for 4096 tokens");
+  // A lost merge whose result is a piece of a character ("ĠâĢ": a space and the first two bytes
+  // of "…"): its bytes are not UTF-8 text, so it cannot be a special token either.
+  {
+    temp_dir gpt2_dir;
+    gpt2_dir.write("vocab.json", slurp(data_dir / "gpt2-tokenizer" / "vocab.json"));
+    std::string gpt2_merges = slurp(data_dir / "gpt2-tokenizer" / "merges.txt");
+    const std::size_t at = gpt2_merges.find("\nĠ âĢ\n");
+    REQUIRE(at != std::string::npos);
+    gpt2_merges.erase(at, std::string_view("\nĠ âĢ").size());
+    gpt2_dir.write("merges.txt", gpt2_merges);
+    check_load_error(gpt2_dir, "1 vocab token is produced by no merge (first: id 564 \"ĠâĢ\")",
+                     "49999 merges for 50257 tokens");
+  }
   // A token that is several pre-tokens (the GPT-2 pattern splits it) is a special token.
   std::string vocab = slurp(src / "vocab.json");
   vocab.insert(vocab.rfind('}'), ", \"<|pad|>\": 4096");
@@ -445,6 +493,13 @@ TEST_CASE("a merges.txt that leaves ordinary vocab tokens unreachable is rejecte
 
 TEST_CASE("decode rejects out-of-range ids naming the id and the vocab size",
           "[tokenizer][errors]") {
+  std::string out = "prefix:";
+  CHECK_THROWS_WITH(gpt2().decode_append(std::vector<token>{15496, 995, -1, 262}, out),
+                    Catch::Contains("token id -1 is out of range"));
+  CHECK(out == "prefix:");  // as it was, not "prefix:Hello world"
+  static_assert(std::is_constructible_v<specsample::stream_decoder, const bpe_tokenizer&>);
+  static_assert(!std::is_constructible_v<specsample::stream_decoder, bpe_tokenizer>,
+                "a decoder of a temporary tokenizer would dangle");
   for (const token bad : {token{-1}, token{50257}, token{1000000}}) {
     const std::vector<token> ids = {15496, bad};
     CHECK_THROWS_WITH(gpt2().decode(ids),
@@ -544,6 +599,10 @@ TEST_CASE("loading rejects a malformed vocab.json naming the file and the proble
       {"{\"a\": 0, \"a\": 1}", {"token \"a\" appears twice", "vocab.json"}},
       {"{\"a\": 0, \"b\": 2}", {"id 2 of token \"b\"", "contiguous"}},
       {"{\"a\": -1}", {"id -1", "contiguous"}},
+      {"{\"a\": 18446744073709551615}", {"id 18446744073709551615 of token \"a\"", "out of range"}},
+      // Keys and lines are quoted in part: a wrong file can hold megabytes in one.
+      {"{\"" + std::string(100000, 'k') + "\": 1}", {"id 1 of token \"kkkk", "... (100000 bytes)"}},
+      {"{\"" + std::string(100000, 'k'), {"not valid JSON", "... ("}},  // unterminated
       {"{\"a\": 0}", {"missing the byte symbol \"Ā\" for byte 0x00", "all 256 byte symbols"}},
       // A NUL byte ends nlohmann's input: the valid vocab before it must not hide what follows.
       {small_vocab_json({}) + std::string("\0{\"extra\": 256}", 15), {"a NUL byte at offset", "not JSON text"}},
@@ -555,6 +614,7 @@ TEST_CASE("loading rejects a malformed vocab.json naming the file and the proble
     dir.write("merges.txt", "#version: 0.2\n");
     check_load_error(dir, fragments[0], fragments[1]);
     check_load_error(dir, (dir.path / "vocab.json").string(), fragments[0]);
+    check_message_bounded(dir);
   }
 }
 
@@ -573,6 +633,8 @@ TEST_CASE("loading rejects a malformed merges.txt naming the file, the line and 
       {"#version: 0.2\na zz\n", 2, "merge symbol \"zz\" is not in the vocab"},
       {"#version: 0.2\nb c\n", 2, "merge result \"bc\" is not in the vocab"},
       {"#version: 0.2\na a\r\na a\r\n", 3, "duplicate merge \"a a\""},
+      {"#version: 0.2\n" + std::string(100000, 'x') + "\n", 2, "found 1 in \"xxxx"},
+      {"#version: 0.2\n" + std::string("a\0\x01 a\n", 6), 2, "merge symbol \"a\\x00\\x01\" is not in the vocab"},
   };
   for (const auto& c : cases) {
     INFO("merges.txt: " << c.content);
@@ -581,6 +643,7 @@ TEST_CASE("loading rejects a malformed merges.txt naming the file, the line and 
     dir.write("merges.txt", c.content);
     check_load_error(dir, (dir.path / "merges.txt").string() + ":" + std::to_string(c.line) + ":",
                      c.problem);
+    check_message_bounded(dir);
   }
   // Without a #version header the first line is a merge; blank lines and CRLF are tolerated.
   temp_dir dir;
@@ -596,4 +659,7 @@ TEST_CASE("loading rejects a malformed merges.txt naming the file, the line and 
   const auto cr = bpe_tokenizer::load(dir.path);
   CHECK(cr.merge_count() == 2);
   CHECK(cr.encode("aaa") == std::vector<token>{257});
+  // A UTF-8 byte order mark before the header is skipped, as nlohmann skips one in vocab.json.
+  dir.write("merges.txt", "\xEF\xBB\xBF#version: 0.2\na a\naa a\n");
+  CHECK(bpe_tokenizer::load(dir.path).merge_count() == 2);
 }

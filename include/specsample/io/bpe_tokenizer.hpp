@@ -36,9 +36,16 @@ namespace specsample {
 
 namespace detail {
 
-/// GPT-2's pre-tokenization pattern, exactly as in OpenAI's encoder.py.
+/// GPT-2's pre-tokenization pattern, as in OpenAI's encoder.py:
+///   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+/// with \s spelled out as what it matches in Python's `regex` module, the Unicode White_Space
+/// characters: PCRE2's \s also takes U+180E MONGOLIAN VOWEL SEPARATOR (a format character).
 inline constexpr std::string_view gpt2_pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+|)"
+    R"( ?[^\t-\r \x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000}\p{L}\p{N}]+|)"
+    R"([\t-\r \x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000}]+)"
+    R"((?![^\t-\r \x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000}])|)"
+    R"([\t-\r \x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000}]+)";
 
 /// Appends the UTF-8 encoding of code point `cp` (< 0x110000) to `out`.
 inline void append_utf8(std::string& out, std::uint32_t cp) {
@@ -81,6 +88,14 @@ inline std::size_t utf8_char_length(std::string_view s, std::size_t i) noexcept 
     return 4;
   }
   return 0;
+}
+
+/// Whether `s` is valid UTF-8 (see `utf8_char_length`).
+inline bool valid_utf8(std::string_view s) noexcept {
+  for (std::size_t i = 0, len = 0; i < s.size(); i += len) {
+    if ((len = utf8_char_length(s, i)) == 0) return false;
+  }
+  return true;
 }
 
 /// Length of the longest prefix of `s` that does not end inside a UTF-8 character which later
@@ -208,9 +223,12 @@ class vocab_reader : public nlohmann::json_sax<nlohmann::json> {
   bool boolean(bool) override { return scalar("a boolean"); }
   bool number_integer(number_integer_t v) override { return integer(v); }
   bool number_unsigned(number_unsigned_t v) override {
-    return integer(v > static_cast<number_unsigned_t>(std::numeric_limits<std::int64_t>::max())
-                       ? std::numeric_limits<std::int64_t>::max()
-                       : static_cast<std::int64_t>(v));
+    if (depth_ == 0) return scalar("a number");
+    if (v > static_cast<number_unsigned_t>(std::numeric_limits<std::int64_t>::max())) {
+      throw error(fmt::format("{}: id {} of token \"{}\" is out of range: ids must be contiguous 0..n-1", file_,
+                              v, io::detail::excerpt(key_)));
+    }
+    return integer(static_cast<std::int64_t>(v));
   }
   bool number_float(number_float_t, const string_t& s) override { return scalar(s); }
   bool string(string_t&) override { return scalar("a string"); }
@@ -224,7 +242,7 @@ class vocab_reader : public nlohmann::json_sax<nlohmann::json> {
   }
   bool key(string_t& k) override {
     if (!seen_.emplace(k, entries.size()).second) {
-      throw error(fmt::format("{}: token \"{}\" appears twice", file_, k));
+      throw error(fmt::format("{}: token \"{}\" appears twice", file_, io::detail::excerpt(k)));
     }
     key_ = k;
     return true;
@@ -234,7 +252,7 @@ class vocab_reader : public nlohmann::json_sax<nlohmann::json> {
   bool end_array() override { return true; }
   bool parse_error(std::size_t, const std::string&,
                    const nlohmann::detail::exception& ex) override {
-    throw error(fmt::format("{}: not valid JSON: {}", file_, ex.what()));
+    throw error(fmt::format("{}: not valid JSON: {}", file_, io::detail::excerpt(ex.what(), 240)));
   }
 
  private:
@@ -244,7 +262,8 @@ class vocab_reader : public nlohmann::json_sax<nlohmann::json> {
                               file_, what));
     }
     throw error(
-        fmt::format("{}: id of token \"{}\" is {}, expected an integer", file_, key_, what));
+        fmt::format("{}: id of token \"{}\" is {}, expected an integer", file_, io::detail::excerpt(key_),
+                    io::detail::excerpt(what)));
   }
   bool integer(std::int64_t v) {
     if (depth_ == 0) return scalar("a number");
@@ -264,8 +283,9 @@ class vocab_reader : public nlohmann::json_sax<nlohmann::json> {
 ///
 /// Special tokens are the vocab entries that are neither one of the 256 byte symbols nor the
 /// result of a merge (for GPT-2 and the bundled Shakespeare models: just `<|endoftext|>`).
-/// `encode` splits the text on their literal spelling first. Copies are cheap to share across
-/// threads: all member functions are const and thread-safe.
+/// `encode` splits the text on their literal spelling first. All member functions are const and
+/// thread-safe, so one instance serves every thread; a copy duplicates the tables (the GPT-2
+/// tokenizer's: ~6.5 MB), so pass it by reference.
 class bpe_tokenizer {
  public:
   /// Loads `dir/vocab.json` and `dir/merges.txt`.
@@ -342,9 +362,16 @@ class bpe_tokenizer {
     return out;
   }
 
-  /// Appends the bytes of `ids` to `out` (see decode).
+  /// Appends the bytes of `ids` to `out` (see decode). On an exception (an id out of range) `out`
+  /// is as it was.
   void decode_append(std::span<const token> ids, std::string& out) const {
-    for (const token id : ids) out += bytes_[checked(id)];
+    const std::size_t size = out.size();
+    try {
+      for (const token id : ids) out += bytes_[checked(id)];
+    } catch (...) {
+      out.resize(size);
+      throw;
+    }
   }
 
   /// The raw bytes of token `id` (what decode produces for it).
@@ -587,12 +614,12 @@ class bpe_tokenizer {
         throw error(
             fmt::format("{}: id {} of token \"{}\" is outside 0..{}: ids must be contiguous "
                         "0..n-1 for n = {} tokens",
-                        file, id, spelling, n - 1, n));
+                        file, id, io::detail::excerpt(spelling), n - 1, n));
       }
       const auto k = static_cast<std::size_t>(id);
       if (seen[k]) {
         throw error(fmt::format("{}: duplicate id {}: used by both \"{}\" and \"{}\"", file, id,
-                                spellings_[k], spelling));
+                                io::detail::excerpt(spellings_[k]), io::detail::excerpt(spelling)));
       }
       if (spelling.empty())
         throw error(fmt::format("{}: id {} has an empty token string", file, id));
@@ -624,8 +651,9 @@ class bpe_tokenizer {
   void load_merges(const std::filesystem::path& path) {
     const std::string file = path.string();
     const std::string data = io::read_file(path);
-    merges_.reserve(data.size() / 8);
+    merges_.reserve(static_cast<std::size_t>(std::count(data.begin(), data.end(), '\n')) + 1);
     io::detail::for_each_line(data, [&](std::size_t line_no, std::string_view line) {
+      if (line_no == 1 && line.starts_with("\xEF\xBB\xBF")) line.remove_prefix(3);  // a UTF-8 BOM, as in vocab.json
       if (line_no == 1 && line.starts_with("#version")) return;
       if (line.empty()) return;
       std::vector<std::string_view> fields;
@@ -639,14 +667,14 @@ class bpe_tokenizer {
       if (fields.size() != 2) {
         throw error(
             fmt::format("{}:{}: expected two symbols separated by a space, found {} in \"{}\"",
-                        file, line_no, fields.size(), line));
+                        file, line_no, fields.size(), io::detail::excerpt(line)));
       }
       const auto a = token_to_id(fields[0]);
       const auto b = token_to_id(fields[1]);
       for (std::size_t f = 0; f < 2; ++f) {
         if (!(f == 0 ? a : b)) {
           throw error(fmt::format("{}:{}: merge symbol \"{}\" is not in the vocab", file, line_no,
-                                  fields[f]));
+                                  io::detail::excerpt(fields[f])));
         }
       }
       std::string joined(fields[0]);
@@ -654,23 +682,26 @@ class bpe_tokenizer {
       const auto result = token_to_id(joined);
       if (!result) {
         throw error(
-            fmt::format("{}:{}: merge result \"{}\" is not in the vocab", file, line_no, joined));
+            fmt::format("{}:{}: merge result \"{}\" is not in the vocab", file, line_no,
+                        io::detail::excerpt(joined)));
       }
       const auto key = (static_cast<std::uint64_t>(static_cast<std::uint32_t>(*a)) << 32U) |
                        static_cast<std::uint32_t>(*b);
       const auto rank = static_cast<std::int32_t>(merge_list_.size());
       if (!merges_.emplace(key, merge_info{rank, *result}).second) {
         throw error(
-            fmt::format("{}:{}: duplicate merge \"{} {}\"", file, line_no, fields[0], fields[1]));
+            fmt::format("{}:{}: duplicate merge \"{} {}\"", file, line_no, io::detail::excerpt(fields[0]),
+                        io::detail::excerpt(fields[1])));
       }
       merge_list_.emplace_back(*a, *b);
     });
   }
 
   /// Special tokens: the entries that are neither byte symbols nor merge results. An entry whose
-  /// bytes are one pre-token (text `encode` hands to the BPE whole) is an ordinary token that lost
-  /// its merge — merges.txt cut short, or written for another vocab — and an error: as a special
-  /// token it would be matched literally, and the text would encode differently (and slowly).
+  /// bytes are one pre-token (text `encode` hands to the BPE whole), or not valid UTF-8 (a piece
+  /// of a character: only merges make those), is an ordinary token that lost its merge —
+  /// merges.txt cut short, or written for another vocab — and an error: as a special token it
+  /// would be matched literally, and the text would encode differently (and slowly).
   void find_special_tokens(const std::filesystem::path& merges_txt) {
     std::vector<bool> ordinary(spellings_.size(), false);
     for (const token b : byte_ids_) ordinary[static_cast<std::size_t>(b)] = true;
@@ -681,7 +712,7 @@ class bpe_tokenizer {
       if (ordinary[k]) continue;
       std::size_t pieces = 0;
       for_each_pretoken(bytes_[k], st, [&](std::string_view) { ++pieces; });
-      if (pieces == 1) {
+      if (pieces == 1 || !detail::valid_utf8(bytes_[k])) {
         orphans.push_back(k);
       } else {
         specials_.emplace_back(bytes_[k], static_cast<token>(k));
@@ -690,10 +721,10 @@ class bpe_tokenizer {
     if (!orphans.empty()) {
       throw error(fmt::format(
           "{}: {} vocab token{} produced by no merge (first: id {} \"{}\"); only special tokens "
-          "such as <|endoftext|> (more than one pre-token) may be; is merges.txt truncated or "
+          "such as <|endoftext|> (UTF-8 text of more than one pre-token) may be; is merges.txt truncated or "
           "written for another vocab ({} merges for {} tokens)?",
           merges_txt.string(), orphans.size(), orphans.size() == 1 ? " is" : "s are", orphans[0],
-          spellings_[orphans[0]], merge_list_.size(), spellings_.size()));
+          io::detail::excerpt(spellings_[orphans[0]]), merge_list_.size(), spellings_.size()));
     }
     eos_ = special_token("<|endoftext|>");
   }
@@ -744,6 +775,8 @@ class bpe_tokenizer {
 class stream_decoder {
  public:
   explicit stream_decoder(const bpe_tokenizer& tokenizer) noexcept : tokenizer_(&tokenizer) {}
+  /// A temporary tokenizer would not outlive the decoder.
+  explicit stream_decoder(const bpe_tokenizer&&) = delete;
 
   /// Adds one token; returns the newly completed text (possibly empty).
   /// @throws error when `id` is out of range (the decoder is then unchanged).
