@@ -142,7 +142,7 @@ int run(int argc, char** argv) {
     const auto n = static_cast<double>(hist.samples());
     const xt::xarray<double> empirical = hist.counts() / n;
     const double tv = specsample::testing::total_variation(empirical, exact);
-    const auto fit = specsample::testing::g_test(hist.counts(), exact);
+    const auto fit = specsample::testing::chi_square_test(hist.counts(), exact);
 
     specsample::speculative_params long_p = p;
     long_p.max_new_tokens = c.long_tokens;
@@ -178,7 +178,7 @@ int run(int argc, char** argv) {
              c.long_tokens, c.c, seconds, load_average());
   fmt::print("TV(draft, target), exact: {:.4f} — how far the output could drift if every draft were accepted.\n\n",
              tv_draft);
-  fmt::print("| b | TV(empirical, exact target) | TV − TV at b = 1 (noise floor) | G-test p | tokens/round (L = {}) "
+  fmt::print("| b | TV(empirical, exact target) | TV − TV at b = 1 (noise floor) | χ² test p | tokens/round (L = {}) "
              "| tokens/round ({} tokens) | α | implied speedup (c = {}) | vs b = 1 | formula from α |\n"
              "|---|---|---|---|---|---|---|---|---|---|\n",
              c.length, c.long_tokens, c.c);

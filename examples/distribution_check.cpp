@@ -1,10 +1,11 @@
 // distribution_check: is speculative sampling exact for this draft/target pair?
 //
 // Enumerates the target's exact distribution over every sequence of L tokens, draws N speculative
-// samples, and prints the G statistic, its p-value and a verdict. Point `check` at your own models
-// (anything satisfying specsample::language_model with a small vocabulary, or restrict a large
-// one with --top-k). `--broken` swaps in a verifier that resamples from p instead of the residual,
-// to show what a failing verdict looks like.
+// samples, and prints Pearson's X² statistic, its p-value and a verdict. Point `check` at your own
+// models (anything satisfying specsample::language_model over a small vocabulary: the table has
+// V^L cells, at most 1e7, whatever --top-k). Too few samples to test are refused with the count
+// needed. `--broken` swaps in a verifier that resamples from p instead of the residual, to show
+// what a failing verdict looks like.
 //
 // usage: distribution_check [--vocab V] [--length L] [-k K] [--temperature T] [--top-k N]
 //                           [--similarity S] [--samples N] [--seed S] [--broken]
@@ -48,9 +49,9 @@ bool check(Draft& draft, Target& target, const specsample::speculative_params& p
   const std::vector<specsample::token> prompt{0};
   std::mt19937_64 rng(seed);
   const auto fit = specsample::testing::speculative_fit(draft, target, prompt, params, samples, rng, verifier);
-  fmt::print("samples: {}, sequence length: {}, cells with enough mass: {}\n", samples, params.max_new_tokens,
-             fit.bins);
-  fmt::print("G = {:.2f}, degrees of freedom = {}, p-value = {:.4g}, impossible samples = {}\n", fit.statistic,
+  fmt::print("samples: {}, sequence length: {}, bins: {} (sequences of expected count >= 5, and one of the rest)\n",
+             samples, params.max_new_tokens, fit.bins);
+  fmt::print("X2 = {:.2f}, degrees of freedom = {}, p-value = {:.4g}, impossible samples = {}\n", fit.statistic,
              fit.dof, fit.p_value, fit.impossible);
   const bool ok = fit.p_value > alpha;
   fmt::print("verdict: {} (alpha = {})\n",

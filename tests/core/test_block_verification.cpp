@@ -82,11 +82,11 @@ void check_exact_and_broken(toy::markov draft, toy::markov target, std::size_t k
                             const sampling_params& sampling, Broken broken,
                             std::size_t samples = 100'000) {
   const auto good = fit(draft, target, k, length, sampling, block_verifier{}, samples);
-  INFO("block:  G = " << good.statistic << ", dof = " << good.dof << ", p = " << good.p_value);
+  INFO("block:  X2 = " << good.statistic << ", dof = " << good.dof << ", p = " << good.p_value);
   CHECK(good.impossible == 0);
   CHECK(good.p_value > pass_threshold);
   const auto bad = fit(draft, target, k, length, sampling, broken, samples);
-  INFO("broken: G = " << bad.statistic << ", dof = " << bad.dof << ", p = " << bad.p_value);
+  INFO("broken: X2 = " << bad.statistic << ", dof = " << bad.dof << ", p = " << bad.p_value);
   CHECK(bad.p_value < fail_threshold);
 }
 

@@ -6,8 +6,12 @@
 #include <xtensor/xview.hpp>
 #include <xtensor/xreducer.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <random>
+#include <span>
+#include <stdexcept>
 #include <vector>
 
 using namespace specsample;
@@ -45,6 +49,17 @@ TEST_CASE("the exactness tools refuse sizes they cannot enumerate or test", "[te
   CHECK(testing::exact_sequence_distribution(one, std::vector<token>{0}, 64, {}).size() == 1);
   CHECK_THROWS_WITH(testing::exact_sequence_distribution(one, std::vector<token>{0}, 40'000, {}),
                     Contains("length must be in 1..64"));
+  // A histogram of as many cells is refused the same way (V^L wrapped around: a wild write).
+  CHECK_THROWS_WITH(testing::sequence_histogram(4, 32), Contains("4^32 sequences are too many to enumerate"));
+  CHECK_THROWS_WITH(testing::sequence_histogram(2, 64), Contains("too many to enumerate"));
+  CHECK_THROWS_WITH(testing::sequence_histogram(4, 0), Contains("length must be in 1..64"));
+  CHECK_THROWS_WITH(testing::sequence_histogram(0, 3), Contains("the vocabulary is empty"));
+  // The EOS table of a table that is not (V, ..., V) over L tokens.
+  const auto table = testing::exact_sequence_distribution(m, prompt, 2, {});
+  CHECK_THROWS_WITH(testing::eos_truncated_distribution(table, 4, 2, 0), Contains("not of 2 tokens over a vocabulary of 4"));
+  CHECK_THROWS_WITH(testing::eos_truncated_distribution(table, 3, 3, 0), Contains("not of 3 tokens"));
+  CHECK_THROWS_WITH(testing::eos_truncated_distribution(table, 3, 2, 3), Contains("EOS id 3 is out of range"));
+  CHECK(testing::eos_truncated_distribution(table, 3, 2, 2).size() == 16);
   // No samples would be a vacuous PASS.
   auto draft = toy::markov::random(3, 1, 3);
   speculative_params params;
@@ -53,15 +68,99 @@ TEST_CASE("the exactness tools refuse sizes they cannot enumerate or test", "[te
   CHECK_THROWS_WITH(testing::speculative_fit(draft, m, prompt, params, 0, rng), Contains("samples must be >= 1"));
 }
 
-TEST_CASE("the G-test accepts a fair sample and rejects a biased one", "[testing]") {
+TEST_CASE("the chi-square test accepts a fair sample and rejects a biased one", "[testing]") {
   xt::xarray<double> expected = {0.5, 0.3, 0.2};
   xt::xarray<double> fair = {5020.0, 2990.0, 1990.0};
   xt::xarray<double> biased = {5400.0, 2800.0, 1800.0};
-  CHECK(testing::g_test(fair, expected).p_value > 0.5);
-  CHECK(testing::g_test(biased, expected).p_value < 1e-6);
+  CHECK(testing::chi_square_test(fair, expected).p_value > 0.5);
+  CHECK(testing::chi_square_test(biased, expected).p_value < 1e-6);
   xt::xarray<double> impossible = {1.0, 0.0, 0.0};
   xt::xarray<double> zero_first = {0.0, 0.5, 0.5};
-  CHECK(testing::g_test(impossible, zero_first).p_value == 0.0);
+  CHECK(testing::chi_square_test(impossible, zero_first).p_value == 0.0);
+}
+
+TEST_CASE("the chi-square test refuses what is not counts against probabilities, and too few samples",
+          "[testing][errors]") {
+  using Catch::Matchers::Contains;
+  const xt::xarray<double> expected = {0.5, 0.3, 0.2};
+  const auto test = [&](xt::xarray<double> observed, xt::xarray<double> e = {0.5, 0.3, 0.2}, double min = 5.0) {
+    return testing::chi_square_test(observed, e, min);
+  };
+  CHECK_THROWS_WITH(test({9000.0, 1000.0, 500.0}, {5000.0, 3000.0, 2000.0}), Contains("sum to 10000, not 1"));
+  CHECK_THROWS_WITH(test({9000.0, 1000.0, 500.0}, {1.0, 0.6, 0.4}), Contains("sum to 2, not 1"));
+  CHECK_THROWS_WITH(test({1.0, 1.0, 1.0}, {0.5, NAN, 0.5}), Contains("expected probability nan at cell 1"));
+  CHECK_THROWS_WITH(test({1.0, 1.0, 1.0}, {1.2, -0.2, 0.0}), Contains("expected probability -0.2 at cell 1"));
+  CHECK_THROWS_WITH(test({10.0, -1.0, 3.0}), Contains("observed count -1 at cell 1 is not a count"));
+  CHECK_THROWS_WITH(test({10.0, 0.5, 3.0}), Contains("observed count 0.5 at cell 1 is not a count"));
+  CHECK_THROWS_WITH(test({0.0, 0.0, 0.0}), Contains("no samples"));
+  for (const double bad : {0.0, -1.0, double(NAN), double(INFINITY)}) {
+    CHECK_THROWS_WITH(test({10.0, 5.0, 3.0}, expected, bad), Contains("min_expected must be finite and > 0"));
+  }
+  CHECK_THROWS_WITH(test({1.0, 1.0}), Contains("shapes differ"));
+  // Too few samples for two bins of expected count 5: every sample would pass, a broken sampler's
+  // too (4 samples, all in the least likely cell). 10 samples: the largest cell reaches 5, the
+  // rest (5) is a bin of its own.
+  CHECK_THROWS_WITH(test({0.0, 0.0, 4.0}), Contains("4 samples are too few to test 3 possible outcomes") &&
+                                               Contains("at least 10 samples"));
+  CHECK_THROWS_WITH(test({9.0, 0.0, 0.0}), Contains("at least 10 samples"));
+  const auto ten = test({10.0, 0.0, 0.0});
+  CHECK(ten.bins == 2);
+  CHECK(ten.p_value < 0.01);
+  CHECK_THROWS_WITH(test({9000.0, 1000.0, 0.0}, expected, 1e9), Contains("too few"));
+  // One possible outcome (greedy): nothing to pool, nothing to refuse.
+  const auto greedy = test({7.0, 0.0, 0.0}, {1.0, 0.0, 0.0});
+  CHECK(greedy.dof == 0);
+  CHECK(greedy.p_value == 1.0);
+  CHECK(test({7.0, 1.0, 0.0}, {1.0, 0.0, 0.0}).p_value == 0.0);
+  // A pooled bin of expected count 5 or more stands on its own; below 5 it is merged into the
+  // smallest bin: {0.6, 0.38, 0.02} at 100 samples is 60 and 38 + 2 (X² = 0 for 60, 36, 4, where
+  // the unmerged cells would read (36 - 38)² / 38 + (4 - 2)² / 2 > 2).
+  const auto own = test({90.0, 4.0, 3.0, 3.0}, {0.9, 0.04, 0.03, 0.03});  // 90 and 4 + 3 + 3
+  CHECK(own.bins == 2);
+  CHECK(own.statistic == Approx(0.0));
+  const auto merged = test({60.0, 36.0, 4.0}, {0.6, 0.38, 0.02});
+  CHECK(merged.bins == 2);
+  CHECK(merged.statistic == Approx(0.0).margin(1e-12));
+}
+
+namespace {
+// A model that breaks the contract: `append` returns `columns` logit columns whatever it is given.
+// It would read out of bounds at an id outside its vocabulary; it throws a logic_error instead,
+// which the tests expect never to reach.
+struct faulty_model {
+  Eigen::Index columns = 1;
+  std::size_t held = 0;
+  [[nodiscard]] std::size_t vocab_size() const { return 4; }
+  [[nodiscard]] std::size_t size() const { return held; }
+  Eigen::MatrixXf append(std::span<const token> t) {
+    for (const token x : t) {
+      if (x < 0 || x >= 4) throw std::logic_error("read out of bounds");
+    }
+    held += t.size();
+    return Eigen::MatrixXf::Zero(4, columns);
+  }
+  void truncate(std::size_t n) { held = std::min(held, n); }
+};
+}  // namespace
+
+TEST_CASE("the exact distribution checks the model and the prompt as the sampling loops do", "[testing][errors]") {
+  using Catch::Matchers::Contains;
+  faulty_model none{.columns = 0};
+  CHECK_THROWS_WITH(testing::exact_sequence_distribution(none, std::vector<token>{0}, 2, {}),
+                    Contains("model returned logits of shape (4, 0) for 1 tokens; expected (4, 1)"));
+  faulty_model one;  // one column for a 2-token prompt: the loops take the last n of what it returns
+  CHECK_THROWS_WITH(testing::exact_sequence_distribution(one, std::vector<token>{0, 1}, 2, {}),
+                    Contains("model returned logits of shape (4, 1) for 2 tokens; expected (4, 2)"));
+  CHECK_THROWS_WITH(testing::exact_sequence_distribution(one, std::vector<token>{4000}, 2, {}),
+                    Contains("prompt token 4000 at position 0 is out of range for a vocabulary of 4 tokens"));
+  // speculative_fit refuses a mismatched pair before it enumerates anything.
+  auto target = toy::markov::random(3, 1, 2);
+  auto draft = toy::markov::random(4, 1, 3);
+  speculative_params params;
+  params.max_new_tokens = 2;
+  std::mt19937_64 rng(1);
+  CHECK_THROWS_WITH(testing::speculative_fit(draft, target, std::vector<token>{1}, params, 10, rng),
+                    Contains("draft and target vocabularies differ"));
 }
 
 TEST_CASE("the chi-square survival function matches known quantiles", "[testing]") {

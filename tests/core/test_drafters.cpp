@@ -57,13 +57,13 @@ TEST_CASE("n-gram drafting is exact on a self-repeating context", "[drafters][ng
   params.max_new_tokens = 4;
   params.draft_length = 3;
   const auto good = fit_drafter(d, target, prompt, params, tokenwise_verifier{});
-  INFO("exact: G = " << good.statistic << ", p = " << good.p_value);
+  INFO("exact: X2 = " << good.statistic << ", p = " << good.p_value);
   CHECK(good.p_value > pass_threshold);
   const auto block = fit_drafter(d, target, prompt, params, block_verifier{});
-  INFO("block: G = " << block.statistic << ", p = " << block.p_value);
+  INFO("block: X2 = " << block.statistic << ", p = " << block.p_value);
   CHECK(block.p_value > pass_threshold);
   const auto bad = fit_drafter(d, target, prompt, params, resample_from_target{});
-  INFO("broken: G = " << bad.statistic << ", p = " << bad.p_value);
+  INFO("broken: X2 = " << bad.statistic << ", p = " << bad.p_value);
   CHECK(bad.p_value < fail_threshold);
 }
 
@@ -195,13 +195,13 @@ TEST_CASE("prompt lookup, else a draft model, stays exact", "[drafters][fallback
   drafters::fallback d(drafters::ngram(4, 3, 2), model_drafter(draft, params.sampling));
   check_exact_and_broken(d, target, prompt, params, tokenwise_verifier{}, resample_from_target{});
   const auto block = fit_drafter(d, target, prompt, params, block_verifier{});
-  INFO("block: G = " << block.statistic << ", p = " << block.p_value);
+  INFO("block: X2 = " << block.statistic << ", p = " << block.p_value);
   CHECK(block.p_value > pass_threshold);
   CHECK(d.first_rounds() > 10'000);
   CHECK(d.second_rounds() > 10'000);
   uniform_q_for_first<decltype(d)> broken{d};
   const auto bad = fit_drafter(broken, target, prompt, params, tokenwise_verifier{});
-  INFO("lookup's drafts with a uniform q: G = " << bad.statistic << ", p = " << bad.p_value);
+  INFO("lookup's drafts with a uniform q: X2 = " << bad.statistic << ", p = " << bad.p_value);
   CHECK(bad.p_value < fail_threshold);
 }
 

@@ -46,11 +46,11 @@ testing::fit_result run(scenario& s, Verifier verifier, std::uint64_t seed) {
 template <class Broken>
 void check_exact_and_broken(scenario s, Broken broken) {
   const auto good = run(s, tokenwise_verifier{}, 12345);
-  INFO("exact:  G = " << good.statistic << ", dof = " << good.dof << ", p = " << good.p_value);
+  INFO("exact:  X2 = " << good.statistic << ", dof = " << good.dof << ", p = " << good.p_value);
   CHECK(good.impossible == 0);
   CHECK(good.p_value > pass_threshold);
   const auto bad = run(s, broken, 12345);
-  INFO("broken: G = " << bad.statistic << ", dof = " << bad.dof << ", p = " << bad.p_value);
+  INFO("broken: X2 = " << bad.statistic << ", dof = " << bad.dof << ", p = " << bad.p_value);
   CHECK(bad.p_value < fail_threshold);
 }
 
@@ -156,13 +156,13 @@ TEST_CASE("models with append(t, n), asked only for the columns the loop reads, 
   const std::vector<token> prompt{0};
   std::mt19937_64 rng(12345);
   const auto good = testing::speculative_fit(draft, target, prompt, params, 100'000, rng, tokenwise_verifier{});
-  INFO("exact:  G = " << good.statistic << ", dof = " << good.dof << ", p = " << good.p_value);
+  INFO("exact:  X2 = " << good.statistic << ", dof = " << good.dof << ", p = " << good.p_value);
   CHECK(good.impossible == 0);
   CHECK(good.p_value > pass_threshold);
   CHECK(std::count(draft.asked.begin(), draft.asked.end(), std::size_t{1}) > 0);
   rng.seed(12345);
   const auto bad = testing::speculative_fit(draft, target, prompt, params, 100'000, rng, resample_from_target{});
-  INFO("broken: G = " << bad.statistic << ", dof = " << bad.dof << ", p = " << bad.p_value);
+  INFO("broken: X2 = " << bad.statistic << ", dof = " << bad.dof << ", p = " << bad.p_value);
   CHECK(bad.p_value < fail_threshold);
 }
 
@@ -176,9 +176,16 @@ TEST_CASE("autoregressive sampling matches the exact distribution it is the refe
   params.max_new_tokens = 4;
   std::mt19937_64 rng(1);
   for (std::size_t i = 0; i < 100'000; ++i) hist.add(autoregressive_sample(target, prompt, params, rng).tokens);
-  const auto fit = testing::g_test(hist.counts(), exact);
-  INFO("G = " << fit.statistic << ", dof = " << fit.dof << ", p = " << fit.p_value);
+  const auto fit = testing::chi_square_test(hist.counts(), exact);
+  INFO("X2 = " << fit.statistic << ", dof = " << fit.dof << ", p = " << fit.p_value);
   CHECK(fit.p_value > pass_threshold);
+  // The same check rejects a sampler that warps at T = 1.1 instead of 1: it can fail.
+  testing::sequence_histogram warm(4, 4);
+  params.sampling.temperature = 1.1f;
+  for (std::size_t i = 0; i < 100'000; ++i) warm.add(autoregressive_sample(target, prompt, params, rng).tokens);
+  const auto bad = testing::chi_square_test(warm.counts(), exact);
+  INFO("T = 1.1: X2 = " << bad.statistic << ", dof = " << bad.dof << ", p = " << bad.p_value);
+  CHECK(bad.p_value < fail_threshold);
 }
 
 namespace {
@@ -230,13 +237,13 @@ TEST_CASE("a draft with its own warping (draft_sampling) is exact", "[exactness]
       params.verify = rule;
       std::mt19937_64 rng(2024);
       const auto good = testing::speculative_fit(draft, target, prompt, params, 100'000, rng);
-      INFO("exact:  G = " << good.statistic << ", dof = " << good.dof << ", p = " << good.p_value);
+      INFO("exact:  X2 = " << good.statistic << ", dof = " << good.dof << ", p = " << good.p_value);
       CHECK(good.impossible == 0);
       CHECK(good.p_value > pass_threshold);
       // Broken: the drafts drawn with draft_sampling, q reported with sampling.
       mislabelled_drafter broken{&draft, logit_warper(params.draft_warping(), 4), logit_warper(params.sampling, 4)};
       const auto bad = test::fit_drafter(broken, target, prompt, params, testing::verifier_from_params{});
-      INFO("broken: G = " << bad.statistic << ", dof = " << bad.dof << ", p = " << bad.p_value);
+      INFO("broken: X2 = " << bad.statistic << ", dof = " << bad.dof << ", p = " << bad.p_value);
       CHECK(bad.p_value < fail_threshold);
     }
   }

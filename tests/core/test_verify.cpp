@@ -77,9 +77,15 @@ TEST_CASE("sample_categorical draws in proportion to the weights and never a zer
   xt::xarray<double> counts = xt::zeros<double>({5});
   for (int i = 0; i < 100000; ++i) counts(static_cast<std::size_t>(sample_categorical(w, rng))) += 1.0;
   xt::xarray<double> expected = {0.0, 0.5, 0.0, 0.25, 0.25};
-  const auto fit = testing::g_test(counts, expected);
+  const auto fit = testing::chi_square_test(counts, expected);
   CHECK(fit.impossible == 0);
   CHECK(fit.p_value > 1e-3);
+  // The same test rejects a draw off by 5% in one weight (2.1 for 2): it can fail.
+  Eigen::VectorXf off = w;
+  off(1) = 2.1f;
+  xt::xarray<double> broken = xt::zeros<double>({5});
+  for (int i = 0; i < 100000; ++i) broken(static_cast<std::size_t>(sample_categorical(off, rng))) += 1.0;
+  CHECK(testing::chi_square_test(broken, expected).p_value < 1e-6);
 }
 
 TEST_CASE("categorical and residual draws are exact across many blocks of the blocked inverse CDF",
@@ -115,18 +121,18 @@ TEST_CASE("categorical and residual draws are exact across many blocks of the bl
     mass += want_r(i);
   }
   want_r /= mass;
-  const auto categorical = testing::g_test(draws([&](auto& rng) { return sample_categorical(p, rng); }), want_p);
-  INFO("categorical: G = " << categorical.statistic << ", dof = " << categorical.dof << ", p = " << categorical.p_value);
+  const auto categorical = testing::chi_square_test(draws([&](auto& rng) { return sample_categorical(p, rng); }), want_p);
+  INFO("categorical: X2 = " << categorical.statistic << ", dof = " << categorical.dof << ", p = " << categorical.p_value);
   CHECK(categorical.impossible == 0);
   CHECK(categorical.p_value > 1e-3);
-  const auto residual = testing::g_test(draws([&](auto& rng) { return sample_residual(p, q, rng); }), want_r);
-  INFO("residual: G = " << residual.statistic << ", dof = " << residual.dof << ", p = " << residual.p_value);
+  const auto residual = testing::chi_square_test(draws([&](auto& rng) { return sample_residual(p, q, rng); }), want_r);
+  INFO("residual: X2 = " << residual.statistic << ", dof = " << residual.dof << ", p = " << residual.p_value);
   CHECK(residual.impossible == 0);
   CHECK(residual.p_value > 1e-3);
 
   // Broken variant: the right block, then a uniform pick among its positive weights (the walk
   // inside the block skipped). The same statistic must reject it.
-  const auto broken = testing::g_test(draws([&](auto& rng) {
+  const auto broken = testing::chi_square_test(draws([&](auto& rng) {
     auto weight = [&](std::size_t i) { return static_cast<double>(p(static_cast<Eigen::Index>(i))); };
     const double u = uniform_01(rng) * detail::sum_blocks(weight, V).total;
     double cum = 0.0;
@@ -144,7 +150,7 @@ TEST_CASE("categorical and residual draws are exact across many blocks of the bl
     }
     return token{0};
   }), want_p);
-  INFO("broken: G = " << broken.statistic << ", p = " << broken.p_value);
+  INFO("broken: X2 = " << broken.statistic << ", p = " << broken.p_value);
   CHECK(broken.p_value < 1e-6);
 }
 

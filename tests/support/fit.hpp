@@ -45,11 +45,11 @@ template <class Drafter, class Verifier, class Broken>
 void check_exact_and_broken(Drafter& drafter, toy::markov& target, const std::vector<token>& prompt,
                             const speculative_params& params, Verifier verifier, Broken broken) {
   const auto good = fit_drafter(drafter, target, prompt, params, verifier);
-  INFO("exact:  G = " << good.statistic << ", dof = " << good.dof << ", p = " << good.p_value);
+  INFO("exact:  X2 = " << good.statistic << ", dof = " << good.dof << ", p = " << good.p_value);
   CHECK(good.impossible == 0);
   CHECK(good.p_value > pass_threshold);
   const auto bad = fit_drafter(drafter, target, prompt, params, broken);
-  INFO("broken: G = " << bad.statistic << ", dof = " << bad.dof << ", p = " << bad.p_value);
+  INFO("broken: X2 = " << bad.statistic << ", dof = " << bad.dof << ", p = " << bad.p_value);
   CHECK(bad.p_value < fail_threshold);
 }
 
