@@ -2,9 +2,9 @@
 //
 // Enumerates the target's exact distribution over every sequence of L tokens, draws N speculative
 // samples, and prints Pearson's X² statistic, its p-value and a verdict. Point `check` at your own
-// models (anything satisfying specsample::language_model over a small vocabulary: the table has
-// V^L cells, at most 1e7, whatever --top-k). Too few samples to test are refused with the count
-// needed. `--broken` swaps in a verifier that resamples from p instead of the residual, to show
+// models (anything satisfying specsample::language_model: its sequences of positive probability
+// are enumerated, at most 1e6, so a large vocabulary needs a --top-k). Too few samples to test
+// are refused with the count needed. `--broken` swaps in a verifier that resamples from p instead of the residual, to show
 // what a failing verdict looks like.
 //
 // usage: distribution_check [--vocab V] [--length L] [-k K] [--temperature T] [--top-k N]

@@ -34,12 +34,108 @@ TEST_CASE("the exact sequence distribution of a Markov chain is the product of i
   CHECK(xt::allclose(xt::sum(table, {2}), two, 1e-6, 1e-9));
 }
 
+TEST_CASE("exact_sequences holds the sequences of positive probability: the dense table's, or cut at EOS",
+          "[testing]") {
+  auto m = toy::markov::random(3, 1, 2);
+  const std::vector<token> prompt{1};
+  const auto dense = testing::exact_sequence_distribution(m, prompt, 3, {});
+  const auto sparse = testing::exact_sequences(m, prompt, 3, {});
+  CHECK(sparse.length() == 3);
+  std::size_t positive = 0;
+  for (const double p : dense) positive += p > 0.0 ? 1 : 0;
+  CHECK(sparse.size() == positive);
+  double total = 0.0;
+  for (const auto& [sequence, p] : sparse) {
+    total += p;
+    CHECK(p == dense(static_cast<std::size_t>(sequence[0]), static_cast<std::size_t>(sequence[1]),
+                     static_cast<std::size_t>(sequence[2])));
+  }
+  CHECK(total == Approx(1.0));
+  CHECK(sparse[std::vector<token>{0, 0, 0}] == dense(0, 0, 0));
+  // With EOS = 2 a sequence ends at its first 2; the rest reads the marker 3, and its probability
+  // is the dense table's sum over every continuation.
+  const auto cut = testing::exact_sequences(m, prompt, 3, {}, token{2});
+  double cut_total = 0.0;
+  for (const auto& [sequence, p] : cut) {
+    cut_total += p;
+    const auto at = std::find(sequence.begin(), sequence.end(), token{2});
+    if (at != sequence.end()) CHECK(std::all_of(at + 1, sequence.end(), [](token x) { return x == 3; }));
+  }
+  CHECK(cut_total == Approx(1.0));
+  CHECK(cut[std::vector<token>{2, 3, 3}] == Approx(xt::sum(xt::view(dense, 2, xt::all(), xt::all()))()));
+  CHECK(cut[std::vector<token>{0, 2, 3}] == Approx(xt::sum(xt::view(dense, 0, 2, xt::all()))()));
+  CHECK(cut[std::vector<token>{2, 0, 0}] == 0.0);
+}
+
+TEST_CASE("exact_sequences enumerates a large vocabulary under top-k: one call per prefix", "[testing]") {
+  // 50257 tokens, the logits favouring ids 7 and 11 after anything: top-k = 2 leaves two
+  // continuations per prefix, so 8 sequences of 3 tokens and 1 + 2 + 4 model calls.
+  std::size_t calls = 0;
+  toy::callable_model big(50257, [&](std::span<const token>) {
+    ++calls;
+    Eigen::VectorXf logits = Eigen::VectorXf::Zero(50257);
+    logits(7) = 2.0f;
+    logits(11) = 1.0f;
+    return logits;
+  });
+  sampling_params top2;
+  top2.top_k = 2;
+  const auto table = testing::exact_sequences(big, std::vector<token>{0}, 3, top2);
+  CHECK(table.size() == 8);
+  CHECK(calls == 7);
+  const double p7 = 1.0 / (1.0 + std::exp(-1.0));
+  CHECK(table[std::vector<token>{7, 7, 11}] == Approx(p7 * p7 * (1.0 - p7)));
+  // Without the filter the sequences of positive probability are too many: refused, not enumerated
+  // to the end (the cap of 1e6 entries is reached within 21 calls).
+  calls = 0;
+  CHECK_THROWS_WITH(testing::exact_sequences(big, std::vector<token>{0}, 3, {}),
+                    Catch::Matchers::Contains("more than 1000000 sequences of 3 tokens"));
+  CHECK(calls <= 22);
+}
+
+TEST_CASE("sequence tables add values per sequence and refuse another length", "[testing]") {
+  using Catch::Matchers::Contains;
+  testing::sequence_table t(2);
+  t.add(std::vector<token>{1, 2}, 1.0);
+  t.add(std::vector<token>{1, 2}, 2.0);
+  t.add(std::vector<token>{2, 1}, 1.0);
+  CHECK(t.size() == 2);
+  CHECK(t[std::vector<token>{1, 2}] == 3.0);
+  CHECK(t[std::vector<token>{0, 0}] == 0.0);
+  CHECK_THROWS_WITH(t.add(std::vector<token>{1}, 1.0), Contains("expected 2 tokens, got 1"));
+  CHECK_THROWS_WITH(testing::sequence_table(0), Contains("length must be in 1..64"));
+  testing::sequence_table two(1, 2);  // at most two entries
+  two.add(std::vector<token>{5}, 1.0);
+  two.add(std::vector<token>{6}, 1.0);
+  two.add(std::vector<token>{5}, 1.0);  // not a new entry
+  CHECK_THROWS_WITH(two.add(std::vector<token>{7}, 1.0), Contains("more than 2 sequences of 1 tokens"));
+  CHECK(two.size() == 2);
+  // The sparse test: a sequence the expected table does not hold has probability zero.
+  testing::sequence_table expected(2);
+  expected.add(std::vector<token>{1, 2}, 0.75);
+  expected.add(std::vector<token>{2, 1}, 0.25);
+  testing::sequence_table observed(2);
+  observed.add(std::vector<token>{1, 2}, 30.0);
+  observed.add(std::vector<token>{2, 1}, 10.0);
+  const auto fit = testing::chi_square_test(observed, expected);
+  CHECK(fit.bins == 2);
+  CHECK(fit.statistic == Approx(0.0));
+  observed.add(std::vector<token>{0, 0}, 1.0);
+  const auto impossible = testing::chi_square_test(observed, expected);
+  CHECK(impossible.impossible == 1);
+  CHECK(impossible.p_value == 0.0);
+  CHECK_THROWS_WITH(testing::chi_square_test(testing::sequence_table(3), expected),
+                    Contains("observed sequences of 3 tokens, expected of 2"));
+  observed.add(std::vector<token>{1, 2}, 0.5);
+  CHECK_THROWS_WITH(testing::chi_square_test(observed, expected), Contains("observed count 30.5 is not a count"));
+}
+
 TEST_CASE("the exactness tools refuse sizes they cannot enumerate or test", "[testing][errors]") {
   using Catch::Matchers::Contains;
   auto m = toy::markov::random(3, 1, 2);
   const std::vector<token> prompt{1};
   CHECK_THROWS_WITH(testing::exact_sequence_distribution(m, prompt, 0, {}), Contains("length must be in 1..64"));
-  // A length in range whose V^L exceeds the 1e7 cap is refused by the cap; a huge one by the
+  // A length in range whose V^L exceeds the 1e6 cap is refused by the cap; a huge one by the
   // range check, before any counting.
   CHECK_THROWS_WITH(testing::exact_sequence_distribution(m, prompt, 20, {}), Contains("too many to enumerate"));
   CHECK_THROWS_WITH(testing::exact_sequence_distribution(m, prompt, std::size_t(-1), {}),
@@ -54,12 +150,8 @@ TEST_CASE("the exactness tools refuse sizes they cannot enumerate or test", "[te
   CHECK_THROWS_WITH(testing::sequence_histogram(2, 64), Contains("too many to enumerate"));
   CHECK_THROWS_WITH(testing::sequence_histogram(4, 0), Contains("length must be in 1..64"));
   CHECK_THROWS_WITH(testing::sequence_histogram(0, 3), Contains("the vocabulary is empty"));
-  // The EOS table of a table that is not (V, ..., V) over L tokens.
-  const auto table = testing::exact_sequence_distribution(m, prompt, 2, {});
-  CHECK_THROWS_WITH(testing::eos_truncated_distribution(table, 4, 2, 0), Contains("not of 2 tokens over a vocabulary of 4"));
-  CHECK_THROWS_WITH(testing::eos_truncated_distribution(table, 3, 3, 0), Contains("not of 3 tokens"));
-  CHECK_THROWS_WITH(testing::eos_truncated_distribution(table, 3, 2, 3), Contains("EOS id 3 is out of range"));
-  CHECK(testing::eos_truncated_distribution(table, 3, 2, 2).size() == 16);
+  CHECK_THROWS_WITH(testing::exact_sequences(m, prompt, 2, {}, token{3}), Contains("EOS id 3 is out of range"));
+  CHECK_THROWS_WITH(testing::exact_sequences(m, prompt, 0, {}), Contains("length must be in 1..64"));
   // No samples would be a vacuous PASS.
   auto draft = toy::markov::random(3, 1, 3);
   speculative_params params;

@@ -18,24 +18,79 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 #include <type_traits>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace specsample::testing {
 
-/// The longest sequence `exact_sequence_distribution` enumerates (it recurses once per token; with
-/// V >= 2 the cell cap already stops it at 23).
+/// The longest sequence the tools enumerate (they recurse once per token).
 inline constexpr std::size_t max_sequence_length = 64;
 
-/// The most cells a table of sequences (V^L for V tokens and length L) may have.
-inline constexpr std::size_t max_table_cells = 10'000'000;
+/// The most sequences a table holds by default: a `sequence_table`'s entries (~100 MB), a dense
+/// table's V^L cells.
+inline constexpr std::size_t max_sequences = 1'000'000;
+
+/// Values over sequences of `length()` tokens, held sparsely (a sequence not held reads 0): the
+/// exact probabilities `exact_sequences` returns, or the counts of sampled sequences.
+class sequence_table {
+ public:
+  /// A table of at most `max_entries` sequences of `length` tokens.
+  /// @throws error unless length is in 1..max_sequence_length.
+  explicit sequence_table(std::size_t length, std::size_t max_entries = max_sequences)
+      : length_(length), max_entries_(max_entries) {
+    if (length == 0 || length > max_sequence_length) {
+      throw error(fmt::format("sequence_table: length must be in 1..{}, got {}", max_sequence_length, length));
+    }
+  }
+
+  [[nodiscard]] std::size_t length() const noexcept { return length_; }
+  /// Sequences held.
+  [[nodiscard]] std::size_t size() const noexcept { return values_.size(); }
+  /// The value of `sequence`, 0 when not held.
+  [[nodiscard]] double operator[](std::span<const token> sequence) const {
+    const auto it = values_.find(std::vector<token>(sequence.begin(), sequence.end()));
+    return it == values_.end() ? 0.0 : it->second;
+  }
+  /// Adds `value` to the entry of `sequence` (of exactly `length()` tokens).
+  /// @throws error on another length, or a new entry beyond the table's `max_entries`.
+  void add(std::span<const token> sequence, double value) {
+    if (sequence.size() != length_) {
+      throw error(fmt::format("sequence_table: expected {} tokens, got {}", length_, sequence.size()));
+    }
+    auto [it, added] = values_.try_emplace(std::vector<token>(sequence.begin(), sequence.end()), 0.0);
+    if (added && values_.size() > max_entries_) {
+      values_.erase(it);
+      throw error(fmt::format("sequence_table: more than {} sequences of {} tokens", max_entries_, length_));
+    }
+    it->second += value;
+  }
+  /// The entries, (sequence, value), in no particular order.
+  [[nodiscard]] auto begin() const noexcept { return values_.begin(); }
+  [[nodiscard]] auto end() const noexcept { return values_.end(); }
+
+ private:
+  struct hash {
+    std::size_t operator()(const std::vector<token>& s) const noexcept {
+      std::uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a over the ids
+      for (const token t : s) h = (h ^ static_cast<std::uint32_t>(t)) * 0x100000001b3ULL;
+      return static_cast<std::size_t>(h);
+    }
+  };
+  std::size_t length_;
+  std::size_t max_entries_;
+  std::unordered_map<std::vector<token>, double, hash> values_;
+};
 
 namespace detail {
 
-// V^L, the cells of a table of `length`-token sequences over `vocab` tokens, refused by `who`
-// unless vocab >= 1, length in 1..max_sequence_length and V^L <= max_table_cells.
+// V^L, the cells of a dense table of `length`-token sequences over `vocab` tokens, refused by
+// `who` unless vocab >= 1, length in 1..max_sequence_length and V^L <= max_sequences.
 inline std::size_t table_cells(std::size_t vocab, std::size_t length, const char* who) {
   if (vocab == 0) throw error(fmt::format("{}: the vocabulary is empty", who));
   if (length == 0 || length > max_sequence_length) {
@@ -43,9 +98,9 @@ inline std::size_t table_cells(std::size_t vocab, std::size_t length, const char
   }
   std::size_t cells = 1;
   for (std::size_t i = 0; i < length; ++i) {
-    if (cells > max_table_cells / vocab) {
+    if (cells > max_sequences / vocab) {
       throw error(fmt::format("{}: {}^{} sequences are too many to enumerate (at most {} cells)", who, vocab, length,
-                              max_table_cells));
+                              max_sequences));
     }
     cells *= vocab;
   }
@@ -60,23 +115,30 @@ void append_and_warp(M& model, std::span<const token> t, logit_warper& warp, Eig
                               [&](const auto& logits) { warp(logits.col(0), dist); });
 }
 
+// Depth-first over the continuations of `prefix` with positive probability (`dist`: the warped
+// distribution after it), adding each complete sequence to `out`; with `eos`, a sequence ends at
+// its first EOS, the rest filled with `absent`.
 template <language_model M>
-void enumerate(M& model, logit_warper& warp, const Eigen::VectorXf& dist, std::size_t depth, std::size_t length,
-               std::size_t index, double prob, xt::xarray<double>& table) {
-  const auto v = static_cast<std::size_t>(dist.size());
+void enumerate(M& model, logit_warper& warp, const Eigen::VectorXf& dist, std::vector<token>& prefix,
+               std::size_t length, double prob, std::optional<token> eos, token absent, sequence_table& out) {
   Eigen::VectorXf next(dist.size());
-  for (std::size_t x = 0; x < v; ++x) {
-    const double px = prob * static_cast<double>(dist(static_cast<Eigen::Index>(x)));
+  for (Eigen::Index x = 0; x < dist.size(); ++x) {
+    const double px = prob * static_cast<double>(dist(x));
     if (px == 0.0) continue;
-    const std::size_t child = index * v + x;
-    if (depth + 1 == length) {
-      table.flat(child) += px;
-      continue;
+    const auto t = static_cast<token>(x);
+    prefix.push_back(t);
+    if (prefix.size() == length) {
+      out.add(prefix, px);
+    } else if (eos && t == *eos) {
+      std::vector<token> ended = prefix;
+      ended.resize(length, absent);
+      out.add(ended, px);
+    } else {
+      append_and_warp(model, std::span<const token>(&t, 1), warp, next);
+      enumerate(model, warp, next, prefix, length, px, eos, absent, out);
+      model.truncate(model.size() - 1);
     }
-    const token t = static_cast<token>(x);
-    append_and_warp(model, std::span<const token>(&t, 1), warp, next);
-    enumerate(model, warp, next, depth + 1, length, child, px, table);
-    model.truncate(model.size() - 1);
+    prefix.pop_back();
   }
 }
 
@@ -118,27 +180,55 @@ inline double gamma_q(double a, double x) {
 }  // namespace detail
 
 /// The exact probability of every sequence of `length` tokens that sampling from `model` after
-/// `prompt` with warping `sampling` can produce, as an L-dimensional (V, ..., V) table
-/// (entry [x0, ..., x(L-1)] = P(x0 ... x(L-1))). Enumerates every prefix with positive probability
-/// using the model's own append / truncate, so it works for any `language_model`; cost is up to
-/// V^(L-1) model calls and a V^L table (at most `max_table_cells`), meant for tiny vocabularies:
-/// a top-k or top-p warping does not shrink the table. Checks the prompt's ids, that the model
-/// holds prompt + L - 1 tokens (`max_context`) and the shape of the logits it returns, as the
-/// sampling loops do. Leaves `model` holding `prompt`.
+/// `prompt` with warping `sampling` can produce, for the sequences of positive probability only.
+/// With `eos`, generation stops right after the first EOS: such a sequence is held cut there, its
+/// remaining positions the marker V ("absent", one past the vocabulary), and what would follow the
+/// EOS is not enumerated. Enumerates every prefix with positive probability using the model's own
+/// append / truncate, so it works for any `language_model`: one model call per prefix that does not
+/// end a sequence, which a top-k warping keeps few (top_k = 2 and L = 6: 63 calls and 64 sequences
+/// whatever the vocabulary). Checks the prompt's ids, EOS, that the model holds prompt + L - 1
+/// tokens (`max_context`) and the shape of the logits it returns, as the sampling loops do.
+/// Leaves `model` holding `prompt`.
+/// @throws error on those, or when more than `max_sequences` sequences have positive probability
+/// (found as they are enumerated: a model call per `V` of them at worst).
 template <language_model M>
-[[nodiscard]] xt::xarray<double> exact_sequence_distribution(M& model, std::span<const token> prompt,
-                                                            std::size_t length, const sampling_params& sampling) {
-  if (prompt.empty()) throw error("exact_sequence_distribution: the prompt must not be empty");
+[[nodiscard]] sequence_table exact_sequences(M& model, std::span<const token> prompt, std::size_t length,
+                                             const sampling_params& sampling, std::optional<token> eos = std::nullopt) {
+  if (prompt.empty()) throw error("exact_sequences: the prompt must not be empty");
+  sequence_table table(length);
   const std::size_t v = specsample::detail::vocabulary_of(model, "model");
-  detail::table_cells(v, length, "exact_sequence_distribution");
+  if (eos && !in_vocabulary(*eos, v)) {
+    throw error(fmt::format("exact_sequences: EOS id {} is out of range for a vocabulary of {}", *eos, v));
+  }
+  if (eos && v > static_cast<std::size_t>(std::numeric_limits<token>::max())) {
+    throw error(fmt::format("exact_sequences: a vocabulary of {} leaves no id for the absent marker", v));
+  }
   specsample::detail::check_prompt(prompt, v);
   specsample::detail::check_fits(model, "model", prompt.size(), length);
-  xt::xarray<double> table = xt::zeros<double>(std::vector<std::size_t>(length, v));
   logit_warper warp(sampling, v);
   model.truncate(0);
   Eigen::VectorXf first(static_cast<Eigen::Index>(v));
   detail::append_and_warp(model, prompt, warp, first);
-  detail::enumerate(model, warp, first, 0, length, 0, 1.0, table);
+  std::vector<token> prefix;
+  prefix.reserve(length);
+  detail::enumerate(model, warp, first, prefix, length, 1.0, eos, static_cast<token>(v), table);
+  return table;
+}
+
+/// `exact_sequences` as a dense L-dimensional (V, ..., V) table (entry [x0, ..., x(L-1)] =
+/// P(x0 ... x(L-1))), for tiny vocabularies: V^L cells, at most `max_sequences`.
+template <language_model M>
+[[nodiscard]] xt::xarray<double> exact_sequence_distribution(M& model, std::span<const token> prompt,
+                                                            std::size_t length, const sampling_params& sampling) {
+  const std::size_t v = specsample::detail::vocabulary_of(model, "model");
+  detail::table_cells(v, length, "exact_sequence_distribution");
+  const sequence_table sparse = exact_sequences(model, prompt, length, sampling);
+  xt::xarray<double> table = xt::zeros<double>(std::vector<std::size_t>(length, v));
+  for (const auto& [sequence, p] : sparse) {
+    std::size_t index = 0;
+    for (const token x : sequence) index = index * v + static_cast<std::size_t>(x);
+    table.flat(index) = p;
+  }
   return table;
 }
 
@@ -146,7 +236,7 @@ template <language_model M>
 class sequence_histogram {
  public:
   /// @throws error unless vocab >= 1, length in 1..max_sequence_length and vocab^length <=
-  /// max_table_cells.
+  /// max_sequences.
   sequence_histogram(std::size_t vocab, std::size_t length)
       : vocab_(vocab), length_(length), counts_(zeros(vocab, length)) {}
 
@@ -190,6 +280,75 @@ struct fit_result {
   std::size_t impossible = 0;  ///< samples that fell in cells of probability zero
 };
 
+namespace detail {
+
+// Whether `o` is a count of samples.
+inline bool is_count(double o) noexcept { return o >= 0.0 && std::isfinite(o) && o == std::floor(o); }
+
+// Pearson's test over the outcomes of positive probability, (observed count, probability) each,
+// the probabilities checked and summing to 1; `impossible`: samples outside them.
+inline fit_result pearson(const std::vector<std::pair<double, double>>& outcomes, double impossible,
+                          double min_expected) {
+  if (!(min_expected > 0.0) || !std::isfinite(min_expected)) {
+    throw error(fmt::format("chi_square_test: min_expected must be finite and > 0, got {}", min_expected));
+  }
+  double n = impossible, total = 0.0, largest = 0.0;
+  for (const auto& [o, p] : outcomes) {
+    n += o;
+    total += p;
+    largest = std::max(largest, p);
+  }
+  if (std::fabs(total - 1.0) > 1e-6) {
+    throw error(fmt::format("chi_square_test: the expected probabilities sum to {}, not 1", total));
+  }
+  if (n == 0.0) throw error("chi_square_test: no samples");
+  fit_result r;
+  r.impossible = static_cast<std::size_t>(impossible);
+  double x2 = 0.0;
+  double pooled_o = 0.0, pooled_e = 0.0;
+  double smallest_o = 0.0, smallest_e = std::numeric_limits<double>::infinity();  // the smallest bin
+  const auto term = [](double o, double e) { return (o - e) * (o - e) / e; };
+  for (const auto& [o, p] : outcomes) {
+    const double e = p * n;
+    if (e < min_expected) {
+      pooled_o += o;
+      pooled_e += e;
+      continue;
+    }
+    x2 += term(o, e);
+    ++r.bins;
+    if (e < smallest_e) {
+      smallest_o = o;
+      smallest_e = e;
+    }
+  }
+  if (pooled_e > 0.0) {
+    if (pooled_e >= min_expected || r.bins == 0) {
+      x2 += term(pooled_o, pooled_e);
+      ++r.bins;
+    } else {  // too small a bin of its own: merged into the smallest one
+      x2 += term(smallest_o + pooled_o, smallest_e + pooled_e) - term(smallest_o, smallest_e);
+    }
+  }
+  r.dof = r.bins > 0 ? r.bins - 1 : 0;
+  if (r.impossible > 0) {
+    r.statistic = std::numeric_limits<double>::infinity();
+    r.p_value = 0.0;
+    return r;
+  }
+  if (outcomes.size() >= 2 && r.bins < 2) {
+    const double needed = std::ceil(min_expected / std::min(largest, 1.0 - largest));
+    throw error(fmt::format("chi_square_test: {} samples are too few to test {} possible outcomes: no two bins reach "
+                            "an expected count of {}, so any sample would pass; it needs at least {} samples",
+                            n, outcomes.size(), min_expected, needed));
+  }
+  r.statistic = x2;
+  r.p_value = r.dof == 0 ? 1.0 : gamma_q(0.5 * static_cast<double>(r.dof), 0.5 * x2);
+  return r;
+}
+
+}  // namespace detail
+
 /// Pearson's χ² test of `observed` counts against `expected` probabilities (same shape; the
 /// probabilities sum to 1). Cells with an expected count below `min_expected` are pooled into one
 /// bin, and that bin, when its own expected count is still below it, into the smallest other bin,
@@ -203,107 +362,51 @@ struct fit_result {
 inline fit_result chi_square_test(const xt::xarray<double>& observed, const xt::xarray<double>& expected,
                                   double min_expected = 5.0) {
   if (observed.shape() != expected.shape()) throw error("chi_square_test: observed and expected shapes differ");
-  if (!(min_expected > 0.0) || !std::isfinite(min_expected)) {
-    throw error(fmt::format("chi_square_test: min_expected must be finite and > 0, got {}", min_expected));
-  }
-  double n = 0.0;
-  double total = 0.0;
-  double largest = 0.0;  // the largest expected probability
-  std::size_t outcomes = 0;  // cells of positive probability
+  std::vector<std::pair<double, double>> outcomes;
+  double impossible = 0.0;
   for (std::size_t i = 0; i < observed.size(); ++i) {
     const double o = observed.flat(i);
-    const double e = expected.flat(i);
-    if (!(o >= 0.0) || !std::isfinite(o) || o != std::floor(o)) {
+    const double p = expected.flat(i);
+    if (!detail::is_count(o)) {
       throw error(fmt::format("chi_square_test: observed count {} at cell {} is not a count", o, i));
     }
-    if (!(e >= 0.0) || !std::isfinite(e)) {
-      throw error(fmt::format("chi_square_test: expected probability {} at cell {} is not a probability", e, i));
+    if (!(p >= 0.0) || !std::isfinite(p)) {
+      throw error(fmt::format("chi_square_test: expected probability {} at cell {} is not a probability", p, i));
     }
-    n += o;
-    total += e;
-    largest = std::max(largest, e);
-    outcomes += e > 0.0 ? 1 : 0;
-  }
-  if (std::fabs(total - 1.0) > 1e-6) {
-    throw error(fmt::format("chi_square_test: the expected probabilities sum to {}, not 1", total));
-  }
-  if (n == 0.0) throw error("chi_square_test: no samples");
-  fit_result r;
-  double x2 = 0.0;
-  double pooled_o = 0.0, pooled_e = 0.0;
-  double smallest_o = 0.0, smallest_e = std::numeric_limits<double>::infinity();  // the smallest bin
-  const auto term = [](double o, double e) { return (o - e) * (o - e) / e; };
-  for (std::size_t i = 0; i < observed.size(); ++i) {
-    const double o = observed.flat(i);
-    const double e = expected.flat(i) * n;
-    if (expected.flat(i) == 0.0) {
-      r.impossible += static_cast<std::size_t>(o);
-    } else if (e < min_expected) {
-      pooled_o += o;
-      pooled_e += e;
+    if (p > 0.0) {
+      outcomes.emplace_back(o, p);
     } else {
-      x2 += term(o, e);
-      ++r.bins;
-      if (e < smallest_e) {
-        smallest_o = o;
-        smallest_e = e;
-      }
+      impossible += o;
     }
   }
-  if (pooled_e > 0.0) {
-    if (pooled_e >= min_expected || r.bins == 0) {
-      x2 += term(pooled_o, pooled_e);
-      ++r.bins;
-    } else {  // too small a bin of its own: merged into the smallest one
-      x2 += term(smallest_o + pooled_o, smallest_e + pooled_e) - term(smallest_o, smallest_e);
-    }
-  }
-  if (r.impossible > 0) {
-    r.statistic = std::numeric_limits<double>::infinity();
-    r.p_value = 0.0;
-    r.dof = r.bins > 0 ? r.bins - 1 : 0;
-    return r;
-  }
-  if (outcomes >= 2 && r.bins < 2) {
-    const double needed = std::ceil(min_expected / std::min(largest, 1.0 - largest));
-    throw error(fmt::format("chi_square_test: {} samples are too few to test {} possible outcomes: no two bins reach "
-                            "an expected count of {}, so any sample would pass; it needs at least {} samples",
-                            n, outcomes, min_expected, needed));
-  }
-  r.statistic = x2;
-  r.dof = r.bins - 1;
-  r.p_value = r.dof == 0 ? 1.0 : detail::gamma_q(0.5 * static_cast<double>(r.dof), 0.5 * x2);
-  return r;
+  return detail::pearson(outcomes, impossible, min_expected);
 }
 
-/// The target's exact distribution of what generation emits when it stops right after `eos`:
-/// `full` (from `exact_sequence_distribution`, (V, ..., V) over L tokens) mapped to (V + 1)^L by
-/// cutting every sequence after its first EOS and filling the rest with the marker V ("absent").
-[[nodiscard]] inline xt::xarray<double> eos_truncated_distribution(const xt::xarray<double>& full, std::size_t vocab,
-                                                                   std::size_t length, token eos) {
-  const auto& shape = full.shape();
-  if (full.dimension() != length || std::any_of(shape.begin(), shape.end(), [&](auto d) { return d != vocab; })) {
-    throw error(fmt::format("eos_truncated_distribution: the table is not of {} tokens over a vocabulary of {}",
-                            length, vocab));
+/// `chi_square_test` of sequence tables: `observed` counts against `expected` probabilities
+/// (`exact_sequences`), over the sequences `expected` holds; an observed sequence it does not hold
+/// has probability zero.
+inline fit_result chi_square_test(const sequence_table& observed, const sequence_table& expected,
+                                  double min_expected = 5.0) {
+  if (observed.length() != expected.length()) {
+    throw error(fmt::format("chi_square_test: observed sequences of {} tokens, expected of {}", observed.length(),
+                            expected.length()));
   }
-  if (!in_vocabulary(eos, vocab)) {
-    throw error(fmt::format("eos_truncated_distribution: EOS id {} is out of range for a vocabulary of {}", eos,
-                            vocab));
+  std::vector<std::pair<double, double>> outcomes;
+  outcomes.reserve(expected.size());
+  double impossible = 0.0;
+  for (const auto& [sequence, o] : observed) {
+    if (!detail::is_count(o)) throw error(fmt::format("chi_square_test: observed count {} is not a count", o));
+    impossible += o;  // less the counts of possible sequences, below
   }
-  detail::table_cells(vocab + 1, length, "eos_truncated_distribution");
-  xt::xarray<double> table = xt::zeros<double>(std::vector<std::size_t>(length, vocab + 1));
-  std::vector<token> s(length);
-  for (std::size_t index = 0; index < full.size(); ++index) {
-    for (std::size_t i = length, rest = index; i-- > 0; rest /= vocab) s[i] = static_cast<token>(rest % vocab);
-    std::size_t key = 0;
-    bool ended = false;
-    for (const token x : s) {
-      key = key * (vocab + 1) + (ended ? vocab : static_cast<std::size_t>(x));
-      ended = ended || x == eos;
+  for (const auto& [sequence, p] : expected) {
+    if (!(p > 0.0) || !std::isfinite(p)) {
+      throw error(fmt::format("chi_square_test: expected probability {} is not a positive probability", p));
     }
-    table.flat(key) += full.flat(index);
+    const double o = observed[sequence];
+    impossible -= o;
+    outcomes.emplace_back(o, p);
   }
-  return table;
+  return detail::pearson(outcomes, impossible, min_expected);
 }
 
 /// `speculative_fit`'s default verifier: the rule `params` name (`params.verify`, `params.leniency`),
@@ -311,16 +414,16 @@ inline fit_result chi_square_test(const xt::xarray<double>& observed, const xt::
 struct verifier_from_params {};
 
 /// The whole exactness check for one pair: enumerates the target's exact distribution over
-/// sequences of `params.max_new_tokens` tokens after `prompt`, draws `samples` speculative samples
-/// (with `verifier`; by default the rule `params` name, lossy leniency included) and tests them
-/// against it (`chi_square_test`). `draft` is a model or
-/// any `drafter` (n-gram, a `model_drafter` with early stopping, ...). With `params.eos` set,
-/// generation stops right after the first EOS, so both sides are compared over (V + 1)^L, every
-/// position after an EOS holding an "absent" marker (`eos_truncated_distribution`): a sampler
-/// that emitted a token after an EOS lands in a cell of probability zero. Cost: up to V^(L-1)
-/// model calls and a V^L table (at most `max_table_cells`; top-k does not shrink it) plus `samples`
-/// generations, so keep the vocabulary and length small: toy models, or a model of your own over a
-/// small vocabulary.
+/// sequences of `params.max_new_tokens` tokens after `prompt` (`exact_sequences`), draws `samples`
+/// speculative samples (with `verifier`; by default the rule `params` name, lossy leniency
+/// included) and tests them against it (`chi_square_test`). `draft` is a model or any `drafter`
+/// (n-gram, a `model_drafter` with early stopping, ...). With `params.eos` set, generation stops
+/// right after the first EOS, so both sides hold sequences cut there, every position after the EOS
+/// holding the "absent" marker V: a sampler that emitted a token after an EOS lands on a sequence
+/// of probability zero. Cost: a model call per prefix of positive probability (`exact_sequences`:
+/// a large model needs a top-k warping to keep them few) plus `samples` generations; the samples
+/// must be enough for the sequences' probabilities (too few to test are refused by
+/// `chi_square_test` with the number needed).
 template <class Draft, language_model Target, std::uniform_random_bit_generator Rng,
           class Verifier = verifier_from_params>
   requires(language_model<Draft> || drafter<Draft>)
@@ -333,9 +436,8 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
   specsample::detail::check_vocabularies(static_cast<std::size_t>(draft.vocab_size()), V);
   validate(params, V);
   specsample::detail::check_prompt(prompt, V);
-  const auto full = exact_sequence_distribution(target, prompt, L, params.sampling);
-  const auto exact = params.eos ? eos_truncated_distribution(full, V, L, *params.eos) : full;
-  sequence_histogram hist(params.eos ? V + 1 : V, L);
+  const sequence_table exact = exact_sequences(target, prompt, L, params.sampling, params.eos);
+  sequence_table observed(L);
   no_observer none;
   for (std::size_t i = 0; i < samples; ++i) {
     std::vector<token> out;
@@ -347,9 +449,9 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
       out = specsample::detail::generate(draft, target, prompt, params, rng, none, verifier).tokens;
     }
     if (params.eos && out.size() < L) out.resize(L, static_cast<token>(V));  // (only EOS ends a run early)
-    hist.add(out);
+    observed.add(out, 1.0);
   }
-  return chi_square_test(hist.counts(), exact);
+  return chi_square_test(observed, exact);
 }
 
 /// The total variation distance between two distributions of the same shape.
