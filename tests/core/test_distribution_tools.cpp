@@ -65,6 +65,22 @@ TEST_CASE("exact_sequences holds the sequences of positive probability: the dens
   CHECK(cut[std::vector<token>{2, 3, 3}] == Approx(xt::sum(xt::view(dense, 2, xt::all(), xt::all()))()));
   CHECK(cut[std::vector<token>{0, 2, 3}] == Approx(xt::sum(xt::view(dense, 0, 2, xt::all()))()));
   CHECK(cut[std::vector<token>{2, 0, 0}] == 0.0);
+  // The test over tables reads what the dense test reads over the same counts, to the last bit.
+  testing::sequence_histogram hist(3, 3);
+  testing::sequence_table counts(3);
+  std::mt19937_64 rng(5);
+  speculative_params params;
+  params.max_new_tokens = 3;
+  for (int i = 0; i < 2000; ++i) {
+    const auto out = autoregressive_sample(m, prompt, params, rng).tokens;
+    hist.add(out);
+    counts.add(out, 1.0);
+  }
+  const auto dense_fit = testing::chi_square_test(hist.counts(), dense);
+  const auto sparse_fit = testing::chi_square_test(counts, sparse);
+  CHECK(sparse_fit.statistic == dense_fit.statistic);
+  CHECK(sparse_fit.bins == dense_fit.bins);
+  CHECK(sparse_fit.p_value == dense_fit.p_value);
 }
 
 TEST_CASE("exact_sequences enumerates a large vocabulary under top-k: one call per prefix", "[testing]") {

@@ -398,11 +398,16 @@ inline fit_result chi_square_test(const sequence_table& observed, const sequence
     if (!detail::is_count(o)) throw error(fmt::format("chi_square_test: observed count {} is not a count", o));
     impossible += o;  // less the counts of possible sequences, below
   }
-  for (const auto& [sequence, p] : expected) {
+  // In lexicographic order, the dense table's: the same sums, the same smallest bin on a tie.
+  std::vector<std::pair<const std::vector<token>*, double>> entries;
+  entries.reserve(expected.size());
+  for (const auto& [sequence, p] : expected) entries.emplace_back(&sequence, p);
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return *a.first < *b.first; });
+  for (const auto& [sequence, p] : entries) {
     if (!(p > 0.0) || !std::isfinite(p)) {
       throw error(fmt::format("chi_square_test: expected probability {} is not a positive probability", p));
     }
-    const double o = observed[sequence];
+    const double o = observed[*sequence];
     impossible -= o;
     outcomes.emplace_back(o, p);
   }
