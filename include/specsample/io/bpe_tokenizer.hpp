@@ -90,6 +90,27 @@ inline std::size_t utf8_char_length(std::string_view s, std::size_t i) noexcept 
   return 0;
 }
 
+/// `text` as an error message quotes it: its first characters, at most `max_bytes` of quote (never
+/// part of a character), then "..." and the whole length when it is longer; control bytes, DEL and
+/// bytes that are not UTF-8 written \xNN and a backslash \\, so the quote is unambiguous UTF-8. A file's
+/// wrong line or key can be megabytes long, or binary.
+inline std::string excerpt(std::string_view text, std::size_t max_bytes = 80) {
+  std::string out;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const std::size_t len = utf8_char_length(text, i);
+    const auto c = static_cast<unsigned char>(text[i]);
+    const std::string piece = len == 0 || c < 0x20U || c == 0x7FU ? fmt::format("\\x{:02X}", c)
+                              : c == '\\'                        ? std::string("\\\\")
+                                                                  : std::string(text.substr(i, len));
+    if (out.size() + piece.size() > max_bytes) break;
+    out += piece;
+    i += len == 0 ? 1 : len;
+  }
+  if (i < text.size()) out += fmt::format("... ({} bytes)", text.size());
+  return out;
+}
+
 /// Whether `s` is valid UTF-8 (see `utf8_char_length`).
 inline bool valid_utf8(std::string_view s) noexcept {
   for (std::size_t i = 0, len = 0; i < s.size(); i += len) {
@@ -226,7 +247,7 @@ class vocab_reader : public nlohmann::json_sax<nlohmann::json> {
     if (depth_ == 0) return scalar("a number");
     if (v > static_cast<number_unsigned_t>(std::numeric_limits<std::int64_t>::max())) {
       throw error(fmt::format("{}: id {} of token \"{}\" is out of range: ids must be contiguous 0..n-1", file_,
-                              v, io::detail::excerpt(key_)));
+                              v, excerpt(key_)));
     }
     return integer(static_cast<std::int64_t>(v));
   }
@@ -242,7 +263,7 @@ class vocab_reader : public nlohmann::json_sax<nlohmann::json> {
   }
   bool key(string_t& k) override {
     if (!seen_.emplace(k, entries.size()).second) {
-      throw error(fmt::format("{}: token \"{}\" appears twice", file_, io::detail::excerpt(k)));
+      throw error(fmt::format("{}: token \"{}\" appears twice", file_, excerpt(k)));
     }
     key_ = k;
     return true;
@@ -252,18 +273,18 @@ class vocab_reader : public nlohmann::json_sax<nlohmann::json> {
   bool end_array() override { return true; }
   bool parse_error(std::size_t, const std::string&,
                    const nlohmann::detail::exception& ex) override {
-    throw error(fmt::format("{}: not valid JSON: {}", file_, io::detail::excerpt(ex.what(), 240)));
+    throw error(fmt::format("{}: not valid JSON: {}", file_, excerpt(ex.what(), 240)));
   }
 
  private:
   bool scalar(const std::string& what) {
     if (depth_ == 0) {
       throw error(fmt::format("{}: expected a JSON object mapping token strings to ids, got {}",
-                              file_, what));
+                              file_, excerpt(what)));
     }
     throw error(
-        fmt::format("{}: id of token \"{}\" is {}, expected an integer", file_, io::detail::excerpt(key_),
-                    io::detail::excerpt(what)));
+        fmt::format("{}: id of token \"{}\" is {}, expected an integer", file_, excerpt(key_),
+                    excerpt(what)));
   }
   bool integer(std::int64_t v) {
     if (depth_ == 0) return scalar("a number");
@@ -285,7 +306,7 @@ class vocab_reader : public nlohmann::json_sax<nlohmann::json> {
 /// result of a merge (for GPT-2 and the bundled Shakespeare models: just `<|endoftext|>`).
 /// `encode` splits the text on their literal spelling first. All member functions are const and
 /// thread-safe, so one instance serves every thread; a copy duplicates the tables (the GPT-2
-/// tokenizer's: ~6.5 MB), so pass it by reference.
+/// tokenizer's: ~9 MB), so pass it by reference.
 class bpe_tokenizer {
  public:
   /// Loads `dir/vocab.json` and `dir/merges.txt`.
@@ -614,12 +635,12 @@ class bpe_tokenizer {
         throw error(
             fmt::format("{}: id {} of token \"{}\" is outside 0..{}: ids must be contiguous "
                         "0..n-1 for n = {} tokens",
-                        file, id, io::detail::excerpt(spelling), n - 1, n));
+                        file, id, detail::excerpt(spelling), n - 1, n));
       }
       const auto k = static_cast<std::size_t>(id);
       if (seen[k]) {
         throw error(fmt::format("{}: duplicate id {}: used by both \"{}\" and \"{}\"", file, id,
-                                io::detail::excerpt(spellings_[k]), io::detail::excerpt(spelling)));
+                                detail::excerpt(spellings_[k]), detail::excerpt(spelling)));
       }
       if (spelling.empty())
         throw error(fmt::format("{}: id {} has an empty token string", file, id));
@@ -667,14 +688,14 @@ class bpe_tokenizer {
       if (fields.size() != 2) {
         throw error(
             fmt::format("{}:{}: expected two symbols separated by a space, found {} in \"{}\"",
-                        file, line_no, fields.size(), io::detail::excerpt(line)));
+                        file, line_no, fields.size(), detail::excerpt(line)));
       }
       const auto a = token_to_id(fields[0]);
       const auto b = token_to_id(fields[1]);
       for (std::size_t f = 0; f < 2; ++f) {
         if (!(f == 0 ? a : b)) {
           throw error(fmt::format("{}:{}: merge symbol \"{}\" is not in the vocab", file, line_no,
-                                  io::detail::excerpt(fields[f])));
+                                  detail::excerpt(fields[f])));
         }
       }
       std::string joined(fields[0]);
@@ -683,15 +704,15 @@ class bpe_tokenizer {
       if (!result) {
         throw error(
             fmt::format("{}:{}: merge result \"{}\" is not in the vocab", file, line_no,
-                        io::detail::excerpt(joined)));
+                        detail::excerpt(joined)));
       }
       const auto key = (static_cast<std::uint64_t>(static_cast<std::uint32_t>(*a)) << 32U) |
                        static_cast<std::uint32_t>(*b);
       const auto rank = static_cast<std::int32_t>(merge_list_.size());
       if (!merges_.emplace(key, merge_info{rank, *result}).second) {
         throw error(
-            fmt::format("{}:{}: duplicate merge \"{} {}\"", file, line_no, io::detail::excerpt(fields[0]),
-                        io::detail::excerpt(fields[1])));
+            fmt::format("{}:{}: duplicate merge \"{} {}\"", file, line_no, detail::excerpt(fields[0]),
+                        detail::excerpt(fields[1])));
       }
       merge_list_.emplace_back(*a, *b);
     });
@@ -724,7 +745,7 @@ class bpe_tokenizer {
           "such as <|endoftext|> (UTF-8 text of more than one pre-token) may be; is merges.txt truncated or "
           "written for another vocab ({} merges for {} tokens)?",
           merges_txt.string(), orphans.size(), orphans.size() == 1 ? " is" : "s are", orphans[0],
-          io::detail::excerpt(spellings_[orphans[0]]), merge_list_.size(), spellings_.size()));
+          detail::excerpt(spellings_[orphans[0]]), merge_list_.size(), spellings_.size()));
     }
     eos_ = special_token("<|endoftext|>");
   }

@@ -171,26 +171,6 @@ inline void check_no_nul(std::string_view text, std::string_view label) {
   }
 }
 
-/// `text` as an error message quotes it: at most `max_bytes` of it, cut before a UTF-8 character
-/// that would not fit, then "..." and the whole length when it is longer; control bytes and DEL
-/// written \xNN. A file's wrong line or key can be megabytes long, or binary.
-inline std::string excerpt(std::string_view text, std::size_t max_bytes = 80) {
-  std::size_t n = std::min(text.size(), max_bytes);
-  while (n > 0 && n < text.size() && (static_cast<unsigned char>(text[n]) & 0xC0U) == 0x80U) --n;
-  std::string out;
-  out.reserve(n + 24);
-  for (const char ch : text.substr(0, n)) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c < 0x20U || c == 0x7FU) {
-      out += fmt::format("\\x{:02X}", c);
-    } else {
-      out.push_back(ch);
-    }
-  }
-  if (n < text.size()) out += fmt::format("... ({} bytes)", text.size());
-  return out;
-}
-
 /// Calls `f(number, line)` for each line of `text` (numbered from 1; LF, CRLF or a lone CR ends a
 /// line, as with Python's universal newlines; the ending not included; a last line without an
 /// ending counts too).
