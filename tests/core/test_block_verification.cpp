@@ -234,7 +234,7 @@ TEST_CASE("leniency below 1 is validated and drifts toward the draft", "[lenienc
   params.verify = verification::block;
   CHECK_THROWS_WITH(speculative_sample(draft, target, std::vector<token>{0}, params, rng),
                     Contains("token-wise verification only"));
-  // b = 0.5 is lossy: the G-test must reject it against the exact target distribution.
+  // b = 0.5 is lossy: the chi-square test must reject it against the exact target distribution.
   const auto lossy = fit(draft, target, 2, 3, {}, tokenwise_verifier{.leniency = 0.5});
   CHECK(lossy.p_value < fail_threshold);
   const auto exact = fit(draft, target, 2, 3, {}, tokenwise_verifier{.leniency = 1.0});

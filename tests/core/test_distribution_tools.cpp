@@ -66,21 +66,25 @@ TEST_CASE("exact_sequences holds the sequences of positive probability: the dens
   CHECK(cut[std::vector<token>{0, 2, 3}] == Approx(xt::sum(xt::view(dense, 0, 2, xt::all()))()));
   CHECK(cut[std::vector<token>{2, 0, 0}] == 0.0);
   // The test over tables reads what the dense test reads over the same counts, to the last bit.
-  testing::sequence_histogram hist(3, 3);
-  testing::sequence_table counts(3);
-  std::mt19937_64 rng(5);
-  speculative_params params;
-  params.max_new_tokens = 3;
-  for (int i = 0; i < 2000; ++i) {
-    const auto out = autoregressive_sample(m, prompt, params, rng).tokens;
-    hist.add(out);
-    counts.add(out, 1.0);
+  // (Ten generators: the hash map's own order gives other last bits for about half of them.)
+  for (std::uint64_t seed = 1; seed <= 10; ++seed) {
+    testing::sequence_histogram hist(3, 3);
+    testing::sequence_table counts(3);
+    std::mt19937_64 rng(seed);
+    speculative_params params;
+    params.max_new_tokens = 3;
+    for (int i = 0; i < 2000; ++i) {
+      const auto out = autoregressive_sample(m, prompt, params, rng).tokens;
+      hist.add(out);
+      counts.add(out, 1.0);
+    }
+    const auto dense_fit = testing::chi_square_test(hist.counts(), dense);
+    const auto sparse_fit = testing::chi_square_test(counts, sparse);
+    INFO("seed " << seed);
+    CHECK(sparse_fit.statistic == dense_fit.statistic);
+    CHECK(sparse_fit.bins == dense_fit.bins);
+    CHECK(sparse_fit.p_value == dense_fit.p_value);
   }
-  const auto dense_fit = testing::chi_square_test(hist.counts(), dense);
-  const auto sparse_fit = testing::chi_square_test(counts, sparse);
-  CHECK(sparse_fit.statistic == dense_fit.statistic);
-  CHECK(sparse_fit.bins == dense_fit.bins);
-  CHECK(sparse_fit.p_value == dense_fit.p_value);
 }
 
 TEST_CASE("exact_sequences enumerates a large vocabulary under top-k: one call per prefix", "[testing]") {
@@ -140,6 +144,10 @@ TEST_CASE("sequence tables add values per sequence and refuse another length", "
   const auto impossible = testing::chi_square_test(observed, expected);
   CHECK(impossible.impossible == 1);
   CHECK(impossible.p_value == 0.0);
+  // An entry of probability 0 reads as one not held, as a zero cell of the dense test does.
+  testing::sequence_table with_zero = expected;
+  with_zero.add(std::vector<token>{0, 0}, 0.0);
+  CHECK(testing::chi_square_test(observed, with_zero).impossible == 1);
   CHECK_THROWS_WITH(testing::chi_square_test(testing::sequence_table(3), expected),
                     Contains("observed sequences of 3 tokens, expected of 2"));
   observed.add(std::vector<token>{1, 2}, 0.5);
@@ -215,6 +223,12 @@ TEST_CASE("the chi-square test refuses what is not counts against probabilities,
   CHECK(ten.bins == 2);
   CHECK(ten.p_value < 0.01);
   CHECK_THROWS_WITH(test({9000.0, 1000.0, 0.0}, expected, 1e9), Contains("too few"));
+  // The count named is one that gives two bins, from the outcomes' own sums (they total 1 only
+  // within rounding): 10 samples of {0.5, 0.4999995} leave the second at 4.999995.
+  CHECK_THROWS_WITH(test({10.0, 0.0}, {0.5, 0.4999995}), Contains("at least 11 samples"));
+  CHECK(test({6.0, 5.0}, {0.5, 0.4999995}).bins == 2);
+  CHECK_THROWS_WITH(test({4.0, 0.0}, {1.0000004, 1e-9}), Contains("at least 5000000000 samples"));
+  CHECK_THROWS_WITH(test({1e20, 1.0, 1.0}), Contains("observed count 1e+20 at cell 0 is not a count"));
   // One possible outcome (greedy): nothing to pool, nothing to refuse.
   const auto greedy = test({7.0, 0.0, 0.0}, {1.0, 0.0, 0.0});
   CHECK(greedy.dof == 0);
@@ -237,6 +251,7 @@ namespace {
 // which the tests expect never to reach.
 struct faulty_model {
   Eigen::Index columns = 1;
+  std::size_t good_calls = std::size_t(-1);  // calls before it returns no columns
   std::size_t held = 0;
   [[nodiscard]] std::size_t vocab_size() const { return 4; }
   [[nodiscard]] std::size_t size() const { return held; }
@@ -245,7 +260,7 @@ struct faulty_model {
       if (x < 0 || x >= 4) throw std::logic_error("read out of bounds");
     }
     held += t.size();
-    return Eigen::MatrixXf::Zero(4, columns);
+    return Eigen::MatrixXf::Zero(4, good_calls-- == 0 ? 0 : columns);
   }
   void truncate(std::size_t n) { held = std::min(held, n); }
 };
@@ -255,12 +270,17 @@ TEST_CASE("the exact distribution checks the model and the prompt as the samplin
   using Catch::Matchers::Contains;
   faulty_model none{.columns = 0};
   CHECK_THROWS_WITH(testing::exact_sequence_distribution(none, std::vector<token>{0}, 2, {}),
-                    Contains("model returned logits of shape (4, 0) for 1 tokens; expected (4, 1)"));
+                    Contains("enumerated model returned logits of shape (4, 0) for 1 tokens; expected (4, 1)"));
   faulty_model one;  // one column for a 2-token prompt: the loops take the last n of what it returns
   CHECK_THROWS_WITH(testing::exact_sequence_distribution(one, std::vector<token>{0, 1}, 2, {}),
-                    Contains("model returned logits of shape (4, 1) for 2 tokens; expected (4, 2)"));
+                    Contains("enumerated model returned logits of shape (4, 1) for 2 tokens; expected (4, 2)"));
   CHECK_THROWS_WITH(testing::exact_sequence_distribution(one, std::vector<token>{4000}, 2, {}),
                     Contains("prompt token 4000 at position 0 is out of range for a vocabulary of 4 tokens"));
+  // A model failing mid-enumeration is left holding the prompt, as after a success.
+  faulty_model late{.good_calls = 3};
+  CHECK_THROWS_WITH(testing::exact_sequences(late, std::vector<token>{0}, 3, {}),
+                    Contains("enumerated model returned logits of shape (4, 0) for 1 tokens"));
+  CHECK(late.size() == 1);
   // speculative_fit refuses a mismatched pair before it enumerates anything.
   auto target = toy::markov::random(3, 1, 2);
   auto draft = toy::markov::random(4, 1, 3);
@@ -269,6 +289,15 @@ TEST_CASE("the exact distribution checks the model and the prompt as the samplin
   std::mt19937_64 rng(1);
   CHECK_THROWS_WITH(testing::speculative_fit(draft, target, std::vector<token>{1}, params, 10, rng),
                     Contains("draft and target vocabularies differ"));
+  // ... and a draft whose context cannot hold the generation (the loop would refuse it at the
+  // first sample, after the whole enumeration).
+  struct short_markov : toy::markov {
+    [[nodiscard]] std::size_t max_size() const { return 1; }
+  };
+  short_markov short_draft{toy::markov::random(3, 1, 3)};
+  CHECK_THROWS_WITH(testing::speculative_fit(short_draft, target, std::vector<token>{1}, params, 10, rng),
+                    Contains("context overflow") && Contains("the draft model holds at most 1"));
+  CHECK(target.size() == 0);  // never appended to: refused before the enumeration
 }
 
 TEST_CASE("the chi-square survival function matches known quantiles", "[testing]") {

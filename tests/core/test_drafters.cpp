@@ -1,5 +1,5 @@
 // Drafters beyond a second model: n-gram prompt lookup, lookup falling back to a model, early
-// stopping (p_min) and the adaptive draft length. Each is exact: G-tests against the target's
+// stopping (p_min) and the adaptive draft length. Each is exact: chi-square tests against the target's
 // exact distribution, with a broken counterpart the same statistic rejects, and greedy identity.
 
 #include <specsample/drafters/fallback.hpp>

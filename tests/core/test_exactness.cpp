@@ -1,6 +1,6 @@
 // Statistical proof of exactness: for toy models with tiny vocabularies, the exact probability of
 // every output sequence is enumerated, >= 100k speculative samples are drawn with a fixed seed, and
-// a G-test compares the two. Every scenario also runs a deliberately broken verifier and requires
+// a chi-square test compares the two. Every scenario also runs a deliberately broken verifier and requires
 // the same statistic to reject it: a test that cannot fail proves nothing.
 
 #include <specsample/specsample.hpp>

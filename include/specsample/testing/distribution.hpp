@@ -111,7 +111,7 @@ inline std::size_t table_cells(std::size_t vocab, std::size_t length, const char
 // checks of the model's side of the contract (logits shape, size).
 template <language_model M>
 void append_and_warp(M& model, std::span<const token> t, logit_warper& warp, Eigen::VectorXf& dist) {
-  specsample::detail::forward(model, t, 1, static_cast<std::size_t>(dist.size()), "model",
+  specsample::detail::forward(model, t, 1, static_cast<std::size_t>(dist.size()), "enumerated",
                               [&](const auto& logits) { warp(logits.col(0), dist); });
 }
 
@@ -188,15 +188,16 @@ inline double gamma_q(double a, double x) {
 /// end a sequence, which a top-k warping keeps few (top_k = 2 and L = 6: 63 calls and 64 sequences
 /// whatever the vocabulary). Checks the prompt's ids, EOS, that the model holds prompt + L - 1
 /// tokens (`max_context`) and the shape of the logits it returns, as the sampling loops do.
-/// Leaves `model` holding `prompt`.
+/// Leaves `model` holding `prompt` (also when it throws after appending the prompt).
 /// @throws error on those, or when more than `max_sequences` sequences have positive probability
-/// (found as they are enumerated: a model call per `V` of them at worst).
+/// (found as they are enumerated: after up to one model call per sequence under a sparse warping,
+/// one per V of them without a filter).
 template <language_model M>
 [[nodiscard]] sequence_table exact_sequences(M& model, std::span<const token> prompt, std::size_t length,
                                              const sampling_params& sampling, std::optional<token> eos = std::nullopt) {
   if (prompt.empty()) throw error("exact_sequences: the prompt must not be empty");
   sequence_table table(length);
-  const std::size_t v = specsample::detail::vocabulary_of(model, "model");
+  const std::size_t v = specsample::detail::vocabulary_of(model, "enumerated");
   if (eos && !in_vocabulary(*eos, v)) {
     throw error(fmt::format("exact_sequences: EOS id {} is out of range for a vocabulary of {}", *eos, v));
   }
@@ -204,14 +205,19 @@ template <language_model M>
     throw error(fmt::format("exact_sequences: a vocabulary of {} leaves no id for the absent marker", v));
   }
   specsample::detail::check_prompt(prompt, v);
-  specsample::detail::check_fits(model, "model", prompt.size(), length);
+  specsample::detail::check_fits(model, "enumerated", prompt.size(), length);
   logit_warper warp(sampling, v);
   model.truncate(0);
   Eigen::VectorXf first(static_cast<Eigen::Index>(v));
   detail::append_and_warp(model, prompt, warp, first);
   std::vector<token> prefix;
   prefix.reserve(length);
-  detail::enumerate(model, warp, first, prefix, length, 1.0, eos, static_cast<token>(v), table);
+  try {
+    detail::enumerate(model, warp, first, prefix, length, 1.0, eos, static_cast<token>(v), table);
+  } catch (...) {  // the cap, or the model's own error, mid-way: back to the prompt, as documented
+    if (static_cast<std::size_t>(model.size()) > prompt.size()) model.truncate(prompt.size());
+    throw;
+  }
   return table;
 }
 
@@ -220,7 +226,7 @@ template <language_model M>
 template <language_model M>
 [[nodiscard]] xt::xarray<double> exact_sequence_distribution(M& model, std::span<const token> prompt,
                                                             std::size_t length, const sampling_params& sampling) {
-  const std::size_t v = specsample::detail::vocabulary_of(model, "model");
+  const std::size_t v = specsample::detail::vocabulary_of(model, "enumerated");
   detail::table_cells(v, length, "exact_sequence_distribution");
   const sequence_table sparse = exact_sequences(model, prompt, length, sampling);
   xt::xarray<double> table = xt::zeros<double>(std::vector<std::size_t>(length, v));
@@ -283,7 +289,22 @@ struct fit_result {
 namespace detail {
 
 // Whether `o` is a count of samples.
-inline bool is_count(double o) noexcept { return o >= 0.0 && std::isfinite(o) && o == std::floor(o); }
+inline bool is_count(double o) noexcept { return o >= 0.0 && o <= 0x1p53 && o == std::floor(o); }
+
+// The bins `pearson` makes of `outcomes` at n samples: those of expected count >= m, and the
+// pool of the rest when it reaches m itself (or is all there is).
+inline std::size_t bins_at(const std::vector<std::pair<double, double>>& outcomes, double n, double m) {
+  std::size_t bins = 0;
+  double pooled = 0.0;
+  for (const auto& [o, p] : outcomes) {
+    if (p * n < m) {
+      pooled += p * n;
+    } else {
+      ++bins;
+    }
+  }
+  return bins + (pooled >= m || (pooled > 0.0 && bins == 0) ? 1 : 0);
+}
 
 // Pearson's test over the outcomes of positive probability, (observed count, probability) each,
 // the probabilities checked and summing to 1; `impossible`: samples outside them.
@@ -303,7 +324,7 @@ inline fit_result pearson(const std::vector<std::pair<double, double>>& outcomes
   }
   if (n == 0.0) throw error("chi_square_test: no samples");
   fit_result r;
-  r.impossible = static_cast<std::size_t>(impossible);
+  r.impossible = static_cast<std::size_t>(std::min(impossible, 0x1p63));
   double x2 = 0.0;
   double pooled_o = 0.0, pooled_e = 0.0;
   double smallest_o = 0.0, smallest_e = std::numeric_limits<double>::infinity();  // the smallest bin
@@ -337,7 +358,20 @@ inline fit_result pearson(const std::vector<std::pair<double, double>>& outcomes
     return r;
   }
   if (outcomes.size() >= 2 && r.bins < 2) {
-    const double needed = std::ceil(min_expected / std::min(largest, 1.0 - largest));
+    // Two bins need the largest outcome and the rest each at min_expected; the rest summed, not
+    // taken as 1 - largest (the probabilities sum to 1 only within rounding), and the count
+    // confirmed to give two bins.
+    double rest = 0.0;
+    bool skipped = false;
+    for (const auto& [o, p] : outcomes) {
+      if (p == largest && !skipped) {
+        skipped = true;
+      } else {
+        rest += p;
+      }
+    }
+    double needed = std::ceil(min_expected / std::min(largest, rest));
+    while (bins_at(outcomes, needed, min_expected) < 2) needed += 1.0;
     throw error(fmt::format("chi_square_test: {} samples are too few to test {} possible outcomes: no two bins reach "
                             "an expected count of {}, so any sample would pass; it needs at least {} samples",
                             n, outcomes.size(), min_expected, needed));
@@ -404,9 +438,10 @@ inline fit_result chi_square_test(const sequence_table& observed, const sequence
   for (const auto& [sequence, p] : expected) entries.emplace_back(&sequence, p);
   std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return *a.first < *b.first; });
   for (const auto& [sequence, p] : entries) {
-    if (!(p > 0.0) || !std::isfinite(p)) {
-      throw error(fmt::format("chi_square_test: expected probability {} is not a positive probability", p));
+    if (!(p >= 0.0) || !std::isfinite(p)) {
+      throw error(fmt::format("chi_square_test: expected probability {} is not a probability", p));
     }
+    if (p == 0.0) continue;  // as a sequence not held: its samples are impossible
     const double o = observed[*sequence];
     impossible -= o;
     outcomes.emplace_back(o, p);
@@ -441,8 +476,10 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
   specsample::detail::check_vocabularies(static_cast<std::size_t>(draft.vocab_size()), V);
   validate(params, V);
   specsample::detail::check_prompt(prompt, V);
+  specsample::detail::check_fits(target, "target", prompt.size(), L);
+  specsample::detail::check_fits(draft, "draft", prompt.size(), L);
   const sequence_table exact = exact_sequences(target, prompt, L, params.sampling, params.eos);
-  sequence_table observed(L);
+  sequence_table observed(L, samples);  // room for every sample: a broken sampler's spread fails, never throws
   no_observer none;
   for (std::size_t i = 0; i < samples; ++i) {
     std::vector<token> out;
