@@ -88,12 +88,12 @@ inline constexpr std::size_t reserve_limit = std::size_t{1} << 16;
 // Stands in for the drafter in autoregressive sampling.
 struct no_draft {};
 
-// The one loop. With Drafter = no_draft it is autoregressive sampling: every round verifies zero
-// drafts, so its single token is drawn from p directly.
-template <class Drafter, class Target, class Rng, class Observer, class Verifier>
-generation_result generate(Drafter& drafter, Target& target, std::span<const token> prompt,
-                           const speculative_params& params, Rng& rng, Observer& observer, Verifier& verify) {
-  const auto t_start = clock::now();
+// The checks a generation makes before it starts, of the parameters, the prompt and the models
+// (the drafter: any drafter or language model, or no_draft); returns the target's vocabulary size.
+// Also run by testing::speculative_fit before its enumeration.
+template <class Drafter, class Target>
+std::size_t check_generation(const Drafter& drafter, const Target& target, std::span<const token> prompt,
+                             const speculative_params& params) {
   constexpr bool has_draft = !std::is_same_v<Drafter, no_draft>;
   const std::size_t vocab = vocabulary_of(target, "target");
   if constexpr (has_draft) {
@@ -107,6 +107,17 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
   check_prompt(prompt, vocab);
   check_fits(target, "target", prompt.size(), params.max_new_tokens);
   if constexpr (has_draft) check_fits(drafter, "draft", prompt.size(), params.max_new_tokens);
+  return vocab;
+}
+
+// The one loop. With Drafter = no_draft it is autoregressive sampling: every round verifies zero
+// drafts, so its single token is drawn from p directly.
+template <class Drafter, class Target, class Rng, class Observer, class Verifier>
+generation_result generate(Drafter& drafter, Target& target, std::span<const token> prompt,
+                           const speculative_params& params, Rng& rng, Observer& observer, Verifier& verify) {
+  const auto t_start = clock::now();
+  constexpr bool has_draft = !std::is_same_v<Drafter, no_draft>;
+  const std::size_t vocab = check_generation(drafter, target, prompt, params);
 
   const std::size_t max_k = has_draft ? params.draft_length : 0;
   const auto max_new = params.max_new_tokens;

@@ -471,13 +471,9 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
                                          const speculative_params& params, std::size_t samples, Rng& rng,
                                          Verifier verifier = {}) {
   if (samples == 0) throw error("speculative_fit: samples must be >= 1");
-  const std::size_t L = params.max_new_tokens, V = specsample::detail::vocabulary_of(target, "target");
   // The loop's own checks, before the enumeration rather than after it.
-  specsample::detail::check_vocabularies(static_cast<std::size_t>(draft.vocab_size()), V);
-  validate(params, V);
-  specsample::detail::check_prompt(prompt, V);
-  specsample::detail::check_fits(target, "target", prompt.size(), L);
-  specsample::detail::check_fits(draft, "draft", prompt.size(), L);
+  const std::size_t V = specsample::detail::check_generation(draft, target, prompt, params);
+  const std::size_t L = params.max_new_tokens;
   const sequence_table exact = exact_sequences(target, prompt, L, params.sampling, params.eos);
   sequence_table observed(L, samples);  // room for every sample: a broken sampler's spread fails, never throws
   no_observer none;
