@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
@@ -301,8 +302,9 @@ class reporter {
     std::string line = fmt::format("[{} round {}]", label_, e.round);
     bool rejected = false;  // drafts after the first rejection are discarded untested
     for (const auto& d : e.drafts) {
-      line += fmt::format(" \"{}\" q={:.3f} p={:.3f} {}", printable(tok_.decode(std::span<const token>(&d.id, 1))),
-                          d.q, d.p, d.accepted ? "accepted" : rejected ? "discarded" : "REJECTED");
+      const std::string p = std::isnan(d.p) ? std::string() : fmt::format(" p={:.3f}", d.p);  // NaN: never scored
+      line += fmt::format(" \"{}\" q={:.3f}{} {}", printable(tok_.decode(std::span<const token>(&d.id, 1))), d.q, p,
+                          d.accepted ? "accepted" : rejected ? "discarded" : "REJECTED");
       rejected = rejected || !d.accepted;
     }
     const token last = e.emitted.back();

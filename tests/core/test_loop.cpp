@@ -5,6 +5,7 @@
 #include "../support/last_columns_model.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -173,9 +174,17 @@ TEST_CASE("the observer sees every round with drafts, probabilities and emitted 
                                     [&](const round_event& e) {
                                       CHECK(e.round == rounds++);
                                       std::size_t accepted = 0;
+                                      bool rejected = false;
                                       for (const auto& d : e.drafts) {
                                         CHECK(d.q > 0.0f);
-                                        CHECK(d.p >= 0.0f);
+                                        // p of drafts token-wise verification tested; a discarded
+                                        // draft's target column is never warped
+                                        if (rejected) {
+                                          CHECK(std::isnan(d.p));
+                                        } else {
+                                          CHECK((d.p >= 0.0f && d.p <= 1.0f));
+                                        }
+                                        rejected = rejected || !d.accepted;
                                         if (d.accepted) ++accepted;
                                       }
                                       CHECK(e.emitted.size() == accepted + 1);
@@ -410,5 +419,52 @@ TEST_CASE("a model reporting a vocabulary size of 0, a negative one or one past 
                       Contains(fmt::format("target model reports vocab_size() = {}; it must be in 1..2147483648", v)));
     CHECK_THROWS_WITH(speculative_sample(odd, other, prompt, make_params(4, 2), rng),
                       Contains(fmt::format("draft model reports vocab_size() = {}", v)));
+  }
+}
+
+namespace {
+// A built-in verifier seen only through operator(): the loop warps every target column before
+// calling it, as for any custom verifier.
+template <class V>
+struct whole_columns {
+  V inner;
+  template <class Rng>
+  verify_result operator()(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
+                           const Eigen::Ref<const Eigen::MatrixXf>& p, Rng& rng) const {
+    return inner(drafts, q, p, rng);
+  }
+};
+}  // namespace
+
+TEST_CASE("warping target columns as the verifier reads them decides exactly as warping them all",
+          "[loop][verify]") {
+  auto target = toy::markov::random(40, 2, 51);
+  auto draft = toy::markov::similar_to(target, 0.6, 52);
+  const std::vector<token> prompt{3, 7};
+  for (const float temperature : {0.0f, 0.7f, 1.0f}) {
+    for (const std::size_t k : {1u, 4u, 7u}) {
+      auto params = make_params(60, k, temperature);
+      params.sampling.top_k = temperature == 0.7f ? 12 : 0;
+      for (std::uint64_t seed = 0; seed < 6; ++seed) {
+        const auto compare = [&](auto lazy, auto whole) {
+          std::mt19937_64 a(seed), b(seed);
+          std::size_t unscored = 0;
+          const auto r1 = speculative_sample(draft, target, prompt, params, a, [&](const round_event& e) {
+            for (const auto& d : e.drafts) unscored += std::isnan(d.p) ? 1 : 0;
+          }, lazy);
+          const auto r2 = speculative_sample(draft, target, prompt, params, b, no_observer{}, whole);
+          CHECK(r1.tokens == r2.tokens);
+          CHECK(r1.stats.accepted_histogram == r2.stats.accepted_histogram);
+          CHECK(r1.stats.bonus == r2.stats.bonus);
+          CHECK(a() == b());  // the same random numbers were drawn
+          return unscored;
+        };
+        INFO("T = " << temperature << ", K = " << k << ", seed " << seed);
+        const std::size_t skipped =
+            compare(tokenwise_verifier{}, whole_columns<tokenwise_verifier>{}) +
+            compare(block_verifier{}, whole_columns<block_verifier>{});
+        if (k > 1 && seed == 0) CHECK(skipped > 0);  // the laziness does skip columns
+      }
+    }
   }
 }

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bitset>
 #include <chrono>
 #include <cstddef>
 #include <limits>
@@ -110,6 +111,35 @@ std::size_t check_generation(const Drafter& drafter, const Target& target, std::
   return vocab;
 }
 
+// The target's warped distributions of one round as a verifier's `decide` reads them (see
+// detail::dense_columns): column j of `p` is warped from column j of `logits` on first use, so the
+// columns no decision reaches are never computed. Bitwise the columns a whole warp would give.
+template <class Logits>
+class lazy_columns {
+ public:
+  lazy_columns(const Logits& logits, logit_warper& warp, Eigen::MatrixXf& p) : logits_(logits), warp_(warp), p_(p) {}
+
+  [[nodiscard]] Eigen::Index rows() const noexcept { return logits_.rows(); }
+  [[nodiscard]] Eigen::Index cols() const noexcept { return logits_.cols(); }
+  [[nodiscard]] auto col(Eigen::Index j) {
+    const auto u = static_cast<std::size_t>(j);
+    if (!warped_[u]) {
+      warp_(logits_.col(j), p_.col(j));
+      warped_.set(u);
+    }
+    return std::as_const(p_).col(j);
+  }
+  [[nodiscard]] float operator()(token x, Eigen::Index j) { return col(j)(x); }
+  /// The columns warped so far.
+  [[nodiscard]] const std::bitset<max_draft_length + 1>& warped() const noexcept { return warped_; }
+
+ private:
+  const Logits& logits_;
+  logit_warper& warp_;
+  Eigen::MatrixXf& p_;
+  std::bitset<max_draft_length + 1> warped_;
+};
+
 // The one loop. With Drafter = no_draft it is autoregressive sampling: every round verifies zero
 // drafts, so its single token is drawn from p directly.
 template <class Drafter, class Target, class Rng, class Observer, class Verifier>
@@ -172,7 +202,12 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
       }
     }
 
-    // Score [last, d_0 .. d_{k-1}] with the target in one call: k + 1 columns.
+    // Score [last, d_0 .. d_{k-1}] with the target in one call: k + 1 columns, p_0 .. p_k, warped
+    // as the verifier reads them (a verifier with `decide`), else all before it is called.
+    const auto proposed = std::span<const token>(ctx).subspan(len, k);
+    const auto ki = static_cast<Eigen::Index>(k);
+    verify_result outcome;
+    std::bitset<max_draft_length + 1> scored;  // the columns of p computed this round
     {
       const auto input = missing(target, ctx, len + k, "target");
       if (input.size() < k + 1) {  // it would return fewer than the k + 1 columns scored below
@@ -181,14 +216,19 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
                                 static_cast<std::size_t>(target.size()), len - 1));
       }
       stats.target_seconds += forward(target, input, k + 1, vocab, "target", [&](const auto& logits) {
-        for (Eigen::Index j = 0; j <= static_cast<Eigen::Index>(k); ++j) warp(logits.col(j), p.col(j));
+        using columns = lazy_columns<std::remove_cvref_t<decltype(logits)>>;
+        if constexpr (requires(columns& c) { verify.decide(proposed, q.leftCols(ki), c, rng); }) {
+          columns p_lazy(logits, warp, p);
+          outcome = verify.decide(proposed, q.leftCols(ki), p_lazy, rng);
+          scored = p_lazy.warped();
+        } else {
+          for (Eigen::Index j = 0; j <= ki; ++j) warp(logits.col(j), p.col(j));
+          outcome = verify(proposed, q.leftCols(ki), p.leftCols(ki + 1), rng);
+          scored.set();
+        }
       });
       ++stats.target_calls;
     }
-
-    const auto proposed = std::span<const token>(ctx).subspan(len, k);
-    const auto ki = static_cast<Eigen::Index>(k);
-    const verify_result outcome = verify(proposed, q.leftCols(ki), p.leftCols(ki + 1), rng);
     if (outcome.accepted > k || !in_vocabulary(outcome.next, vocab)) {
       throw error(fmt::format("verifier returned {} accepted of {} drafts and next token {}",
                               outcome.accepted, k, outcome.next));
@@ -197,7 +237,8 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
       events.clear();
       for (std::size_t i = 0; i < k; ++i) {
         const auto ii = static_cast<Eigen::Index>(i);
-        events.push_back({proposed[i], q(proposed[i], ii), p(proposed[i], ii), i < outcome.accepted});
+        const float pi = scored[i] ? p(proposed[i], ii) : std::numeric_limits<float>::quiet_NaN();
+        events.push_back({proposed[i], q(proposed[i], ii), pi, i < outcome.accepted});
       }
     }
     ctx.resize(len + outcome.accepted);

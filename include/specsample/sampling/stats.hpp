@@ -66,7 +66,11 @@ struct generation_result {
 struct draft_event {
   token id = 0;          ///< the drafted token
   float q = 0.0f;        ///< its draft probability q_i(id)
-  float p = 0.0f;        ///< its target probability p_i(id)
+  /// Its target probability p_i(id); NaN when the round never computed p_i: the loop warps only
+  /// the target columns the verifier reads, and token-wise verification discards the drafts after
+  /// the first rejection untested (block verification reads every draft's up to the first whose
+  /// p is 0).
+  float p = 0.0f;
   bool accepted = false;
 };
 

@@ -67,25 +67,35 @@ struct verify_result {
 };
 
 namespace detail {
-// Shapes, token range, and q(x) > 0 for every draft; throws `specsample::error` otherwise.
-inline void check_verify_inputs(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
-                                const Eigen::Ref<const Eigen::MatrixXf>& p) {
+// Shapes (q: (V, >= K), p: (V, >= K+1)), token range, and q(x) > 0 for every draft; throws
+// `specsample::error` otherwise.
+inline void check_drafts(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q, Eigen::Index p_rows,
+                         Eigen::Index p_cols) {
   const auto k = static_cast<Eigen::Index>(drafts.size());
-  if (q.cols() < k || p.cols() < k + 1 || q.rows() != p.rows()) {
+  if (q.cols() < k || p_cols < k + 1 || q.rows() != p_rows) {
     throw error(fmt::format("verify: {} drafts need q of shape (V, >={}) and p of shape (V, >={}); "
                             "got q ({}, {}) and p ({}, {})",
-                            k, k, k + 1, q.rows(), q.cols(), p.rows(), p.cols()));
+                            k, k, k + 1, q.rows(), q.cols(), p_rows, p_cols));
   }
   for (Eigen::Index i = 0; i < k; ++i) {
     const token x = drafts[static_cast<std::size_t>(i)];
-    if (!in_vocabulary(x, static_cast<std::size_t>(p.rows()))) {
-      throw error(fmt::format("verify: draft token {} is out of range for a vocabulary of {}", x, p.rows()));
+    if (!in_vocabulary(x, static_cast<std::size_t>(p_rows))) {
+      throw error(fmt::format("verify: draft token {} is out of range for a vocabulary of {}", x, p_rows));
     }
     if (!(q(x, i) > 0.0f)) {
       throw error(fmt::format("verify: draft token {} has draft probability q = {} (draft {}): it cannot have "
                               "been drawn from q",
                               x, q(x, i), i));
     }
+  }
+}
+
+// check_drafts, and p(x) finite and >= 0 for every draft (a p given whole, not warped by the loop).
+inline void check_verify_inputs(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
+                                const Eigen::Ref<const Eigen::MatrixXf>& p) {
+  check_drafts(drafts, q, p.rows(), p.cols());
+  for (Eigen::Index i = 0; i < static_cast<Eigen::Index>(drafts.size()); ++i) {
+    const token x = drafts[static_cast<std::size_t>(i)];
     if (!(p(x, i) >= 0.0f && std::isfinite(p(x, i)))) {
       throw error(fmt::format("verify: draft token {} has target probability p = {} (draft {}): p must be a "
                               "distribution (finite, >= 0)",
@@ -93,6 +103,18 @@ inline void check_verify_inputs(std::span<const token> drafts, const Eigen::Ref<
     }
   }
 }
+
+// The target's distributions as a verifier's `decide` reads them, from a matrix given whole:
+// p(x, j) and p.col(j) (a contiguous column), p.rows(), p.cols(). The loop passes instead columns
+// it warps from the logits on first use (detail::lazy_columns, loop.hpp).
+struct dense_columns {
+  const Eigen::Ref<const Eigen::MatrixXf>& p;
+
+  [[nodiscard]] Eigen::Index rows() const noexcept { return p.rows(); }
+  [[nodiscard]] Eigen::Index cols() const noexcept { return p.cols(); }
+  [[nodiscard]] auto col(Eigen::Index j) const { return p.col(j); }
+  [[nodiscard]] float operator()(token x, Eigen::Index j) const { return p(x, j); }
+};
 }  // namespace detail
 
 /// Token-wise verification (Leviathan et al. 2022, Algorithm 1; Chen et al. 2023).
@@ -110,9 +132,20 @@ struct tokenwise_verifier {
   template <std::uniform_random_bit_generator Rng>
   verify_result operator()(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
                            const Eigen::Ref<const Eigen::MatrixXf>& p, Rng& rng) const {
-    const auto k = static_cast<Eigen::Index>(drafts.size());
     detail::check_verify_inputs(drafts, q, p);
+    detail::dense_columns columns{p};
+    return decide(drafts, q, columns, rng);
+  }
+
+  /// The same decision, reading p through `p` (see `detail::dense_columns`): column i only once
+  /// drafts 0..i-1 are accepted, so the sampling loop warps no target column past the first
+  /// rejection. The loop calls this form when a verifier has it.
+  template <class Columns, std::uniform_random_bit_generator Rng>
+  verify_result decide(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q, Columns& p,
+                       Rng& rng) const {
+    detail::check_drafts(drafts, q, p.rows(), p.cols());
     detail::check_leniency(leniency, "tokenwise_verifier.leniency");
+    const auto k = static_cast<Eigen::Index>(drafts.size());
     for (Eigen::Index i = 0; i < k; ++i) {
       const token x = drafts[static_cast<std::size_t>(i)];
       const double qx = q(x, i);
@@ -145,11 +178,22 @@ struct block_verifier {
   template <std::uniform_random_bit_generator Rng>
   verify_result operator()(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
                            const Eigen::Ref<const Eigen::MatrixXf>& p, Rng& rng) const {
+    detail::check_verify_inputs(drafts, q, p);
+    detail::dense_columns columns{p};
+    return decide(drafts, q, columns, rng);
+  }
+
+  /// The same decision, reading p through `p` (see `detail::dense_columns`): the weights w_i
+  /// read columns 0..n-1, the scan columns K-1 down to τ, the last draw column τ or K; the
+  /// sampling loop warps no other target column. The loop calls this form when a verifier has it.
+  template <class Columns, std::uniform_random_bit_generator Rng>
+  verify_result decide(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q, Columns& p,
+                       Rng& rng) const {
     const std::size_t k = drafts.size();
     if (k > max_draft_length) {
       throw error(fmt::format("block_verifier: {} drafts; at most max_draft_length = {} per call", k, max_draft_length));
     }
-    detail::check_verify_inputs(drafts, q, p);
+    detail::check_drafts(drafts, q, p.rows(), p.cols());
     // w[i - 1] = w_i for i = 1..n, n the last position with w_i > 0 (every later w_j and h_j is 0:
     // no later position can be selected).
     std::array<double, max_draft_length> w;
