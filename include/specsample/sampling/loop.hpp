@@ -320,11 +320,14 @@ model_drafter<Draft> drafter_for(Draft& draft, const Target& target, std::span<c
 /// all but the last token), so a follow-up call continues correctly. Throws `specsample::error`
 /// on bad parameters, an empty or out-of-range prompt, mismatched vocabularies, context overflow,
 /// `draft` and `target` being one object (pass a second instance), or a model that breaks its
-/// contract (wrong logits shape, NaN / +inf logits).
+/// contract (wrong logits shape, NaN / +inf logits in a column the round reads: the target's
+/// columns past a token-wise rejection are never warped, so never looked at).
 ///
 /// @param observer called with a `round_event` after every round (tracing, streaming).
-/// @param verifier customisation point: `verify_result(span<const token> drafts, q, p, Rng&)`;
-///        this overload ignores `params.verify` and `params.leniency`.
+/// @param verifier customisation point: `verify_result(span<const token> drafts, q, p, Rng&)`,
+///        called with every target column warped; a verifier that also has the built-in ones'
+///        `decide(drafts, q, columns, rng)` is called through it instead, each column warped
+///        when it first reads it. This overload ignores `params.verify` and `params.leniency`.
 template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng,
           class Observer, class Verifier>
 generation_result speculative_sample(Draft& draft, Target& target, std::span<const token> prompt,
