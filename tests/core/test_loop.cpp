@@ -434,6 +434,30 @@ struct whole_columns {
     return inner(drafts, q, p, rng);
   }
 };
+
+// A class derived from a built-in verifier that overrides its operator(): it must be called.
+struct counting_verifier : tokenwise_verifier {
+  std::size_t* calls = nullptr;
+  template <class Rng>
+  verify_result operator()(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
+                           const Eigen::Ref<const Eigen::MatrixXf>& p, Rng& rng) const {
+    ++*calls;
+    return tokenwise_verifier::operator()(drafts, q, p, rng);
+  }
+};
+
+// The wrapped model with NaN in the last column of every call that scores more than one token.
+struct nan_last_column_model {
+  toy::markov inner;
+  std::size_t vocab_size() const { return inner.vocab_size(); }
+  std::size_t size() const { return inner.size(); }
+  Eigen::MatrixXf append(std::span<const token> t) {
+    Eigen::MatrixXf logits = inner.append(t);
+    if (t.size() > 1) logits(0, logits.cols() - 1) = std::numeric_limits<float>::quiet_NaN();
+    return logits;
+  }
+  void truncate(std::size_t m) { inner.truncate(m); }
+};
 }  // namespace
 
 TEST_CASE("warping target columns as the verifier reads them decides exactly as warping them all",
@@ -441,30 +465,92 @@ TEST_CASE("warping target columns as the verifier reads them decides exactly as 
   auto target = toy::markov::random(40, 2, 51);
   auto draft = toy::markov::similar_to(target, 0.6, 52);
   const std::vector<token> prompt{3, 7};
-  for (const float temperature : {0.0f, 0.7f, 1.0f}) {
+  struct variant {
+    float temperature;
+    int top_k;
+    float top_p, min_p;
+    bool eos, adaptive;
+  };
+  const variant variants[] = {{0.0f, 0, 1.0f, 0.0f, false, false}, {1.0f, 0, 1.0f, 0.0f, false, false},
+                              {0.7f, 12, 1.0f, 0.0f, false, false}, {1.0f, 0, 0.8f, 0.0f, true, false},
+                              {1.3f, 0, 1.0f, 0.05f, false, true}};
+  for (const variant& v : variants) {
     for (const std::size_t k : {1u, 4u, 7u}) {
-      auto params = make_params(60, k, temperature);
-      params.sampling.top_k = temperature == 0.7f ? 12 : 0;
+      auto params = make_params(60, k, v.temperature);
+      params.sampling.top_k = v.top_k;
+      params.sampling.top_p = v.top_p;
+      params.sampling.min_p = v.min_p;
+      if (v.eos) params.eos = 5;
+      params.adaptive_draft_length = v.adaptive;
+      std::size_t skipped_tokenwise = 0;
       for (std::uint64_t seed = 0; seed < 6; ++seed) {
         const auto compare = [&](auto lazy, auto whole) {
           std::mt19937_64 a(seed), b(seed);
+          std::vector<draft_event> seen_lazy, seen_whole;
           std::size_t unscored = 0;
           const auto r1 = speculative_sample(draft, target, prompt, params, a, [&](const round_event& e) {
-            for (const auto& d : e.drafts) unscored += std::isnan(d.p) ? 1 : 0;
+            seen_lazy.insert(seen_lazy.end(), e.drafts.begin(), e.drafts.end());
           }, lazy);
-          const auto r2 = speculative_sample(draft, target, prompt, params, b, no_observer{}, whole);
+          const auto r2 = speculative_sample(draft, target, prompt, params, b, [&](const round_event& e) {
+            seen_whole.insert(seen_whole.end(), e.drafts.begin(), e.drafts.end());
+          }, whole);
           CHECK(r1.tokens == r2.tokens);
           CHECK(r1.stats.accepted_histogram == r2.stats.accepted_histogram);
+          CHECK(r1.stats.drafted == r2.stats.drafted);
+          CHECK(r1.stats.accepted == r2.stats.accepted);
+          CHECK(r1.stats.corrections == r2.stats.corrections);
           CHECK(r1.stats.bonus == r2.stats.bonus);
           CHECK(a() == b());  // the same random numbers were drawn
+          REQUIRE(seen_lazy.size() == seen_whole.size());
+          for (std::size_t i = 0; i < seen_lazy.size(); ++i) {
+            const draft_event& l = seen_lazy[i];
+            const draft_event& w = seen_whole[i];
+            CHECK((l.id == w.id && l.q == w.q && l.accepted == w.accepted));
+            CHECK(!std::isnan(w.p));
+            if (std::isnan(l.p)) {
+              ++unscored;
+            } else {
+              CHECK(l.p == w.p);  // a scored column is the whole warp's, bit for bit
+            }
+          }
           return unscored;
         };
-        INFO("T = " << temperature << ", K = " << k << ", seed " << seed);
-        const std::size_t skipped =
-            compare(tokenwise_verifier{}, whole_columns<tokenwise_verifier>{}) +
-            compare(block_verifier{}, whole_columns<block_verifier>{});
-        if (k > 1 && seed == 0) CHECK(skipped > 0);  // the laziness does skip columns
+        INFO("T = " << v.temperature << ", top_k " << v.top_k << ", top_p " << v.top_p << ", min_p " << v.min_p
+                    << ", K = " << k << ", seed " << seed);
+        skipped_tokenwise += compare(tokenwise_verifier{}, whole_columns<tokenwise_verifier>{});
+        (void)compare(block_verifier{}, whole_columns<block_verifier>{});
       }
+      if (k > 1) CHECK(skipped_tokenwise > 0);  // token-wise verification does skip columns
+    }
+  }
+}
+
+TEST_CASE("a verifier derived from a built-in one is called through its own operator()", "[loop][verify]") {
+  auto target = toy::markov::random(20, 1, 61);
+  auto draft = toy::markov::similar_to(target, 0.5, 62);
+  std::size_t calls = 0;
+  counting_verifier v;
+  v.calls = &calls;
+  std::mt19937_64 rng(1);
+  const auto r = speculative_sample(draft, target, std::vector<token>{0}, make_params(30, 3), rng, no_observer{}, v);
+  CHECK(calls == r.stats.rounds);
+}
+
+TEST_CASE("NaN logits are an error in every target column, read by the verifier or not", "[loop][verify]") {
+  // The one verification call (5 tokens: one round) carries a NaN in its last column, which a
+  // round that rejects a draft before it never warps: the check of the unwarped columns must still
+  // find it.
+  using Catch::Matchers::Contains;
+  auto inner = toy::markov::random(20, 1, 71);
+  auto draft = toy::markov::similar_to(inner, 0.3, 72);
+  for (const auto rule : {verification::token_wise, verification::block}) {
+    for (std::uint64_t seed = 0; seed < 10; ++seed) {
+      nan_last_column_model target{inner};
+      auto params = make_params(5, 4);
+      params.verify = rule;
+      std::mt19937_64 rng(seed);
+      CHECK_THROWS_WITH(speculative_sample(draft, target, std::vector<token>{0}, params, rng),
+                        Contains("logits contain NaN at token 0"));
     }
   }
 }

@@ -258,6 +258,40 @@ TEST_CASE("the vector softmax numerator, maximum, scaling and argmax agree with 
   }
 }
 
+TEST_CASE("max_scan finds the maximum and a NaN anywhere, and tells logits a softmax can normalise, on every "
+          "instruction set",
+          "[warp][simd]") {
+  std::mt19937 rng(23);
+  std::normal_distribution<float> logit(0.0f, 30.0f);
+  const float ninf = -std::numeric_limits<float>::infinity(), inf = std::numeric_limits<float>::infinity();
+  for (const isa requested : {isa::generic, isa::avx2, isa::avx512}) {
+    const isa level = simd::resolve(requested);
+    for (const std::size_t n : {1u, 7u, 8u, 15u, 16u, 17u, 31u, 32u, 33u, 47u, 4096u}) {
+      INFO(isa_name(level) << ", n = " << n);
+      std::vector<float> x(n);
+      for (float& v : x) v = logit(rng);
+      const simd::max_scan_result ok = simd::max_scan(level, x.data(), n);
+      CHECK(ok.max == *std::max_element(x.begin(), x.end()));
+      CHECK((!ok.nan && ok.finite()));
+      // a NaN, a +inf, at the first, a middle and the last position (the vector tails included)
+      for (const std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
+        INFO("at " << at);
+        std::vector<float> y = x;
+        y[at] = std::nanf("");
+        const simd::max_scan_result with_nan = simd::max_scan(level, y.data(), n);
+        CHECK((with_nan.nan && !with_nan.finite()));
+        y[at] = inf;
+        const simd::max_scan_result with_inf = simd::max_scan(level, y.data(), n);
+        CHECK((!with_inf.nan && with_inf.max == inf && !with_inf.finite()));
+        CHECK((simd::argmax(level, y.data(), n) == -1));
+      }
+      const std::vector<float> none(n, ninf);
+      const simd::max_scan_result empty = simd::max_scan(level, none.data(), n);
+      CHECK((!empty.nan && empty.max == ninf && !empty.finite()));
+    }
+  }
+}
+
 TEST_CASE("the vector search, tally and prefix cut of top-k / top-p agree with their definitions on every "
           "instruction set",
           "[warp][simd][top_k][top_p]") {

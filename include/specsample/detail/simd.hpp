@@ -229,6 +229,17 @@ struct excess_shortfall {
   double shortfall = 0.0;
 };
 
+/// The largest of x[0, n) (-inf for n = 0) and whether some x[i] is NaN (the maximum then
+/// unspecified): `max_scan`, the first pass of `argmax`.
+struct max_scan_result {
+  float max = -std::numeric_limits<float>::infinity();
+  bool nan = false;
+  /// Logits a softmax can normalise: no NaN, no +inf, at least one finite value.
+  [[nodiscard]] bool finite() const noexcept {
+    return !nan && max > -std::numeric_limits<float>::infinity() && max != std::numeric_limits<float>::infinity();
+  }
+};
+
 #if SPECSAMPLE_X86
 
 /// AVX-512 lane mask of the first min(n, 16) lanes (tails of the vector loops).
@@ -424,22 +435,35 @@ inline SPECSAMPLE_TARGET_AVX512 void scale_avx512(float* x, std::size_t n, float
   }
 }
 
-/// See `argmax`.
-inline SPECSAMPLE_TARGET_AVX512 std::ptrdiff_t argmax_avx512(const float* x, std::size_t n) {
-  __m512 best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+/// See `max_scan`. Two vectors per step; the tail padded with -inf.
+inline SPECSAMPLE_TARGET_AVX512 max_scan_result max_scan_avx512(const float* x, std::size_t n) {
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 best[2] = {ninf, ninf};
   __mmask16 nan = 0;
-  for (std::size_t i = 0; i < n; i += 16) {
-    const __mmask16 k = avx512_first(n - i);
-    const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), k, x + i);
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
+    nan |= _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q);  // lane j: a[j] or b[j] is NaN
+    best[0] = _mm512_maskz_max_ps(0xFFFF, best[0], a);  // (maskz forms throughout: GCC 12 warns on the others)
+    best[1] = _mm512_maskz_max_ps(0xFFFF, best[1], b);
+  }
+  for (; i < n; i += 16) {
+    const __m512 v = _mm512_mask_loadu_ps(ninf, avx512_first(n - i), x + i);
     nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    best = _mm512_maskz_max_ps(0xFFFF, best, v);  // (maskz forms throughout: GCC 12 warns on the others)
+    best[0] = _mm512_maskz_max_ps(0xFFFF, best[0], v);
   }
   alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, best);
+  _mm512_store_ps(lanes, _mm512_maskz_max_ps(0xFFFF, best[0], best[1]));
   float m = lanes[0];
   for (const float v : lanes) m = v > m ? v : m;
-  if (nan != 0 || !(m > -std::numeric_limits<float>::infinity()) || m == std::numeric_limits<float>::infinity()) return -1;
-  const __m512 mv = _mm512_set1_ps(m);
+  return {m, nan != 0};
+}
+
+/// See `argmax`.
+inline SPECSAMPLE_TARGET_AVX512 std::ptrdiff_t argmax_avx512(const float* x, std::size_t n) {
+  const max_scan_result scan = max_scan_avx512(x, n);
+  if (!scan.finite()) return -1;
+  const __m512 mv = _mm512_set1_ps(scan.max);
   for (std::size_t i = 0; i < n; i += 16) {
     const __mmask16 k = avx512_first(n - i);
     const __mmask16 hit = _mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, x + i), mv, _CMP_EQ_OQ);
@@ -478,8 +502,8 @@ inline SPECSAMPLE_TARGET_AVX2 void scale_avx2(float* x, std::size_t n, float s) 
   if (i < n) avx2_store_first(x + i, _mm256_mul_ps(avx2_load_first(x + i, n - i, 0.0f), sv), n - i);
 }
 
-/// See `argmax`.
-inline SPECSAMPLE_TARGET_AVX2 std::ptrdiff_t argmax_avx2(const float* x, std::size_t n) {
+/// See `max_scan`.
+inline SPECSAMPLE_TARGET_AVX2 max_scan_result max_scan_avx2(const float* x, std::size_t n) {
   const float ninf = -std::numeric_limits<float>::infinity();
   __m256 best = _mm256_set1_ps(ninf), nan = _mm256_setzero_ps();
   std::size_t i = 0;
@@ -491,20 +515,27 @@ inline SPECSAMPLE_TARGET_AVX2 std::ptrdiff_t argmax_avx2(const float* x, std::si
   alignas(32) float l[8];
   _mm256_store_ps(l, best);
   float m = ninf;
-  bool bad = _mm256_movemask_ps(nan) != 0;
+  bool any_nan = _mm256_movemask_ps(nan) != 0;
   for (const float v : l) m = v > m ? v : m;
   for (std::size_t j = i; j < n; ++j) {
-    bad = bad || std::isnan(x[j]);
+    any_nan = any_nan || std::isnan(x[j]);
     m = x[j] > m ? x[j] : m;
   }
-  if (bad || !(m > ninf) || m == std::numeric_limits<float>::infinity()) return -1;
-  const __m256 mv = _mm256_set1_ps(m);
-  for (i = 0; i + 8 <= n; i += 8) {
+  return {m, any_nan};
+}
+
+/// See `argmax`.
+inline SPECSAMPLE_TARGET_AVX2 std::ptrdiff_t argmax_avx2(const float* x, std::size_t n) {
+  const max_scan_result scan = max_scan_avx2(x, n);
+  if (!scan.finite()) return -1;
+  const __m256 mv = _mm256_set1_ps(scan.max);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
     const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), mv, _CMP_EQ_OQ));
     if (hit != 0) return static_cast<std::ptrdiff_t>(i) + __builtin_ctz(static_cast<unsigned>(hit));
   }
   for (; i < n; ++i) {
-    if (x[i] == m) return static_cast<std::ptrdiff_t>(i);
+    if (x[i] == scan.max) return static_cast<std::ptrdiff_t>(i);
   }
   return -1;  // unreachable
 }
@@ -864,8 +895,25 @@ inline void scale(isa level, float* x, std::size_t n, float s) noexcept {
   for (std::size_t i = 0; i < n; ++i) x[i] *= s;
 }
 
+/// See `max_scan_result`: one pass, vectorised. The loop's check of target columns it does not warp.
+inline max_scan_result max_scan(isa level, const float* x, std::size_t n) noexcept {
+#if SPECSAMPLE_X86
+  if (level == isa::avx512) return max_scan_avx512(x, n);
+  if (level == isa::avx2) return max_scan_avx2(x, n);
+#else
+  (void)level;
+#endif
+  max_scan_result r;
+  for (std::size_t i = 0; i < n; ++i) {
+    r.nan = r.nan || std::isnan(x[i]);
+    r.max = x[i] > r.max ? x[i] : r.max;
+  }
+  return r;
+}
+
 /// The index of the first maximum of x[0, n) (the lowest id on ties), or -1 when some x[i] is
-/// NaN, the maximum is +inf, or every x[i] is -inf (n > 0). Greedy decoding's argmax.
+/// NaN, the maximum is +inf, or every x[i] is -inf (n > 0; `max_scan_result::finite`). Greedy
+/// decoding's argmax.
 inline std::ptrdiff_t argmax(isa level, const float* x, std::size_t n) noexcept {
 #if SPECSAMPLE_X86
   if (level == isa::avx512) return argmax_avx512(x, n);

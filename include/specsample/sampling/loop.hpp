@@ -3,6 +3,7 @@
 /// The generation loops: `speculative_sample` and `autoregressive_sample`.
 
 #include <specsample/concepts.hpp>
+#include <specsample/detail/simd.hpp>
 #include <specsample/error.hpp>
 #include <specsample/sampling/drafter.hpp>
 #include <specsample/sampling/params.hpp>
@@ -113,7 +114,7 @@ std::size_t check_generation(const Drafter& drafter, const Target& target, std::
 
 // The target's warped distributions of one round as a verifier's `decide` reads them (see
 // detail::dense_columns): column j of `p` is warped from column j of `logits` on first use, so the
-// columns no decision reaches are never computed. Bitwise the columns a whole warp would give.
+// columns no decision reaches cost no exponentials. Bitwise the columns a whole warp would give.
 template <class Logits>
 class lazy_columns {
  public:
@@ -121,7 +122,7 @@ class lazy_columns {
 
   [[nodiscard]] Eigen::Index rows() const noexcept { return logits_.rows(); }
   [[nodiscard]] Eigen::Index cols() const noexcept { return logits_.cols(); }
-  [[nodiscard]] auto col(Eigen::Index j) {
+  [[nodiscard]] auto col(Eigen::Index j) const {
     const auto u = static_cast<std::size_t>(j);
     if (!warped_[u]) {
       warp_(logits_.col(j), p_.col(j));
@@ -129,15 +130,27 @@ class lazy_columns {
     }
     return std::as_const(p_).col(j);
   }
-  [[nodiscard]] float operator()(token x, Eigen::Index j) { return col(j)(x); }
+  [[nodiscard]] float operator()(token x, Eigen::Index j) const { return col(j)(x); }
   /// The columns warped so far.
   [[nodiscard]] const std::bitset<max_draft_length + 1>& warped() const noexcept { return warped_; }
+
+  /// Checks the columns not warped as a warp would (NaN, +inf, or no finite logit: the warper's
+  /// error), in one pass of `simd::max_scan` each instead of a softmax: a model's broken logits
+  /// are an error whichever columns the random numbers lead the verifier to.
+  void check_unwarped() const {
+    for (Eigen::Index j = 0; j < cols(); ++j) {
+      if (warped_[static_cast<std::size_t>(j)]) continue;
+      const float* x = contiguous_floats(logits_.col(j));
+      if (x == nullptr || !simd::max_scan(level_, x, static_cast<std::size_t>(rows())).finite()) (void)col(j);
+    }
+  }
 
  private:
   const Logits& logits_;
   logit_warper& warp_;
   Eigen::MatrixXf& p_;
-  std::bitset<max_draft_length + 1> warped_;
+  mutable std::bitset<max_draft_length + 1> warped_;
+  isa level_ = simd::detected();
 };
 
 // The one loop. With Drafter = no_draft it is autoregressive sampling: every round verifies zero
@@ -217,10 +230,11 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
       }
       stats.target_seconds += forward(target, input, k + 1, vocab, "target", [&](const auto& logits) {
         using columns = lazy_columns<std::remove_cvref_t<decltype(logits)>>;
-        if constexpr (requires(columns& c) { verify.decide(proposed, q.leftCols(ki), c, rng); }) {
-          columns p_lazy(logits, warp, p);
+        if constexpr (decides_columns<std::remove_cvref_t<Verifier>>) {
+          const columns p_lazy(logits, warp, p);
           outcome = verify.decide(proposed, q.leftCols(ki), p_lazy, rng);
           scored = p_lazy.warped();
+          p_lazy.check_unwarped();
         } else {
           for (Eigen::Index j = 0; j <= ki; ++j) warp(logits.col(j), p.col(j));
           outcome = verify(proposed, q.leftCols(ki), p.leftCols(ki + 1), rng);
@@ -320,14 +334,14 @@ model_drafter<Draft> drafter_for(Draft& draft, const Target& target, std::span<c
 /// all but the last token), so a follow-up call continues correctly. Throws `specsample::error`
 /// on bad parameters, an empty or out-of-range prompt, mismatched vocabularies, context overflow,
 /// `draft` and `target` being one object (pass a second instance), or a model that breaks its
-/// contract (wrong logits shape, NaN / +inf logits in a column the round reads: the target's
-/// columns past a token-wise rejection are never warped, so never looked at).
+/// contract (wrong logits shape, NaN / +inf logits).
 ///
 /// @param observer called with a `round_event` after every round (tracing, streaming).
 /// @param verifier customisation point: `verify_result(span<const token> drafts, q, p, Rng&)`,
-///        called with every target column warped; a verifier that also has the built-in ones'
-///        `decide(drafts, q, columns, rng)` is called through it instead, each column warped
-///        when it first reads it. This overload ignores `params.verify` and `params.leniency`.
+///        called with every target column warped; a verifier that, as the built-in ones, names
+///        itself as `decides_columns` and has their `decide(drafts, q, columns, rng)` is called
+///        through `decide`, each column warped when it first reads it. This overload ignores
+///        `params.verify` and `params.leniency`.
 template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng,
           class Observer, class Verifier>
 generation_result speculative_sample(Draft& draft, Target& target, std::span<const token> prompt,

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstddef>
 #include <span>
+#include <type_traits>
 
 namespace specsample {
 
@@ -104,6 +105,12 @@ inline void check_verify_inputs(std::span<const token> drafts, const Eigen::Ref<
   }
 }
 
+// V reads the target's distributions through `decide` (see tokenwise_verifier::decide) because V
+// itself says so: `V::decides_columns` names V. A class derived from a built-in verifier, which may
+// override its operator(), does not inherit the opt-in and is called through operator().
+template <class V>
+concept decides_columns = std::is_same_v<typename V::decides_columns, V>;
+
 // The target's distributions as a verifier's `decide` reads them, from a matrix given whole:
 // p(x, j) and p.col(j) (a contiguous column), p.rows(), p.cols(). The loop passes instead columns
 // it warps from the logits on first use (detail::lazy_columns, loop.hpp).
@@ -128,6 +135,8 @@ struct dense_columns {
 struct tokenwise_verifier {
   /// 1 = exact. Below 1 the uniform is drawn from U[0, leniency): lossy, see speculative_params.
   double leniency = 1.0;
+  /// The sampling loop calls `decide` (detail::decides_columns).
+  using decides_columns = tokenwise_verifier;
 
   template <std::uniform_random_bit_generator Rng>
   verify_result operator()(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
@@ -137,11 +146,12 @@ struct tokenwise_verifier {
     return decide(drafts, q, columns, rng);
   }
 
-  /// The same decision, reading p through `p` (see `detail::dense_columns`): column i only once
-  /// drafts 0..i-1 are accepted, so the sampling loop warps no target column past the first
-  /// rejection. The loop calls this form when a verifier has it.
+  /// The same decision, reading p through `p` (`p(x, i)`, `p.col(i)`, `p.rows()`, `p.cols()`; see
+  /// `detail::dense_columns`): column i only once drafts 0..i-1 are accepted, so the sampling loop
+  /// warps no target column past the first rejection. Trusts p to hold distributions (finite,
+  /// >= 0), as the loop's warped columns do; `operator()` checks a p given whole.
   template <class Columns, std::uniform_random_bit_generator Rng>
-  verify_result decide(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q, Columns& p,
+  verify_result decide(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q, const Columns& p,
                        Rng& rng) const {
     detail::check_drafts(drafts, q, p.rows(), p.cols());
     detail::check_leniency(leniency, "tokenwise_verifier.leniency");
@@ -175,24 +185,27 @@ struct tokenwise_verifier {
 /// their h_i, the vocabulary sums, uncomputed) changes no probability. At most
 /// `max_draft_length` drafts per call.
 struct block_verifier {
+  /// The sampling loop calls `decide` (detail::decides_columns).
+  using decides_columns = block_verifier;
+
   template <std::uniform_random_bit_generator Rng>
   verify_result operator()(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
                            const Eigen::Ref<const Eigen::MatrixXf>& p, Rng& rng) const {
+    check_length(drafts.size());
     detail::check_verify_inputs(drafts, q, p);
     detail::dense_columns columns{p};
     return decide(drafts, q, columns, rng);
   }
 
-  /// The same decision, reading p through `p` (see `detail::dense_columns`): the weights w_i
-  /// read columns 0..n-1, the scan columns K-1 down to τ, the last draw column τ or K; the
-  /// sampling loop warps no other target column. The loop calls this form when a verifier has it.
+  /// The same decision, reading p through `p` (as `tokenwise_verifier::decide`): the weights w_i
+  /// read columns 0, 1, … up to the first draft whose weight is 0 (all K when none is), the scan
+  /// the columns from the last positive weight's down to τ, the last draw column τ or, for the
+  /// bonus, K; the sampling loop warps no other target column. Trusts p to hold distributions.
   template <class Columns, std::uniform_random_bit_generator Rng>
-  verify_result decide(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q, Columns& p,
+  verify_result decide(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q, const Columns& p,
                        Rng& rng) const {
     const std::size_t k = drafts.size();
-    if (k > max_draft_length) {
-      throw error(fmt::format("block_verifier: {} drafts; at most max_draft_length = {} per call", k, max_draft_length));
-    }
+    check_length(k);
     detail::check_drafts(drafts, q, p.rows(), p.cols());
     // w[i - 1] = w_i for i = 1..n, n the last position with w_i > 0 (every later w_j and h_j is 0:
     // no later position can be selected).
@@ -220,6 +233,13 @@ struct block_verifier {
     if (tau == k) return {k, detail::draw_categorical(p.col(static_cast<Eigen::Index>(k)), rng), true};
     const auto col = static_cast<Eigen::Index>(tau);
     return {tau, sample_residual(p.col(col), q.col(col), rng, tau > 0 ? w[tau - 1] : 1.0), false};
+  }
+
+ private:
+  static void check_length(std::size_t k) {
+    if (k > max_draft_length) {
+      throw error(fmt::format("block_verifier: {} drafts; at most max_draft_length = {} per call", k, max_draft_length));
+    }
   }
 };
 
