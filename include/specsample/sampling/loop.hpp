@@ -216,7 +216,7 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
     }
 
     // Score [last, d_0 .. d_{k-1}] with the target in one call: k + 1 columns, p_0 .. p_k, warped
-    // as the verifier reads them (a verifier with `decide`), else all before it is called.
+    // as the verifier reads them (a verifier tagged `decides_columns`), else all before it is called.
     const auto proposed = std::span<const token>(ctx).subspan(len, k);
     const auto ki = static_cast<Eigen::Index>(k);
     verify_result outcome;
