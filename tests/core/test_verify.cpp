@@ -179,6 +179,37 @@ TEST_CASE("a draw reads its stored block sums and sums any later block again, to
   }
 }
 
+TEST_CASE("the block sums of float weights, in one vector loop, are the scalar per-block sums bit for bit on every "
+          "instruction set",
+          "[random][residual]") {
+  for (const isa requested : {isa::generic, isa::avx2, isa::avx512}) {
+    const isa level = simd::resolve(requested);
+    for (const std::size_t V : {1u, 7u, 63u, 64u, 65u, 300u, 4096u, 70001u}) {
+      std::mt19937 gen(static_cast<unsigned>(V) + 3);
+      std::exponential_distribution<float> e(1.0f);
+      std::vector<float> p(V), q(V);
+      for (std::size_t i = 0; i < V; ++i) {
+        p[i] = i % 11 == 4 ? 0.0f : e(gen);
+        q[i] = i % 7 == 2 ? 0.0f : e(gen);
+      }
+      for (const bool residual : {false, true}) {
+        INFO(isa_name(level) << ", V = " << V << (residual ? ", residual" : ", plain"));
+        const double s = 0.8;
+        detail::float_weights vector_path{p.data(), residual ? q.data() : nullptr, s, level};
+        auto scalar_path = [&](std::size_t i) {
+          return residual ? simd::residual_weight(static_cast<double>(p[i]), static_cast<double>(q[i]), s)
+                          : static_cast<double>(p[i]);
+        };
+        const detail::block_totals got = detail::sum_blocks(vector_path, V);
+        const detail::block_totals want = detail::sum_blocks(scalar_path, V);
+        REQUIRE(got.stored == want.stored);
+        CHECK(got.total == want.total);
+        for (std::size_t k = 0; k < got.stored; ++k) REQUIRE(got.sums[k] == want.sums[k]);
+      }
+    }
+  }
+}
+
 TEST_CASE("a rejected draft token is resampled from the residual", "[verify]") {
   // q puts 0.9 on token 0; p puts 0.2. The emitted token must follow p overall.
   Eigen::VectorXf q(3), p(3);

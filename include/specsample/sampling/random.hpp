@@ -54,9 +54,15 @@ struct float_weights {
   [[nodiscard]] double operator()(std::size_t i) const noexcept {
     return q != nullptr ? simd::residual_weight(p[i], q[i], s) : static_cast<double>(p[i]);
   }
+  [[nodiscard]] simd::weight_kind kind() const noexcept {
+    return q == nullptr ? simd::weight_kind::plain : simd::weight_kind::excess;
+  }
   [[nodiscard]] double sum(std::size_t begin, std::size_t end) const noexcept {
-    if (q == nullptr) return simd::weight_sum(level, simd::weight_kind::plain, p + begin, nullptr, s, end - begin);
-    return simd::weight_sum(level, simd::weight_kind::excess, p + begin, q + begin, s, end - begin);
+    return simd::weight_sum(level, kind(), p + begin, q == nullptr ? nullptr : q + begin, s, end - begin);
+  }
+  /// `sum` of each block of `block` weights of [0, n), in one vector loop: see simd::block_sums.
+  [[nodiscard]] double sum_blocks(std::size_t n, std::size_t block, double* sums, std::size_t max_sums) const noexcept {
+    return simd::block_sums(level, kind(), p, q, s, n, block, sums, max_sums);
   }
 };
 
@@ -103,6 +109,11 @@ struct block_totals {
 template <class Weight>
 [[nodiscard]] block_totals sum_blocks(Weight& weight, std::size_t n) {
   block_totals t;
+  if constexpr (requires { weight.sum_blocks(n, sample_block, t.sums.data(), block_totals::kept); }) {
+    t.total = weight.sum_blocks(n, sample_block, t.sums.data(), block_totals::kept);  // the same bits, vectorised
+    t.stored = std::min((n + sample_block - 1) / sample_block, block_totals::kept);
+    return t;
+  }
   for (std::size_t b = 0; b < n; b += sample_block) {
     const double block = weight_sum(weight, b, std::min(n, b + sample_block));
     if (t.stored < block_totals::kept) t.sums[t.stored++] = block;
