@@ -40,6 +40,8 @@
 #define SPECSAMPLE_TARGET_AVX512_VNNI \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 #define SPECSAMPLE_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define SPECSAMPLE_ALWAYS_INLINE inline
 #endif
 
 namespace specsample {
@@ -240,6 +242,22 @@ struct max_scan_result {
     return !nan && max > -std::numeric_limits<float>::infinity() && max != std::numeric_limits<float>::infinity();
   }
 };
+
+/// The loop of `block_sums`: sum(b, len) of each block [b, b + len) of `block` weights of [0, n)
+/// (the last one may be shorter), the first `max_sums` into sums[0..), and their total, added in
+/// order from 0. Inlined into each level's kernel, so that the blocks' dependency chains overlap
+/// (a call per block ran twice as slow at times).
+template <class Sum>
+SPECSAMPLE_ALWAYS_INLINE double each_block(const Sum& sum, std::size_t n, std::size_t block, double* sums,
+                                           std::size_t max_sums) {
+  double total = 0.0;
+  for (std::size_t b = 0, k = 0; b < n; b += block, ++k) {
+    const double v = sum(b, std::min(block, n - b));
+    if (k < max_sums) sums[k] = v;
+    total += v;
+  }
+  return total;
+}
 
 #if SPECSAMPLE_X86
 
@@ -638,31 +656,24 @@ inline SPECSAMPLE_TARGET_AVX2 excess_shortfall excess_and_shortfall_avx2(const f
           combine_partial_sums(b, weight_kind::shortfall, p + i, q + i, s, n - i)};
 }
 
-/// See `block_sums`: `weight_sum_avx512` per block, inlined into one loop (the blocks' dependency
-/// chains then overlap: twice as fast as a call per block).
+/// See `block_sums`: `weight_sum_avx512` per block, inlined into `each_block`'s loop.
 template <weight_kind Kind>
 inline SPECSAMPLE_TARGET_AVX512 double block_sums_avx512(const float* p, const float* q, double s, std::size_t n,
                                                         std::size_t block, double* sums, std::size_t max_sums) {
-  double total = 0.0;
-  for (std::size_t b = 0, k = 0; b < n; b += block, ++k) {
-    const double v = weight_sum_avx512<Kind>(p + b, Kind == weight_kind::plain ? p + b : q + b, s, std::min(block, n - b));
-    if (k < max_sums) sums[k] = v;
-    total += v;
-  }
-  return total;
+  const auto sum = [&](std::size_t b, std::size_t len) SPECSAMPLE_TARGET_AVX512 {
+    return weight_sum_avx512<Kind>(p + b, Kind == weight_kind::plain ? p + b : q + b, s, len);
+  };
+  return each_block(sum, n, block, sums, max_sums);
 }
 
-/// See `block_sums`: `weight_sum_avx2` per block, inlined into one loop.
+/// See `block_sums`: `weight_sum_avx2` per block, inlined into `each_block`'s loop.
 template <weight_kind Kind>
 inline SPECSAMPLE_TARGET_AVX2 double block_sums_avx2(const float* p, const float* q, double s, std::size_t n,
                                                     std::size_t block, double* sums, std::size_t max_sums) {
-  double total = 0.0;
-  for (std::size_t b = 0, k = 0; b < n; b += block, ++k) {
-    const double v = weight_sum_avx2<Kind>(p + b, Kind == weight_kind::plain ? p + b : q + b, s, std::min(block, n - b));
-    if (k < max_sums) sums[k] = v;
-    total += v;
-  }
-  return total;
+  const auto sum = [&](std::size_t b, std::size_t len) SPECSAMPLE_TARGET_AVX2 {
+    return weight_sum_avx2<Kind>(p + b, Kind == weight_kind::plain ? p + b : q + b, s, len);
+  };
+  return each_block(sum, n, block, sums, max_sums);
 }
 
 /// See `find_greater`.
@@ -865,13 +876,10 @@ inline double block_sums(isa level, weight_kind kind, const float* p, const floa
     return block_sums_avx2<weight_kind::shortfall>(p, q, s, n, block, sums, max_sums);
   }
 #endif
-  double total = 0.0;
-  for (std::size_t b = 0, k = 0; b < n; b += block, ++k) {
-    const double v = weight_sum(level, kind, p + b, kind == weight_kind::plain ? p + b : q + b, s, std::min(block, n - b));
-    if (k < max_sums) sums[k] = v;
-    total += v;
-  }
-  return total;
+  const auto sum = [&](std::size_t b, std::size_t len) {
+    return weight_sum(level, kind, p + b, kind == weight_kind::plain ? p + b : q + b, s, len);
+  };
+  return each_block(sum, n, block, sums, max_sums);
 }
 
 /// `weight_sum(level, weight_kind::excess, …)` and `weight_sum(level, weight_kind::shortfall, …)`
