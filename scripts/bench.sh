@@ -5,7 +5,11 @@
 #   scripts/bench.sh            every figure of docs/benchmarks.md: the sweep and the strategy
 #                               comparison for both bundled drafts, docs/benchmarks/
 #                               (shakespeare-draft) and docs/benchmarks/distilled/
-#                               (shakespeare-draft-distilled), then the leniency study
+#                               (shakespeare-draft-distilled); the sweeps of the best configuration
+#                               (the target's matmuls in BF16, the distilled draft's in INT8,
+#                               sampling at 1.2 x T), token-wise in docs/benchmarks/best/ and under
+#                               block verification in docs/benchmarks/best-block/; then the
+#                               leniency study
 #   scripts/bench.sh ARGS...    one run of specsample-bench with ARGS (see specsample-bench --help);
 #                               results go to docs/benchmarks/ unless ARGS has --out DIR
 #   scripts/bench.sh --quick --out /tmp/b   smoke test (< 30 s)
@@ -45,10 +49,16 @@ exe=
 build
 
 run() {  # args for specsample-bench (the last --out wins)
-  local out="$root/docs/benchmarks" draft="shakespeare-draft" prev= report=sweep.md
+  local out="$root/docs/benchmarks" draft="shakespeare-draft" prev= report=sweep.md setup=
   for a in "$@"; do
     [ "$prev" = "--out" ] && out=$a
     [ "$prev" = "--draft" ] && draft=$(basename "$a")
+    case "$prev" in  # the plots' title names what differs from the defaults
+      --matmul) setup+=", target ${a^^}" ;;
+      --draft-matmul) setup+=", draft ${a^^}" ;;
+      --draft-temperature-ratio) setup+=", draft at $a × T" ;;
+      --verify) setup+=", $a verification" ;;
+    esac
     [ "$a" = "--strategies" ] && report=strategies.md
     prev=$a
   done
@@ -65,7 +75,7 @@ run() {  # args for specsample-bench (the last --out wins)
   "$exe" "${args[@]}" || status=$?
   if [ "$report" = sweep.md ] && [ "$status" -le 1 ] && [ -f "$out/speedup.dat" ]; then
     if command -v gnuplot >/dev/null; then
-      gnuplot -e "dir='$out'; label='$draft → shakespeare-target'" "$root/benchmarks/plot.gp"
+      gnuplot -e "dir='$out'; label='$draft → shakespeare-target${setup:+ (${setup#, })}'" "$root/benchmarks/plot.gp"
       echo "specsample: wrote $out/speedup.png and $out/acceptance.png" >&2
     else
       echo "specsample: gnuplot not found (apt-get install gnuplot-nox): no plots" >&2
@@ -108,8 +118,11 @@ splice() {
 start=$(date +%s)
 if [ $# -eq 0 ]; then
   distilled=(--draft "$root/models/shakespeare-draft-distilled" --out "$root/docs/benchmarks/distilled")
+  best=(--draft "$root/models/shakespeare-draft-distilled" --matmul bf16 --draft-matmul int8 --draft-temperature-ratio 1.2)
   run
   run "${distilled[@]}"
+  run "${best[@]}" --out "$root/docs/benchmarks/best"
+  run "${best[@]}" --verify block --out "$root/docs/benchmarks/best-block"
   run --strategies
   run --strategies "${distilled[@]}"
   run_leniency
