@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -291,6 +292,82 @@ TEST_CASE("verify rejects inconsistent inputs", "[verify][errors]") {
   for (const double b : {0.0, -0.5, 1.5, std::nan("")}) {
     CHECK_THROWS_WITH((tokenwise_verifier{.leniency = b}(std::span<const token>(&x, 1), q, p2, rng)),
                       Contains("leniency must be in (0, 1]"));
+  }
+}
+
+TEST_CASE("verify and sample_residual name a NaN, infinite or negative entry away from the drafts",
+          "[verify][residual][errors]") {
+  // Such an entry would count as 0 in the residual's and block verification's sums: a token drawn
+  // from garbage. Every entry the rules may read is checked: q's first K columns, p's first K + 1.
+  const Eigen::MatrixXf q = Eigen::MatrixXf::Constant(4, 1, 0.25f), p = Eigen::MatrixXf::Constant(4, 2, 0.25f);
+  const token x = 0;
+  const std::string rule = " must hold distributions (every entry finite and >= 0)";
+  for (const bool block : {false, true}) {
+    std::mt19937_64 rng(2);
+    const auto run = [&](const Eigen::MatrixXf& qq, const Eigen::MatrixXf& pp) {
+      return block ? block_verifier{}(std::span<const token>(&x, 1), qq, pp, rng)
+                   : verify_tokenwise(std::span<const token>(&x, 1), qq, pp, rng);
+    };
+    Eigen::MatrixXf bad = p;
+    bad(2, 0) = std::nanf("");
+    CHECK_THROWS_WITH(run(q, bad), "verify: p(2, 0) = nan; p" + rule);
+    bad = p;
+    bad(3, 1) = INFINITY;  // the bonus column
+    CHECK_THROWS_WITH(run(q, bad), "verify: p(3, 1) = inf; p" + rule);
+    Eigen::MatrixXf badq = q;
+    badq(1, 0) = -0.125f;
+    CHECK_THROWS_WITH(run(badq, p), "verify: q(1, 0) = -0.125; q" + rule);
+    // Columns past those the K drafts use are not read, so not checked.
+    Eigen::MatrixXf wide_q(4, 2), wide_p(4, 3);
+    wide_q << q, Eigen::VectorXf::Constant(4, std::nanf(""));
+    wide_p << p, Eigen::VectorXf::Constant(4, -1.0f);
+    CHECK_NOTHROW(run(wide_q, wide_p));
+  }
+  std::mt19937_64 rng(3);
+  Eigen::VectorXf pv = p.col(0), qv = q.col(0);
+  pv(2) = std::nanf("");
+  CHECK_THROWS_WITH(sample_residual(pv, qv, rng), "sample_residual: p(2) = nan; p" + rule);
+  pv = p.col(0);
+  qv(3) = -INFINITY;
+  CHECK_THROWS_WITH(sample_residual(pv, qv, rng), "sample_residual: q(3) = -inf; q" + rule);
+  // Rows of a matrix as well as columns (any Eigen vector expression).
+  Eigen::MatrixXf rows(2, 4);
+  rows.row(0) = p.col(0).transpose();
+  rows.row(1) = q.col(0).transpose();
+  rows(1, 1) = std::nanf("");
+  CHECK_THROWS_WITH(sample_residual(rows.row(0), rows.row(1), rng), "sample_residual: q(1) = nan; q" + rule);
+}
+
+TEST_CASE("find_outside finds the first entry outside an interval, a NaN anywhere included, on every instruction set",
+          "[verify][simd]") {
+  std::mt19937 rng(29);
+  std::exponential_distribution<float> e(1.0f);
+  constexpr float most = std::numeric_limits<float>::max();
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+  for (const isa requested : {isa::generic, isa::avx2, isa::avx512}) {
+    const isa level = simd::resolve(requested);
+    for (const std::size_t n : {0u, 1u, 7u, 8u, 9u, 15u, 16u, 17u, 31u, 32u, 33u, 4096u}) {
+      INFO(isa_name(level) << ", n = " << n);
+      std::vector<float> x(n);
+      for (float& v : x) v = e(rng);
+      if (n > 1) {  // the bounds themselves are inside
+        x[0] = 0.0f;
+        x[n - 1] = most;
+      }
+      CHECK(simd::find_outside(level, x.data(), n, 0.0f, most) == n);
+      // one bad entry at the first, a middle and the last position (the vector tails included),
+      // then a second bad entry after it: the first is found
+      for (const std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
+        if (n == 0) break;
+        for (const float bad : {nan, -inf, inf, -0.5f, -std::numeric_limits<float>::denorm_min()}) {
+          INFO("at " << at << ": " << bad);
+          std::vector<float> y = x;
+          y[at] = bad;
+          if (at + 1 < n) y[n - 1] = nan;
+          CHECK(simd::find_outside(level, y.data(), n, 0.0f, most) == at);
+        }
+      }
+    }
   }
 }
 

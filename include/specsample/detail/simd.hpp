@@ -687,6 +687,28 @@ inline SPECSAMPLE_TARGET_AVX512 std::size_t find_greater_avx512(const float* x, 
   return n;
 }
 
+/// See `find_outside`. Whole vectors unmasked, the tail masked.
+inline SPECSAMPLE_TARGET_AVX512 std::size_t find_outside_avx512(const float* x, std::size_t n, float lo, float hi) {
+  const __m512 lv = _mm512_set1_ps(lo), hv = _mm512_set1_ps(hi);
+  const auto outside = [&](__mmask16 k, __m512 v) SPECSAMPLE_TARGET_AVX512 {
+    return static_cast<__mmask16>(k & ~_mm512_mask_cmp_ps_mask(_mm512_mask_cmp_ps_mask(k, v, lv, _CMP_GE_OQ), v, hv,
+                                                                _CMP_LE_OQ));
+  };
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    if (const __mmask16 out = outside(0xFFFF, _mm512_loadu_ps(x + i)); out != 0) {
+      return i + static_cast<std::size_t>(__builtin_ctz(out));
+    }
+  }
+  if (i < n) {
+    const __mmask16 k = avx512_first(n - i);
+    if (const __mmask16 out = outside(k, _mm512_maskz_loadu_ps(k, x + i)); out != 0) {
+      return i + static_cast<std::size_t>(__builtin_ctz(out));
+    }
+  }
+  return n;
+}
+
 /// See `tally_above`.
 inline SPECSAMPLE_TARGET_AVX512 void tally_above_avx512(const float* x, std::size_t n, const float* t, std::size_t nt,
                                                        std::size_t* count, double* mass) {
@@ -741,6 +763,24 @@ inline SPECSAMPLE_TARGET_AVX2 std::size_t find_greater_avx2(const float* x, std:
   if (i < n) {
     const unsigned hit = hits(avx2_load_first(x + i, n - i, std::numeric_limits<float>::quiet_NaN()));
     if (hit != 0) return i + static_cast<std::size_t>(__builtin_ctz(hit));
+  }
+  return n;
+}
+
+/// See `find_outside`.
+inline SPECSAMPLE_TARGET_AVX2 std::size_t find_outside_avx2(const float* x, std::size_t n, float lo, float hi) {
+  const __m256 lv = _mm256_set1_ps(lo), hv = _mm256_set1_ps(hi);
+  const auto outside = [&](__m256 v) SPECSAMPLE_TARGET_AVX2 {
+    const __m256 in = _mm256_and_ps(_mm256_cmp_ps(v, lv, _CMP_GE_OQ), _mm256_cmp_ps(v, hv, _CMP_LE_OQ));
+    return ~static_cast<unsigned>(_mm256_movemask_ps(in)) & 0xFFu;
+  };
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    if (const unsigned out = outside(_mm256_loadu_ps(x + i)); out != 0) return i + static_cast<std::size_t>(__builtin_ctz(out));
+  }
+  if (i < n) {  // (the lanes past n hold lo: inside)
+    const unsigned out = outside(avx2_load_first(x + i, n - i, lo));
+    if (out != 0) return i + static_cast<std::size_t>(__builtin_ctz(out));
   }
   return n;
 }
@@ -903,6 +943,21 @@ inline std::size_t find_greater(isa level, const float* x, std::size_t n, float 
 #endif
   for (std::size_t i = 0; i < n; ++i) {
     if (x[i] > t) return i;
+  }
+  return n;
+}
+
+/// The index of the first x[i], i < n, outside [lo, hi] — a NaN is outside any interval — or n
+/// when there is none. (The verifiers' checks of whole distributions: [0, FLT_MAX].)
+inline std::size_t find_outside(isa level, const float* x, std::size_t n, float lo, float hi) noexcept {
+#if SPECSAMPLE_X86
+  if (level == isa::avx512) return find_outside_avx512(x, n, lo, hi);
+  if (level == isa::avx2) return find_outside_avx2(x, n, lo, hi);
+#else
+  (void)level;
+#endif
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!(x[i] >= lo && x[i] <= hi)) return i;
   }
   return n;
 }

@@ -17,8 +17,10 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <type_traits>
 
 namespace specsample {
@@ -26,12 +28,62 @@ namespace specsample {
 /// Residual masses at or below this are treated as empty (see `sample_residual`).
 inline constexpr double residual_mass_epsilon = 1e-12;
 
+namespace detail {
+// Every entry of the vector v finite and >= 0; otherwise throws `specsample::error` naming the
+// first entry that is not: "`who`: `name`(i) = value", or "`name`(i, column)" for a column >= 0
+// of a matrix.
+template <class Derived>
+void check_distribution(const Eigen::MatrixBase<Derived>& v, Eigen::Index column, const char* who, const char* name) {
+  constexpr float most = std::numeric_limits<float>::max();
+  const auto n = static_cast<std::size_t>(v.size());
+  std::size_t at = n;
+  if (const float* x = contiguous_floats(v)) {
+    at = simd::find_outside(simd::detected(), x, n, 0.0f, most);  // one vector pass
+  } else {
+    for (std::size_t i = 0; i < n && at == n; ++i) {
+      const float x = v(static_cast<Eigen::Index>(i));
+      if (!(x >= 0.0f && x <= most)) at = i;
+    }
+  }
+  if (at == n) return;
+  const std::string where = column < 0 ? fmt::format("{}", at) : fmt::format("{}, {}", at, column);
+  throw error(fmt::format("{}: {}({}) = {}; {} must hold distributions (every entry finite and >= 0)", who, name, where,
+                          v(static_cast<Eigen::Index>(at)), name));
+}
+
+// sample_residual without its checks of p and q (distributions the library computed itself).
+template <class P, class Q, std::uniform_random_bit_generator Rng>
+[[nodiscard]] token draw_residual(const Eigen::MatrixBase<P>& p, const Eigen::MatrixBase<Q>& q, Rng& rng,
+                                  double weight = 1.0) {
+  const auto n = static_cast<std::size_t>(p.size());
+  const auto draw = [&](auto& residual) {
+    const block_totals sums = sum_blocks(residual, n);  // sums.total: the residual mass
+    if (!(sums.total > residual_mass_epsilon)) return draw_categorical(p, rng);
+    return draw_weighted(residual, n, sums, rng);
+  };
+  const float* pd = contiguous_floats(p);
+  const float* qd = contiguous_floats(q);
+  if (pd != nullptr && qd != nullptr) {
+    float_weights residual{pd, qd, weight};
+    return draw(residual);
+  }
+  auto residual = [&](std::size_t i) {
+    const auto j = static_cast<Eigen::Index>(i);
+    return simd::residual_weight(static_cast<double>(p(j)), static_cast<double>(q(j)), weight);
+  };
+  return draw(residual);
+}
+}  // namespace detail
+
 /// Draws from norm(max(0, w·p - q)), computed in double (w = 1: the token-wise residual).
 ///
 /// After a rejection the residual mass equals the total variation distance between p and q and is
 /// positive in exact arithmetic. Float rounding of two almost identical distributions can leave it
 /// at (or near) zero; then, and only then, the token is drawn from p instead (the documented
 /// fallback: the probability of reaching it is itself below the rounding error).
+///
+/// Throws `specsample::error` when p and q differ in length, when an entry of either is NaN,
+/// infinite or negative (naming it), and when the weight is outside (0, 1].
 template <class P, class Q, std::uniform_random_bit_generator Rng>
 [[nodiscard]] token sample_residual(const Eigen::MatrixBase<P>& p, const Eigen::MatrixBase<Q>& q, Rng& rng,
                                     double weight = 1.0) {
@@ -41,23 +93,9 @@ template <class P, class Q, std::uniform_random_bit_generator Rng>
   if (!(weight > 0.0 && weight <= 1.0)) {
     throw error(fmt::format("sample_residual: the weight of p must be in (0, 1], got {}", weight));
   }
-  const auto n = static_cast<std::size_t>(p.size());
-  const auto draw = [&](auto& residual) {
-    const detail::block_totals sums = detail::sum_blocks(residual, n);  // sums.total: the residual mass
-    if (!(sums.total > residual_mass_epsilon)) return detail::draw_categorical(p, rng);
-    return detail::draw_weighted(residual, n, sums, rng);
-  };
-  const float* pd = detail::contiguous_floats(p);
-  const float* qd = detail::contiguous_floats(q);
-  if (pd != nullptr && qd != nullptr) {
-    detail::float_weights residual{pd, qd, weight};
-    return draw(residual);
-  }
-  auto residual = [&](std::size_t i) {
-    const auto j = static_cast<Eigen::Index>(i);
-    return simd::residual_weight(static_cast<double>(p(j)), static_cast<double>(q(j)), weight);
-  };
-  return draw(residual);
+  detail::check_distribution(p, -1, "sample_residual", "p");
+  detail::check_distribution(q, -1, "sample_residual", "q");
+  return detail::draw_residual(p, q, rng, weight);
 }
 
 /// The outcome of verifying one block of drafts.
@@ -91,11 +129,13 @@ inline void check_drafts(std::span<const token> drafts, const Eigen::Ref<const E
   }
 }
 
-// check_drafts, and p(x) finite and >= 0 for every draft (a p given whole, not warped by the loop).
+// check_drafts, p(x) finite and >= 0 for every draft, then every entry of q's first K columns and
+// p's first K + 1 (a p and q given whole, not warped by the loop).
 inline void check_verify_inputs(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
                                 const Eigen::Ref<const Eigen::MatrixXf>& p) {
   check_drafts(drafts, q, p.rows(), p.cols());
-  for (Eigen::Index i = 0; i < static_cast<Eigen::Index>(drafts.size()); ++i) {
+  const auto k = static_cast<Eigen::Index>(drafts.size());
+  for (Eigen::Index i = 0; i < k; ++i) {
     const token x = drafts[static_cast<std::size_t>(i)];
     if (!(p(x, i) >= 0.0f && std::isfinite(p(x, i)))) {
       throw error(fmt::format("verify: draft token {} has target probability p = {} (draft {}): p must be a "
@@ -103,6 +143,10 @@ inline void check_verify_inputs(std::span<const token> drafts, const Eigen::Ref<
                               x, p(x, i), i));
     }
   }
+  // Then every entry the rules may read: a NaN, an infinity or a negative entry away from the
+  // drafts would otherwise count as 0 in a residual's or block verification's sums.
+  for (Eigen::Index j = 0; j < k; ++j) check_distribution(q.col(j), j, "verify", "q");
+  for (Eigen::Index j = 0; j <= k; ++j) check_distribution(p.col(j), j, "verify", "p");
 }
 
 // V reads the target's distributions through `decide` (see tokenwise_verifier::decide) because V
@@ -132,6 +176,9 @@ struct dense_columns {
 /// For i = 0..K-1: accept drafts[i] iff p_i(x) >= q_i(x) or u < p_i(x) / q_i(x), u ~ U[0,1) in
 /// double; at the first rejection emit x ~ norm(max(0, p_i - q_i)) and stop. If all K are
 /// accepted emit the bonus x ~ p_K. The emitted sequence is distributed exactly as sampling from p.
+/// Throws `specsample::error` on shapes that do not fit K, a draft outside the vocabulary or with
+/// q(x) = 0, and a NaN, infinite or negative entry in q's first K columns or p's first K + 1
+/// (naming the first), before it draws a random number.
 struct tokenwise_verifier {
   /// 1 = exact. Below 1 the uniform is drawn from U[0, leniency): lossy, see speculative_params.
   double leniency = 1.0;
@@ -161,7 +208,7 @@ struct tokenwise_verifier {
       const double qx = q(x, i);
       const double px = p(x, i);
       if (px >= qx || uniform_01(rng) * leniency < px / qx) continue;
-      return {static_cast<std::size_t>(i), sample_residual(p.col(i), q.col(i), rng), false};
+      return {static_cast<std::size_t>(i), detail::draw_residual(p.col(i), q.col(i), rng), false};
     }
     return {static_cast<std::size_t>(k), detail::draw_categorical(p.col(k), rng), true};
   }
@@ -183,7 +230,7 @@ struct tokenwise_verifier {
 /// are drawn from i = K down, stopping at the first η_i < h_i: that i is τ whatever the η below
 /// it are (τ is the largest success), and as the η_i are independent, leaving those undrawn (and
 /// their h_i, the vocabulary sums, uncomputed) changes no probability. At most
-/// `max_draft_length` drafts per call.
+/// `max_draft_length` drafts per call. Checks its inputs as `tokenwise_verifier` does.
 struct block_verifier {
   /// The sampling loop calls `decide` (detail::decides_columns).
   using decides_columns = block_verifier;
@@ -232,7 +279,7 @@ struct block_verifier {
     }
     if (tau == k) return {k, detail::draw_categorical(p.col(static_cast<Eigen::Index>(k)), rng), true};
     const auto col = static_cast<Eigen::Index>(tau);
-    return {tau, sample_residual(p.col(col), q.col(col), rng, tau > 0 ? w[tau - 1] : 1.0), false};
+    return {tau, detail::draw_residual(p.col(col), q.col(col), rng, tau > 0 ? w[tau - 1] : 1.0), false};
   }
 
  private:
