@@ -336,6 +336,19 @@ TEST_CASE("verify and sample_residual name a NaN, infinite or negative entry awa
   rows.row(1) = q.col(0).transpose();
   rows(1, 1) = std::nanf("");
   CHECK_THROWS_WITH(sample_residual(rows.row(0), rows.row(1), rng), "sample_residual: q(1) = nan; q" + rule);
+  // Double vectors are checked as doubles: -1e-50 is negative, 1e300 finite.
+  Eigen::VectorXd pd = p.col(0).cast<double>(), qd = q.col(0).cast<double>();
+  pd(1) = -1e-50;
+  CHECK_THROWS_WITH(sample_residual(pd, qd, rng), "sample_residual: p(1) = -1e-50; p" + rule);
+  pd(1) = 0.25;
+  qd(2) = 1e300;
+  const token t = sample_residual(pd, qd, rng);  // no residual mass left: drawn from p
+  CHECK((t >= 0 && t < 4));
+  // -0 and the smallest subnormal are inside [0, FLT_MAX].
+  Eigen::VectorXf ps = p.col(0), qs = q.col(0);
+  ps(0) = -0.0f;
+  qs(3) = std::numeric_limits<float>::denorm_min();
+  CHECK_NOTHROW(sample_residual(ps, qs, rng));
 }
 
 TEST_CASE("find_outside finds the first entry outside an interval, a NaN anywhere included, on every instruction set",

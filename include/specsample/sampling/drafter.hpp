@@ -37,7 +37,8 @@ struct proposal {
 ///  1. `cd.vocab_size()` returns V;
 ///  2. `d.begin(ctx)` prepares for a generation from prompt `ctx`;
 ///  3. `d.propose(ctx, k, q, out, rng)` writes n <= k drafts to out[0..n) and, in q.col(i), the full
-///     distribution draft i was drawn from (one-hot for deterministic proposals), conditioned on
+///     distribution draft i was drawn from (one-hot for deterministic proposals; every entry
+///     finite and >= 0: the loop checks only q(x) > 0 at each draft), conditioned on
 ///     ctx + out[0..i), and returns `proposal{n, forward_calls, forward_seconds}` (the time inside
 ///     model `append` calls; whatever else the drafter does counts as the loop's own time). The
 ///     choice of n and of the drafts may depend on anything but the target's output for this

@@ -34,15 +34,16 @@ namespace detail {
 // of a matrix.
 template <class Derived>
 void check_distribution(const Eigen::MatrixBase<Derived>& v, Eigen::Index column, const char* who, const char* name) {
-  constexpr float most = std::numeric_limits<float>::max();
+  using scalar = typename Derived::Scalar;  // (compared in its own type: a double p stays a double)
+  constexpr scalar most = std::numeric_limits<scalar>::max();
   const auto n = static_cast<std::size_t>(v.size());
   std::size_t at = n;
   if (const float* x = contiguous_floats(v)) {
-    at = simd::find_outside(simd::detected(), x, n, 0.0f, most);  // one vector pass
+    at = simd::find_outside(simd::detected(), x, n, 0.0f, std::numeric_limits<float>::max());  // one vector pass
   } else {
     for (std::size_t i = 0; i < n && at == n; ++i) {
-      const float x = v(static_cast<Eigen::Index>(i));
-      if (!(x >= 0.0f && x <= most)) at = i;
+      const scalar x = v(static_cast<Eigen::Index>(i));
+      if (!(x >= scalar(0) && x <= most)) at = i;
     }
   }
   if (at == n) return;
