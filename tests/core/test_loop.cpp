@@ -322,6 +322,52 @@ TEST_CASE("a drafter's out-of-range token is reported before the target sees it"
                         Catch::Matchers::Contains("vocabulary of 4"));
 }
 
+TEST_CASE("a drafter's q with a NaN, infinite or negative entry away from its drafts is reported before the "
+          "target sees the round",
+          "[loop][errors]") {
+  // Such an entry would count as 0 in the residual's sums: a token drawn from garbage. The
+  // library's drafters write the warper's distributions (or one-hot ones) and are not checked.
+  struct sloppy_drafter {
+    float bad;
+    std::size_t vocab_size() const { return 4; }
+    void begin(std::span<const token>) {}
+    void sync(std::span<const token>) {}
+    proposal propose(std::span<const token>, std::size_t k, Eigen::Ref<Eigen::MatrixXf> q, std::span<token> out,
+                     std::mt19937_64&) {
+      q.setConstant(0.25f);
+      q(3, static_cast<Eigen::Index>(k) - 1) = bad;  // the last draft's column, away from its token 0
+      for (std::size_t i = 0; i < k; ++i) out[i] = 0;
+      return {k, 0, 0.0};
+    }
+  };
+  static_assert(!detail::writes_distributions<sloppy_drafter>);
+  static_assert(detail::writes_distributions<model_drafter<toy::markov>>);
+  static_assert(detail::writes_distributions<drafters::ngram>);
+  static_assert(detail::writes_distributions<drafters::fallback<drafters::ngram, model_drafter<toy::markov>>>);
+  static_assert(!detail::writes_distributions<drafters::fallback<drafters::ngram, sloppy_drafter>>);
+  struct counting_target : toy::markov {
+    explicit counting_target(toy::markov m) : toy::markov(std::move(m)) {}
+    int calls = 0;
+    Eigen::MatrixXf append(std::span<const token> t) {
+      ++calls;
+      return toy::markov::append(t);
+    }
+  };
+  const std::string rule = "; q must hold distributions (every entry finite and >= 0)";
+  for (const float bad : {std::nanf(""), -0.25f, std::numeric_limits<float>::infinity()}) {
+    sloppy_drafter drafter{bad};
+    counting_target target(toy::markov::random(4, 1, 1));
+    std::mt19937_64 rng(1);
+    CHECK_THROWS_WITH(speculative_sample(drafter, target, std::vector<token>{0}, make_params(4, 3), rng),
+                      fmt::format("drafter: q(3, 2) = {}", bad) + rule);
+    CHECK(target.calls == 0);  // (a 1-token prompt's last token goes into the round's call, never made)
+  }
+  sloppy_drafter fine{0.25f};
+  toy::markov target = toy::markov::random(4, 1, 1);
+  std::mt19937_64 rng(2);
+  CHECK_NOTHROW(speculative_sample(fine, target, std::vector<token>{0}, make_params(4, 3), rng));
+}
+
 TEST_CASE("a huge max_new_tokens with EOS generates up to the EOS", "[loop][eos]") {
   // A model without a context limit: max_new_tokens is only a cap, and room for it is not reserved.
   auto target = toy::markov::random(5, 1, 1);

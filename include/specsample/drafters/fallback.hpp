@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <random>
 #include <span>
+#include <type_traits>
 #include <utility>
 
 namespace specsample::drafters {
@@ -37,6 +38,10 @@ namespace specsample::drafters {
 template <drafter First, drafter Second>
 class fallback {
  public:
+  /// Whatever its two drafters write (detail::writes_distributions when both do).
+  using writes_distributions = std::conditional_t<
+      specsample::detail::writes_distributions<First> && specsample::detail::writes_distributions<Second>, fallback, void>;
+
   /// Throws `specsample::error` when the two vocabularies differ in size.
   fallback(First first, Second second) : first_(std::move(first)), second_(std::move(second)) {
     if (first_.vocab_size() != second_.vocab_size()) {

@@ -24,6 +24,9 @@ namespace specsample::drafters {
 /// that repeats itself (rewrites, lists, code). A search costs O(max_n · context) per round.
 class ngram {
  public:
+  /// q holds one-hot distributions (detail::writes_distributions): the loop need not check it.
+  using writes_distributions = ngram;
+
   ngram(std::size_t vocab, std::size_t max_n = 4, std::size_t min_n = 1) : vocab_(vocab), max_n_(max_n), min_n_(min_n) {
     if (vocab == 0) throw error("drafters::ngram: the vocabulary must not be empty");
     if (min_n == 0 || max_n < min_n) {

@@ -38,8 +38,8 @@ struct proposal {
 ///  2. `d.begin(ctx)` prepares for a generation from prompt `ctx`;
 ///  3. `d.propose(ctx, k, q, out, rng)` writes n <= k drafts to out[0..n) and, in q.col(i), the full
 ///     distribution draft i was drawn from (one-hot for deterministic proposals; every entry
-///     finite and >= 0: the loop checks only q(x) > 0 at each draft), conditioned on
-///     ctx + out[0..i), and returns `proposal{n, forward_calls, forward_seconds}` (the time inside
+///     finite and >= 0, which the loop checks, one vector pass per column, for any drafter but
+///     the library's), conditioned on ctx + out[0..i), and returns `proposal{n, forward_calls, forward_seconds}` (the time inside
 ///     model `append` calls; whatever else the drafter does counts as the loop's own time). The
 ///     choice of n and of the drafts may depend on anything but the target's output for this
 ///     round: that keeps sampling exact;
@@ -57,6 +57,14 @@ concept drafter = requires(D& d, const D& cd, std::span<const token> ctx, std::s
 };
 
 namespace detail {
+
+// D writes distributions into q by construction (a warper's output, or one-hot proposals)
+// because D itself says so: `D::writes_distributions` names D — the library's drafters. The
+// sampling loop checks every entry of q written by any other drafter (finite and >= 0). A class
+// derived from a library drafter does not inherit the opt-in.
+template <class D>
+concept writes_distributions = std::is_same_v<typename D::writes_distributions, D>;
+
 
 using clock = std::chrono::steady_clock;
 
@@ -141,6 +149,9 @@ void prefill(M& m, std::span<const token> ctx, std::size_t vocab, const char* ro
 template <language_model M>
 class model_drafter {
  public:
+  /// q holds the warper's distributions (detail::writes_distributions): the loop need not check it.
+  using writes_distributions = model_drafter;
+
   model_drafter(M& model, const sampling_params& sampling, float min_probability = 0.0f)
       : model_(&model), warp_(sampling, detail::vocabulary_of(model, "draft")), min_probability_(min_probability) {
     if (!(min_probability >= 0.0f && min_probability < 1.0f)) {
