@@ -39,10 +39,11 @@ struct proposal {
 ///  3. `d.propose(ctx, k, q, out, rng)` writes n <= k drafts to out[0..n) and, in q.col(i), the full
 ///     distribution draft i was drawn from (one-hot for deterministic proposals; every entry
 ///     finite and >= 0, which the loop checks, one vector pass per column, for any drafter but
-///     the library's), conditioned on ctx + out[0..i), and returns `proposal{n, forward_calls, forward_seconds}` (the time inside
-///     model `append` calls; whatever else the drafter does counts as the loop's own time). The
-///     choice of n and of the drafts may depend on anything but the target's output for this
-///     round: that keeps sampling exact;
+///     the library's), conditioned on ctx + out[0..i), and returns
+///     `proposal{n, forward_calls, forward_seconds}` (the time inside model `append` calls;
+///     whatever else the drafter does counts as the loop's own time). The choice of n and of the
+///     drafts may depend on anything but the target's output for this round: that keeps sampling
+///     exact;
 ///  4. `d.sync(ctx)` is told the context after each round (for KV-cache rollback and the like).
 ///
 /// Optionally, `cd.max_size()` returns the longest context the drafter's model accepts; the loops
@@ -64,7 +65,6 @@ namespace detail {
 // derived from a library drafter does not inherit the opt-in.
 template <class D>
 concept writes_distributions = std::is_same_v<typename D::writes_distributions, D>;
-
 
 using clock = std::chrono::steady_clock;
 
