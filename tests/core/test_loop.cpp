@@ -294,18 +294,26 @@ TEST_CASE("a model with append(t, n) is asked only for the logits the loop reads
                         Catch::Matchers::Contains("expected (6, 0)"));
 }
 
+namespace {
+// A drafter of the caller's over a vocabulary of 4 that proposes token 0 everywhere but at draft 1
+// (`second`), each from q = 1/4 everywhere but at row 3 of the last draft's column (`last_q`).
+struct scripted_drafter {
+  token second = 0;
+  float last_q = 0.25f;
+  std::size_t vocab_size() const { return 4; }
+  void begin(std::span<const token>) {}
+  void sync(std::span<const token>) {}
+  proposal propose(std::span<const token>, std::size_t k, Eigen::Ref<Eigen::MatrixXf> q, std::span<token> out,
+                   std::mt19937_64&) {
+    q.setConstant(0.25f);
+    q(3, static_cast<Eigen::Index>(k) - 1) = last_q;
+    for (std::size_t i = 0; i < k; ++i) out[i] = i == 1 ? second : token{0};
+    return {k, 0, 0.0};
+  }
+};
+}  // namespace
+
 TEST_CASE("a drafter's out-of-range token is reported before the target sees it", "[loop][errors]") {
-  struct wild_drafter {  // proposes a token the vocabulary does not have
-    std::size_t vocab_size() const { return 4; }
-    void begin(std::span<const token>) {}
-    void sync(std::span<const token>) {}
-    proposal propose(std::span<const token>, std::size_t k, Eigen::Ref<Eigen::MatrixXf> q, std::span<token> out,
-                     std::mt19937_64&) {
-      q.setConstant(0.25f);
-      for (std::size_t i = 0; i < k; ++i) out[i] = i == 1 ? token{1000000} : token{0};
-      return {k, 0, 0.0};
-    }
-  };
   // The target counts what it is shown: nothing out of range may reach it.
   struct checking_target : toy::markov {
     explicit checking_target(toy::markov m) : toy::markov(std::move(m)) {}
@@ -314,7 +322,7 @@ TEST_CASE("a drafter's out-of-range token is reported before the target sees it"
       return toy::markov::append(t);
     }
   };
-  wild_drafter drafter;
+  scripted_drafter drafter{.second = 1000000};  // a token the vocabulary does not have
   checking_target target(toy::markov::random(4, 1, 1));
   std::mt19937_64 rng(1);
   CHECK_THROWS_WITH(speculative_sample(drafter, target, std::vector<token>{0}, make_params(4, 3), rng),
@@ -327,24 +335,11 @@ TEST_CASE("a drafter's q with a NaN, infinite or negative entry away from its dr
           "[loop][errors]") {
   // Such an entry would count as 0 in the residual's sums: a token drawn from garbage. The
   // library's drafters write the warper's distributions (or one-hot ones) and are not checked.
-  struct sloppy_drafter {
-    float bad;
-    std::size_t vocab_size() const { return 4; }
-    void begin(std::span<const token>) {}
-    void sync(std::span<const token>) {}
-    proposal propose(std::span<const token>, std::size_t k, Eigen::Ref<Eigen::MatrixXf> q, std::span<token> out,
-                     std::mt19937_64&) {
-      q.setConstant(0.25f);
-      q(3, static_cast<Eigen::Index>(k) - 1) = bad;  // the last draft's column, away from its token 0
-      for (std::size_t i = 0; i < k; ++i) out[i] = 0;
-      return {k, 0, 0.0};
-    }
-  };
-  static_assert(!detail::writes_distributions<sloppy_drafter>);
+  static_assert(!detail::writes_distributions<scripted_drafter>);
   static_assert(detail::writes_distributions<model_drafter<toy::markov>>);
   static_assert(detail::writes_distributions<drafters::ngram>);
   static_assert(detail::writes_distributions<drafters::fallback<drafters::ngram, model_drafter<toy::markov>>>);
-  static_assert(!detail::writes_distributions<drafters::fallback<drafters::ngram, sloppy_drafter>>);
+  static_assert(!detail::writes_distributions<drafters::fallback<drafters::ngram, scripted_drafter>>);
   struct counting_target : toy::markov {
     explicit counting_target(toy::markov m) : toy::markov(std::move(m)) {}
     int calls = 0;
@@ -355,14 +350,14 @@ TEST_CASE("a drafter's q with a NaN, infinite or negative entry away from its dr
   };
   const std::string rule = "; q must hold distributions (every entry finite and >= 0)";
   for (const float bad : {std::nanf(""), -0.25f, std::numeric_limits<float>::infinity()}) {
-    sloppy_drafter drafter{bad};
+    scripted_drafter drafter{.last_q = bad};  // in the last draft's column, away from its token 0
     counting_target target(toy::markov::random(4, 1, 1));
     std::mt19937_64 rng(1);
     CHECK_THROWS_WITH(speculative_sample(drafter, target, std::vector<token>{0}, make_params(4, 3), rng),
                       fmt::format("drafter: q(3, 2) = {}", bad) + rule);
     CHECK(target.calls == 0);  // (a 1-token prompt's last token goes into the round's call, never made)
   }
-  sloppy_drafter fine{0.25f};
+  scripted_drafter fine;
   toy::markov target = toy::markov::random(4, 1, 1);
   std::mt19937_64 rng(2);
   CHECK_NOTHROW(speculative_sample(fine, target, std::vector<token>{0}, make_params(4, 3), rng));

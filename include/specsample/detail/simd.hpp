@@ -192,6 +192,16 @@ inline constexpr float exp_floor = -87.3365447505531f;
 /// rejected draft); or max(0, q[i] − s·p[i]) (`shortfall`: block verification's denominator).
 enum class weight_kind : std::uint8_t { plain, excess, shortfall };
 
+/// Calls `f.template operator()<K>()` with K = kind: a run-time kind as the kernels' compile-time one.
+template <class F>
+decltype(auto) with_kind(weight_kind kind, F&& f) {
+  switch (kind) {
+    case weight_kind::plain: return f.template operator()<weight_kind::plain>();
+    case weight_kind::excess: return f.template operator()<weight_kind::excess>();
+    default: return f.template operator()<weight_kind::shortfall>();
+  }
+}
+
 /// One weight of `weight_sum`, the product s·p rounded on its own as in `residual_weight`.
 [[nodiscard]] inline double kind_weight(weight_kind kind, double p, double q, double s) noexcept {
   if (kind == weight_kind::plain) return p;
@@ -882,16 +892,8 @@ inline float max_value(isa level, const float* x, std::size_t n) noexcept {
 /// verification's two sums come from `excess_and_shortfall`, one pass for both.
 inline double weight_sum(isa level, weight_kind kind, const float* p, const float* q, double s, std::size_t n) noexcept {
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) {
-    if (kind == weight_kind::plain) return weight_sum_avx512<weight_kind::plain>(p, q, s, n);
-    if (kind == weight_kind::excess) return weight_sum_avx512<weight_kind::excess>(p, q, s, n);
-    return weight_sum_avx512<weight_kind::shortfall>(p, q, s, n);
-  }
-  if (level == isa::avx2) {
-    if (kind == weight_kind::plain) return weight_sum_avx2<weight_kind::plain>(p, q, s, n);
-    if (kind == weight_kind::excess) return weight_sum_avx2<weight_kind::excess>(p, q, s, n);
-    return weight_sum_avx2<weight_kind::shortfall>(p, q, s, n);
-  }
+  if (level == isa::avx512) return with_kind(kind, [&]<weight_kind K>() { return weight_sum_avx512<K>(p, q, s, n); });
+  if (level == isa::avx2) return with_kind(kind, [&]<weight_kind K>() { return weight_sum_avx2<K>(p, q, s, n); });
 #else
   (void)level;
 #endif
@@ -906,14 +908,10 @@ inline double block_sums(isa level, weight_kind kind, const float* p, const floa
                          std::size_t block, double* sums, std::size_t max_sums) noexcept {
 #if SPECSAMPLE_X86
   if (level == isa::avx512) {
-    if (kind == weight_kind::plain) return block_sums_avx512<weight_kind::plain>(p, q, s, n, block, sums, max_sums);
-    if (kind == weight_kind::excess) return block_sums_avx512<weight_kind::excess>(p, q, s, n, block, sums, max_sums);
-    return block_sums_avx512<weight_kind::shortfall>(p, q, s, n, block, sums, max_sums);
+    return with_kind(kind, [&]<weight_kind K>() { return block_sums_avx512<K>(p, q, s, n, block, sums, max_sums); });
   }
   if (level == isa::avx2) {
-    if (kind == weight_kind::plain) return block_sums_avx2<weight_kind::plain>(p, q, s, n, block, sums, max_sums);
-    if (kind == weight_kind::excess) return block_sums_avx2<weight_kind::excess>(p, q, s, n, block, sums, max_sums);
-    return block_sums_avx2<weight_kind::shortfall>(p, q, s, n, block, sums, max_sums);
+    return with_kind(kind, [&]<weight_kind K>() { return block_sums_avx2<K>(p, q, s, n, block, sums, max_sums); });
   }
 #endif
   const auto sum = [&](std::size_t b, std::size_t len) {
