@@ -283,7 +283,7 @@ TEST_CASE("verify rejects inconsistent inputs", "[verify][errors]") {
                    : verify_tokenwise(std::span<const token>(&x, 1), qq, pp, rng);
     };
     CHECK_THROWS_WITH(run(qn, p2), Contains("has draft probability q = nan (draft 0)"));
-    CHECK_THROWS_WITH(run(q, pn), Contains("has target probability p = nan (draft 0)"));
+    CHECK_THROWS_WITH(run(q, pn), Contains("verify: p(0, 0) = nan; p must hold distributions"));
   }
   for (const double w : {0.0, -1.0, 1.5, std::nan("")}) {
     CHECK_THROWS_WITH(sample_residual(p2.col(0), q.col(0), rng, w), Contains("the weight of p must be in (0, 1]"));

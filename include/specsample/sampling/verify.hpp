@@ -130,22 +130,13 @@ inline void check_drafts(std::span<const token> drafts, const Eigen::Ref<const E
   }
 }
 
-// check_drafts, p(x) finite and >= 0 for every draft, then every entry of q's first K columns and
-// p's first K + 1 (a p and q given whole, not warped by the loop).
+// check_drafts, then every entry the rules may read: q's first K columns and p's first K + 1 (a p
+// and q given whole, not warped by the loop). A NaN, an infinity or a negative entry away from the
+// drafts would otherwise count as 0 in a residual's or block verification's sums.
 inline void check_verify_inputs(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
                                 const Eigen::Ref<const Eigen::MatrixXf>& p) {
   check_drafts(drafts, q, p.rows(), p.cols());
   const auto k = static_cast<Eigen::Index>(drafts.size());
-  for (Eigen::Index i = 0; i < k; ++i) {
-    const token x = drafts[static_cast<std::size_t>(i)];
-    if (!(p(x, i) >= 0.0f && std::isfinite(p(x, i)))) {
-      throw error(fmt::format("verify: draft token {} has target probability p = {} (draft {}): p must be a "
-                              "distribution (finite, >= 0)",
-                              x, p(x, i), i));
-    }
-  }
-  // Then every entry the rules may read: a NaN, an infinity or a negative entry away from the
-  // drafts would otherwise count as 0 in a residual's or block verification's sums.
   for (Eigen::Index j = 0; j < k; ++j) check_distribution(q.col(j), j, "verify", "q");
   for (Eigen::Index j = 0; j <= k; ++j) check_distribution(p.col(j), j, "verify", "p");
 }
