@@ -4,7 +4,7 @@
 //                       [-n N] [-k K|auto] [--p-min P] [--adaptive] [--temperature T] [--top-k N] [--top-p P] [--min-p P]
 //                       [--draft-temperature T|auto]
 //                       [--seed S] [--threads N] [--kernels LEVEL] [--weights f32|f16|bf16] [--kv f32|f16] [--matmul f32|bf16|int8]
-//                       [--draft-matmul f32|bf16|int8]
+//                       [--draft-matmul f32|bf16|int8] [--prompt-lookup N] [--calibration-prompts F]
 //                       [--mode speculative|autoregressive|compare]
 //                       [--verify tokenwise|block] [--leniency B] [--repeat R] [--stream]
 //                       [--verbose] [--json]

@@ -1,6 +1,9 @@
 #pragma once
 /// @file specsample.hpp
-/// Umbrella header: everything specsample provides.
+/// Umbrella header: everything specsample provides for generation. Two headers stand apart, included
+/// on their own: the statistical test kit <specsample/testing/distribution.hpp>
+/// (`testing::speculative_fit`, `testing::chi_square_test`, ...) and the prompt-file reader
+/// <specsample/io/prompt_list.hpp>.
 
 #include <specsample/concepts.hpp>
 #include <specsample/error.hpp>
