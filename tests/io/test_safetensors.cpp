@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <string>
@@ -93,6 +94,15 @@ TEST_CASE("a written file reads back every dtype, shape and the metadata", "[io]
   temp_dir dir("io-roundtrip");
   const fs::path path = dir.path / "t.safetensors";
   io::write_safetensors(path, sample_tensors(), {{"format", "pt"}, {"who", "test"}});
+
+  // The file (streamed tensor by tensor) is byte for byte what serialize_safetensors lays out.
+  {
+    const std::vector<std::byte> expected = io::serialize_safetensors(sample_tensors(), {{"format", "pt"}, {"who", "test"}});
+    std::ifstream in(path, std::ios::binary);
+    const std::vector<char> got{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    REQUIRE(got.size() == expected.size());
+    REQUIRE(std::memcmp(got.data(), expected.data(), got.size()) == 0);
+  }
 
   const io::safetensors_file f = io::safetensors_file::open(path);
   REQUIRE(f.path() == path);
@@ -352,6 +362,10 @@ TEST_CASE("every kind of malformed file is rejected with a message naming file a
     ts = sample_tensors();
     ts[1].name = ts[0].name;
     REQUIRE_THROWS_WITH(io::serialize_safetensors(ts), Contains("duplicate"));
+    // write_safetensors checks before it opens the file: nothing is written.
+    temp_dir dir("io-refused");
+    REQUIRE_THROWS_WITH(io::write_safetensors(dir.path / "x.safetensors", ts), Contains("duplicate"));
+    REQUIRE_FALSE(fs::exists(dir.path / "x.safetensors"));
   }
   SECTION("a well-formed minimal file still loads") {
     REQUIRE(error_of(file(entry("a", "F32", "[4]", "[0,16]"))).empty());

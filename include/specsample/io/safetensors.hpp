@@ -525,11 +525,13 @@ struct tensor_data {
   return {v.name, v.dtype, v.shape, std::vector<std::byte>(v.data.begin(), v.data.end())};
 }
 
-/// Serializes tensors (in the given order, contiguous) and optional metadata to safetensors bytes.
-/// The header is padded with spaces so the data section starts 8-byte aligned.
-[[nodiscard]] inline std::vector<std::byte> serialize_safetensors(
-    std::span<const tensor_data> tensors,
-    const std::map<std::string, std::string, std::less<>>& metadata = {}) {
+namespace detail {
+
+/// The JSON header of a safetensors file holding `tensors` (in the given order, contiguous) and
+/// `metadata`, padded with spaces so the data section starts 8-byte aligned. Throws on a
+/// duplicate or reserved name, or a tensor whose bytes do not match its dtype and shape.
+[[nodiscard]] inline std::string safetensors_header(std::span<const tensor_data> tensors,
+                                                    const std::map<std::string, std::string, std::less<>>& metadata) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::size_t offset = 0;
@@ -552,7 +554,20 @@ struct tensor_data {
   }
   std::string text = header.dump();
   text.append((8 - (text.size() % 8)) % 8, ' ');
-  std::vector<std::byte> out(8 + text.size() + offset);
+  return text;
+}
+
+}  // namespace detail
+
+/// Serializes tensors (in the given order, contiguous) and optional metadata to safetensors bytes.
+/// The header is padded with spaces so the data section starts 8-byte aligned.
+[[nodiscard]] inline std::vector<std::byte> serialize_safetensors(
+    std::span<const tensor_data> tensors,
+    const std::map<std::string, std::string, std::less<>>& metadata = {}) {
+  const std::string text = detail::safetensors_header(tensors, metadata);
+  std::size_t bytes = 8 + text.size();
+  for (const tensor_data& t : tensors) bytes += t.data.size();
+  std::vector<std::byte> out(bytes);
   const std::uint64_t n = text.size();
   std::memcpy(out.data(), &n, 8);
   std::memcpy(out.data() + 8, text.data(), text.size());
@@ -564,15 +579,23 @@ struct tensor_data {
   return out;
 }
 
-/// Writes tensors (and optional metadata) to `path` as safetensors. Throws `specsample::error` on
-/// I/O failure, duplicate names or a tensor whose bytes do not match its dtype and shape.
+/// Writes tensors (and optional metadata) to `path` as safetensors, as `serialize_safetensors`
+/// lays them out but streamed: no copy of the tensors' bytes is made (a checkpoint of several GB
+/// needs no second buffer). Throws `specsample::error` on I/O failure, duplicate names or a tensor
+/// whose bytes do not match its dtype and shape (before the file is opened).
 inline void write_safetensors(const std::filesystem::path& path,
                               std::span<const tensor_data> tensors,
                               const std::map<std::string, std::string, std::less<>>& metadata = {}) {
-  const std::vector<std::byte> bytes = serialize_safetensors(tensors, metadata);
+  const std::string text = detail::safetensors_header(tensors, metadata);
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   if (!f) throw error(fmt::format("{}: cannot open for writing", path.string()));
-  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  const std::uint64_t n = text.size();
+  f.write(reinterpret_cast<const char*>(&n), 8);  // little-endian: the static_assert above
+  f.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (const tensor_data& t : tensors) {
+    f.write(reinterpret_cast<const char*>(t.data.data()), static_cast<std::streamsize>(t.data.size()));
+  }
+  f.flush();
   if (!f) throw error(fmt::format("{}: write failed", path.string()));
 }
 
