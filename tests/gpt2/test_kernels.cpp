@@ -363,6 +363,38 @@ TEST_CASE("matmul matches its reference twin and is bitwise batch- and thread-in
   }
 }
 
+TEST_CASE("matmul of streamed weights (blocks shared by the tiles) gives the bits of whole panels",
+          "[gpt2][kernels]") {
+  // weight_view::streamed makes the AVX-512 kernels take more rows than one tile block by block,
+  // each output's accumulator kept between blocks: for every format, row count (one and several
+  // groups of 12, tiles of 1..6 rows), reduction length (one and several 16 KiB blocks, a partial
+  // last one) and thread split, the same bits as each panel taken whole (every other level ignores
+  // the flag).
+  std::mt19937 rng(41);
+  thread_pool pool2(2);
+  for (const isa level : levels()) {
+    for (const weight_format f : {weight_format::f32, weight_format::f16, weight_format::bf16, weight_format::bf16_pairs,
+                                  weight_format::i8_quads}) {
+      for (const std::size_t C : {5u, 67u, 300u, 1100u}) {
+        const std::size_t OC = 100;
+        const auto w = rounded(random_vector(OC * C, rng, 0.2f), f);
+        const auto packed = gpt2::weight_matrix::from_floats(f, OC, C, w.data());
+        gpt2::weight_view streamed = packed.view();
+        streamed.streamed = true;
+        const auto bias = random_vector(OC, rng);
+        for (const std::size_t T : {1u, 6u, 7u, 8u, 11u, 12u, 13u, 19u, 26u}) {
+          const auto inp = random_vector(T * C, rng);
+          std::vector<float> whole(T * OC), blocks(T * OC);
+          k::matmul(whole, inp, packed.view(), bias, T, C, OC, nullptr, level);
+          k::matmul(blocks, inp, streamed, bias, T, C, OC, T % 2 == 0 ? &pool2 : nullptr, level);
+          INFO(gpt2::isa_name(level) << ", format " << static_cast<int>(f) << ", C = " << C << ", T = " << T);
+          REQUIRE(bitwise_equal(whole.data(), blocks.data(), whole.size()));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("matmul over zero input columns gives the bias (or zeros) for every row count", "[gpt2][kernels]") {
   // K = 0: no step at all, so the accumulators must still start at zero (the AVX2 level's blocks
   // once left them unset for several rows).

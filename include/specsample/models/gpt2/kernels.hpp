@@ -177,6 +177,7 @@ inline void matmul(std::span<float> out,          // (T, OC)
   const isa lv = simd::resolve(level);
   simd::matmul_args a{out.data(), OC, inp.data(), C, T, C, OC, weight.data,
                       bias.empty() ? nullptr : bias.data()};
+  a.streamed = weight.streamed;
   matmul_operands own;
   matmul_operands& ops = operands != nullptr ? *operands : own;
   ops.reserve(weight.format, T, C);

@@ -271,6 +271,7 @@ class model {
   xt::xtensor<float, 2> logits_;  // (B, V) == logits (V, B) column-major
   kernels::matmul_operands operands_;  // (B, C or I) BF16 or INT8 matmul operands (matmul_precision bf16, int8)
   op_times* op_times_ = nullptr;       // where append adds its operations' times (`time_ops`), or none
+  bool streamed_ = false;              // matmul weights above streamed_weight_bytes (weight_view::streamed)
 };
 
 // The model's loading (`load`), construction and forward pass (`append`) — with them the weights'
@@ -333,6 +334,7 @@ SPECSAMPLE_GPT2_MODEL model::model(const gpt2::config& cfg, gpt2::weights w, opt
     }
   }
   att_ = xt::xtensor<float, 2>::from_shape({pool_->size(), kernels::attention_scratch(P)});
+  streamed_ = w_.matmul_bytes() > streamed_weight_bytes;
   reserve(std::min(std::max<std::size_t>(opts.batch_capacity, 1), P));
 } catch (const std::bad_alloc&) {
   const auto per_layer = static_cast<double>(kernels::kv_layer_size(cfg.n_positions, cfg.n_embd, cfg.n_head));
@@ -388,7 +390,9 @@ SPECSAMPLE_GPT2_MODEL Eigen::Map<const Eigen::MatrixXf> model::append(std::span<
   const auto mm = [&](xt::xtensor<float, 2>& out, const xt::xtensor<float, 2>& in,
                       const weight_matrix& w, std::span<const float> bias) {
     const std::size_t OC = w.rows(), K = w.cols();
-    kernels::matmul(buf(out), cbuf(in), w.view(), bias, n(), K, OC, pool_for(OC * K), isa_, &operands_);
+    weight_view v = w.view();
+    v.streamed = streamed_;
+    kernels::matmul(buf(out), cbuf(in), v, bias, n(), K, OC, pool_for(OC * K), isa_, &operands_);
   };
 
   // Runs f, its wall time added to the attached op_times (`time_ops`) under `o`.
