@@ -10,7 +10,7 @@
 // the loop at the released models' sizes (docs/benchmarks.md, "GPT-2's sizes"). The acceptance of
 // two random models says nothing about the real pair's.
 //
-//   specsample-random-gpt2 --shape gpt2-xl --out /tmp/gpt2-xl-random     # 6.2 GB, F32 as released
+//   specsample-random-gpt2 --shape gpt2-xl --out /tmp/gpt2-xl-random     # 6.43 GB, F32 as released
 //   specsample-random-gpt2 --shape 2x64x4 --positions 128 --dtype f16 --out /tmp/tiny
 
 #include "bench_util.hpp"

@@ -528,6 +528,12 @@ TEST_CASE("matmul of BF16 pairs gives vdpbf16ps's sums bit for bit on every leve
                                             with_bias ? b.data() : nullptr, xh.data(), ld};
             gpt2::simd::matmul_avx512<weight_format::bf16_pairs>(a, 0, gpt2::simd::panels(OC));
             REQUIRE(bitwise_equal(out.data(), want.data(), out.size()));
+            // Streamed weights: its tiles of 4 rows share blocks from 5 rows on (avx512_panels).
+            gpt2::simd::matmul_args s = a;
+            s.streamed = true;
+            std::fill(out.begin(), out.end(), 0.0f);
+            gpt2::simd::matmul_avx512<weight_format::bf16_pairs>(s, 0, gpt2::simd::panels(OC));
+            REQUIRE(bitwise_equal(out.data(), want.data(), out.size()));
           }
 #endif
         }

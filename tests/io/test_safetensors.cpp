@@ -366,6 +366,17 @@ TEST_CASE("every kind of malformed file is rejected with a message naming file a
     temp_dir dir("io-refused");
     REQUIRE_THROWS_WITH(io::write_safetensors(dir.path / "x.safetensors", ts), Contains("duplicate"));
     REQUIRE_FALSE(fs::exists(dir.path / "x.safetensors"));
+    // A write that cannot finish (/dev/full's "disk" is always full) leaves the earlier file whole
+    // and no temporary behind.
+    if (fs::exists("/dev/full")) {
+      io::write_safetensors(dir.path / "y.safetensors", sample_tensors());
+      const auto before = fs::file_size(dir.path / "y.safetensors");
+      fs::create_symlink("/dev/full", dir.path / "y.safetensors.tmp");
+      REQUIRE_THROWS_WITH(io::write_safetensors(dir.path / "y.safetensors", sample_tensors()),
+                          Contains("y.safetensors: write failed"));
+      REQUIRE(fs::file_size(dir.path / "y.safetensors") == before);
+      REQUIRE_FALSE(fs::exists(fs::symlink_status(dir.path / "y.safetensors.tmp")));
+    }
   }
   SECTION("a well-formed minimal file still loads") {
     REQUIRE(error_of(file(entry("a", "F32", "[4]", "[0,16]"))).empty());

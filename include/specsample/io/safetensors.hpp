@@ -581,22 +581,37 @@ namespace detail {
 
 /// Writes tensors (and optional metadata) to `path` as safetensors, as `serialize_safetensors`
 /// lays them out but streamed: no copy of the tensors' bytes is made (a checkpoint of several GB
-/// needs no second buffer). Throws `specsample::error` on I/O failure, duplicate names or a tensor
-/// whose bytes do not match its dtype and shape (before the file is opened).
+/// needs no second buffer). The bytes go to `path` + ".tmp", renamed to `path` once all are
+/// written and the file closed: a failed write (a full disk) leaves any earlier file at `path` as
+/// it was and removes its temporary. Throws `specsample::error` on I/O failure, duplicate names or
+/// a tensor whose bytes do not match its dtype and shape (before any file is opened).
 inline void write_safetensors(const std::filesystem::path& path,
                               std::span<const tensor_data> tensors,
                               const std::map<std::string, std::string, std::less<>>& metadata = {}) {
   const std::string text = detail::safetensors_header(tensors, metadata);
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) throw error(fmt::format("{}: cannot open for writing", path.string()));
-  const std::uint64_t n = text.size();
-  f.write(reinterpret_cast<const char*>(&n), 8);  // little-endian: the static_assert above
-  f.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (const tensor_data& t : tensors) {
-    f.write(reinterpret_cast<const char*>(t.data.data()), static_cast<std::streamsize>(t.data.size()));
+  std::filesystem::path tmp = path;
+  tmp += ".tmp";
+  const auto fail = [&](const char* what) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    throw error(fmt::format("{}: {}", path.string(), what));
+  };
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) fail("cannot open for writing");
+    const std::uint64_t n = text.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);  // little-endian: the static_assert above
+    f.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (const tensor_data& t : tensors) {
+      if (!f) break;
+      f.write(reinterpret_cast<const char*>(t.data.data()), static_cast<std::streamsize>(t.data.size()));
+    }
+    f.close();
+    if (!f) fail("write failed");
   }
-  f.flush();
-  if (!f) throw error(fmt::format("{}: write failed", path.string()));
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) fail("cannot replace it with the written file");
 }
 
 }  // namespace specsample::io

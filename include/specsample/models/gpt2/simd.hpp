@@ -142,16 +142,19 @@ struct weight_view {
   weight_format format = weight_format::f32;
   std::size_t rows = 0;
   std::size_t cols = 0;
-  /// The weights come from memory on every call (the model's exceed any last-level cache:
-  /// `streamed_weight_bytes`): the AVX-512 matmuls of 7 to 12 rows then share each block of a
-  /// panel among their tiles (`simd::avx512_panels`). The same bits either way.
+  /// The weights come from memory on every call (a model's above `streamed_weight_bytes`): the
+  /// AVX-512 matmuls of more rows than one tile holds (7, or 5 for emulated BF16 pairs) up to 12
+  /// then share each block of a panel among their tiles (`simd::avx512_panels`). The same bits
+  /// either way.
   bool streamed = false;
 };
 
-/// Matmul weights above which a model marks its weights `weight_view::streamed`: 128 MiB, above
-/// the last-level cache a core of today's x86 CPUs reads from (32–96 MiB per AMD CCD; Intel's
-/// shared L3 up to ~100 MiB) — GPT-2 small and larger, never the bundled models (24 MB at most).
-inline constexpr std::size_t streamed_weight_bytes = std::size_t{128} << 20;
+/// Matmul weights above which a model marks its weights `weight_view::streamed`: 64 MiB, twice the
+/// L3 a core of this project's machines reads from (32 MiB per Zen CCD) — GPT-2 small and larger
+/// in every precision, never the bundled models (24 MB at most). A heuristic: where a CPU's
+/// last-level cache holds such a model, its 7–12-row calls take the blocks where whole panels
+/// could be faster (5–9% for the bundled 24 MB target in the L3, F32 or F16 weights, Zen 5).
+inline constexpr std::size_t streamed_weight_bytes = std::size_t{64} << 20;
 
 namespace simd {
 
@@ -737,13 +740,14 @@ SPECSAMPLE_ALWAYS_INLINE void prefetch_ahead(const void* p, std::size_t ahead, s
   return first > win.stop ? 0 : std::min(K, (win.stop - first) / row + 1);
 }
 
-/// Rows of a matmul the AVX2 kernels take over one block of weights (`matmul_avx2`).
+/// Rows of a matmul the kernels take over one block of weights (`matmul_avx2`; `avx512_panels`
+/// for streamed weights).
 inline constexpr std::size_t block_rows = 12;
 
 /// The prefetch of later weights, spread evenly over the tile steps of a block. The weights of a
 /// call's panels lie in memory in the order its blocks are computed, so while the block [s, e) is
 /// computed the bytes [s + ahead, e + ahead) are prefetched (`prefetch_window::ahead`: 16 KiB,
-/// two blocks, or half a panel of a narrow matrix): the `total` tile steps of the block (every
+/// two AVX2 blocks or one AVX-512 block, or half a panel of a narrow matrix): the `total` tile steps of the block (every
 /// tile of its rows, each over its steps) take `lines` lines each from a cursor that advances by
 /// (e − s) / total bytes a step (kept in 1/256 bytes, in 64 bits), never past `stop`, the end of
 /// the call's panels (from there, `left` = 0, the steps prefetch nothing).
@@ -1240,7 +1244,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE __m512 avx512_maskload_w(const
 }
 
 /// Steps [k0, k1) of an AVX-512 panel: acc[t][j] += w[k][16j..16j+15] · x[t][k]. Each step first
-/// calls pf.step(its weights) (`ahead_prefetch`, a `block_prefetch::cursor` or `no_prefetch`).
+/// calls pf.step(its weights) (`ahead_prefetch`, a `shared_cursor` or `no_prefetch`).
 template <weight_format F, int TT, class P>
 SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_steps(__m512 (&acc)[TT][4], const void* w,
                                                                 const float* x, std::size_t ldx,
@@ -1498,9 +1502,10 @@ inline constexpr std::size_t avx512_block_bytes = 16384;
 
 /// Panels [p_begin, p_end) of a call of a.T rows, `steps` steps of `row_bytes` each per panel, in
 /// tiles of up to Tile rows: `tile.template operator()<TT>(p, t0, part)` computes rows
-/// [t0, t0 + TT) of panel p over `part`. Each tile takes each panel whole, except in a call of
-/// streamed weights (`matmul_args::streamed`) of Tile + 1 to `block_rows` rows — a verification
-/// of K = 6..11 drafts: there each panel goes in blocks of `avx512_block_bytes`, and every tile
+/// [t0, t0 + TT) of panel p over `part` (`win`: the call's prefetch window). Each tile takes each
+/// panel whole, except in a call of streamed weights (`matmul_args::streamed`) of Tile + 1 to
+/// `block_rows` rows — a verification of K = 6..11 drafts (4..11 for emulated BF16 pairs, whose
+/// tiles hold 4 rows): there each panel goes in blocks of `avx512_block_bytes`, and every tile
 /// runs over one block before any moves to the next, the steps of all of them sharing the
 /// prefetch of the blocks ahead (`block_prefetch`), so the panel comes from memory once per call,
 /// not once per tile. Measured on gpt2-xl's shape (random weights, F32, one thread, context 100;
@@ -1513,7 +1518,8 @@ inline constexpr std::size_t avx512_block_bytes = 16384;
 template <int Tile, class TileFn>
 SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_panels(const matmul_args& a, std::size_t p_begin,
                                                                  std::size_t p_end, std::size_t steps,
-                                                                 std::size_t row_bytes, TileFn&& tile) {
+                                                                 std::size_t row_bytes, prefetch_window win,
+                                                                 TileFn&& tile) {
   if (!a.streamed || a.T <= static_cast<std::size_t>(Tile) || a.T > block_rows) {
     const panel_part whole{0, steps, nullptr, nullptr};
     for (std::size_t p = p_begin; p < p_end; ++p) {
@@ -1524,8 +1530,6 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_panels(const matmu
   alignas(64) float acc[block_rows * panel];
   const std::size_t block = std::max<std::size_t>(1, avx512_block_bytes / row_bytes);
   const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(a.w);
-  const prefetch_window win{base + p_end * steps * row_bytes,
-                            std::min(prefetch_bytes, steps * row_bytes / 2)};  // as `window` gives it
   const std::size_t tiles = (a.T + Tile - 1) / Tile;
   const block_prefetch share = block_prefetch::per_step(row_bytes, tiles);
   for (std::size_t p = p_begin; p < p_end; ++p) {
@@ -1547,7 +1551,7 @@ SPECSAMPLE_TARGET_AVX512 void matmul_avx512(const matmul_args& a, std::size_t p_
   // Tiles of 6 rows (24 accumulators), of 4 for emulated BF16 pairs (their split operands).
   constexpr int tile = F == weight_format::bf16_pairs ? 4 : 6;
   constexpr std::size_t per = step_cols<F>;
-  avx512_panels<tile>(a, p_begin, p_end, packed_cols(F, a.K) / per, per * panel * sizeof(weight_t<F>),
+  avx512_panels<tile>(a, p_begin, p_end, packed_cols(F, a.K) / per, per * panel * sizeof(weight_t<F>), win,
                       [&]<int TT>(std::size_t p, std::size_t t, panel_part part) {
                         avx512_panel<F, TT>(a, p, t, win, part);
                       });
@@ -1558,7 +1562,7 @@ SPECSAMPLE_TARGET_AVX512_BF16 inline void matmul_avx512_dot(const matmul_args& a
                                                            std::size_t p_end) {
   const prefetch_window win = window<weight_format::bf16_pairs>(a, p_end);
   avx512_panels<6>(a, p_begin, p_end, packed_cols(weight_format::bf16_pairs, a.K) / 2,
-                   2 * panel * sizeof(std::uint16_t), [&]<int TT>(std::size_t p, std::size_t t, panel_part part) {
+                   2 * panel * sizeof(std::uint16_t), win, [&]<int TT>(std::size_t p, std::size_t t, panel_part part) {
                      avx512_dot_panel<TT>(a, p, t, win, part);
                    });
 }
@@ -2201,7 +2205,7 @@ SPECSAMPLE_TARGET_AVX512_VNNI inline void matmul_avx512_vnni(const matmul_args& 
                                                             std::size_t p_end) {
   const prefetch_window win = window<weight_format::i8_quads>(a, p_end);
   const i8_meta meta = i8_meta_of(a.w, a.OC, a.K);
-  avx512_panels<6>(a, p_begin, p_end, packed_cols(weight_format::i8_quads, a.K) / 4, 4 * panel,
+  avx512_panels<6>(a, p_begin, p_end, packed_cols(weight_format::i8_quads, a.K) / 4, 4 * panel, win,
                    [&]<int TT>(std::size_t p, std::size_t t, panel_part part) {
                      avx512_vnni_panel<TT>(a, meta, p, t, win, part);
                    });
