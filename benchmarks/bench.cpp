@@ -1654,14 +1654,16 @@ int run(int argc, char** argv) {
   const std::size_t draft_bytes = weight_bytes(draft_dir, draft, draft_held);
   const std::size_t threads = target.threads();
   std::vector<probe_result> probes;
+  const std::size_t beyond_llc = std::size_t{256} << 20;
   std::vector<std::pair<std::string, std::size_t>> sizes{
       {fmt::format("draft weights ({})", draft_weights_basis(c)), draft_bytes},
-      {fmt::format("target weights ({})", weights_basis(c.model)), target_bytes},
-      {target_held ? "target weights × 2" : "target weights × 2 (as float32)", 2 * target_bytes},
-      {"256 MiB (> last-level cache)", std::size_t{256} << 20}};
+      {fmt::format("target weights ({})", weights_basis(c.model)), target_bytes}};
   // Twice a target's weights shows the step past the last-level cache only while it is below the
   // 256 MiB row; for a GPT-2-sized target (0.5-6.4 GB) it would only hold gigabytes more memory.
-  if (sizes[2].second >= sizes[3].second) sizes.erase(sizes.begin() + 2);
+  if (2 * target_bytes < beyond_llc) {
+    sizes.emplace_back(target_held ? "target weights × 2" : "target weights × 2 (as float32)", 2 * target_bytes);
+  }
+  sizes.emplace_back("256 MiB (> last-level cache)", beyond_llc);
   std::vector<std::size_t> thread_counts{1};
   if (threads > 1) thread_counts.push_back(threads);
   for (const auto& [label, bytes] : sizes) {

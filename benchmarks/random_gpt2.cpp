@@ -21,15 +21,16 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <numbers>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -50,20 +51,17 @@ std::optional<shape> named_shape(std::string_view name) {
   return std::nullopt;
 }
 
-// "LxCxH": n_layer x n_embd x n_head.
+// "LxCxH": n_layer x n_embd x n_head, each a positive integer.
 std::optional<shape> custom_shape(std::string_view text) {
   std::size_t v[3] = {};
-  std::size_t i = 0;
+  const char* p = text.data();
+  const char* const end = text.data() + text.size();
   for (std::size_t k = 0; k < 3; ++k) {
-    const std::size_t start = i;
-    while (i < text.size() && text[i] >= '0' && text[i] <= '9' && i - start < 8) v[k] = v[k] * 10 + static_cast<std::size_t>(text[i++] - '0');
-    if (i == start || v[k] == 0) return std::nullopt;
-    if (k < 2) {
-      if (i >= text.size() || text[i] != 'x') return std::nullopt;
-      ++i;
-    }
+    const auto [next, ec] = std::from_chars(p, end, v[k]);
+    if (ec != std::errc{} || v[k] == 0 || (k < 2 && (next == end || *next != 'x'))) return std::nullopt;
+    p = k < 2 ? next + 1 : next;
   }
-  if (i != text.size()) return std::nullopt;
+  if (p != end) return std::nullopt;
   return shape{v[0], v[1], v[2]};
 }
 

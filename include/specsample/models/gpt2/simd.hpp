@@ -790,6 +790,14 @@ struct block_prefetch {
     return pf;
   }
 
+  /// The steps of a tile's part [k0, k1) that prefetch: [k0, returned), the first `left` of them
+  /// (taken from `left`; the tile's cursor starts at `pos` and is put back there after its steps).
+  [[nodiscard]] std::size_t take(std::size_t k0, std::size_t k1) noexcept {
+    const std::size_t n = std::min(left, k1 - k0);
+    left -= n;
+    return k0 + n;
+  }
+
   /// The prefetch of a tile's steps: PF lines at the cursor, which then advances.
   template <int PF>
   struct cursor {
@@ -798,6 +806,17 @@ struct block_prefetch {
       const auto at = static_cast<std::uintptr_t>(pos / 256);
 #pragma GCC unroll 4
       for (int i = 0; i < PF; ++i) _mm_prefetch(reinterpret_cast<const char*>(at + 64 * static_cast<std::uintptr_t>(i)), _MM_HINT_T0);
+      pos += inc;
+    }
+  };
+
+  /// `cursor` with the line count a run-time value (the AVX-512 tiles' shares, `avx512_panels`).
+  struct lines_cursor {
+    std::uint64_t pos, inc;
+    int lines;
+    [[gnu::always_inline]] void step(const void*) noexcept {
+      const auto at = static_cast<std::uintptr_t>(pos / 256);
+      for (int i = 0; i < lines; ++i) _mm_prefetch(reinterpret_cast<const char*>(at + 64 * static_cast<std::uintptr_t>(i)), _MM_HINT_T0);
       pos += inc;
     }
   };
@@ -1084,8 +1103,7 @@ template <weight_format F, int W, int R, int PF>
                           : avx2_acc_load<F>(acc_buf + static_cast<std::size_t>(r) * panel + o_off + 8 * static_cast<std::size_t>(j));
     }
   }
-  const std::size_t k_pf = k0 + std::min(pf.left, k1 - k0);
-  pf.left -= k_pf - k0;
+  const std::size_t k_pf = pf.take(k0, k1);
   block_prefetch::cursor<PF> cur{pf.pos, pf.inc};  // a local copy, which stays in registers
   no_prefetch none;
   avx2_tile_steps<F, W, R>(acc, w, a, t0, k0, k_pf, cur);
@@ -1244,7 +1262,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE __m512 avx512_maskload_w(const
 }
 
 /// Steps [k0, k1) of an AVX-512 panel: acc[t][j] += w[k][16j..16j+15] · x[t][k]. Each step first
-/// calls pf.step(its weights) (`ahead_prefetch`, a `shared_cursor` or `no_prefetch`).
+/// calls pf.step(its weights) (`ahead_prefetch`, a `block_prefetch::lines_cursor` or `no_prefetch`).
 template <weight_format F, int TT, class P>
 SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_steps(__m512 (&acc)[TT][4], const void* w,
                                                                 const float* x, std::size_t ldx,
@@ -1358,27 +1376,6 @@ struct panel_part {
   void* acc;
 };
 
-/// A block part's share of its group's prefetch (`block_prefetch`), its line count a run-time
-/// value: steps [k0, end) prefetch `lines` lines each at the cursor, the steps after it none.
-struct shared_cursor {
-  std::uint64_t pos, inc;
-  int lines;
-  std::size_t end;
-  [[gnu::always_inline]] void step(const void*) noexcept {
-    const auto at = static_cast<std::uintptr_t>(pos / 256);
-    for (int i = 0; i < lines; ++i) _mm_prefetch(reinterpret_cast<const char*>(at + 64 * static_cast<std::uintptr_t>(i)), _MM_HINT_T0);
-    pos += inc;
-  }
-};
-
-/// The cursor of a block part's steps [k0, k1): the first `share.left` of them prefetch (taken
-/// from `share`; the caller puts the cursor's position back into share.pos after the steps).
-[[nodiscard]] inline shared_cursor take_share(block_prefetch& share, std::size_t k0, std::size_t k1) noexcept {
-  const std::size_t n = std::min(share.left, k1 - k0);
-  share.left -= n;
-  return {share.pos, share.inc, share.lines, k0 + n};
-}
-
 // A tile's accumulators, F32 or (the INT8 kernels') int32: zeroed, loaded from and stored to a
 // panel_part's buffer of four-byte elements.
 SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void acc_zero(__m512& v) { v = _mm512_setzero_ps(); }
@@ -1452,10 +1449,12 @@ SPECSAMPLE_TARGET_AVX512 void avx512_panel(const matmul_args& a, std::size_t p, 
     avx512_any_steps<F, TT>(acc, a, w, t0, 0, k_pf, ahead);
     avx512_any_steps<F, TT>(acc, a, w, t0, k_pf, steps, none);
   } else {
-    shared_cursor cur = take_share(*part.share, part.k0, part.k1);
-    avx512_any_steps<F, TT>(acc, a, w, t0, part.k0, cur.end, cur);
-    avx512_any_steps<F, TT>(acc, a, w, t0, cur.end, part.k1, none);
-    part.share->pos = cur.pos;
+    block_prefetch& share = *part.share;
+    const std::size_t k_pf = share.take(part.k0, part.k1);
+    block_prefetch::lines_cursor cur{share.pos, share.inc, share.lines};
+    avx512_any_steps<F, TT>(acc, a, w, t0, part.k0, k_pf, cur);
+    avx512_any_steps<F, TT>(acc, a, w, t0, k_pf, part.k1, none);
+    share.pos = cur.pos;
   }
   if (!avx512_suspend(acc, part, steps)) avx512_store_panel<TT>(a, acc, p, t0);
 }
@@ -1477,10 +1476,12 @@ SPECSAMPLE_TARGET_AVX512_BF16 void avx512_dot_panel(const matmul_args& a, std::s
     avx512_dot_steps<TT>(acc, w, x, a.ldxh, 0, k_pf, ahead);
     avx512_dot_steps<TT>(acc, w, x, a.ldxh, k_pf, steps, none);
   } else {
-    shared_cursor cur = take_share(*part.share, part.k0, part.k1);
-    avx512_dot_steps<TT>(acc, w, x, a.ldxh, part.k0, cur.end, cur);
-    avx512_dot_steps<TT>(acc, w, x, a.ldxh, cur.end, part.k1, none);
-    part.share->pos = cur.pos;
+    block_prefetch& share = *part.share;
+    const std::size_t k_pf = share.take(part.k0, part.k1);
+    block_prefetch::lines_cursor cur{share.pos, share.inc, share.lines};
+    avx512_dot_steps<TT>(acc, w, x, a.ldxh, part.k0, k_pf, cur);
+    avx512_dot_steps<TT>(acc, w, x, a.ldxh, k_pf, part.k1, none);
+    share.pos = cur.pos;
   }
   if (!avx512_suspend(acc, part, steps)) avx512_store_panel<TT>(a, acc, p, t0);
 }
@@ -2174,10 +2175,12 @@ SPECSAMPLE_TARGET_AVX512_VNNI void avx512_vnni_panel(const matmul_args& a, const
     avx512_vnni_steps<TT>(acc, w, x, a.ldxq, 0, k_pf, ahead);
     avx512_vnni_steps<TT>(acc, w, x, a.ldxq, k_pf, steps, none);
   } else {
-    shared_cursor cur = take_share(*part.share, part.k0, part.k1);
-    avx512_vnni_steps<TT>(acc, w, x, a.ldxq, part.k0, cur.end, cur);
-    avx512_vnni_steps<TT>(acc, w, x, a.ldxq, cur.end, part.k1, none);
-    part.share->pos = cur.pos;
+    block_prefetch& share = *part.share;
+    const std::size_t k_pf = share.take(part.k0, part.k1);
+    block_prefetch::lines_cursor cur{share.pos, share.inc, share.lines};
+    avx512_vnni_steps<TT>(acc, w, x, a.ldxq, part.k0, k_pf, cur);
+    avx512_vnni_steps<TT>(acc, w, x, a.ldxq, k_pf, part.k1, none);
+    share.pos = cur.pos;
   }
   if (avx512_suspend(acc, part, steps)) return;
   const std::size_t o0 = p * panel;
