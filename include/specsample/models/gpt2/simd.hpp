@@ -1486,16 +1486,32 @@ SPECSAMPLE_TARGET_AVX512_BF16 void avx512_dot_panel(const matmul_args& a, std::s
   if (!avx512_suspend(acc, part, steps)) avx512_store_panel<TT>(a, acc, p, t0);
 }
 
-/// Calls f.template operator()<TT>(t) over the row tiles of T rows: tiles of Max rows from t = 0,
-/// then one of the T mod Max rows left, if any.
-template <int Max, class Fn>
+/// How `row_tiles` cuts T rows into tiles of at most Max: `greedy`, tiles of Max rows from row 0
+/// and one of the T mod Max rows left, if any (a panel taken whole comes from memory in its first
+/// tile, whose multiply-adds the stream hides: the most rows go there); `balanced`, the fewest
+/// tiles, their sizes differing by at most one, the larger first (tiles sharing each block's
+/// stream: `avx512_panels`' blocks). Balanced tiles over whole panels of the bundled target
+/// (weights in the L3) measured mixed: 7 and 8 rows 5–15% slower with BF16 pairs, 3–8% faster
+/// with F16 weights (two alternating runs, medians of 300 calls, 2026-11-28).
+enum class tiling : std::uint8_t { greedy, balanced };
+
+/// Calls f.template operator()<TT>(t) over the row tiles of T rows cut as `How` says, t the tile's
+/// first row, in increasing t.
+template <int Max, tiling How, class Fn>
 SPECSAMPLE_ALWAYS_INLINE void row_tiles(std::size_t T, Fn&& f) {
+  const auto run = [&](std::size_t rows, std::size_t t) {
+    [&]<int... I>(std::integer_sequence<int, I...>) {
+      ((rows == static_cast<std::size_t>(I) + 1 ? f.template operator()<I + 1>(t) : void()), ...);
+    }(std::make_integer_sequence<int, Max>{});
+  };
+  const std::size_t tiles = (T + Max - 1) / Max;
   std::size_t t = 0;
-  for (; t + Max <= T; t += Max) f.template operator()<Max>(t);
-  const std::size_t left = T - t;
-  [&]<int... I>(std::integer_sequence<int, I...>) {
-    ((left == static_cast<std::size_t>(I) + 1 ? f.template operator()<I + 1>(t) : void()), ...);
-  }(std::make_integer_sequence<int, Max - 1>{});
+  for (std::size_t i = 0; i < tiles; ++i) {
+    const std::size_t rows = How == tiling::greedy ? std::min<std::size_t>(Max, T - t)
+                                                   : T / tiles + (i < T % tiles ? 1 : 0);
+    run(rows, t);
+    t += rows;
+  }
 }
 
 /// Bytes of a panel's weights each block of `avx512_panels` covers.
@@ -1511,7 +1527,13 @@ inline constexpr std::size_t avx512_block_bytes = 16384;
 /// prefetch of the blocks ahead (`block_prefetch`), so the panel comes from memory once per call,
 /// not once per tile. Measured on gpt2-xl's shape (random weights, F32, one thread, context 100;
 /// two alternating runs of the headers before and after, medians of 5 calls): 7 tokens 308 → 262–269
-/// ms, 9 tokens 331–335 → 253–272, 12 tokens 352–355 → 287–295, against 211–226 for one token; for
+/// ms, 9 tokens 331–335 → 253–272, 12 tokens 352–355 → 287–295, against 211–226 for one token. The
+/// tiles there are balanced (`tiling::balanced`: 7 rows 4 + 3, not 6 + 1, whose single row ran
+/// through its share of the steps, and of the prefetch, in a fraction of the time): on gpt2-medium's
+/// shape 7 / 8 / 9 tokens 44.5–45.4 / 42.6–43.1 / 41.5–42.2 → 40.3–40.7 / 39.6–40.2 / 40.2–40.9 ms
+/// with F32 weights, 28.8–29.0 / 29.4–29.6 / 30.6–30.9 → 25.1–25.3 / 27.5–27.6 / 30.5–30.6 with F16,
+/// 22.5–23.2 / 22.2–22.8 / 21.6–22.3 → 21.3 / 20.8–20.9 / 21.1–21.3 with BF16 pairs, one token
+/// 18–35 ms alike (two alternating runs, medians of 8 calls, 2026-11-28). For
 /// models in the last-level cache (the bundled ones) the blocks measured 5–9% slower with F32 or
 /// F16 weights, and for prefills of more rows, bound by the multiply-adds, 5% slower (hence the
 /// two conditions). Every output is still one accumulator summed over k in order, kept between
@@ -1524,7 +1546,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_panels(const matmu
   if (!a.streamed || a.T <= static_cast<std::size_t>(Tile) || a.T > block_rows) {
     const panel_part whole{0, steps, nullptr, nullptr};
     for (std::size_t p = p_begin; p < p_end; ++p) {
-      row_tiles<Tile>(a.T, [&]<int TT>(std::size_t t) { tile.template operator()<TT>(p, t, whole); });
+      row_tiles<Tile, tiling::greedy>(a.T, [&]<int TT>(std::size_t t) { tile.template operator()<TT>(p, t, whole); });
     }
     return;
   }
@@ -1538,7 +1560,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_panels(const matmu
     for (std::size_t k0 = 0; k0 == 0 || k0 < steps; k0 += block) {
       const std::size_t k1 = std::min(steps, k0 + block);
       block_prefetch pf = share.at(base + (p * steps + k0) * row_bytes, tiles * (k1 - k0), win);
-      row_tiles<Tile>(a.T, [&]<int TT>(std::size_t t) {
+      row_tiles<Tile, tiling::balanced>(a.T, [&]<int TT>(std::size_t t) {
         tile.template operator()<TT>(p, t, panel_part{k0, k1, &pf, acc + t * panel});
       });
     }
