@@ -1495,6 +1495,12 @@ SPECSAMPLE_TARGET_AVX512_BF16 void avx512_dot_panel(const matmul_args& a, std::s
 /// with F16 weights (two alternating runs, medians of 300 calls, 2026-11-28).
 enum class tiling : std::uint8_t { greedy, balanced };
 
+/// Tiles `row_tiles` cuts T rows into, either way: ceil(T / Max).
+template <int Max>
+[[nodiscard]] constexpr std::size_t row_tile_count(std::size_t T) noexcept {
+  return (T + Max - 1) / Max;
+}
+
 /// Calls f.template operator()<TT>(t) over the row tiles of T rows cut as `How` says, t the tile's
 /// first row, in increasing t.
 template <int Max, tiling How, class Fn>
@@ -1504,7 +1510,7 @@ SPECSAMPLE_ALWAYS_INLINE void row_tiles(std::size_t T, Fn&& f) {
       ((rows == static_cast<std::size_t>(I) + 1 ? f.template operator()<I + 1>(t) : void()), ...);
     }(std::make_integer_sequence<int, Max>{});
   };
-  const std::size_t tiles = (T + Max - 1) / Max;
+  const std::size_t tiles = row_tile_count<Max>(T);
   std::size_t t = 0;
   for (std::size_t i = 0; i < tiles; ++i) {
     const std::size_t rows = How == tiling::greedy ? std::min<std::size_t>(Max, T - t)
@@ -1553,7 +1559,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_panels(const matmu
   alignas(64) float acc[block_rows * panel];
   const std::size_t block = std::max<std::size_t>(1, avx512_block_bytes / row_bytes);
   const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(a.w);
-  const std::size_t tiles = (a.T + Tile - 1) / Tile;
+  const std::size_t tiles = row_tile_count<Tile>(a.T);
   const block_prefetch share = block_prefetch::per_step(row_bytes, tiles);
   for (std::size_t p = p_begin; p < p_end; ++p) {
     // (At least one block, empty when K = 0: the tiles then store zero sums.)
