@@ -33,6 +33,8 @@
 #include <system_error>
 #include <vector>
 
+#include <unistd.h>
+
 namespace fs = std::filesystem;
 namespace io = specsample::io;
 
@@ -107,7 +109,8 @@ struct cli {
 
 constexpr const char* usage =
     "usage: specsample-random-gpt2 --shape NAME --out DIR [options]\n"
-    "  Writes a GPT-2 checkpoint directory in the released layout with random weights.\n"
+    "  Writes a GPT-2 checkpoint directory in the released layout with random weights; refuses one\n"
+    "  larger than this machine's memory or than the space free at DIR before writing anything.\n"
     "  --shape NAME       gpt2, gpt2-medium, gpt2-large, gpt2-xl, or LxCxH (n_layer x n_embd x n_head)\n"
     "  --out DIR          the directory to write (created; existing files of the same names are replaced)\n"
     "  --dtype f32|f16    the tensors' dtype (default f32, as the released model.safetensors)\n"
@@ -167,10 +170,81 @@ cli parse(int argc, char** argv) {
   return c;
 }
 
+// One tensor of the checkpoint: its name, shape and values — normal deviates of deviation
+// `value`, the constant `value`, or the causal mask buffer.
+struct tensor_plan {
+  enum class fill : std::uint8_t { normal, constant, causal_mask };
+  std::string name;
+  std::vector<std::size_t> dims;
+  fill how;
+  float value;
+};
+
+// Every tensor of the released layout for this shape, in the released order.
+std::vector<tensor_plan> checkpoint_plan(const cli& c) {
+  using fill = tensor_plan::fill;
+  const std::size_t L = c.s.n_layer, C = c.s.n_embd, P = c.positions, V = c.vocab;
+  const float sigma = 0.02f, sigma_proj = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
+  std::vector<tensor_plan> t;
+  t.push_back({"wte.weight", {V, C}, fill::normal, sigma});
+  t.push_back({"wpe.weight", {P, C}, fill::normal, sigma});
+  for (std::size_t l = 0; l < L; ++l) {
+    const std::string h = fmt::format("h.{}.", l);
+    t.push_back({h + "attn.bias", {1, 1, P, P}, fill::causal_mask, 0.0f});  // (the loader ignores it)
+    t.push_back({h + "ln_1.weight", {C}, fill::constant, 1.0f});
+    t.push_back({h + "ln_1.bias", {C}, fill::constant, 0.0f});
+    t.push_back({h + "attn.c_attn.weight", {C, 3 * C}, fill::normal, sigma});
+    t.push_back({h + "attn.c_attn.bias", {3 * C}, fill::constant, 0.0f});
+    t.push_back({h + "attn.c_proj.weight", {C, C}, fill::normal, sigma_proj});
+    t.push_back({h + "attn.c_proj.bias", {C}, fill::constant, 0.0f});
+    t.push_back({h + "ln_2.weight", {C}, fill::constant, 1.0f});
+    t.push_back({h + "ln_2.bias", {C}, fill::constant, 0.0f});
+    t.push_back({h + "mlp.c_fc.weight", {C, 4 * C}, fill::normal, sigma});
+    t.push_back({h + "mlp.c_fc.bias", {4 * C}, fill::constant, 0.0f});
+    t.push_back({h + "mlp.c_proj.weight", {4 * C, C}, fill::normal, sigma_proj});
+    t.push_back({h + "mlp.c_proj.bias", {C}, fill::constant, 0.0f});
+  }
+  t.push_back({"ln_f.weight", {C}, fill::constant, 1.0f});
+  t.push_back({"ln_f.bias", {C}, fill::constant, 0.0f});
+  return t;
+}
+
+// Refuses, before anything is written, a checkpoint larger than this machine's memory (the
+// generator holds it whole) or than the space free where it would go: a shape the config checks
+// pass can still ask for petabytes. Sizes in double: the element counts of absurd shapes overflow
+// 64 bits.
+void check_fits(const cli& c, const std::vector<tensor_plan>& plan) {
+  double bytes = 0.0;
+  for (const tensor_plan& t : plan) {
+    double n = static_cast<double>(io::dtype_size(c.dtype));
+    for (const std::size_t d : t.dims) n *= static_cast<double>(d);
+    bytes += n;
+  }
+  const auto gb = [](double b) { return b / 1e9; };
+  const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (memory > 0.0 && bytes > memory) {
+    throw specsample::error(fmt::format("--shape {}: the checkpoint would be {:.3g} GB of {}, more than this machine's "
+                                        "{:.3g} GB of memory (the generator holds it whole)",
+                                        c.shape_name, gb(bytes), io::dtype_name(c.dtype), gb(memory)));
+  }
+  fs::path where = fs::absolute(*c.out);
+  while (!fs::exists(where) && where.has_parent_path() && where != where.parent_path()) where = where.parent_path();
+  std::error_code ec;
+  const fs::space_info space = fs::space(where, ec);
+  if (!ec && bytes > static_cast<double>(space.available)) {
+    throw specsample::error(fmt::format("--shape {}: the checkpoint would be {:.3g} GB of {}, more than the {:.3g} GB "
+                                        "free at {}",
+                                        c.shape_name, gb(bytes), io::dtype_name(c.dtype),
+                                        gb(static_cast<double>(space.available)), where.string()));
+  }
+}
+
 int run(int argc, char** argv) {
   const cli c = parse(argc, argv);
   const auto t0 = std::chrono::steady_clock::now();
   const std::size_t L = c.s.n_layer, C = c.s.n_embd, P = c.positions, V = c.vocab;
+  const std::vector<tensor_plan> plan = checkpoint_plan(c);
+  check_fits(c, plan);
   fs::create_directories(*c.out);
 
   nlohmann::ordered_json config = {
@@ -190,46 +264,32 @@ int run(int argc, char** argv) {
   }
   specsample_bench::write_file(*c.out, "config.json", config.dump(2) + "\n");
 
-  // One deviate stream per tensor (seeded by the seed and the tensor's index): a tensor's values
-  // do not depend on the others'.
+  // One deviate stream per tensor (seeded by the seed and the tensor's index among those that are
+  // not masks): a tensor's values do not depend on the others'.
   std::vector<io::tensor_data> tensors;
-  std::vector<float> values;
+  std::vector<float> values, mask;
   std::uint64_t index = 0;
-  const auto add = [&](std::string name, std::vector<std::size_t> dims, float sigma, float constant = 0.0f) {
+  for (const tensor_plan& t : plan) {
+    if (t.how == tensor_plan::fill::causal_mask) {
+      if (mask.empty()) {  // (P, P): 1 on and below the diagonal
+        mask.assign(P * P, 0.0f);
+        for (std::size_t i = 0; i < P; ++i) {
+          std::fill(mask.begin() + static_cast<std::ptrdiff_t>(i * P), mask.begin() + static_cast<std::ptrdiff_t>(i * P + i + 1), 1.0f);
+        }
+      }
+      tensors.push_back(io::make_tensor(t.name, t.dims, mask, c.dtype));
+      continue;
+    }
     std::size_t n = 1;
-    for (const std::size_t d : dims) n *= d;
-    values.assign(n, constant);
-    if (sigma > 0.0f) {
+    for (const std::size_t d : t.dims) n *= d;
+    values.assign(n, t.how == tensor_plan::fill::constant ? t.value : 0.0f);
+    if (t.how == tensor_plan::fill::normal) {
       normal_source normal(c.seed * 0x100000001B3ull + index);
-      for (float& v : values) v = normal(sigma);
+      for (float& v : values) v = normal(t.value);
     }
     ++index;
-    tensors.push_back(io::make_tensor(std::move(name), std::move(dims), values, c.dtype));
-  };
-  const float sigma = 0.02f, sigma_proj = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
-  add("wte.weight", {V, C}, sigma);
-  add("wpe.weight", {P, C}, sigma);
-  std::vector<float> mask(P * P, 0.0f);  // h.N.attn.bias: the causal mask buffer (the loader ignores it)
-  for (std::size_t i = 0; i < P; ++i) std::fill(mask.begin() + static_cast<std::ptrdiff_t>(i * P),
-                                                mask.begin() + static_cast<std::ptrdiff_t>(i * P + i + 1), 1.0f);
-  for (std::size_t l = 0; l < L; ++l) {
-    const std::string h = fmt::format("h.{}.", l);
-    tensors.push_back(io::make_tensor(h + "attn.bias", {1, 1, P, P}, mask, c.dtype));
-    add(h + "ln_1.weight", {C}, 0.0f, 1.0f);
-    add(h + "ln_1.bias", {C}, 0.0f);
-    add(h + "attn.c_attn.weight", {C, 3 * C}, sigma);
-    add(h + "attn.c_attn.bias", {3 * C}, 0.0f);
-    add(h + "attn.c_proj.weight", {C, C}, sigma_proj);
-    add(h + "attn.c_proj.bias", {C}, 0.0f);
-    add(h + "ln_2.weight", {C}, 0.0f, 1.0f);
-    add(h + "ln_2.bias", {C}, 0.0f);
-    add(h + "mlp.c_fc.weight", {C, 4 * C}, sigma);
-    add(h + "mlp.c_fc.bias", {4 * C}, 0.0f);
-    add(h + "mlp.c_proj.weight", {4 * C, C}, sigma_proj);
-    add(h + "mlp.c_proj.bias", {C}, 0.0f);
+    tensors.push_back(io::make_tensor(t.name, t.dims, values, c.dtype));
   }
-  add("ln_f.weight", {C}, 0.0f, 1.0f);
-  add("ln_f.bias", {C}, 0.0f);
   io::write_safetensors(*c.out / "model.safetensors", tensors, {{"format", "pt"}});
 
   if (V == 50257) {
