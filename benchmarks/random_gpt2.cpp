@@ -274,7 +274,8 @@ int run(int argc, char** argv) {
       if (mask.empty()) {  // (P, P): 1 on and below the diagonal
         mask.assign(P * P, 0.0f);
         for (std::size_t i = 0; i < P; ++i) {
-          std::fill(mask.begin() + static_cast<std::ptrdiff_t>(i * P), mask.begin() + static_cast<std::ptrdiff_t>(i * P + i + 1), 1.0f);
+          const auto row = mask.begin() + static_cast<std::ptrdiff_t>(i * P);
+          std::fill(row, row + static_cast<std::ptrdiff_t>(i + 1), 1.0f);
         }
       }
       tensors.push_back(io::make_tensor(t.name, t.dims, mask, c.dtype));

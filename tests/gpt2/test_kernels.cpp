@@ -368,9 +368,9 @@ TEST_CASE("matmul of streamed weights (blocks shared by the tiles) gives the bit
   // weight_view::streamed makes the AVX-512 kernels take more rows than one tile block by block,
   // each output's accumulator kept between blocks, in balanced tiles (7 rows: 4 + 3; 9: 5 + 4; 5
   // rows of emulated BF16 pairs, on CPUs without AVX512_BF16: 3 + 2): for every format, row count
-  // (one and several groups of 12; whole-panel tiles of 1..6 rows, block tiles of 3..6), reduction length (one and several 16 KiB blocks, a partial
-  // last one) and thread split, the same bits as each panel taken whole (every other level ignores
-  // the flag).
+  // (one and several groups of 12; whole-panel tiles of 1..6 rows, block tiles of 3..6), reduction
+  // length (one and several 16 KiB blocks, a partial last one) and thread split, the same bits as
+  // each panel taken whole (every other level ignores the flag).
   std::mt19937 rng(41);
   thread_pool pool2(2);
   for (const isa level : levels()) {

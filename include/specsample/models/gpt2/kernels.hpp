@@ -156,9 +156,10 @@ struct matmul_operands {
 /// [C, OC] and wte (V, C) are packed at load). A kernel streams one panel and applies every
 /// weight vector to a register tile of up to 6 rows (AVX-512), so the weights are read from
 /// memory once per tile of rows (once per call up to 6 rows; up to 12 for `weight_view::streamed`
-/// weights, whose tiles share each block of a panel; the AVX2 kernels always do). Panels are split across the pool; every output element is
-/// accumulated sequentially in k in one vector lane, so neither T, the row's place in the batch
-/// nor the split changes any result bit (INT8 quads sum integers, exactly). `level` picks the
+/// weights, whose tiles share each block of a panel; the AVX2 kernels always do). Panels are split
+/// across the pool; every output element is accumulated sequentially in k in one vector lane, so
+/// neither T, the row's place in the batch nor the split changes any result bit (INT8 quads sum
+/// integers, exactly). `level` picks the
 /// kernels (capped at the CPU's).
 ///
 /// With `bf16_pairs` weights (`matmul_precision::bf16`) the rows of inp are first rounded to

@@ -747,10 +747,10 @@ inline constexpr std::size_t block_rows = 12;
 /// The prefetch of later weights, spread evenly over the tile steps of a block. The weights of a
 /// call's panels lie in memory in the order its blocks are computed, so while the block [s, e) is
 /// computed the bytes [s + ahead, e + ahead) are prefetched (`prefetch_window::ahead`: 16 KiB,
-/// two AVX2 blocks or one AVX-512 block, or half a panel of a narrow matrix): the `total` tile steps of the block (every
-/// tile of its rows, each over its steps) take `lines` lines each from a cursor that advances by
-/// (e − s) / total bytes a step (kept in 1/256 bytes, in 64 bits), never past `stop`, the end of
-/// the call's panels (from there, `left` = 0, the steps prefetch nothing).
+/// two AVX2 blocks or one AVX-512 block, or half a panel of a narrow matrix): the `total` tile
+/// steps of the block (every tile of its rows, each over its steps) take `lines` lines each from a
+/// cursor that advances by (e − s) / total bytes a step (kept in 1/256 bytes, in 64 bits), never
+/// past `stop`, the end of the call's panels (from there, `left` = 0, the steps prefetch nothing).
 struct block_prefetch {
   static constexpr std::size_t block_bytes = 8192;
   std::uint64_t pos = 0;  ///< the next line's address × 256
