@@ -720,12 +720,17 @@ template <weight_format F>
           std::min(prefetch_bytes, panel_bytes / 2)};
 }
 
-/// Prefetches the `bytes` (a multiple of 64) `ahead` bytes past `p` into L1. The address is
+/// Where a weight prefetch puts its lines: `__builtin_prefetch`'s locality (3: prefetcht0, 2:
+/// prefetcht1).
+enum class prefetch_into : int { l1 = 3, l2 = 2 };
+
+/// Prefetches the `bytes` (a multiple of 64) `ahead` bytes past `p` into `Into`. The address is
 /// formed as an integer (no out-of-bounds pointer arithmetic).
+template <prefetch_into Into = prefetch_into::l1>
 SPECSAMPLE_ALWAYS_INLINE void prefetch_ahead(const void* p, std::size_t ahead, std::size_t bytes) {
   const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(p) + ahead;
   for (std::size_t b = 0; b < bytes; b += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(at + b), _MM_HINT_T0);
+    __builtin_prefetch(reinterpret_cast<const void*>(at + b), 0, static_cast<int>(Into));
   }
 }
 
@@ -822,11 +827,12 @@ struct block_prefetch {
   };
 };
 
-/// The prefetch of a tile's steps over a panel taken whole: `Bytes` `ahead` bytes past its weights.
-template <std::size_t Bytes>
+/// The prefetch of a tile's steps over a panel taken whole: `Bytes` `ahead` bytes past its weights,
+/// into `Into`.
+template <std::size_t Bytes, prefetch_into Into = prefetch_into::l1>
 struct ahead_prefetch {
   std::size_t ahead;
-  [[gnu::always_inline]] void step(const void* wk) const noexcept { prefetch_ahead(wk, ahead, Bytes); }
+  [[gnu::always_inline]] void step(const void* wk) const noexcept { prefetch_ahead<Into>(wk, ahead, Bytes); }
 };
 
 /// No prefetch.
@@ -1058,7 +1064,16 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_tile_steps(avx2_acc<F>
 }
 
 /// A single row t over all of panel p (8 accumulators, not 4: enough independent FMA chains to
-/// keep both FMA pipes busy), prefetching its weights `win.ahead` bytes on.
+/// keep both FMA pipes busy), prefetching its weights `win.ahead` bytes on into L2, not L1: a
+/// single row streams its weights with little arithmetic beside, and `prefetcht0` held it to the
+/// L1's few outstanding misses. On a Zen 4 guest without AVX-512 (`isa::avx2`, 40–46 GB/s from
+/// DRAM; a scratch program running both builds interleaved in one process, three runs of 200
+/// rounds of four draft tokens, the target's 5-token call, four draft tokens, its single token,
+/// context 141, 2026-11-28) the target's single token took 567–614 µs at the minimum and 669–996
+/// at the median against 651–734 and 803–991 into L1, the distilled draft's 40.5–41.7 µs against
+/// 45.6–45.9 at the minimum; the 5-token call the same. (The blocks of several rows are bound by
+/// their multiply-adds there: their prefetch into L2 changed nothing. Prefetching 64 KiB ahead
+/// instead of 16: no better.)
 template <weight_format F>
 [[gnu::noinline]] SPECSAMPLE_TARGET_AVX2 void avx2_row_tile(const matmul_args& a, std::size_t p, std::size_t t,
                                                           prefetch_window win) {
@@ -1071,7 +1086,7 @@ template <weight_format F>
 #pragma GCC unroll 8
   for (int j = 0; j < 8; ++j) acc[0][j] = avx2_acc_zero<F>();
   const std::size_t k_pf = prefetched_steps(w, row_bytes, row_bytes, steps, win);
-  ahead_prefetch<row_bytes> ahead{win.ahead};
+  ahead_prefetch<row_bytes, prefetch_into::l2> ahead{win.ahead};
   no_prefetch none;
   avx2_tile_steps<F, 8, 1>(acc, w, a, t, 0, k_pf, ahead);
   avx2_tile_steps<F, 8, 1>(acc, w, a, t, k_pf, steps, none);
