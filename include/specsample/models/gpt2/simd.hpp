@@ -1064,10 +1064,11 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_tile_steps(avx2_acc<F>
 }
 
 /// A single row t over all of panel p (8 accumulators, not 4: enough independent FMA chains to
-/// keep both FMA pipes busy), prefetching its weights `win.ahead` bytes on into L2, not L1: a
-/// single row streams its weights with little arithmetic beside, and `prefetcht0` held it to the
-/// L1's few outstanding misses. On a Zen 4 guest without AVX-512 (`isa::avx2`, 40–46 GB/s from
-/// DRAM; a scratch program running both builds interleaved in one process, three runs of 200
+/// keep both FMA pipes busy), prefetching its weights `win.ahead` bytes on into L2, not L1 (a
+/// single row streams its weights with little arithmetic beside; the likely cause, not measured:
+/// `prefetcht0` ties the stream to the L1's few miss buffers). On a Zen 4 guest without AVX-512
+/// (`isa::avx2`, one core streaming the target's weights at 41–48 GB/s; a scratch program running
+/// both builds interleaved in one process, three runs of 200
 /// rounds of four draft tokens, the target's 5-token call, four draft tokens, its single token,
 /// context 141, 2026-11-28) the target's single token took 567–614 µs at the minimum and 669–996
 /// at the median against 651–734 and 803–991 into L1, the distilled draft's 40.5–41.7 µs against
