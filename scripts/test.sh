@@ -14,6 +14,7 @@ run_suite() {  # name, extra cmake args...
   cmake -S "$root" -B "$dir" -DSPECSAMPLE_WERROR=ON "$@" >/dev/null
   cmake --build "$dir" -j "$jobs"
   ctest --test-dir "$dir" -j "$jobs" --output-on-failure
+  "$dir/tests/gpt2/specsample_kernel_levels"  # which kernel levels those tests could run here
 }
 
 # Both builds compile the GPT-2 kernels and the model's loading and forward pass once, in
