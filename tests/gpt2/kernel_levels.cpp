@@ -1,31 +1,32 @@
 // Not a test: a report that the test command prints after each suite (scripts/test.sh). The
-// kernel tests run every level this CPU can run (test_kernels.cpp, `levels()`; test_model.cpp),
-// so on a CPU without AVX-512, or without AVX512_BF16 or AVX512_VNNI, some kernels are compiled
-// but never run. This says which, instead of leaving a passing suite silent about it.
+// kernel tests run every level this CPU can run (tests/support/kernel_levels.hpp, which this
+// reads), so on a CPU without AVX-512, or without AVX512_BF16 or AVX512_VNNI, some kernels are
+// compiled but never run. This says which, instead of leaving a passing suite silent about it.
+
+#include "../support/kernel_levels.hpp"
 
 #include <specsample/detail/simd.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 int main() {
   namespace simd = specsample::simd;
   using specsample::isa;
-  std::vector<std::string> ran{"generic"}, not_run;
-  if (simd::resolve(isa::avx2) == isa::avx2) {
-    ran.emplace_back("avx2");
+  const std::vector<isa> levels = specsample::test::kernel_levels();
+  const auto runs = [&](isa level) { return std::find(levels.begin(), levels.end(), level) != levels.end(); };
+  std::vector<std::string> ran, not_run;
+  for (const isa level : levels) ran.emplace_back(specsample::isa_name(level));
+  if (!runs(isa::avx2)) not_run.emplace_back("avx2 (it needs an x86 CPU with AVX2, FMA and F16C)");
+  if (!runs(isa::avx512)) {
+    not_run.emplace_back("avx512 (it needs AVX-512 F, BW, VL and DQ)");
   } else {
-    not_run.emplace_back("avx2 (it needs an x86 CPU with AVX2, FMA and F16C)");
-  }
-  if (simd::resolve(isa::avx512) == isa::avx512) {
-    ran.emplace_back("avx512");
     if (!simd::has_avx512_bf16()) not_run.emplace_back("the AVX512_BF16 dot products (vdpbf16ps) of the BF16 matmuls");
     if (!simd::has_avx512_vnni()) not_run.emplace_back("the AVX512_VNNI byte dot products (vpdpbusd) of the INT8 matmuls");
-  } else {
-    not_run.emplace_back("avx512 (it needs AVX-512 F, BW, VL and DQ)");
   }
   fmt::print("specsample: the kernel tests ran the levels {} on this CPU", fmt::join(ran, ", "));
   if (not_run.empty()) {

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "../support/bitwise.hpp"
+#include "../support/kernel_levels.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -24,6 +25,7 @@ namespace k = specsample::gpt2::kernels;
 namespace gpt2 = specsample::gpt2;
 using specsample::gpt2::isa;
 using specsample::test::bitwise_equal;
+using specsample::test::kernel_levels;
 using specsample::gpt2::thread_pool;
 using specsample::gpt2::weight_format;
 
@@ -44,15 +46,6 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
     m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]) / (1.0 + std::abs(b[i])));
   }
   return m;
-}
-
-/// Every kernel level this CPU can run (the generic fallback always; AVX2 and AVX-512 when
-/// present), so the fallbacks are tested on every machine that has them.
-std::vector<isa> levels() {
-  std::vector<isa> out = {isa::generic};
-  if (gpt2::simd::resolve(isa::avx2) == isa::avx2) out.push_back(isa::avx2);
-  if (gpt2::simd::resolve(isa::avx512) == isa::avx512) out.push_back(isa::avx512);
-  return out;
 }
 
 /// Values exactly representable in `f` (so the F32 reference sees the very same weights).
@@ -291,7 +284,7 @@ TEST_CASE("weight_matrix::converted keeps or rounds every weight and refuses an 
 TEST_CASE("layer_norm matches its reference twin, a row's result depending only on the row",
           "[gpt2][kernels]") {
   std::mt19937 rng(2);
-  for (const isa level : levels()) {
+  for (const isa level : kernel_levels()) {
     for (const std::size_t C : {1u, 7u, 8u, 16u, 37u, 64u, 100u, 384u}) {
       const std::size_t T = 5;
       auto inp = random_vector(T * C, rng, 3.0f);
@@ -318,7 +311,7 @@ TEST_CASE("matmul matches its reference twin and is bitwise batch- and thread-in
   // close to the double reference, and bitwise equal across thread counts and batch sizes.
   std::mt19937 rng(3);
   thread_pool pool2(2), pool3(3);
-  for (const isa level : levels()) {
+  for (const isa level : kernel_levels()) {
     for (const weight_format f : {weight_format::f32, weight_format::f16, weight_format::bf16, weight_format::bf16_pairs}) {
       for (const std::size_t C : {1u, 5u, 8u, 67u, 128u}) {
         for (const std::size_t OC : {1u, 13u, 64u, 100u}) {
@@ -373,7 +366,7 @@ TEST_CASE("matmul of streamed weights (blocks shared by the tiles) gives the bit
   // each panel taken whole (every other level ignores the flag).
   std::mt19937 rng(41);
   thread_pool pool2(2);
-  for (const isa level : levels()) {
+  for (const isa level : kernel_levels()) {
     for (const weight_format f : {weight_format::f32, weight_format::f16, weight_format::bf16, weight_format::bf16_pairs,
                                   weight_format::i8_quads}) {
       for (const std::size_t C : {5u, 67u, 300u, 1100u}) {
@@ -399,7 +392,7 @@ TEST_CASE("matmul of streamed weights (blocks shared by the tiles) gives the bit
 TEST_CASE("matmul over zero input columns gives the bias (or zeros) for every row count", "[gpt2][kernels]") {
   // K = 0: no step at all, so the accumulators must still start at zero (the AVX2 level's blocks
   // once left them unset for several rows).
-  for (const isa level : levels()) {
+  for (const isa level : kernel_levels()) {
     for (const weight_format f : {weight_format::f32, weight_format::f16, weight_format::bf16_pairs}) {
       const auto packed = gpt2::weight_matrix::from_floats(f, 3, 0, nullptr);
       for (const std::size_t T : {1u, 2u, 3u, 13u}) {
@@ -477,7 +470,7 @@ TEST_CASE("BF16 operands: every level rounds as bf16_operand, for every kind of 
   REQUIRE(gpt2::simd::bf16_operand(1.00390625f) == 0x3F80);  // halfway: to the even 1.0
   REQUIRE(gpt2::simd::bf16_operand(1.01171875f) == 0x3F82);  // halfway: to the even 1.015625
   REQUIRE(gpt2::simd::bf16_operand(0x1.fffffcp-127f) == 0);  // the largest subnormal
-  for (const isa level : levels()) {
+  for (const isa level : kernel_levels()) {
     std::vector<std::uint16_t> got(T * ld, 0xFFFF);
     gpt2::simd::bf16_operands(level, x.data(), C, T, C, got.data(), ld);
     INFO(gpt2::isa_name(level));
@@ -512,7 +505,7 @@ TEST_CASE("matmul of BF16 pairs gives vdpbf16ps's sums bit for bit on every leve
         for (const bool with_bias : {false, true}) {
           const std::vector<float> b = with_bias ? bias : std::vector<float>{};
           const std::vector<float> want = bf16_dot_reference(inp, w, b, T, C, OC);
-          for (const isa level : levels()) {
+          for (const isa level : kernel_levels()) {
             INFO(gpt2::isa_name(level) << ", C = " << C << ", OC = " << OC << ", T = " << T << ", bias = " << with_bias);
             std::vector<float> out(T * OC);
             k::matmul(out, inp, packed.view(), b, T, C, OC, level == isa::avx2 ? &pool2 : nullptr, level);
@@ -667,7 +660,7 @@ TEST_CASE("INT8 operands: every level quantises each row as the reference, for e
   for (const std::vector<float>& x : rows) {
     const std::size_t K = x.size(), ld = gpt2::simd::packed_cols(weight_format::i8_quads, K) + 4;
     const quantised_row want = quantise(x.data(), K);
-    for (const isa level : levels()) {
+    for (const isa level : kernel_levels()) {
       INFO(gpt2::isa_name(level) << ", K = " << K << ", x[0] = " << x[0]);
       std::vector<std::uint8_t> got(2 * ld, 0xEE);
       float scales[2] = {-1.0f, -1.0f};
@@ -700,7 +693,7 @@ TEST_CASE("matmul of INT8 quads gives the exact integer sums times the scales, b
         for (const bool with_bias : {false, true}) {
           const std::vector<float> b = with_bias ? bias : std::vector<float>{};
           const std::vector<float> want = i8_reference(inp, w, b, T, C, OC);
-          for (const isa level : levels()) {
+          for (const isa level : kernel_levels()) {
             INFO(gpt2::isa_name(level) << ", C = " << C << ", OC = " << OC << ", T = " << T << ", bias = " << with_bias);
             std::vector<float> out(T * OC);
             k::matmul(out, inp, packed.view(), b, T, C, OC, T % 2 == 0 ? &pool2 : nullptr, level);
@@ -732,7 +725,7 @@ TEST_CASE("matmul of INT8 quads gives the exact integer sums times the scales, b
     const auto packed = gpt2::weight_matrix::from_floats(weight_format::i8_quads, 1, C, w.data());
     const std::vector<float> want = i8_reference(inp, w, {}, 1, C, 1);
     REQUIRE(want[0] == Approx(-1.0 * static_cast<double>(C)).epsilon(1e-6));  // Σ 2 · (−0.5)
-    for (const isa level : levels()) {
+    for (const isa level : kernel_levels()) {
       std::vector<float> out(1);
       k::matmul(out, inp, packed.view(), {}, 1, C, 1, nullptr, level);
       INFO(gpt2::isa_name(level));
@@ -743,7 +736,7 @@ TEST_CASE("matmul of INT8 quads gives the exact integer sums times the scales, b
   std::vector<float> inp = random_vector(2 * 8, rng), w = random_vector(3 * 8, rng);
   inp[9] = std::numeric_limits<float>::quiet_NaN();
   const auto packed = gpt2::weight_matrix::from_floats(weight_format::i8_quads, 3, 8, w.data());
-  for (const isa level : levels()) {
+  for (const isa level : kernel_levels()) {
     std::vector<float> out(2 * 3);
     k::matmul(out, inp, packed.view(), {}, 2, 8, 3, nullptr, level);
     for (std::size_t o = 0; o < 3; ++o) {
@@ -758,7 +751,7 @@ TEST_CASE("gelu matches its reference twin from -60 to 60", "[gpt2][kernels]") {
   for (int i = -6000; i <= 6000; ++i) x.push_back(static_cast<float>(i) * 0.01f);
   std::vector<float> ref(x.size());
   k::gelu_reference(ref, x);
-  for (const isa level : levels()) {
+  for (const isa level : kernel_levels()) {
     INFO(gpt2::isa_name(level));
     std::vector<float> out(x.size());
     k::gelu(out, x, level);
@@ -780,7 +773,7 @@ TEST_CASE("gelu matches its reference twin from -60 to 60", "[gpt2][kernels]") {
 TEST_CASE("softmax matches its reference twin and is stable for large inputs",
           "[gpt2][kernels]") {
   std::mt19937 rng(4);
-  for (const isa level : levels()) {
+  for (const isa level : kernel_levels()) {
     for (const std::size_t n : {1u, 2u, 9u, 17u, 100u, 1000u}) {
       auto x = random_vector(n, rng, 5.0f);
       x[0] += 1000.0f;  // would overflow exp without the max shift
@@ -885,7 +878,7 @@ TEST_CASE("attend_steps counts the steps of the attention's prefetch walk on eve
   std::mt19937 rng(11);
   const std::vector<float> lines(64 * 16 * 1024);
   const std::uintptr_t first_line = reinterpret_cast<std::uintptr_t>(lines.data()) & ~std::uintptr_t{63};
-  for (const isa level : levels()) {
+  for (const isa level : kernel_levels()) {
     for (const std::size_t HS : {4u, 20u, 64u, 72u, 136u}) {
       for (const std::size_t len0 : {1u, 15u, 16u, 63u, 141u}) {
         for (std::size_t nq = 1; nq <= simd::query_tile; ++nq) {
@@ -911,7 +904,7 @@ TEST_CASE("attend_steps counts the steps of the attention's prefetch walk on eve
 // same stored values, on every level; a multi-threaded run and every query alone bitwise equal.
 template <weight_format F>
 void check_attention(std::mt19937& rng) {
-  for (const isa level : levels()) {
+  for (const isa level : kernel_levels()) {
     for (const std::size_t NH : {1u, 4u}) {
       for (const std::size_t C : {16u, 40u, 136u}) {  // head sizes 16, 40, 136, 4, 10, 34
         // Contexts within one 16-key block and across several groups of 64 keys. The T queries

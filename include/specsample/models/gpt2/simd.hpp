@@ -600,6 +600,17 @@ inline void attend_generic(const float* q, const weight_t<F>* kb, const weight_t
   }
 }
 
+/// Where a prefetch puts its lines: `__builtin_prefetch`'s locality (3: prefetcht0, 2:
+/// prefetcht1 on x86).
+enum class prefetch_into : int { l1 = 3, l2 = 2 };
+
+/// Prefetches the cache line holding the integer address `at` (no out-of-bounds pointer
+/// arithmetic) into `Into`: every prefetch of the kernels goes through here.
+template <prefetch_into Into>
+SPECSAMPLE_ALWAYS_INLINE void prefetch_line(std::uintptr_t at) noexcept {
+  __builtin_prefetch(reinterpret_cast<const void*>(at), 0, static_cast<int>(Into));
+}
+
 /// The next head's keys and values, prefetched while the current head computes. A head's cache is
 /// evicted by the weight stream between calls (the target's 24 MB of weights pass through the
 /// caches every call), and its keys are read as several interleaved 4 KiB blocks, which the
@@ -686,7 +697,7 @@ struct prefetch_stream {
     for (int i = 0; i < N; ++i) {
       const std::uintptr_t at = advance();
       if (at == 0) return;
-      __builtin_prefetch(reinterpret_cast<const void*>(at), 0, 2);  // prefetcht1: into L2
+      prefetch_line<prefetch_into::l2>(at);
     }
   }
 };
@@ -720,18 +731,11 @@ template <weight_format F>
           std::min(prefetch_bytes, panel_bytes / 2)};
 }
 
-/// Where a weight prefetch puts its lines: `__builtin_prefetch`'s locality (3: prefetcht0, 2:
-/// prefetcht1).
-enum class prefetch_into : int { l1 = 3, l2 = 2 };
-
-/// Prefetches the `bytes` (a multiple of 64) `ahead` bytes past `p` into `Into`. The address is
-/// formed as an integer (no out-of-bounds pointer arithmetic).
+/// Prefetches the `bytes` (a multiple of 64) `ahead` bytes past `p` into `Into`.
 template <prefetch_into Into = prefetch_into::l1>
 SPECSAMPLE_ALWAYS_INLINE void prefetch_ahead(const void* p, std::size_t ahead, std::size_t bytes) {
   const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(p) + ahead;
-  for (std::size_t b = 0; b < bytes; b += 64) {
-    __builtin_prefetch(reinterpret_cast<const void*>(at + b), 0, static_cast<int>(Into));
-  }
+  for (std::size_t b = 0; b < bytes; b += 64) prefetch_line<Into>(at + b);
 }
 
 /// How many of the k steps of a micro-kernel over `w` (step k reads `bytes` at w + k·row) can
@@ -810,7 +814,7 @@ struct block_prefetch {
     [[gnu::always_inline]] void step(const void*) noexcept {
       const auto at = static_cast<std::uintptr_t>(pos / 256);
 #pragma GCC unroll 4
-      for (int i = 0; i < PF; ++i) _mm_prefetch(reinterpret_cast<const char*>(at + 64 * static_cast<std::uintptr_t>(i)), _MM_HINT_T0);
+      for (int i = 0; i < PF; ++i) prefetch_line<prefetch_into::l1>(at + 64 * static_cast<std::uintptr_t>(i));
       pos += inc;
     }
   };
@@ -821,7 +825,7 @@ struct block_prefetch {
     int lines;
     [[gnu::always_inline]] void step(const void*) noexcept {
       const auto at = static_cast<std::uintptr_t>(pos / 256);
-      for (int i = 0; i < lines; ++i) _mm_prefetch(reinterpret_cast<const char*>(at + 64 * static_cast<std::uintptr_t>(i)), _MM_HINT_T0);
+      for (int i = 0; i < lines; ++i) prefetch_line<prefetch_into::l1>(at + 64 * static_cast<std::uintptr_t>(i));
       pos += inc;
     }
   };
@@ -1063,18 +1067,17 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_tile_steps(avx2_acc<F>
   }
 }
 
-/// A single row t over all of panel p (8 accumulators, not 4: enough independent FMA chains to
-/// keep both FMA pipes busy), prefetching its weights `win.ahead` bytes on into L2, not L1 (a
-/// single row streams its weights with little arithmetic beside; the likely cause, not measured:
-/// `prefetcht0` ties the stream to the L1's few miss buffers). On a Zen 4 guest without AVX-512
-/// (`isa::avx2`, one core streaming the target's weights at 41–48 GB/s; a scratch program running
-/// both builds interleaved in one process, three runs of 200
-/// rounds of four draft tokens, the target's 5-token call, four draft tokens, its single token,
-/// context 141, 2026-11-28) the target's single token took 567–614 µs at the minimum and 669–996
-/// at the median against 651–734 and 803–991 into L1, the distilled draft's 40.5–41.7 µs against
-/// 45.6–45.9 at the minimum; the 5-token call the same. (The blocks of several rows are bound by
-/// their multiply-adds there: their prefetch into L2 changed nothing. Prefetching 64 KiB ahead
-/// instead of 16: no better.)
+/// A single row t over all of panel p (8 accumulators, not 4: enough independent FMA chains to keep
+/// both FMA pipes busy), prefetching its weights `win.ahead` bytes on into L2, not L1 (a single row
+/// streams its weights with little arithmetic beside; the likely cause, not measured: `prefetcht0`
+/// ties the stream to the L1's few miss buffers). On a Zen 4 guest without AVX-512 (`isa::avx2`,
+/// one core streaming the target's weights at 41–48 GB/s; a scratch program running both builds
+/// interleaved in one process, three runs of 200 rounds of four draft tokens, the target's 5-token
+/// call, four draft tokens, its single token, context 141, 2026-11-28) the target's single token
+/// took 567–614 µs at the minimum and 669–996 at the median against 651–734 and 803–991 into L1,
+/// the distilled draft's 40.5–41.7 µs against 45.6–45.9 at the minimum; the 5-token call the same.
+/// (The blocks of several rows are bound by their multiply-adds there: their prefetch into L2
+/// changed nothing. Prefetching 64 KiB ahead instead of 16: no better.)
 template <weight_format F>
 [[gnu::noinline]] SPECSAMPLE_TARGET_AVX2 void avx2_row_tile(const matmul_args& a, std::size_t p, std::size_t t,
                                                           prefetch_window win) {
