@@ -1000,10 +1000,11 @@ struct strategy_run {
   std::size_t prompt = 0, rep = 0, position = 0;  // position: when it ran within its group
   std::uint64_t seed = 0;
   specsample::generation_stats stats;
-  double warmup_seconds = 0.0;  // auto-K: calibrate() (warm-up generation + single-call timing)
+  double warmup_seconds = 0.0;  // auto-K: calibrate() (warm-up generation, single-call timing, the check)
   bool calibrated = false;      // auto-K ran
   std::size_t chosen_k = 0;     // auto-K: the K calibrate() picked, 0 when no K pays (autoregressive)
   double predicted = 0.0;       // auto-K: its predicted speedup
+  std::optional<double> checked;  // auto-K: the speedup its check measured (where predicted > 1)
   bool identical = false;       // same tokens as the autoregressive run of the group
   double speedup = 0.0;         // AR seconds / these seconds (same prompt and seed)
   double speedup_with_warmup = 0.0;
@@ -1085,10 +1086,11 @@ strategy_run run_strategy(const strategy& s, specsample::gpt2::model& draft, spe
       r.calibrated = true;
       r.chosen_k = cal.pays() ? cal.best_k : 0;
       r.predicted = cal.predicted;
+      if (cal.measured) r.checked = cal.measured->speedup();
       if (cal.pays()) {
         params.draft_length = cal.best_k;
         g = specsample::speculative_sample(draft, target, prompt, params, rng);
-      } else {  // as a user would: no K is predicted to pay
+      } else {  // as a user would: no K pays (predicted, or checked by timing)
         g = specsample::autoregressive_sample(target, prompt, params, rng);
       }
       break;
@@ -1463,6 +1465,7 @@ int run_strategies(const bench_setup& b) {
                         {"identical_to_autoregressive", r.identical}, {"speedup", r.speedup},
                         {"speedup_with_warmup", r.speedup_with_warmup}, {"warmup_seconds", r.warmup_seconds},
                         {"chosen_k", r.chosen_k}, {"predicted", r.predicted},
+                        {"checked", r.checked ? nlohmann::json(*r.checked) : nlohmann::json(nullptr)},
                         {"autoregressive_fallback", r.calibrated && r.chosen_k == 0},  // auto-K: no K paid
                         {"stats", stats_json(r.stats)}});
       }

@@ -4,9 +4,11 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <random>
+#include <thread>
 
 using namespace specsample;
 
@@ -16,6 +18,20 @@ struct bounded_markov : toy::markov {
   bounded_markov(toy::markov m, std::size_t limit) : toy::markov(std::move(m)), limit(limit) {}
   std::size_t limit;
   std::size_t max_size() const { return limit; }
+};
+
+// A toy model whose every `append` call also sleeps `delay` once a context holds `from` tokens:
+// a call that costs the same for one token or several (a model bound by reading its weights), and
+// one whose cost can change with the context, so that calls timed at a short context mislead.
+struct slow_markov : toy::markov {
+  slow_markov(toy::markov m, std::chrono::microseconds delay, std::size_t from = 0)
+      : toy::markov(std::move(m)), delay(delay), from(from) {}
+  std::chrono::microseconds delay;
+  std::size_t from;
+  Eigen::MatrixXf append(std::span<const token> t) {
+    if (size() + t.size() >= from) std::this_thread::sleep_for(delay);
+    return toy::markov::append(t);
+  }
 };
 }  // namespace
 
@@ -143,6 +159,97 @@ TEST_CASE("a calibration pays only when its best K is predicted to beat autoregr
     INFO("best K " << c.best_k << ", predicted " << c.predicted);
     CHECK(c.pays() == pays);
   }
+}
+
+TEST_CASE("measure_speedup times speculation against autoregressive decoding in pairs", "[tuning]") {
+  using namespace std::chrono_literals;
+  // A target call costs 1 ms whatever it holds. A free draft equal to the target passes every
+  // draft at T = 0: K + 1 tokens per target call, about 5x at K = 4. A poor draft that costs
+  // as much as the target: ~1.2 tokens per 5 ms, about 0.25x. Sleeps, so load only stretches
+  // both sides; the bounds leave a factor of two either way.
+  const auto markov = toy::markov::random(8, 1, 1, 0.3f);
+  slow_markov target(markov, 1ms), free_copy(markov, 0us), poor(toy::markov::similar_to(markov, 0.05, 3, 0.3f), 1ms);
+  speculative_params params;
+  params.sampling.temperature = 0.0f;
+  params.draft_length = 4;
+  const std::vector<std::vector<token>> prompts{{0, 1}, {5}};
+  std::mt19937_64 rng(3);
+  const auto fast = measure_speedup(free_copy, target, std::span<const std::vector<token>>(prompts), params, rng, 3, 20);
+  CHECK(fast.draft_length == 4);
+  REQUIRE(fast.ratios.size() == 3);
+  INFO("free draft " << fast.speedup());
+  CHECK(fast.speedup() > 2.5);
+  const auto slow = measure_speedup(poor, target, std::span<const std::vector<token>>(prompts), params, rng, 3, 20);
+  INFO("dear, poor draft " << slow.speedup());
+  CHECK(slow.speedup() < 0.5);
+  CHECK(fast.speedup() == detail::median(fast.ratios));
+  CHECK(std::isnan(speedup_measurement{}.speedup()));
+  // What it cannot measure, by name.
+  using Catch::Matchers::Contains;
+  const std::vector<std::vector<token>> none;
+  CHECK_THROWS_WITH(measure_speedup(free_copy, target, std::span<const std::vector<token>>(none), params, rng),
+                    Contains("measure_speedup: no prompts"));
+  CHECK_THROWS_WITH(measure_speedup(free_copy, target, std::span<const std::vector<token>>(prompts), params, rng, 0),
+                    Contains("pairs must be >= 1"));
+  CHECK_THROWS_WITH(measure_speedup(free_copy, target, std::span<const std::vector<token>>(prompts), params, rng, 3, 1),
+                    Contains("tokens must be >= 2"));
+  bounded_markov small_target(markov, 4), small_draft(markov, 4);
+  const std::vector<std::vector<token>> full{{0, 1, 2, 3}};  // room for one token: no round with a draft
+  CHECK_THROWS_WITH(measure_speedup(small_draft, small_target, std::span<const std::vector<token>>(full), params, rng),
+                    Contains("no prompt leaves the models' contexts room for two tokens"));
+  params.draft_length = 0;
+  CHECK_THROWS(measure_speedup(free_copy, target, std::span<const std::vector<token>>(prompts), params, rng));
+}
+
+TEST_CASE("calibration checks a prediction that pays by timing it, and pays only if both do", "[tuning]") {
+  using namespace std::chrono_literals;
+  const auto markov = toy::markov::random(8, 1, 1, 0.3f);
+  speculative_params params;
+  params.sampling.temperature = 0.0f;
+  const std::vector<std::vector<token>> prompts{{0, 1}};
+  {  // A free draft equal to a 1 ms target: predicted and measured well above 1.
+    slow_markov target(markov, 1ms), draft(markov, 0us);
+    std::mt19937_64 rng(1);
+    const auto c = calibrate(draft, target, std::span<const std::vector<token>>(prompts), params, rng, 4, 24, 3);
+    INFO("predicted " << c.predicted);
+    CHECK(c.predicted > 2.0);
+    REQUIRE(c.measured);
+    CHECK(c.measured->draft_length == c.best_k);
+    CHECK(c.measured->ratios.size() == 3);
+    INFO("measured " << c.measured->speedup());
+    CHECK(c.measured->speedup() > 1.5);
+    CHECK(c.pays());
+  }
+  {  // The same draft turns dear past the prompt: timed at the prompt it looks free (predicted
+     // > 1), inside the loop each draft call costs 3 ms against the target's 1 ms. The check
+     // catches what the prediction missed.
+    slow_markov target(markov, 1ms), draft(markov, 3ms, 3);
+    std::mt19937_64 rng(1);
+    const auto c = calibrate(draft, target, std::span<const std::vector<token>>(prompts), params, rng, 4, 24, 3);
+    INFO("predicted " << c.predicted << " at K = " << c.best_k);
+    CHECK(c.predicted > 1.0);
+    REQUIRE(c.measured);
+    INFO("measured " << c.measured->speedup());
+    CHECK(c.measured->speedup() < 0.7);
+    CHECK_FALSE(c.pays());
+    // Without the check, the prediction alone decides; the caller's generator advances the same.
+    std::mt19937_64 a(1), b(1);
+    const auto unchecked = calibrate(draft, target, std::span<const std::vector<token>>(prompts), params, a, 4, 24, 0);
+    CHECK_FALSE(unchecked.measured);
+    CHECK(unchecked.pays());
+    (void)calibrate(draft, target, std::span<const std::vector<token>>(prompts), params, b, 4, 24, 3);
+    CHECK(a() == b());
+  }
+  // A prediction that does not pay is not checked.
+  calibration c;
+  c.predicted = 0.9;
+  CHECK_FALSE(c.pays());
+  c.predicted = 1.3;
+  CHECK(c.pays());
+  c.measured = speedup_measurement{2, {0.8, 1.1, 0.9}};
+  CHECK_FALSE(c.pays());
+  c.measured->ratios = {1.2, 0.9, 1.1};
+  CHECK(c.pays());
 }
 
 TEST_CASE("calibration over several prompts pools their acceptance", "[tuning]") {

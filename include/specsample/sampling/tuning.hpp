@@ -1,8 +1,9 @@
 #pragma once
 /// @file tuning.hpp
 /// Choosing the draft length (and the draft) from measurements: the performance model,
-/// per-position acceptance, the draft/target cost ratio, and a short warm-up that measures both;
-/// and the draft's temperature, from its expected acceptance along the target's own text.
+/// per-position acceptance, the draft/target cost ratio, a short warm-up that measures both, and
+/// a paired timing of speculation against autoregressive decoding that checks the choice; and the
+/// draft's temperature, from its expected acceptance along the target's own text.
 
 #include <specsample/concepts.hpp>
 #include <specsample/error.hpp>
@@ -19,6 +20,8 @@
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <optional>
+#include <random>
 #include <span>
 #include <utility>
 #include <vector>
@@ -31,6 +34,14 @@ inline void check_model_draft_length(std::size_t k, const char* who) {
   if (k > max_draft_length) {
     throw error(fmt::format("{}: K = {} is above max_draft_length = {}", who, k, max_draft_length));
   }
+}
+
+// The median of `v` (taken by value: it sorts); NaN for none.
+[[nodiscard]] inline double median(std::vector<double> v) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 }  // namespace detail
 
@@ -130,6 +141,19 @@ class position_acceptance {
   std::vector<std::size_t> reached_, accepted_;
 };
 
+/// What `measure_speedup` timed: speculative decoding at one draft length against autoregressive
+/// decoding of the same prompts, in back-to-back pairs.
+struct speedup_measurement {
+  std::size_t draft_length = 0;  ///< K of the speculative side
+  /// Per pair: the autoregressive decode time per token over the speculative one (prompt prefill
+  /// excluded from both, as the performance model excludes it).
+  std::vector<double> ratios;
+
+  /// The measured speedup: the median of the pairs' ratios (drift of a shared machine between
+  /// pairs cancels instead of favouring one side). NaN for no pairs.
+  [[nodiscard]] double speedup() const { return detail::median(ratios); }
+};
+
 /// What a warm-up measured for one draft.
 struct calibration {
   std::vector<double> acceptance;   ///< per draft position, see position_acceptance
@@ -138,6 +162,9 @@ struct calibration {
   std::vector<double> verify_cost;  ///< [K] = (K+1)-token target call / 1-token call, K = 0..k_max
   std::size_t best_k = 1;           ///< argmax of the predicted speedup over K in [1, k_max]
   double predicted = 1.0;           ///< the predicted speedup at best_k, round_cost included
+  /// Speculation at best_k timed against autoregressive decoding (`measure_speedup`), when
+  /// `calibrate` checked its prediction: it does where the prediction pays, unless asked not to.
+  std::optional<speedup_measurement> measured;
 
   /// [K] = what a round with K drafts costs besides K draft calls at cost_ratio, in single-token
   /// target calls: verify_cost[K] plus what its first draft call costs beyond cost_ratio ([0] = 1,
@@ -149,12 +176,14 @@ struct calibration {
     return r;
   }
 
-  /// Whether speculating at best_k is predicted to beat autoregressive decoding (predicted > 1).
-  /// It may not: where a few-token target call costs much more than a single-token one (a CPU
-  /// whose FMA units rather than its memory bound the batched call; docs/gpt2.md, "Speed") or the
-  /// draft is dear or poor, no K pays — decode with `autoregressive_sample` then. The prediction
-  /// leans optimistic (`detail::cost_ratios`): a prediction just above 1 may still lose.
-  [[nodiscard]] bool pays() const noexcept { return predicted > 1.0; }
+  /// Whether speculating at best_k beats autoregressive decoding: predicted > 1 and, where the
+  /// prediction was checked, a measured speedup > 1 as well. It may not: where a few-token target
+  /// call costs much more than a single-token one (a CPU whose FMA units rather than its memory
+  /// bound the batched call; docs/gpt2.md, "Speed") or the draft is dear or poor, no K pays —
+  /// decode with `autoregressive_sample` then. The prediction leans optimistic
+  /// (`detail::cost_ratios`), and near break-even its short timings mislead; the check is what
+  /// catches a prediction above 1 that loses.
+  [[nodiscard]] bool pays() const { return predicted > 1.0 && (!measured || measured->speedup() > 1.0); }
 };
 
 namespace detail {
@@ -201,11 +230,6 @@ calibration cost_ratios(Draft& draft, Target& target, std::span<const token> con
       ratio[j].push_back(timed(target, j + 1) / t1);
     }
   }
-  const auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-  };
   calibration m;
   m.cost_ratio = median(ratio[0]);
   m.first_cost_ratio = median(first);
@@ -233,6 +257,63 @@ template <class Draft, class Target>
 
 }  // namespace detail
 
+/// Times speculative decoding with `params` (its draft length, verification rule, adaptive
+/// schedule, draft sampling) against autoregressive decoding with the same sampling parameters:
+/// pair i decodes `tokens` tokens each way from the i-th of `prompts` (cyclically; fewer tokens
+/// where a prompt leaves the models' contexts less room, and prompts that leave room for fewer
+/// than two skipped; EOS ignored, so that both sides decode as many), the two sides in
+/// alternating order, and records the ratio of their decode times per token. It measures the
+/// loop as it will run (acceptance on these texts, the calls' costs inside the loop, the time
+/// outside the models), where `calibrate`'s prediction is built from calls timed apart. Timings:
+/// each pair is noisy on a shared machine; `speedup()` is their median. Throws
+/// `specsample::error` for no prompts, pairs = 0, tokens < 2 (a round with a draft decodes two),
+/// no prompt that leaves room for two tokens (or one that alone overflows the models' context),
+/// or whatever `speculative_sample` refuses in `params`.
+template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng>
+[[nodiscard]] speedup_measurement measure_speedup(Draft& draft, Target& target,
+                                                  std::span<const std::vector<token>> prompts,
+                                                  const speculative_params& params, Rng& rng, std::size_t pairs = 5,
+                                                  std::size_t tokens = 64) {
+  if (prompts.empty()) throw error("measure_speedup: no prompts");
+  if (pairs == 0) throw error("measure_speedup: pairs must be >= 1");
+  if (tokens < 2) {
+    throw error(fmt::format("measure_speedup: tokens must be >= 2 (a round with a draft decodes two), got {}", tokens));
+  }
+  std::vector<std::size_t> usable;  // the prompts with room for two tokens, and how many each gets
+  std::vector<std::size_t> length;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    const std::size_t n = detail::warmup_length(draft, target, prompts[i].size(), tokens, "measure_speedup");
+    if (n >= 2) {
+      usable.push_back(i);
+      length.push_back(n);
+    }
+  }
+  if (usable.empty()) throw error("measure_speedup: no prompt leaves the models' contexts room for two tokens");
+  speculative_params run = params;
+  run.eos.reset();
+  speedup_measurement m{params.draft_length, {}};
+  m.ratios.reserve(pairs);
+  const auto per_token = [](const generation_result& g) {  // (a toy model's call can take 0 s)
+    return std::max(g.stats.decode_seconds(), 1e-9) / static_cast<double>(g.stats.tokens);
+  };
+  for (std::size_t i = 0; i < pairs; ++i) {
+    const std::vector<token>& prompt = prompts[usable[i % usable.size()]];
+    run.max_new_tokens = length[i % usable.size()];
+    const auto ar = [&] { return per_token(autoregressive_sample(target, prompt, run, rng)); };
+    const auto spec = [&] { return per_token(speculative_sample(draft, target, prompt, run, rng)); };
+    double t_ar = 0.0, t_spec = 0.0;
+    if (i % 2 == 0) {
+      t_ar = ar();
+      t_spec = spec();
+    } else {
+      t_spec = spec();
+      t_ar = ar();
+    }
+    m.ratios.push_back(t_ar / t_spec);
+  }
+  return m;
+}
+
 /// Runs a short speculative generation with K = k_max from each of `prompts` (`warmup_tokens`
 /// tokens each, fewer where a prompt leaves the models' contexts less room; the caller's
 /// sampling parameters) to measure acceptance by position, pooled over
@@ -240,11 +321,17 @@ template <class Draft, class Target>
 /// and the target's (K+1)-token calls for the verification cost (after the first prompt; medians
 /// of per-round ratios, see `detail::cost_ratios`), and picks the K that maximises the predicted
 /// speedup. A few prompts give a steadier estimate than one: acceptance varies from one
-/// text to the next.
+/// text to the next. Where that prediction pays (> 1), it is checked: `measure_speedup` at best_k
+/// over `check_pairs` pairs of `warmup_tokens` tokens (the caller's parameters, K = best_k) fills
+/// `measured`, and `pays()` asks both to exceed 1. `check_pairs = 0` skips the check (the
+/// prediction alone decides), as do prompts that leave no room for two tokens. The check samples
+/// from an engine seeded by one draw of `rng`, so `rng` advances the same whether it ran or not.
+/// Throws `specsample::error` for k_max = 0 or above `max_draft_length`, no prompts, or a prompt
+/// that does not fit the models.
 template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng>
 [[nodiscard]] calibration calibrate(Draft& draft, Target& target, std::span<const std::vector<token>> prompts,
                                     const speculative_params& params, Rng& rng, std::size_t k_max = 8,
-                                    std::size_t warmup_tokens = 64) {
+                                    std::size_t warmup_tokens = 64, std::size_t check_pairs = 5) {
   if (k_max == 0) throw error("calibrate: k_max must be >= 1");
   detail::check_model_draft_length(k_max, "calibrate");
   if (prompts.empty()) throw error("calibrate: no prompts");
@@ -261,6 +348,16 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   const std::vector<double> round = c.round_cost();
   c.best_k = best_draft_length(c.acceptance, c.cost_ratio, k_max, round);
   c.predicted = predicted_speedup(c.acceptance, c.cost_ratio, c.best_k, round);
+  std::mt19937_64 check_rng(rng());
+  const auto room = [&](const std::vector<token>& p) {
+    return detail::warmup_length(draft, target, p.size(), 2, "calibrate") == 2;
+  };
+  if (check_pairs > 0 && c.predicted > 1.0 && std::any_of(prompts.begin(), prompts.end(), room)) {
+    speculative_params check = params;
+    check.draft_length = c.best_k;
+    c.measured = measure_speedup(draft, target, prompts, check, check_rng, check_pairs,
+                                 std::max<std::size_t>(warmup_tokens, 2));
+  }
   return c;
 }
 
@@ -268,9 +365,10 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
 template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng>
 [[nodiscard]] calibration calibrate(Draft& draft, Target& target, std::span<const token> prompt,
                                     const speculative_params& params, Rng& rng, std::size_t k_max = 8,
-                                    std::size_t warmup_tokens = 64) {
+                                    std::size_t warmup_tokens = 64, std::size_t check_pairs = 5) {
   const std::vector<std::vector<token>> one{std::vector<token>(prompt.begin(), prompt.end())};
-  return calibrate(draft, target, std::span<const std::vector<token>>(one), params, rng, k_max, warmup_tokens);
+  return calibrate(draft, target, std::span<const std::vector<token>>(one), params, rng, k_max, warmup_tokens,
+                   check_pairs);
 }
 
 /// What `scan_draft_temperature` measured: per ratio R, the expected acceptance α of a draft
