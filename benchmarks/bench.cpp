@@ -96,6 +96,7 @@ struct cli {
   bool strategies = false;
   std::optional<fs::path> best_k_from;  // a sweep.json whose per-temperature best K is also run
   std::size_t warmup_tokens = 64;       // auto-K: the calibration's warm-up generation
+  std::size_t check_pairs = 5;          // auto-K: the calibration's timed check (0: none)
   std::vector<double> repetitive_temperatures{0.0, 0.7};
 };
 
@@ -155,6 +156,8 @@ strategy comparison (instead of the sweep):
   --best-k-from FILE    a sweep.json: also run token-wise (and at T > 0 block verification) at its
                         best measured K per temperature
   --warmup-tokens N     auto-K warm-up generation length (default 64; --quick: 16)
+  --check-pairs N       auto-K: pairs of calibrate's timed check of its prediction, speculation
+                        against autoregressive decoding (default 5; 0: the prediction alone)
   --repetitive-temperatures LIST   temperatures of the repetitive suite (default 0,0.7)
 )";
 
@@ -294,6 +297,7 @@ cli parse(int argc, char** argv) {
     else if (a == "--strategies") c.strategies = true;
     else if (a == "--best-k-from") c.best_k_from = fs::path(value());
     else if (a == "--warmup-tokens") c.warmup_tokens = parse_number<std::size_t>(a, value());
+    else if (a == "--check-pairs") c.check_pairs = parse_number<std::size_t>(a, value());
     else if (a == "--quick") c.quick = true;
     else usage_error(fmt::format("unknown argument '{}'", a));
   }
@@ -1057,7 +1061,7 @@ struct strategy_cell {
 // One generation with strategy `s`; the tokens go to `tokens`.
 strategy_run run_strategy(const strategy& s, specsample::gpt2::model& draft, specsample::gpt2::model& target,
                           std::span<const token> prompt, specsample::speculative_params params, std::uint64_t seed,
-                          std::size_t warmup_tokens, std::vector<token>& tokens) {
+                          std::size_t warmup_tokens, std::size_t check_pairs, std::vector<token>& tokens) {
   strategy_run r;
   r.seed = seed;
   std::mt19937_64 rng(seed);
@@ -1081,7 +1085,7 @@ strategy_run run_strategy(const strategy& s, specsample::gpt2::model& draft, spe
     case method::auto_k: {
       std::mt19937_64 warm_rng(seed ^ 0x9e3779b97f4a7c15ULL);  // the generation itself uses `seed`
       const auto t0 = steady::now();
-      const auto cal = specsample::calibrate(draft, target, prompt, params, warm_rng, s.k, warmup_tokens);
+      const auto cal = specsample::calibrate(draft, target, prompt, params, warm_rng, s.k, warmup_tokens, check_pairs);
       r.warmup_seconds = seconds_since(t0);
       r.calibrated = true;
       r.chosen_k = cal.pays() ? cal.best_k : 0;
@@ -1329,7 +1333,7 @@ int run_strategies(const bench_setup& b) {
           for (std::size_t o = 0; o < strategies.size(); ++o) {
             const std::size_t si = (o + shift) % strategies.size();
             runs[si] = run_strategy(strategies[si], b.draft, b.target, su.prompts[pi], params, seed, c.warmup_tokens,
-                                    outputs[si]);
+                                    c.check_pairs, outputs[si]);
             runs[si].prompt = pi;
             runs[si].rep = r;
             runs[si].position = o;
@@ -1451,7 +1455,7 @@ int run_strategies(const bench_setup& b) {
     j["config"] = {{"target", b.target_dir.string()}, {"draft", b.draft_dir.string()},
                    {"prompts_file", b.prompts_file.string()}, {"n", c.n}, {"reps", c.reps},
                    {"threads", b.target.threads()}, {"kernels", specsample::isa_name(b.target.kernels())},
-                   {"seed", c.seed}, {"warmup_tokens", c.warmup_tokens},
+                   {"seed", c.seed}, {"warmup_tokens", c.warmup_tokens}, {"check_pairs", c.check_pairs},
                    {"best_k_from", c.best_k_from ? c.best_k_from->string() : std::string()}, {"quick", c.quick}};
     j["config"].update(specsample::gpt2::precision_json(c.model));
     j["config"]["draft_matmul"] = specsample::gpt2::precision_name(draft_options(c).matmul_precision);

@@ -88,6 +88,7 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
   --target DIR          target checkpoint (config.json, model.safetensors, vocab.json, merges.txt)
   --draft DIR           draft checkpoint with the same tokenizer; "ngram" for prompt-lookup drafting
                         (no model); DIR1,DIR2,... to measure each and keep the best predicted
+                        among those whose timed check pays (see -k auto)
   --prompt-lookup N     each round, draft by prompt lookup first (a suffix of N to max(N, 4)
                         tokens that occurred before) and by the draft model only where none did
   -k auto               pick K from a warm-up (acceptance by position, cost ratio c), checked
