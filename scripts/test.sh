@@ -31,7 +31,11 @@ if [ -z "${SPECSAMPLE_SKIP_SANITIZE:-}" ]; then
   # build unnoticed. The micro-benchmarks, which no test runs, are not built.
   # ASan's checks stay inline: clang's -fsanitize-address-outline-instrumentation (checks as calls)
   # cut this build from 508 to 355 s, but the ~120 tests it ran took 3.8x as long (745 s against
-  # 195; the harness and specsample-generate smoke tests 6-13x; Zen 3, 2026-11-27).
+  # 195; the harness and specsample-generate smoke tests 6-13x; Zen 3, 2026-11-27). Nor do the
+  # kernels drop to -O0 here: src/matmul_kernels.cpp then compiles in 8 s instead of 79, but
+  # bench.strategies_quick took 957 s against 29 (Zen 4 without AVX-512, 2026-11-29). Of those
+  # 79 s, UBSan's pointer-overflow check costs 37 (ASan alone 27, UBSan alone 30); it stays, as it
+  # checks the kernels' index arithmetic.
   run_suite sanitize-clang -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS=-O1 -g1" \
     -DSPECSAMPLE_SANITIZE=ON -DSPECSAMPLE_BUILD_MICRO=OFF -DSPECSAMPLE_SEPARATE_KERNELS=ON
 fi
