@@ -13,7 +13,7 @@
 // --draft ngram drafts by prompt lookup (no draft model); --draft a,b,c measures each candidate on
 // a warm-up and keeps the one with the best predicted speedup (among those whose check pays:
 // calibrate times speculation at the predicted K against autoregressive decoding); -k auto picks K
-// the same way (and, in speculative mode, decodes autoregressively when no K pays);
+// the same way (and, in speculative mode, decodes autoregressively when that K does not pay);
 // --draft-temperature auto gives each candidate, before that, the temperature with the highest
 // expected acceptance along the target's own text (scan_draft_temperature).
 // Before generating it checks that the draft's and target's tokenizers are identical.
@@ -88,12 +88,12 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
   --target DIR          target checkpoint (config.json, model.safetensors, vocab.json, merges.txt)
   --draft DIR           draft checkpoint with the same tokenizer; "ngram" for prompt-lookup drafting
                         (no model); DIR1,DIR2,... to measure each and keep the best predicted
-                        among those whose timed check pays (see -k auto)
+                        among those whose timed check (at its best K) pays (see -k auto)
   --prompt-lookup N     each round, draft by prompt lookup first (a suffix of N to max(N, 4)
                         tokens that occurred before) and by the draft model only where none did
   -k auto               pick K from a warm-up (acceptance by position, cost ratio c), checked
                         by timing it against autoregressive decoding; with --mode speculative,
-                        decode autoregressively if no K pays
+                        decode autoregressively if that K does not pay
   --calibration-prompts F   warm up -k auto and a draft choice on the prompts of F (one per line,
                         \n escapes, # comments; e.g. benchmarks/prompts.txt) instead of the prompt
   --p-min P             stop drafting a round when the draft's top probability (at its own
@@ -468,12 +468,12 @@ int run(int argc, char** argv) {
     }
   }
   if (!drafts.empty() && (drafts.size() > 1 || c.auto_k)) {
-    const std::size_t k_max = 8;
+    const std::size_t k_max = 8, warmup_tokens = 64, check_pairs = 5;
     std::vector<specsample::calibration> cal;
     for (std::size_t d = 0; d < drafts.size(); ++d) {
       std::mt19937_64 rng(c.seed);
       cal.push_back(specsample::calibrate(drafts[d], target, std::span<const std::vector<token>>(warmup), draft_params[d],
-                                          rng, k_max, 64));
+                                          rng, k_max, warmup_tokens, check_pairs));
     }
     const auto better = [&](std::size_t d) {
       return std::pair(cal[d].pays(), cal[d].predicted) > std::pair(cal[chosen].pays(), cal[chosen].predicted);
@@ -482,10 +482,11 @@ int run(int argc, char** argv) {
       if (better(d)) chosen = d;
     }
     std::FILE* out = c.json ? stderr : stdout;
-    fmt::print(out, "draft choice (warm-up of 64 tokens at K = {} from each of {} prompt(s); predicted = E[tokens per round] / "
+    fmt::print(out, "draft choice (warm-up of {} tokens at K = {} from each of {} prompt(s); predicted = E[tokens per round] / "
                     "(c_1st + c(K - 1) + v[K]), c_1st = a round's first draft call, v[K] = measured cost of a (K+1)-token "
                     "target call over a 1-token call; checked = speculation at that K timed against autoregressive "
-                    "decoding, median of 5 pairs of 64 tokens, where predicted > 1):\n", k_max, warmup.size());
+                    "decoding, median of {} pairs of {} tokens, where predicted > 1):\n", warmup_tokens, k_max, warmup.size(),
+               check_pairs, warmup_tokens);
     std::size_t width = 5;
     for (const auto& path : candidates) width = std::max(width, path.string().size());
     fmt::print(out, "  {:<{}} {:>8} {:>8} {:>7} {:>7} {:>3} {:>10} {:>8}\n", "draft", width, "alpha_0", "alpha_3", "c_1st",
@@ -509,10 +510,11 @@ int run(int argc, char** argv) {
       // mode still runs both, to show it.
       const bool fall_back = c.auto_k && mode == "speculative";
       const auto& m = cal[chosen].measured;
-      fmt::print(out, "no K beats autoregressive decoding here ({}){}\n",
-                 m ? fmt::format("predicted {:.2f}x at K = {}, measured {:.2f}x", cal[chosen].predicted,
-                                 cal[chosen].best_k, m->speedup())
-                   : fmt::format("best predicted {:.2f}x, at K = {}", cal[chosen].predicted, cal[chosen].best_k),
+      fmt::print(out, "{}{}\n",
+                 m ? fmt::format("speculation at the best predicted K = {} does not pay here (predicted {:.2f}x, "
+                                 "measured {:.2f}x)", cal[chosen].best_k, cal[chosen].predicted, m->speedup())
+                   : fmt::format("no K is predicted to beat autoregressive decoding here (best {:.2f}x at K = {})",
+                                 cal[chosen].predicted, cal[chosen].best_k),
                  fall_back  ? std::string(": decoding autoregressively")
                  : c.auto_k ? std::string()
                             : fmt::format("; speculating at K = {} as asked (-k auto would decode autoregressively)",

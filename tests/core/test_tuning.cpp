@@ -96,7 +96,7 @@ TEST_CASE("calibration picks a longer draft for a better draft model", "[tuning]
   const std::vector<token> prompt{0, 1};
   speculative_params params;
   std::mt19937_64 rng(1);
-  const auto g = calibrate(good, target, prompt, params, rng, 8, 400);
+  const auto g = calibrate(good, target, prompt, params, rng, 8, 400, 0);  // (untimed: acceptance and K only)
   const auto p = calibrate(poor, target, prompt, params, rng, 8, 400);
   INFO("good: alpha0 " << g.acceptance[0] << " K " << g.best_k << "; poor: alpha0 " << p.acceptance[0] << " K "
                        << p.best_k);
@@ -121,7 +121,8 @@ TEST_CASE("calibration picks a longer draft for a better draft model", "[tuning]
   CHECK(best_draft_length(g.acceptance, 0.05, 8) > best_draft_length(p.acceptance, 0.05, 8));
   // A draft that costs about what the target costs and is poorly accepted (~1.4 tokens per
   // round for ~2 calls' worth of time) cannot pay.
-  CHECK(p.pays() == (p.predicted > 1.0));
+  CHECK(p.predicted <= 1.0);
+  CHECK_FALSE(p.measured);  // a prediction that does not pay is not checked
   CHECK_FALSE(p.pays());
 }
 
@@ -197,8 +198,12 @@ TEST_CASE("measure_speedup times speculation against autoregressive decoding in 
   const std::vector<std::vector<token>> full{{0, 1, 2, 3}};  // room for one token: no round with a draft
   CHECK_THROWS_WITH(measure_speedup(small_draft, small_target, std::span<const std::vector<token>>(full), params, rng),
                     Contains("no prompt leaves the models' contexts room for two tokens"));
-  params.draft_length = 0;
-  CHECK_THROWS(measure_speedup(free_copy, target, std::span<const std::vector<token>>(prompts), params, rng));
+  const std::vector<std::vector<token>> empty_prompt{{0}, {}};
+  CHECK_THROWS_WITH(measure_speedup(free_copy, target, std::span<const std::vector<token>>(empty_prompt), params, rng),
+                    Contains("prompt is empty"));
+  params.draft_length = 0;  // refused before anything is timed
+  CHECK_THROWS_WITH(measure_speedup(free_copy, target, std::span<const std::vector<token>>(prompts), params, rng),
+                    Contains("draft_length must be in 1.."));
 }
 
 TEST_CASE("calibration checks a prediction that pays by timing it, and pays only if both do", "[tuning]") {
@@ -230,7 +235,7 @@ TEST_CASE("calibration checks a prediction that pays by timing it, and pays only
     CHECK(c.predicted > 1.0);
     REQUIRE(c.measured);
     INFO("measured " << c.measured->speedup());
-    CHECK(c.measured->speedup() < 0.7);
+    CHECK(c.measured->speedup() < 1.0);  // ~0.4-0.5 (late wake-ups from the sleeps pull it toward 1)
     CHECK_FALSE(c.pays());
     // Without the check, the prediction alone decides; the caller's generator advances the same.
     std::mt19937_64 a(1), b(1);
@@ -258,7 +263,7 @@ TEST_CASE("calibration over several prompts pools their acceptance", "[tuning]")
   speculative_params params;
   const std::vector<std::vector<token>> prompts{{0, 1}, {5}, {2, 7, 3}};
   std::mt19937_64 a(9), b(9);
-  const auto pooled = calibrate(draft, target, std::span<const std::vector<token>>(prompts), params, a, 4, 200);
+  const auto pooled = calibrate(draft, target, std::span<const std::vector<token>>(prompts), params, a, 4, 200, 0);
   // The same warm-ups by hand: one position_acceptance observer across the three generations.
   speculative_params warm = params;
   warm.draft_length = 4;
@@ -338,6 +343,13 @@ TEST_CASE("warm-ups shorten to the room a prompt leaves in the models' contexts"
   std::mt19937_64 rng(5);
   const auto cal = calibrate(draft, target, std::span<const std::vector<token>>(prompts), params, rng, 3, 64);
   CHECK((cal.best_k >= 1 && cal.best_k <= 3));
+  // The timed check skips and shortens the same way: the first prompt gets 4 tokens, the second 10;
+  // one with no room for two tokens is left out, not refused.
+  const std::vector<std::vector<token>> with_full{std::vector<token>(10, 1), {0, 1, 2, 3, 4, 5, 0}, {1}};
+  params.draft_length = 2;
+  const auto m = measure_speedup(draft, target, std::span<const std::vector<token>>(with_full), params, rng, 3, 64);
+  REQUIRE(m.ratios.size() == 3);
+  for (const double r : m.ratios) CHECK((std::isfinite(r) && r > 0.0));
   const std::vector<double> ratios{0.5, 1.0, 2.0};
   const auto scan = scan_draft_temperature(draft, target, std::span<const std::vector<token>>(prompts), params,
                                            std::span<const double>(ratios), rng, 64);

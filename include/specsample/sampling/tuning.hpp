@@ -163,7 +163,8 @@ struct calibration {
   std::size_t best_k = 1;           ///< argmax of the predicted speedup over K in [1, k_max]
   double predicted = 1.0;           ///< the predicted speedup at best_k, round_cost included
   /// Speculation at best_k timed against autoregressive decoding (`measure_speedup`), when
-  /// `calibrate` checked its prediction: it does where the prediction pays, unless asked not to.
+  /// `calibrate` checked its prediction: it does where the prediction pays, unless asked not to
+  /// (check_pairs = 0) or no prompt leaves room for two tokens.
   std::optional<speedup_measurement> measured;
 
   /// [K] = what a round with K drafts costs besides K draft calls at cost_ratio, in single-token
@@ -266,9 +267,10 @@ template <class Draft, class Target>
 /// loop as it will run (acceptance on these texts, the calls' costs inside the loop, the time
 /// outside the models), where `calibrate`'s prediction is built from calls timed apart. Timings:
 /// each pair is noisy on a shared machine; `speedup()` is their median. Throws
-/// `specsample::error` for no prompts, pairs = 0, tokens < 2 (a round with a draft decodes two),
-/// no prompt that leaves room for two tokens (or one that alone overflows the models' context),
-/// or whatever `speculative_sample` refuses in `params`.
+/// `specsample::error`, before timing anything, for no prompts, pairs = 0, tokens < 2 (a round
+/// with a draft decodes two), parameters or prompts `speculative_sample` refuses (an empty prompt,
+/// an out-of-range token, mismatched vocabularies, draft_length 0), a prompt that alone overflows
+/// the models' context, or no prompt that leaves room for two tokens.
 template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng>
 [[nodiscard]] speedup_measurement measure_speedup(Draft& draft, Target& target,
                                                   std::span<const std::vector<token>> prompts,
@@ -279,6 +281,10 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   if (tokens < 2) {
     throw error(fmt::format("measure_speedup: tokens must be >= 2 (a round with a draft decodes two), got {}", tokens));
   }
+  const std::size_t vocab = detail::vocabulary_of(target, "target");
+  detail::check_vocabularies(detail::vocabulary_of(draft, "draft"), vocab);
+  validate(params, vocab);
+  for (const std::vector<token>& prompt : prompts) detail::check_prompt(prompt, vocab);
   std::vector<std::size_t> usable;  // the prompts with room for two tokens, and how many each gets
   std::vector<std::size_t> length;
   for (std::size_t i = 0; i < prompts.size(); ++i) {
@@ -292,7 +298,6 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   speculative_params run = params;
   run.eos.reset();
   speedup_measurement m{params.draft_length, {}};
-  m.ratios.reserve(pairs);
   const auto per_token = [](const generation_result& g) {  // (a toy model's call can take 0 s)
     return std::max(g.stats.decode_seconds(), 1e-9) / static_cast<double>(g.stats.tokens);
   };
@@ -324,8 +329,9 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
 /// text to the next. Where that prediction pays (> 1), it is checked: `measure_speedup` at best_k
 /// over `check_pairs` pairs of `warmup_tokens` tokens (the caller's parameters, K = best_k) fills
 /// `measured`, and `pays()` asks both to exceed 1. `check_pairs = 0` skips the check (the
-/// prediction alone decides), as do prompts that leave no room for two tokens. The check samples
-/// from an engine seeded by one draw of `rng`, so `rng` advances the same whether it ran or not.
+/// prediction alone decides), as does a set of prompts none of which leaves room for two tokens.
+/// The check samples from an engine seeded by one draw of `rng`, taken whether it runs or not:
+/// `rng` advances by the warm-up's draws and that one.
 /// Throws `specsample::error` for k_max = 0 or above `max_draft_length`, no prompts, or a prompt
 /// that does not fit the models.
 template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng>
