@@ -1022,6 +1022,7 @@ struct strategy_cell {
   std::vector<strategy_run> runs;
   summary tps, speedup, speedup_with_warmup, warmup, chosen_k;
   std::vector<std::size_t> chosen_k_counts;
+  std::size_t vetoed = 0;  // auto-K: autoregressive runs whose K was predicted to pay but failed the check
   double tokens_per_round = 0.0, acceptance = 0.0, alpha = 0.0, drafted_per_round = 0.0;
   std::size_t identical = 0;
 
@@ -1037,6 +1038,7 @@ struct strategy_cell {
       if (r.calibrated) {
         if (chosen_k_counts.size() <= r.chosen_k) chosen_k_counts.resize(r.chosen_k + 1, 0);
         ++chosen_k_counts[r.chosen_k];
+        if (r.chosen_k == 0 && r.checked) ++vetoed;
       }
       tokens += r.stats.tokens;
       rounds += r.stats.rounds;
@@ -1230,11 +1232,13 @@ int run_draft_temperature_scan(const bench_setup& b) {
   return 0;
 }
 
-std::string fmt_k_counts(const std::vector<std::size_t>& counts) {
+// Auto-K's choices: "autoregressive: 31 (28 by the check), K=1: 4, ...".
+std::string fmt_k_counts(const std::vector<std::size_t>& counts, std::size_t vetoed) {
   std::vector<std::string> parts;
   for (std::size_t k = 0; k < counts.size(); ++k) {
     if (counts[k] == 0) continue;
-    parts.push_back(k == 0 ? fmt::format("autoregressive: {}", counts[k]) : fmt::format("K={}: {}", k, counts[k]));
+    parts.push_back(k == 0 ? fmt::format("autoregressive: {} ({} by the check)", counts[k], vetoed)
+                           : fmt::format("K={}: {}", k, counts[k]));
   }
   return fmt::format("{}", fmt::join(parts, ", "));
 }
@@ -1401,7 +1405,7 @@ int run_strategies(const bench_setup& b) {
       if (cl.suite != su.name) continue;
       const bool ar = cl.s.how == method::autoregressive;
       const std::string extra = cl.s.how == method::auto_k
-                                    ? fmt::format("{} · {:.2f} · {:.2f}x", fmt_k_counts(cl.chosen_k_counts),
+                                    ? fmt::format("{} · {:.2f} · {:.2f}x", fmt_k_counts(cl.chosen_k_counts, cl.vetoed),
                                                   cl.warmup.median, cl.speedup_with_warmup.median)
                                     : "";
       out("| {} | {} | {} | {} | {:.2f} | {:.2f} | {} | {} | {} |\n", fmt_t(cl.temperature), cl.s.name, fmt_range(cl.tps),
@@ -1440,7 +1444,7 @@ int run_strategies(const bench_setup& b) {
     out("| {} | {} ({}) | {:.2f}x | {} | {} | {:.2f}x | {:.3f} | {:.2f}x | {:.3f} |\n", fmt_t(t), k,
         best_s ? (best_s->block ? "sweep.json, a block-verification sweep" : "sweep.json") : "no sweep: K = 4",
         fixed->speedup.median,
-        best_s ? fmt::format("{:.2f}x", best_s->speedup) : std::string("–"), fmt_k_counts(au->chosen_k_counts),
+        best_s ? fmt::format("{:.2f}x", best_s->speedup) : std::string("–"), fmt_k_counts(au->chosen_k_counts, au->vetoed),
         au->speedup.median, au->speedup.median / fixed->speedup.median, au->speedup_with_warmup.median,
         au->speedup_with_warmup.median / fixed->speedup.median);
   }
@@ -1476,7 +1480,7 @@ int run_strategies(const bench_setup& b) {
       cj.push_back({{"suite", cl.suite}, {"temperature", cl.temperature}, {"strategy", cl.s.name}, {"k", cl.s.k},
                     {"tokens_per_second", to_json(cl.tps)}, {"speedup_paired", to_json(cl.speedup)},
                     {"speedup_paired_with_warmup", to_json(cl.speedup_with_warmup)},
-                    {"warmup_seconds", to_json(cl.warmup)}, {"chosen_k_counts", cl.chosen_k_counts},
+                    {"warmup_seconds", to_json(cl.warmup)}, {"chosen_k_counts", cl.chosen_k_counts}, {"check_vetoes", cl.vetoed},
                     {"tokens_per_round", cl.tokens_per_round}, {"drafted_per_round", cl.drafted_per_round},
                     {"acceptance_rate", cl.acceptance}, {"alpha", cl.alpha}, {"identical_runs", cl.identical},
                     {"runs", runs}});
