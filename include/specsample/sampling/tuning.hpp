@@ -256,6 +256,21 @@ template <class Draft, class Target>
   return std::min(wanted, limit - prompt + 1);
 }
 
+// The prompts a paired timing can use and how many tokens each side decodes from each: up to
+// `tokens`, fewer where a prompt leaves the models' contexts less room; a prompt with room for
+// fewer than two (no round with a draft) is left out. Empty when none can be used.
+template <class Draft, class Target>
+[[nodiscard]] std::vector<std::pair<std::size_t, std::size_t>> timing_lengths(
+    const Draft& draft, const Target& target, std::span<const std::vector<token>> prompts, std::size_t tokens,
+    const char* who) {
+  std::vector<std::pair<std::size_t, std::size_t>> usable;  // (prompt index, tokens)
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    const std::size_t n = warmup_length(draft, target, prompts[i].size(), tokens, who);
+    if (n >= 2) usable.emplace_back(i, n);
+  }
+  return usable;
+}
+
 }  // namespace detail
 
 /// Times speculative decoding with `params` (its draft length, verification rule, adaptive
@@ -285,15 +300,7 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   detail::check_vocabularies(detail::vocabulary_of(draft, "draft"), vocab);
   validate(params, vocab);
   for (const std::vector<token>& prompt : prompts) detail::check_prompt(prompt, vocab);
-  std::vector<std::size_t> usable;  // the prompts with room for two tokens, and how many each gets
-  std::vector<std::size_t> length;
-  for (std::size_t i = 0; i < prompts.size(); ++i) {
-    const std::size_t n = detail::warmup_length(draft, target, prompts[i].size(), tokens, "measure_speedup");
-    if (n >= 2) {
-      usable.push_back(i);
-      length.push_back(n);
-    }
-  }
+  const auto usable = detail::timing_lengths(draft, target, prompts, tokens, "measure_speedup");
   if (usable.empty()) throw error("measure_speedup: no prompt leaves the models' contexts room for two tokens");
   speculative_params run = params;
   run.eos.reset();
@@ -302,8 +309,9 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
     return std::max(g.stats.decode_seconds(), 1e-9) / static_cast<double>(g.stats.tokens);
   };
   for (std::size_t i = 0; i < pairs; ++i) {
-    const std::vector<token>& prompt = prompts[usable[i % usable.size()]];
-    run.max_new_tokens = length[i % usable.size()];
+    const auto& [index, length] = usable[i % usable.size()];
+    const std::vector<token>& prompt = prompts[index];
+    run.max_new_tokens = length;
     const auto ar = [&] { return per_token(autoregressive_sample(target, prompt, run, rng)); };
     const auto spec = [&] { return per_token(speculative_sample(draft, target, prompt, run, rng)); };
     double t_ar = 0.0, t_spec = 0.0;
@@ -355,10 +363,8 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   c.best_k = best_draft_length(c.acceptance, c.cost_ratio, k_max, round);
   c.predicted = predicted_speedup(c.acceptance, c.cost_ratio, c.best_k, round);
   std::mt19937_64 check_rng(rng());
-  const auto room = [&](const std::vector<token>& p) {
-    return detail::warmup_length(draft, target, p.size(), 2, "calibrate") == 2;
-  };
-  if (check_pairs > 0 && c.predicted > 1.0 && std::any_of(prompts.begin(), prompts.end(), room)) {
+  const bool room = !detail::timing_lengths(draft, target, prompts, 2, "calibrate").empty();
+  if (check_pairs > 0 && c.predicted > 1.0 && room) {
     speculative_params check = params;
     check.draft_length = c.best_k;
     c.measured = measure_speedup(draft, target, prompts, check, check_rng, check_pairs,
