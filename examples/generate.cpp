@@ -11,9 +11,10 @@
 //
 // Defaults: the bundled Tiny Shakespeare pair (models/shakespeare-target, -draft), compare mode.
 // --draft ngram drafts by prompt lookup (no draft model); --draft a,b,c measures each candidate on
-// a warm-up and keeps the one with the best predicted speedup (among those whose check pays:
-// calibrate times speculation at the predicted K against autoregressive decoding); -k auto picks K
-// the same way (and, in speculative mode, decodes autoregressively when that K does not pay);
+// a warm-up and keeps the one with the best predicted speedup at the K given, or at its best K
+// with -k auto (among those whose check pays: check_prediction times speculation at that K
+// against autoregressive decoding, in order of prediction until one pays); -k auto picks K the
+// same way (and, in speculative mode, decodes autoregressively when that K does not pay);
 // --draft-temperature auto gives each candidate, before that, the temperature with the highest
 // expected acceptance along the target's own text (scan_draft_temperature).
 // Before generating it checks that the draft's and target's tokenizers are identical.
@@ -33,6 +34,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <string>
@@ -88,7 +90,8 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
   --target DIR          target checkpoint (config.json, model.safetensors, vocab.json, merges.txt)
   --draft DIR           draft checkpoint with the same tokenizer; "ngram" for prompt-lookup drafting
                         (no model); DIR1,DIR2,... to measure each and keep the best predicted
-                        among those whose timed check (at its best K) pays (see -k auto)
+                        at -k (each at its best K with -k auto) among those whose timed check
+                        pays, checked in order of prediction until one does
   --prompt-lookup N     each round, draft by prompt lookup first (a suffix of N to max(N, 4)
                         tokens that occurred before) and by the draft model only where none did
   -k auto               pick K from a warm-up (acceptance by position, cost ratio c), checked
@@ -468,33 +471,44 @@ int run(int argc, char** argv) {
     }
   }
   if (!drafts.empty() && (drafts.size() > 1 || c.auto_k)) {
-    const std::size_t k_max = 8, warmup_tokens = 64, check_pairs = 5;
+    // -k auto: each draft at its best K up to 8; -k N: every draft at N (warmed up at N).
+    const std::size_t k_max = c.auto_k ? 8 : c.params.draft_length, warmup_tokens = 64, check_pairs = 5;
+    const auto prompts = std::span<const std::vector<token>>(warmup);
     std::vector<specsample::calibration> cal;
+    std::vector<std::mt19937_64> rngs(drafts.size(), std::mt19937_64(c.seed));
     for (std::size_t d = 0; d < drafts.size(); ++d) {
-      std::mt19937_64 rng(c.seed);
-      cal.push_back(specsample::calibrate(drafts[d], target, std::span<const std::vector<token>>(warmup), draft_params[d],
-                                          rng, k_max, warmup_tokens, check_pairs));
+      cal.push_back(specsample::calibrate(drafts[d], target, prompts, draft_params[d], rngs[d], k_max, warmup_tokens, 0));
+      if (!c.auto_k) cal[d] = cal[d].at(k_max);
     }
-    const auto better = [&](std::size_t d) {
-      return std::pair(cal[d].pays(), cal[d].predicted) > std::pair(cal[chosen].pays(), cal[chosen].predicted);
-    };
-    for (std::size_t d = 1; d < drafts.size(); ++d) {
-      if (better(d)) chosen = d;
+    // The best prediction among the drafts whose timed check pays: checked in order of
+    // prediction, the first that pays is the one (the rest are not timed); none: the best predicted.
+    std::vector<std::size_t> order(drafts.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return cal[a].predicted > cal[b].predicted; });
+    chosen = order.front();
+    for (const std::size_t d : order) {
+      specsample::check_prediction(cal[d], drafts[d], target, prompts, draft_params[d], rngs[d], check_pairs, warmup_tokens);
+      if (cal[d].pays()) {
+        chosen = d;
+        break;
+      }
     }
     std::FILE* out = c.json ? stderr : stdout;
-    fmt::print(out, "draft choice (warm-up of {} tokens at K = {} from each of {} prompt(s); predicted = E[tokens per round] / "
-                    "(c_1st + c(K - 1) + v[K]), c_1st = a round's first draft call, v[K] = measured cost of a (K+1)-token "
-                    "target call over a 1-token call; checked = speculation at that K timed against autoregressive "
-                    "decoding, median of {} pairs of {} tokens, where predicted > 1):\n", warmup_tokens, k_max, warmup.size(),
-               check_pairs, warmup_tokens);
+    fmt::print(out, "draft choice (warm-up of {} tokens at K = {} from each of {} prompt(s); K = {}; predicted = E[tokens per "
+                    "round] / (c_1st + c(K - 1) + v[K]), c_1st = a round's first draft call, v[K] = measured cost of a "
+                    "(K+1)-token target call over a 1-token call; checked = speculation at that K timed against "
+                    "autoregressive decoding, median of {} pairs of {} tokens, where predicted > 1, in order of prediction "
+                    "until one pays):\n", warmup_tokens, k_max, warmup.size(),
+               c.auto_k ? "the best predicted (-k auto)" : fmt::format("{} (-k)", k_max), check_pairs, warmup_tokens);
     std::size_t width = 5;
     for (const auto& path : candidates) width = std::max(width, path.string().size());
-    fmt::print(out, "  {:<{}} {:>8} {:>8} {:>7} {:>7} {:>3} {:>10} {:>8}\n", "draft", width, "alpha_0", "alpha_3", "c_1st",
-               "c", "K", "predicted", "checked");
+    const std::size_t later = std::min<std::size_t>(3, k_max - 1);  // a later draft position's acceptance
+    fmt::print(out, "  {:<{}} {:>8} {:>8} {:>7} {:>7} {:>3} {:>10} {:>8}\n", "draft", width, "alpha_0",
+               fmt::format("alpha_{}", later), "c_1st", "c", "K", "predicted", "checked");
     for (std::size_t d = 0; d < drafts.size(); ++d) {
       const auto& m = cal[d].measured;
       fmt::print(out, "  {:<{}} {:>8.3f} {:>8.3f} {:>7.4f} {:>7.4f} {:>3} {:>9.2f}x {:>8}{}\n", candidates[d].string(),
-                 width, cal[d].acceptance[0], cal[d].acceptance[3], cal[d].first_cost_ratio, cal[d].cost_ratio,
+                 width, cal[d].acceptance[0], cal[d].acceptance[later], cal[d].first_cost_ratio, cal[d].cost_ratio,
                  cal[d].best_k, cal[d].predicted, m ? fmt::format("{:.2f}x", m->speedup()) : std::string("-"),
                  d == chosen ? "  <- chosen" : "");
       calibrations.push_back({{"draft", candidates[d].string()}, {"acceptance_by_position", cal[d].acceptance},
@@ -511,10 +525,13 @@ int run(int argc, char** argv) {
       const bool fall_back = c.auto_k && mode == "speculative";
       const auto& m = cal[chosen].measured;
       fmt::print(out, "{}{}\n",
-                 m ? fmt::format("speculation at the best predicted K = {} does not pay here (predicted {:.2f}x, "
-                                 "measured {:.2f}x)", cal[chosen].best_k, cal[chosen].predicted, m->speedup())
-                   : fmt::format("no K is predicted to beat autoregressive decoding here (best {:.2f}x at K = {})",
-                                 cal[chosen].predicted, cal[chosen].best_k),
+                 m ? fmt::format("speculation at {}K = {} does not pay here (predicted {:.2f}x, measured {:.2f}x)",
+                                 c.auto_k ? "the best predicted " : "", cal[chosen].best_k, cal[chosen].predicted,
+                                 m->speedup())
+                 : c.auto_k ? fmt::format("no K is predicted to beat autoregressive decoding here (best {:.2f}x at K = {})",
+                                          cal[chosen].predicted, cal[chosen].best_k)
+                            : fmt::format("K = {} is not predicted to beat autoregressive decoding here ({:.2f}x)",
+                                          cal[chosen].best_k, cal[chosen].predicted),
                  fall_back  ? std::string(": decoding autoregressively")
                  : c.auto_k ? std::string()
                             : fmt::format("; speculating at K = {} as asked (-k auto would decode autoregressively)",

@@ -257,6 +257,59 @@ TEST_CASE("calibration checks a prediction that pays by timing it, and pays only
   CHECK(c.pays());
 }
 
+TEST_CASE("a calibration at a fixed K predicts that K, and check_prediction times it", "[tuning]") {
+  using Catch::Matchers::Contains;
+  calibration c;
+  c.acceptance = {0.8, 0.7, 0.6};
+  c.cost_ratio = 0.05;
+  c.first_cost_ratio = 0.1;
+  c.verify_cost = {1.0, 1.05, 1.1, 1.3};  // measured up to k_max = 3
+  c.best_k = best_draft_length(c.acceptance, c.cost_ratio, 3, c.round_cost());
+  c.predicted = predicted_speedup(c.acceptance, c.cost_ratio, c.best_k, c.round_cost());
+  c.measured = speedup_measurement{c.best_k, {1.5}};
+  for (std::size_t k = 1; k <= 3; ++k) {
+    const calibration f = c.at(k);
+    CHECK(f.best_k == k);
+    CHECK(f.predicted == predicted_speedup(c.acceptance, c.cost_ratio, k, c.round_cost()));
+    CHECK_FALSE(f.measured);  // it timed another K, or this one: either way not the caller's check
+    CHECK(f.acceptance == c.acceptance);
+    CHECK(f.verify_cost == c.verify_cost);
+  }
+  CHECK(c.at(c.best_k).predicted == c.predicted);
+  CHECK(c.at(1).predicted != c.at(3).predicted);
+  CHECK_THROWS_WITH(c.at(0), Contains("calibration::at: K = 0 is outside 1..3"));
+  CHECK_THROWS_WITH(c.at(4), Contains("K = 4 is outside 1..3"));
+  CHECK_THROWS_WITH(calibration{}.at(1), Contains("K = 1 is outside 1..0"));
+
+  using namespace std::chrono_literals;
+  const auto markov = toy::markov::random(8, 1, 1, 0.3f);
+  slow_markov target(markov, 1ms), draft(markov, 0us);  // a free identical draft of a 1 ms target
+  speculative_params params;
+  params.sampling.temperature = 0.0f;  // (draft_length 4: the check times best_k, not this)
+  const std::vector<std::vector<token>> prompts{{0, 1}};
+  const auto span = std::span<const std::vector<token>>(prompts);
+  std::mt19937_64 rng(1);
+  const calibration cal = calibrate(draft, target, span, params, rng, 4, 24, 0);
+  CHECK_FALSE(cal.measured);
+  calibration two = cal.at(2);
+  check_prediction(two, draft, target, span, params, rng, 3, 24);
+  REQUIRE(two.measured);
+  CHECK(two.measured->draft_length == 2);
+  CHECK(two.measured->ratios.size() == 3);
+  INFO("K = 2 measured " << two.measured->speedup());
+  CHECK(two.measured->speedup() > 1.5);  // ~3 tokens per 1 ms target call
+  CHECK(two.pays());
+  // A prediction that does not pay is not timed, and a measurement of before is cleared.
+  two.predicted = 0.9;
+  check_prediction(two, draft, target, span, params, rng, 3, 24);
+  CHECK_FALSE(two.measured);
+  // Refusals by name, whether it would time or not.
+  CHECK_THROWS_WITH(check_prediction(two, draft, target, span, params, rng, 0, 24),
+                    Contains("check_prediction: pairs must be >= 1"));
+  CHECK_THROWS_WITH(check_prediction(two, draft, target, span, params, rng, 3, 1),
+                    Contains("check_prediction: tokens must be >= 2"));
+}
+
 TEST_CASE("calibration over several prompts pools their acceptance", "[tuning]") {
   auto target = toy::markov::random(8, 1, 1, 0.3f);
   auto draft = toy::markov::similar_to(target, 0.7, 2, 0.3f);

@@ -185,6 +185,23 @@ struct calibration {
   /// (`detail::cost_ratios`), and near break-even its short timings mislead; the check is what
   /// catches a prediction above 1 that loses.
   [[nodiscard]] bool pays() const { return predicted > 1.0 && (!measured || measured->speedup() > 1.0); }
+
+  /// This calibration at a draft length the caller fixed (as `specsample-generate -k N` does
+  /// when it chooses among drafts): best_k = k, `predicted` at k (round_cost included),
+  /// `measured` dropped (it timed another K; `check_prediction` times this one). Throws
+  /// `specsample::error` for k = 0 or a k whose verification cost was not measured (above the
+  /// k_max of `calibrate`).
+  [[nodiscard]] calibration at(std::size_t k) const {
+    if (k == 0 || k >= verify_cost.size()) {
+      throw error(fmt::format("calibration::at: K = {} is outside 1..{}, the draft lengths whose verification "
+                              "cost the calibration measured", k, verify_cost.empty() ? 0 : verify_cost.size() - 1));
+    }
+    calibration c = *this;
+    c.best_k = k;
+    c.predicted = predicted_speedup(acceptance, cost_ratio, k, round_cost());
+    c.measured.reset();
+    return c;
+  }
 };
 
 namespace detail {
@@ -327,6 +344,29 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   return m;
 }
 
+/// Checks a calibration's prediction by timing it: where `c.predicted` > 1, `measure_speedup` at
+/// K = c.best_k (the caller's other parameters) over `pairs` pairs of `tokens` tokens fills
+/// `c.measured`, and `c.pays()` then asks both to exceed 1; elsewhere, or where no prompt leaves
+/// the models' contexts room for two tokens, `c.measured` is left empty (the prediction alone
+/// decides). `calibrate` calls it at its best K; call it yourself for a K you fixed
+/// (`calibration::at`), or to check several drafts' calibrations one by one in order of
+/// prediction until one pays (as `specsample-generate --draft a,b` does). Throws
+/// `specsample::error` for pairs = 0 or tokens < 2, whether it times or not, and for what
+/// `measure_speedup` refuses.
+template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng>
+void check_prediction(calibration& c, Draft& draft, Target& target, std::span<const std::vector<token>> prompts,
+                      const speculative_params& params, Rng& rng, std::size_t pairs = 5, std::size_t tokens = 64) {
+  if (pairs == 0) throw error("check_prediction: pairs must be >= 1");
+  if (tokens < 2) {
+    throw error(fmt::format("check_prediction: tokens must be >= 2 (a round with a draft decodes two), got {}", tokens));
+  }
+  c.measured.reset();
+  if (!(c.predicted > 1.0) || detail::timing_lengths(draft, target, prompts, 2, "check_prediction").empty()) return;
+  speculative_params at = params;
+  at.draft_length = c.best_k;
+  c.measured = measure_speedup(draft, target, prompts, at, rng, pairs, tokens);
+}
+
 /// Runs a short speculative generation with K = k_max from each of `prompts` (`warmup_tokens`
 /// tokens each, fewer where a prompt leaves the models' contexts less room; the caller's
 /// sampling parameters) to measure acceptance by position, pooled over
@@ -334,10 +374,11 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
 /// and the target's (K+1)-token calls for the verification cost (after the first prompt; medians
 /// of per-round ratios, see `detail::cost_ratios`), and picks the K that maximises the predicted
 /// speedup. A few prompts give a steadier estimate than one: acceptance varies from one
-/// text to the next. Where that prediction pays (> 1), it is checked: `measure_speedup` at best_k
-/// over `check_pairs` pairs of `warmup_tokens` tokens (the caller's parameters, K = best_k) fills
-/// `measured`, and `pays()` asks both to exceed 1. `check_pairs = 0` skips the check (the
-/// prediction alone decides), as does a set of prompts none of which leaves room for two tokens.
+/// text to the next. Where that prediction pays (> 1), it is checked (`check_prediction`):
+/// `measure_speedup` at best_k over `check_pairs` pairs of `warmup_tokens` tokens (the caller's
+/// parameters, K = best_k) fills `measured`, and `pays()` asks both to exceed 1. `check_pairs = 0`
+/// skips the check (the prediction alone decides), as does a set of prompts none of which leaves
+/// room for two tokens.
 /// The check samples from an engine seeded by one draw of `rng`, taken whether it runs or not:
 /// `rng` advances by the warm-up's draws and that one.
 /// Throws `specsample::error` for k_max = 0 or above `max_draft_length`, no prompts, or a prompt
@@ -363,12 +404,8 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   c.best_k = best_draft_length(c.acceptance, c.cost_ratio, k_max, round);
   c.predicted = predicted_speedup(c.acceptance, c.cost_ratio, c.best_k, round);
   std::mt19937_64 check_rng(rng());
-  const bool room = !detail::timing_lengths(draft, target, prompts, 2, "calibrate").empty();
-  if (check_pairs > 0 && c.predicted > 1.0 && room) {
-    speculative_params check = params;
-    check.draft_length = c.best_k;
-    c.measured = measure_speedup(draft, target, prompts, check, check_rng, check_pairs,
-                                 std::max<std::size_t>(warmup_tokens, 2));
+  if (check_pairs > 0) {
+    check_prediction(c, draft, target, prompts, params, check_rng, check_pairs, std::max<std::size_t>(warmup_tokens, 2));
   }
   return c;
 }
