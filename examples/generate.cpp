@@ -427,6 +427,14 @@ int run(int argc, char** argv) {
   // Several candidates or -k auto: measure each on a warm-up and keep the best predicted speedup
   // among the candidates whose check pays (all of them when none does).
   cli run_cli = c;
+  // --prompt-lookup: lookup first, the draft model where it finds nothing (the timed check and the
+  // generation both run this drafter).
+  specsample::drafters::ngram lookup(target.vocab_size(), std::max<std::size_t>(4, c.prompt_lookup),
+                                     std::max<std::size_t>(1, c.prompt_lookup));
+  const auto lookup_first = [&](specsample::gpt2::model& draft, const specsample::speculative_params& p) {
+    return specsample::drafters::fallback(lookup, specsample::model_drafter(draft, p.draft_warping(),
+                                                                            p.draft_min_probability));
+  };
   std::string mode = c.mode;  // -k auto may turn speculative into autoregressive (below)
   bool fell_back = false;
   std::size_t chosen = 0;
@@ -487,7 +495,13 @@ int run(int argc, char** argv) {
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return cal[a].predicted > cal[b].predicted; });
     chosen = order.front();
     for (const std::size_t d : order) {
-      specsample::check_prediction(cal[d], drafts[d], target, prompts, draft_params[d], rngs[d], check_pairs, warmup_tokens);
+      if (c.prompt_lookup > 0) {
+        auto both = lookup_first(drafts[d], draft_params[d]);
+        specsample::check_prediction(cal[d], both, target, prompts, draft_params[d], rngs[d], check_pairs, warmup_tokens);
+      } else {
+        specsample::check_prediction(cal[d], drafts[d], target, prompts, draft_params[d], rngs[d], check_pairs,
+                                     warmup_tokens);
+      }
       if (cal[d].pays()) {
         chosen = d;
         break;
@@ -496,10 +510,12 @@ int run(int argc, char** argv) {
     std::FILE* out = c.json ? stderr : stdout;
     fmt::print(out, "draft choice (warm-up of {} tokens at K = {} from each of {} prompt(s); K = {}; predicted = E[tokens per "
                     "round] / (c_1st + c(K - 1) + v[K]), c_1st = a round's first draft call, v[K] = measured cost of a "
-                    "(K+1)-token target call over a 1-token call; checked = speculation at that K timed against "
+                    "(K+1)-token target call over a 1-token call; checked = speculation at that K{} timed against "
                     "autoregressive decoding, median of {} pairs of {} tokens, where predicted > 1, in order of prediction "
                     "until one pays):\n", warmup_tokens, k_max, warmup.size(),
-               c.auto_k ? "the best predicted (-k auto)" : fmt::format("{} (-k)", k_max), check_pairs, warmup_tokens);
+               c.auto_k ? "the best predicted (-k auto)" : fmt::format("{} (-k)", k_max),
+               c.prompt_lookup > 0 ? " with prompt lookup first (the prediction: the draft model alone)" : "",
+               check_pairs, warmup_tokens);
     std::size_t width = 5;
     for (const auto& path : candidates) width = std::max(width, path.string().size());
     const std::size_t later = std::min<std::size_t>(3, k_max - 1);  // a later draft position's acceptance
@@ -544,8 +560,6 @@ int run(int argc, char** argv) {
   }
   if (!drafts.empty()) run_cli.params = draft_params[chosen];  // its K (-k auto) and temperature (auto)
   const fs::path draft_dir = drafts.empty() ? fs::path(ngram ? "ngram" : "") : candidates[chosen];
-  specsample::drafters::ngram lookup(target.vocab_size(), std::max<std::size_t>(4, c.prompt_lookup),
-                                     std::max<std::size_t>(1, c.prompt_lookup));
 
   std::vector<run_record> spec_runs, ar_runs;
   std::size_t lookup_rounds = 0;  // --prompt-lookup: rounds drafted by lookup (every run: the same)
@@ -562,11 +576,9 @@ int run(int argc, char** argv) {
       spec_runs.push_back(timed(c, tok, "speculative", stream, [&](reporter& rep) {
         if (ngram) return specsample::speculative_sample(lookup, target, prompt, run_cli.params, rng, rep);
         if (c.prompt_lookup > 0) {
-          specsample::drafters::fallback lookup_first(
-              lookup, specsample::model_drafter(drafts[chosen], run_cli.params.draft_warping(),
-                                                run_cli.params.draft_min_probability));
-          auto g = specsample::speculative_sample(lookup_first, target, prompt, run_cli.params, rng, rep);
-          lookup_rounds = lookup_first.first_rounds();
+          auto both = lookup_first(drafts[chosen], run_cli.params);
+          auto g = specsample::speculative_sample(both, target, prompt, run_cli.params, rng, rep);
+          lookup_rounds = both.first_rounds();
           return g;
         }
         return specsample::speculative_sample(drafts[chosen], target, prompt, run_cli.params, rng, rep);

@@ -1,3 +1,5 @@
+#include <specsample/drafters/fallback.hpp>
+#include <specsample/drafters/ngram.hpp>
 #include <specsample/sampling/tuning.hpp>
 #include <specsample/toy.hpp>
 
@@ -299,6 +301,16 @@ TEST_CASE("a calibration at a fixed K predicts that K, and check_prediction time
   INFO("K = 2 measured " << two.measured->speedup());
   CHECK(two.measured->speedup() > 1.5);  // ~3 tokens per 1 ms target call
   CHECK(two.pays());
+  // Any drafter, as the generation will run it: here prompt lookup first, the free draft where
+  // it finds nothing (specsample-generate --prompt-lookup).
+  drafters::fallback both(drafters::ngram(8, 4, 1), model_drafter(draft, params.draft_warping()));
+  calibration looked_up = cal.at(2);
+  check_prediction(looked_up, both, target, span, params, rng, 3, 24);
+  REQUIRE(looked_up.measured);
+  CHECK(looked_up.measured->draft_length == 2);
+  INFO("K = 2 with prompt lookup first " << looked_up.measured->speedup());
+  CHECK(looked_up.measured->speedup() > 1.2);
+  CHECK(both.first_rounds() + both.second_rounds() > 0);
   // A prediction that does not pay is not timed, and a measurement of before is cleared.
   two.predicted = 0.9;
   check_prediction(two, draft, target, span, params, rng, 3, 24);

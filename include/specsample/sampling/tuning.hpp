@@ -302,8 +302,11 @@ template <class Draft, class Target>
 /// `specsample::error`, before timing anything, for no prompts, pairs = 0, tokens < 2 (a round
 /// with a draft decodes two), parameters or prompts `speculative_sample` refuses (an empty prompt,
 /// an out-of-range token, mismatched vocabularies, draft_length 0), a prompt that alone overflows
-/// the models' context, or no prompt that leaves room for two tokens.
-template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng>
+/// the models' context, or no prompt that leaves room for two tokens. `draft` is a draft model or
+/// any `drafter` (`speculative_sample` takes either): a drafter times the loop as that drafter
+/// will run it, e.g. `drafters::fallback` of prompt lookup and a draft model.
+template <class Draft, language_model Target, std::uniform_random_bit_generator Rng>
+  requires language_model<Draft> || drafter<Draft>
 [[nodiscard]] speedup_measurement measure_speedup(Draft& draft, Target& target,
                                                   std::span<const std::vector<token>> prompts,
                                                   const speculative_params& params, Rng& rng, std::size_t pairs = 5,
@@ -352,8 +355,11 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
 /// (`calibration::at`), or to check several drafts' calibrations one by one in order of
 /// prediction until one pays (as `specsample-generate --draft a,b` does). Throws
 /// `specsample::error` for pairs = 0 or tokens < 2, whether it times or not, and for what
-/// `measure_speedup` refuses.
-template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng>
+/// `measure_speedup` refuses. Like `measure_speedup` it times a draft model or any `drafter`: the
+/// drafter the generation will use, e.g. prompt lookup falling back to the calibrated draft model
+/// (the prediction then stands for the model alone; the check times both).
+template <class Draft, language_model Target, std::uniform_random_bit_generator Rng>
+  requires language_model<Draft> || drafter<Draft>
 void check_prediction(calibration& c, Draft& draft, Target& target, std::span<const std::vector<token>> prompts,
                       const speculative_params& params, Rng& rng, std::size_t pairs = 5, std::size_t tokens = 64) {
   if (pairs == 0) throw error("check_prediction: pairs must be >= 1");
