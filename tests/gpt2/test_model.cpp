@@ -1086,6 +1086,17 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
     // A NUL byte ends nlohmann's input: a valid config before it must not hide what follows.
     write_text(cfg, read_json(src / "config.json").dump(2) + std::string("\0{\"n_layer\": 999", 16));
     REQUIRE_THAT(load_error(dir), Contains(cfg.string()) && Contains("a NUL byte at offset"));
+    // A key twice (JSON parsers keep one silently: which n_head would the model run?), at the top
+    // or inside a nested object, and absurd nesting.
+    std::string text = read_json(src / "config.json").dump();
+    write_text(cfg, text.substr(0, text.size() - 1) + ", \"n_head\": 2}");
+    REQUIRE_THAT(load_error(dir), Contains(cfg.string()) && Contains("duplicate key 'n_head' in the config"));
+    write_text(cfg, text.substr(0, text.size() - 1) + ", \"extra\": {\"a\": 1, \"a\": 1}}");
+    REQUIRE_THAT(load_error(dir), Contains("duplicate key 'a' in the config"));
+    write_text(cfg, text.substr(0, text.size() - 1) + ", \"extra\": " + std::string(100, '[') + std::string(100, ']') + "}");
+    REQUIRE_THAT(load_error(dir), Contains(cfg.string()) && Contains("config JSON is nested deeper than 64 levels"));
+    write_text(cfg, text.substr(0, text.size() - 1) + ", \"extra\": {\"a\": 1}, \"other\": {\"a\": 1}}");
+    REQUIRE(load_error(dir).empty());  // the same key in two objects is fine
   }
   SECTION("missing files, and paths that are not regular files") {
     fs::remove(cfg);

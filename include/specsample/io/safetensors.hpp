@@ -10,6 +10,7 @@
 
 #include <specsample/error.hpp>
 #include <specsample/io/half.hpp>
+#include <specsample/io/json.hpp>
 #include <specsample/io/mapped_file.hpp>
 
 #include <fmt/format.h>
@@ -28,7 +29,6 @@
 #include <limits>
 #include <map>
 #include <optional>
-#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -106,7 +106,6 @@ struct tensor_view {
 namespace detail {
 
 inline constexpr std::uint64_t max_header_bytes = 100'000'000;  // same cap as the Rust reference
-inline constexpr int max_json_depth = 64;
 
 [[nodiscard]] inline bool mul_overflows(std::size_t a, std::size_t b, std::size_t& out) noexcept {
   return __builtin_mul_overflow(a, b, &out);
@@ -121,51 +120,6 @@ struct parsed_header {
   std::vector<tensor_view> tensors;  // sorted by name
   std::map<std::string, std::string, std::less<>> metadata;
 };
-
-/// Parses the header JSON, rejecting duplicate keys at any depth and absurd nesting.
-[[nodiscard]] inline nlohmann::json parse_json_strict(std::string_view text,
-                                                      const std::string& label) {
-  std::vector<std::set<std::string>> keys;  // one set per open object
-  int depth = 0;
-  nlohmann::json::parser_callback_t cb = [&](int /*depth*/, nlohmann::json::parse_event_t ev,
-                                             nlohmann::json& parsed) -> bool {
-    using ev_t = nlohmann::json::parse_event_t;
-    switch (ev) {
-      case ev_t::object_start:
-      case ev_t::array_start:
-        if (++depth > max_json_depth) {
-          throw error(fmt::format("{}: header JSON is nested deeper than {} levels", label,
-                                  max_json_depth));
-        }
-        if (ev == ev_t::object_start) keys.emplace_back();
-        break;
-      case ev_t::object_end:
-        --depth;
-        if (!keys.empty()) keys.pop_back();
-        break;
-      case ev_t::array_end:
-        --depth;
-        break;
-      case ev_t::key:
-        if (!keys.empty() && parsed.is_string()) {
-          const auto& k = parsed.get_ref<const std::string&>();
-          if (!keys.back().insert(k).second) {
-            throw error(fmt::format("{}: duplicate key '{}' in the header", label, k));
-          }
-        }
-        break;
-      case ev_t::value:
-        break;
-    }
-    return true;
-  };
-  detail::check_no_nul(text, label);
-  try {
-    return nlohmann::json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/true);
-  } catch (const nlohmann::json::exception& e) {
-    throw error(fmt::format("{}: header is not valid JSON: {}", label, e.what()));
-  }
-}
 
 [[nodiscard]] inline std::size_t json_size(const nlohmann::json& j, bool& ok) {
   if (j.is_number_unsigned()) {
@@ -200,7 +154,7 @@ struct parsed_header {
   }
   const auto header_len = static_cast<std::size_t>(n);
   const std::string_view text(reinterpret_cast<const char*>(file.data() + 8), header_len);
-  const nlohmann::json header = parse_json_strict(text, label);
+  const nlohmann::json header = parse_json_strict(text, label, "header");
   if (!header.is_object()) {
     throw error(fmt::format("{}: header is not a JSON object", label));
   }

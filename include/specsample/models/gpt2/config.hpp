@@ -3,6 +3,7 @@
 /// GPT-2 hyper-parameters (Hugging Face `config.json`) and load options.
 
 #include <specsample/error.hpp>
+#include <specsample/io/json.hpp>
 #include <specsample/io/mapped_file.hpp>
 #include <specsample/models/gpt2/simd.hpp>
 
@@ -275,14 +276,7 @@ struct config {
   /// Reads and validates `path` (a Hugging Face GPT-2 `config.json`).
   [[nodiscard]] static config load(const std::filesystem::path& path) {
     const std::string text = io::read_file(path);
-    io::detail::check_no_nul(text, path.string());
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      throw error(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
-    }
-    return from_json(j, path.string());
+    return from_json(io::detail::parse_json_strict(text, path.string(), "config"), path.string());
   }
 };
 
