@@ -494,7 +494,10 @@ int run(int argc, char** argv) {
     std::iota(order.begin(), order.end(), std::size_t{0});
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return cal[a].predicted > cal[b].predicted; });
     chosen = order.front();
+    std::vector<bool> decided(drafts.size(), false);  // reached by the checks: pays() is its verdict (JSON null if not)
     for (const std::size_t d : order) {
+      decided[d] = true;
+      if (!(cal[d].predicted > 1.0)) break;  // neither this draft nor the rest can pay
       if (c.prompt_lookup > 0) {
         auto both = lookup_first(drafts[d], draft_params[d]);
         specsample::check_prediction(cal[d], both, target, prompts, draft_params[d], rngs[d], check_pairs, warmup_tokens);
@@ -518,13 +521,16 @@ int run(int argc, char** argv) {
                check_pairs, warmup_tokens);
     std::size_t width = 5;
     for (const auto& path : candidates) width = std::max(width, path.string().size());
-    const std::size_t later = std::min<std::size_t>(3, k_max - 1);  // a later draft position's acceptance
+    // A later draft position's acceptance (none measured at K = 1).
+    const std::size_t later = std::min<std::size_t>(3, k_max - 1);
     fmt::print(out, "  {:<{}} {:>8} {:>8} {:>7} {:>7} {:>3} {:>10} {:>8}\n", "draft", width, "alpha_0",
-               fmt::format("alpha_{}", later), "c_1st", "c", "K", "predicted", "checked");
+               fmt::format("alpha_{}", std::max<std::size_t>(later, 1)), "c_1st", "c", "K", "predicted", "checked");
     for (std::size_t d = 0; d < drafts.size(); ++d) {
       const auto& m = cal[d].measured;
-      fmt::print(out, "  {:<{}} {:>8.3f} {:>8.3f} {:>7.4f} {:>7.4f} {:>3} {:>9.2f}x {:>8}{}\n", candidates[d].string(),
-                 width, cal[d].acceptance[0], cal[d].acceptance[later], cal[d].first_cost_ratio, cal[d].cost_ratio,
+      fmt::print(out, "  {:<{}} {:>8.3f} {:>8} {:>7.4f} {:>7.4f} {:>3} {:>9.2f}x {:>8}{}\n", candidates[d].string(),
+                 width, cal[d].acceptance[0],
+                 later > 0 ? fmt::format("{:.3f}", cal[d].acceptance[later]) : std::string("-"), cal[d].first_cost_ratio,
+                 cal[d].cost_ratio,
                  cal[d].best_k, cal[d].predicted, m ? fmt::format("{:.2f}x", m->speedup()) : std::string("-"),
                  d == chosen ? "  <- chosen" : "");
       calibrations.push_back({{"draft", candidates[d].string()}, {"acceptance_by_position", cal[d].acceptance},
@@ -532,7 +538,8 @@ int run(int argc, char** argv) {
                               {"best_k", cal[d].best_k}, {"predicted_speedup", cal[d].predicted},
                               {"checked_speedup", m ? nlohmann::json(m->speedup()) : nlohmann::json(nullptr)},
                               {"checked_ratios", m ? nlohmann::json(m->ratios) : nlohmann::json(nullptr)},
-                              {"pays", cal[d].pays()}});
+                              {"pays", decided[d] || !(cal[d].predicted > 1.0) ? nlohmann::json(cal[d].pays())
+                                                                               : nlohmann::json(nullptr)}});
     }
     if (c.auto_k) draft_params[chosen].draft_length = cal[chosen].best_k;
     if (!cal[chosen].pays()) {
@@ -550,8 +557,7 @@ int run(int argc, char** argv) {
                                           cal[chosen].best_k, cal[chosen].predicted),
                  fall_back  ? std::string(": decoding autoregressively")
                  : c.auto_k ? std::string()
-                            : fmt::format("; speculating at K = {} as asked (-k auto would decode autoregressively)",
-                                          draft_params[chosen].draft_length));
+                            : fmt::format("; speculating at K = {} as asked", draft_params[chosen].draft_length));
       if (fall_back) {
         mode = "autoregressive";
         fell_back = true;

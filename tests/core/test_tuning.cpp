@@ -22,6 +22,16 @@ struct bounded_markov : toy::markov {
   std::size_t max_size() const { return limit; }
 };
 
+// A toy model that records the size of every `append` call.
+struct recording_markov : toy::markov {
+  explicit recording_markov(toy::markov m) : toy::markov(std::move(m)) {}
+  std::vector<std::size_t> calls;
+  Eigen::MatrixXf append(std::span<const token> t) {
+    calls.push_back(t.size());
+    return toy::markov::append(t);
+  }
+};
+
 // A toy model whose every `append` call also sleeps `delay` once a context holds `from` tokens:
 // a call that costs the same for one token or several (a model bound by reading its weights), and
 // one whose cost can change with the context, so that calls timed at a short context mislead.
@@ -281,7 +291,7 @@ TEST_CASE("a calibration at a fixed K predicts that K, and check_prediction time
   CHECK(c.at(1).predicted != c.at(3).predicted);
   CHECK_THROWS_WITH(c.at(0), Contains("calibration::at: K = 0 is outside 1..3"));
   CHECK_THROWS_WITH(c.at(4), Contains("K = 4 is outside 1..3"));
-  CHECK_THROWS_WITH(calibration{}.at(1), Contains("K = 1 is outside 1..0"));
+  CHECK_THROWS_WITH(calibration{}.at(1), Contains("calibration::at: the calibration measured no verification cost"));
 
   using namespace std::chrono_literals;
   const auto markov = toy::markov::random(8, 1, 1, 0.3f);
@@ -310,7 +320,7 @@ TEST_CASE("a calibration at a fixed K predicts that K, and check_prediction time
   CHECK(looked_up.measured->draft_length == 2);
   INFO("K = 2 with prompt lookup first " << looked_up.measured->speedup());
   CHECK(looked_up.measured->speedup() > 1.2);
-  CHECK(both.first_rounds() + both.second_rounds() > 0);
+  CHECK(both.first_rounds() > 0);  // lookup drafted rounds
   // A prediction that does not pay is not timed, and a measurement of before is cleared.
   two.predicted = 0.9;
   check_prediction(two, draft, target, span, params, rng, 3, 24);
@@ -320,6 +330,42 @@ TEST_CASE("a calibration at a fixed K predicts that K, and check_prediction time
                     Contains("check_prediction: pairs must be >= 1"));
   CHECK_THROWS_WITH(check_prediction(two, draft, target, span, params, rng, 3, 1),
                     Contains("check_prediction: tokens must be >= 2"));
+  two.predicted = 1.5;
+  const std::vector<std::vector<token>> none;
+  CHECK_THROWS_WITH(check_prediction(two, draft, target, std::span<const std::vector<token>>(none), params, rng),
+                    Contains("check_prediction: no prompts"));
+  // A prompt that leaves no room for two tokens: nothing to time, the prediction alone decides.
+  bounded_markov small_target(markov, 4), small_draft(markov, 4);
+  const std::vector<std::vector<token>> full{{0, 1, 2, 3}};
+  check_prediction(two, small_draft, small_target, std::span<const std::vector<token>>(full), params, rng);
+  CHECK_FALSE(two.measured);
+  CHECK(two.pays());
+}
+
+TEST_CASE("the verification cost is timed at every K up to 8, then at powers of two, linear between",
+          "[tuning]") {
+  using V = std::vector<std::size_t>;
+  CHECK(detail::verify_timing_lengths(0).empty());
+  CHECK(detail::verify_timing_lengths(5) == V{1, 2, 3, 4, 5});
+  CHECK(detail::verify_timing_lengths(40) == V{1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 40});
+  CHECK(detail::verify_timing_lengths(64) == V{1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64});
+  const auto markov = toy::markov::random(8, 1, 1, 0.3f);
+  recording_markov draft(markov), target(markov);
+  const std::vector<token> context{0, 1};
+  const calibration m = detail::cost_ratios(draft, target, std::span<const token>(context), 40, 3);
+  // The target's calls: single tokens, and the (K+1)-token verifications of the timed K only.
+  std::vector<std::size_t> widths;
+  for (const std::size_t n : target.calls) {
+    if (n > 1 && std::find(widths.begin(), widths.end(), n) == widths.end()) widths.push_back(n);
+  }
+  std::sort(widths.begin(), widths.end());
+  CHECK(widths == V{2, 3, 4, 5, 6, 7, 8, 9, 17, 33, 41});
+  REQUIRE(m.verify_cost.size() == 41);
+  for (const double v : m.verify_cost) CHECK((std::isfinite(v) && v > 0.0));
+  const auto& v = m.verify_cost;
+  CHECK(v[12] == Approx(v[8] + (v[16] - v[8]) * 4.0 / 8.0));
+  CHECK(v[20] == Approx(v[16] + (v[32] - v[16]) * 4.0 / 16.0));
+  CHECK(v[36] == Approx(v[32] + (v[40] - v[32]) * 4.0 / 8.0));
 }
 
 TEST_CASE("calibration over several prompts pools their acceptance", "[tuning]") {

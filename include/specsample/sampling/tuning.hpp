@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -160,11 +161,11 @@ struct calibration {
   double cost_ratio = 0.0;          ///< c: single-token draft call / single-token target call
   double first_cost_ratio = 0.0;    ///< the same for a round's first draft call (after a target call)
   std::vector<double> verify_cost;  ///< [K] = (K+1)-token target call / 1-token call, K = 0..k_max
-  std::size_t best_k = 1;           ///< argmax of the predicted speedup over K in [1, k_max]
+  std::size_t best_k = 1;           ///< argmax of the predicted speedup over K in [1, k_max] (`at`: the K fixed)
   double predicted = 1.0;           ///< the predicted speedup at best_k, round_cost included
   /// Speculation at best_k timed against autoregressive decoding (`measure_speedup`), when
-  /// `calibrate` checked its prediction: it does where the prediction pays, unless asked not to
-  /// (check_pairs = 0) or no prompt leaves room for two tokens.
+  /// `calibrate` or `check_prediction` checked the prediction: they do where it pays, unless
+  /// asked not to (check_pairs = 0) or no prompt leaves room for two tokens.
   std::optional<speedup_measurement> measured;
 
   /// [K] = what a round with K drafts costs besides K draft calls at cost_ratio, in single-token
@@ -188,13 +189,14 @@ struct calibration {
 
   /// This calibration at a draft length the caller fixed (as `specsample-generate -k N` does
   /// when it chooses among drafts): best_k = k, `predicted` at k (round_cost included),
-  /// `measured` dropped (it timed another K; `check_prediction` times this one). Throws
+  /// `measured` dropped (`check_prediction` times k). Throws
   /// `specsample::error` for k = 0 or a k whose verification cost was not measured (above the
   /// k_max of `calibrate`).
   [[nodiscard]] calibration at(std::size_t k) const {
+    if (verify_cost.size() < 2) throw error("calibration::at: the calibration measured no verification cost");
     if (k == 0 || k >= verify_cost.size()) {
       throw error(fmt::format("calibration::at: K = {} is outside 1..{}, the draft lengths whose verification "
-                              "cost the calibration measured", k, verify_cost.empty() ? 0 : verify_cost.size() - 1));
+                              "cost the calibration measured", k, verify_cost.size() - 1));
     }
     calibration c = *this;
     c.best_k = k;
@@ -206,11 +208,24 @@ struct calibration {
 
 namespace detail {
 
+/// The draft lengths whose verification call `cost_ratios` times, ascending, for calls of up to
+/// `widest` + 1 tokens: every K up to 8, then the powers of two, and `widest` itself.
+[[nodiscard]] inline std::vector<std::size_t> verify_timing_lengths(std::size_t widest) {
+  std::vector<std::size_t> ks;
+  for (std::size_t k = 1; k <= widest; ++k) {
+    if (k <= 8 || std::has_single_bit(k) || k == widest) ks.push_back(k);
+  }
+  return ks;
+}
+
 /// The cost ratios a calibration needs (its cost_ratio, first_cost_ratio and verify_cost; the
 /// rest left default), measured after all but the last token of `context`, each over a
 /// single-token target call: c (a draft call), c_first (a round's first draft call) and v[K] (a
 /// (K+1)-token target call; v[0] = 1, K = 1..k_max, v repeating its last value where K+1 tokens
-/// would not fit). Each call is timed where the loop it stands for makes it: the
+/// would not fit). v[K] is timed for every K up to 8 and, above that, at the powers of two and
+/// the largest K that fits, linear in between (a batched call's cost grows about linearly in its
+/// tokens; timing every K would cost ~K_max² / 2 tokens per round: docs/models.md). Each call
+/// is timed where the loop it stands for makes it: the
 /// single-token target call right after another (autoregressive decoding), c_first's draft call
 /// right after a target call (which has pushed part of the draft out of the caches: at K = 1 every
 /// draft call is such a call), c's right after a draft call (as a round's later drafts find it),
@@ -228,6 +243,7 @@ calibration cost_ratios(Draft& draft, Target& target, std::span<const token> con
   detail::prefill(target, context, static_cast<std::size_t>(target.vocab_size()), "target");
   std::size_t widest = 1;
   while (widest <= k_max && keep + widest + 1 <= max_context(target)) ++widest;  // (K+1)-token calls that fit
+  const std::vector<std::size_t> ks = verify_timing_lengths(widest - 1);
   const auto timed = [&](auto& m, std::size_t n) {
     const std::vector<token> batch(n, context.back());
     const auto t0 = std::chrono::steady_clock::now();
@@ -236,24 +252,37 @@ calibration cost_ratios(Draft& draft, Target& target, std::span<const token> con
     m.truncate(keep);
     return s;
   };
-  std::vector<std::vector<double>> ratio(widest + 1);  // [0]: c; [j]: (j+1)-token / 1-token call
-  std::vector<double> first;                           // c_first
+  std::vector<double> c, first;                      // c, c_first
+  std::vector<std::vector<double>> ratio(ks.size());  // [i]: (ks[i]+1)-token / 1-token call
   for (std::size_t r = 0; r < reps; ++r) {
     (void)timed(target, 1);
     const double t1 = std::max(timed(target, 1), 1e-9);  // (a toy model's call can round to 0 s)
     first.push_back(timed(draft, 1) / t1);
-    ratio[0].push_back(timed(draft, 1) / t1);
-    for (std::size_t j = 1; j < widest; ++j) {
+    c.push_back(timed(draft, 1) / t1);
+    for (std::size_t i = 0; i < ks.size(); ++i) {
       (void)timed(draft, 1);
-      ratio[j].push_back(timed(target, j + 1) / t1);
+      ratio[i].push_back(timed(target, ks[i] + 1) / t1);
     }
   }
   calibration m;
-  m.cost_ratio = median(ratio[0]);
+  m.cost_ratio = median(c);
   m.first_cost_ratio = median(first);
   m.verify_cost = {1.0};
+  std::size_t above = 0;  // the first timed K >= k
   for (std::size_t k = 1; k <= k_max; ++k) {
-    m.verify_cost.push_back(k < widest ? median(ratio[k]) : m.verify_cost.back());
+    if (k >= widest) {
+      m.verify_cost.push_back(m.verify_cost.back());
+      continue;
+    }
+    while (ks[above] < k) ++above;
+    const double v = median(ratio[above]);
+    if (ks[above] == k) {
+      m.verify_cost.push_back(v);
+    } else {  // between the timed ks[above - 1] (> 0: every K up to 8 is timed) and ks[above]
+      const auto lo = static_cast<double>(ks[above - 1]), hi = static_cast<double>(ks[above]);
+      const double v_lo = m.verify_cost[ks[above - 1]];
+      m.verify_cost.push_back(v_lo + (v - v_lo) * (static_cast<double>(k) - lo) / (hi - lo));
+    }
   }
   return m;
 }
@@ -354,14 +383,15 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
 /// decides). `calibrate` calls it at its best K; call it yourself for a K you fixed
 /// (`calibration::at`), or to check several drafts' calibrations one by one in order of
 /// prediction until one pays (as `specsample-generate --draft a,b` does). Throws
-/// `specsample::error` for pairs = 0 or tokens < 2, whether it times or not, and for what
-/// `measure_speedup` refuses. Like `measure_speedup` it times a draft model or any `drafter`: the
+/// `specsample::error` for no prompts, pairs = 0 or tokens < 2, whether it times or not, and,
+/// when it times, for what `measure_speedup` refuses. Like `measure_speedup` it times a draft model or any `drafter`: the
 /// drafter the generation will use, e.g. prompt lookup falling back to the calibrated draft model
 /// (the prediction then stands for the model alone; the check times both).
 template <class Draft, language_model Target, std::uniform_random_bit_generator Rng>
   requires language_model<Draft> || drafter<Draft>
 void check_prediction(calibration& c, Draft& draft, Target& target, std::span<const std::vector<token>> prompts,
                       const speculative_params& params, Rng& rng, std::size_t pairs = 5, std::size_t tokens = 64) {
+  if (prompts.empty()) throw error("check_prediction: no prompts");
   if (pairs == 0) throw error("check_prediction: pairs must be >= 1");
   if (tokens < 2) {
     throw error(fmt::format("check_prediction: tokens must be >= 2 (a round with a draft decodes two), got {}", tokens));
