@@ -13,7 +13,8 @@
 // --draft ngram drafts by prompt lookup (no draft model); --draft a,b,c measures each candidate on
 // a warm-up and keeps the one with the best predicted speedup at the K given, or at its best K
 // with -k auto (among those whose check pays: check_prediction times speculation at that K
-// against autoregressive decoding, in order of prediction until one pays); -k auto picks K the
+// against autoregressive decoding, in order of prediction until one pays; none: the best
+// predicted); -k auto picks K the
 // same way (and, in speculative mode, decodes autoregressively when that K does not pay);
 // --draft-temperature auto gives each candidate, before that, the temperature with the highest
 // expected acceptance along the target's own text (scan_draft_temperature).
@@ -91,7 +92,8 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
   --draft DIR           draft checkpoint with the same tokenizer; "ngram" for prompt-lookup drafting
                         (no model); DIR1,DIR2,... to measure each and keep the best predicted
                         at -k (each at its best K with -k auto) among those whose timed check
-                        pays, checked in order of prediction until one does
+                        pays, checked in order of prediction until one does (none: the best
+                        predicted)
   --prompt-lookup N     each round, draft by prompt lookup first (a suffix of N to max(N, 4)
                         tokens that occurred before) and by the draft model only where none did
   -k auto               pick K from a warm-up (acceptance by position, cost ratio c), checked
