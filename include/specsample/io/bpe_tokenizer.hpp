@@ -36,6 +36,9 @@ namespace specsample {
 
 namespace detail {
 
+using io::detail::excerpt;           // (mapped_file.hpp)
+using io::detail::utf8_char_length;  // (mapped_file.hpp)
+
 /// GPT-2's pre-tokenization pattern, as in OpenAI's encoder.py:
 ///   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 /// with \s spelled out as what it matches in Python's `regex` module, the Unicode White_Space
@@ -66,50 +69,6 @@ inline void append_utf8(std::string& out, std::uint32_t cp) {
   }
 }
 
-/// Length of the valid UTF-8 character starting at `s[i]` (RFC 3629: no overlongs, surrogates
-/// or code points above U+10FFFF), or 0 if the bytes there are not a complete valid character.
-inline std::size_t utf8_char_length(std::string_view s, std::size_t i) noexcept {
-  const auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned c = b(i);
-  const std::size_t left = s.size() - i;
-  const auto cont = [&](std::size_t k) { return (b(k) & 0xC0U) == 0x80U; };
-  if (c < 0x80U) return 1;
-  if (c >= 0xC2U && c <= 0xDFU) return left >= 2 && cont(i + 1) ? 2 : 0;
-  if (c >= 0xE0U && c <= 0xEFU) {
-    if (left < 3 || !cont(i + 1) || !cont(i + 2)) return 0;
-    if (c == 0xE0U && b(i + 1) < 0xA0U) return 0;   // overlong
-    if (c == 0xEDU && b(i + 1) >= 0xA0U) return 0;  // surrogate
-    return 3;
-  }
-  if (c >= 0xF0U && c <= 0xF4U) {
-    if (left < 4 || !cont(i + 1) || !cont(i + 2) || !cont(i + 3)) return 0;
-    if (c == 0xF0U && b(i + 1) < 0x90U) return 0;   // overlong
-    if (c == 0xF4U && b(i + 1) >= 0x90U) return 0;  // above U+10FFFF
-    return 4;
-  }
-  return 0;
-}
-
-/// `text` as an error message quotes it: its first characters, at most `max_bytes` of quote (never
-/// part of a character), then "..." and the whole length when it is longer; control bytes, DEL and
-/// bytes that are not UTF-8 written \xNN and a backslash \\, so the quote is unambiguous UTF-8. A file's
-/// wrong line or key can be megabytes long, or binary.
-inline std::string excerpt(std::string_view text, std::size_t max_bytes = 80) {
-  std::string out;
-  std::size_t i = 0;
-  while (i < text.size()) {
-    const std::size_t len = utf8_char_length(text, i);
-    const auto c = static_cast<unsigned char>(text[i]);
-    const std::string piece = len == 0 || c < 0x20U || c == 0x7FU ? fmt::format("\\x{:02X}", c)
-                              : c == '\\'                        ? std::string("\\\\")
-                                                                  : std::string(text.substr(i, len));
-    if (out.size() + piece.size() > max_bytes) break;
-    out += piece;
-    i += len == 0 ? 1 : len;
-  }
-  if (i < text.size()) out += fmt::format("... ({} bytes)", text.size());
-  return out;
-}
 
 /// Whether `s` is valid UTF-8 (see `utf8_char_length`).
 inline bool valid_utf8(std::string_view s) noexcept {
