@@ -860,8 +860,9 @@ json bandwidth_json(const decode_bandwidth& b) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// FMA peak probe: `specsample_bench::fma_loop_for` (probes.hpp) timed until a sample takes ~20 ms;
-// the floors below divide multiply-adds by it. GMAC/s = multiply-adds per second / 1e9.
+// FMA peak probe: `specsample_bench::fma_loop_for` (probes.hpp) on `threads` threads at once (the
+// kernels' thread count: the floors below divide a call's multiply-adds by it), timed until a
+// sample takes ~20 ms. GMAC/s = multiply-adds per second of all the threads / 1e9.
 
 struct fma_probe_result {
   specsample::isa level = specsample::isa::generic;
@@ -869,21 +870,29 @@ struct fma_probe_result {
   summary gmacs;
 };
 
-fma_probe_result probe_fma(specsample::isa level, specsample::gpt2::matmul_precision precision, std::size_t reps) {
+fma_probe_result probe_fma(specsample::isa level, specsample::gpt2::matmul_precision precision, std::size_t reps,
+                           std::size_t threads) {
   const specsample_bench::fma_loop loop = specsample_bench::fma_loop_for(level, precision);
   volatile float sink = loop.run(1000);  // warm up (and wake the wide vector units)
+  // `iters` iterations on every thread at once: this one and threads - 1 others.
+  const auto run_all = [&](std::size_t iters) {
+    std::vector<std::thread> others;
+    for (std::size_t t = 1; t < threads; ++t) others.emplace_back([&loop, iters] { (void)loop.run(iters); });
+    sink = loop.run(iters);
+    for (std::thread& t : others) t.join();
+  };
   std::size_t iters = std::size_t{1} << 16;
   for (;;) {  // ~20 ms per sample
     const auto t0 = steady::now();
-    sink = loop.run(iters);
+    run_all(iters);
     if (seconds_since(t0) >= 0.02) break;
     iters *= 2;
   }
   std::vector<double> gmacs;
   for (std::size_t r = 0; r < reps; ++r) {
     const auto t0 = steady::now();
-    sink = loop.run(iters);
-    gmacs.push_back(static_cast<double>(iters * loop.macs_per_iteration) / seconds_since(t0) / 1e9);
+    run_all(iters);
+    gmacs.push_back(static_cast<double>(threads * iters * loop.macs_per_iteration) / seconds_since(t0) / 1e9);
   }
   (void)sink;
   return {level, loop.instruction, summarize(gmacs)};
@@ -1690,7 +1699,7 @@ int run(int argc, char** argv) {
   // weights at the probe's bandwidth and its matmuls' multiply-adds at the FMA peak (attention,
   // norms and everything else counted as free). v_floor(j) = floor(j) / floor(1).
   fmt::print(stderr, "specsample-bench: FMA peak probe ({})\n", specsample::isa_name(target.kernels()));
-  const fma_probe_result fma = probe_fma(target.kernels(), target.matmul_precision(), c.probe_reps);
+  const fma_probe_result fma = probe_fma(target.kernels(), target.matmul_precision(), c.probe_reps, threads);
   const double macs_token = matmul_macs_per_token(target.config());
   const double stream_floor = static_cast<double>(target.weights().matmul_bytes()) / (probe_at(target_bytes) * 1e9);
   const auto floor_seconds = [&](std::size_t j) {
@@ -1705,7 +1714,7 @@ int run(int argc, char** argv) {
   const double macs_draft = matmul_macs_per_token(draft.config());
   const fma_probe_result draft_fma = draft.matmul_precision() == target.matmul_precision()
                                          ? fma
-                                         : probe_fma(draft.kernels(), draft.matmul_precision(), c.probe_reps);
+                                         : probe_fma(draft.kernels(), draft.matmul_precision(), c.probe_reps, threads);
   const double draft_floor =
       std::max(static_cast<double>(draft.weights().matmul_bytes()) / (probe_at(draft_bytes) * 1e9),
                macs_draft / (draft_fma.gmacs.median * 1e9));
@@ -1892,11 +1901,11 @@ int run(int argc, char** argv) {
         bw->decode_gbs.median, bw->probe_gbs.median, 100.0 * bw->fraction, bw->kv_bytes,
         bw->working_set_gbs.median, 100.0 * bw->working_set_fraction);
   }
-  out("\n#### Machine floors\n\nFMA peak (register-only multiply-adds: {}, {} vectors, median (min–max) of {} "
-      "reps): {} GMAC/s. One token of the target is {:.2f} M multiply-adds in its matmuls. A j-token call takes at "
+  out("\n#### Machine floors\n\nFMA peak (register-only multiply-adds: {}, {} vectors, on {} thread(s) at once, "
+      "median (min–max) of {} reps): {} GMAC/s. One token of the target is {:.2f} M multiply-adds in its matmuls. A j-token call takes at "
       "least the longer of streaming the {:.1f} MB of matmul weights at the probe's {:.1f} GB/s ({:.3f} ms) and "
       "j × {:.2f} M multiply-adds at the FMA peak; attention, norms and the rest count as free.\n\n",
-      fma.instruction, specsample::isa_name(fma.level), c.probe_reps, fmt_range(fma.gmacs, 1), macs_token * 1e-6,
+      fma.instruction, specsample::isa_name(fma.level), threads, c.probe_reps, fmt_range(fma.gmacs, 1), macs_token * 1e-6,
       static_cast<double>(target.weights().matmul_bytes()) * 1e-6, probe_at(target_bytes), stream_floor * 1e3,
       macs_token * 1e-6);
   out("| target call | floor, ms (bound) | measured, ms | measured / floor | ratio to 1 token: floor | measured |\n"

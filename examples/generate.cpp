@@ -496,7 +496,9 @@ int run(int argc, char** argv) {
     std::iota(order.begin(), order.end(), std::size_t{0});
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return cal[a].predicted > cal[b].predicted; });
     chosen = order.front();
-    std::vector<bool> decided(drafts.size(), false);  // reached by the checks: pays() is its verdict (JSON null if not)
+    // Reached by the checks below: pays() is the draft's verdict (JSON "pays"; null for a draft
+    // not reached whose prediction > 1, which the check would have had to confirm).
+    std::vector<bool> decided(drafts.size(), false);
     for (const std::size_t d : order) {
       decided[d] = true;
       if (!(cal[d].predicted > 1.0)) break;  // neither this draft nor the rest can pay
@@ -515,9 +517,9 @@ int run(int argc, char** argv) {
     std::FILE* out = c.json ? stderr : stdout;
     fmt::print(out, "draft choice (warm-up of {} tokens at K = {} from each of {} prompt(s); K = {}; predicted = E[tokens per "
                     "round] / (c_1st + c(K - 1) + v[K]), c_1st = a round's first draft call, v[K] = measured cost of a "
-                    "(K+1)-token target call over a 1-token call; checked = speculation at that K{} timed against "
-                    "autoregressive decoding, median of {} pairs of {} tokens, where predicted > 1, in order of prediction "
-                    "until one pays):\n", warmup_tokens, k_max, warmup.size(),
+                    "(K+1)-token target call over a 1-token call (above K = 8 interpolated between powers of two); "
+                    "checked = speculation at that K{} timed against autoregressive decoding, median of {} pairs of {} "
+                    "tokens, where predicted > 1, in order of prediction until one pays):\n", warmup_tokens, k_max, warmup.size(),
                c.auto_k ? "the best predicted (-k auto)" : fmt::format("{} (-k)", k_max),
                c.prompt_lookup > 0 ? " with prompt lookup first (the prediction: the draft model alone)" : "",
                check_pairs, warmup_tokens);

@@ -290,7 +290,7 @@ TEST_CASE("a calibration at a fixed K predicts that K, and check_prediction time
   CHECK(c.at(c.best_k).predicted == c.predicted);
   CHECK(c.at(1).predicted != c.at(3).predicted);
   CHECK_THROWS_WITH(c.at(0), Contains("calibration::at: K = 0 is outside 1..3"));
-  CHECK_THROWS_WITH(c.at(4), Contains("K = 4 is outside 1..3"));
+  CHECK_THROWS_WITH(c.at(4), Contains("K = 4 is outside 1..3, the draft lengths whose verification cost the calibration covers"));
   CHECK_THROWS_WITH(calibration{}.at(1), Contains("calibration::at: the calibration measured no verification cost"));
 
   using namespace std::chrono_literals;

@@ -160,7 +160,8 @@ struct calibration {
   std::vector<double> acceptance;   ///< per draft position, see position_acceptance
   double cost_ratio = 0.0;          ///< c: single-token draft call / single-token target call
   double first_cost_ratio = 0.0;    ///< the same for a round's first draft call (after a target call)
-  std::vector<double> verify_cost;  ///< [K] = (K+1)-token target call / 1-token call, K = 0..k_max
+  std::vector<double> verify_cost;  ///< [K] = (K+1)-token target call / 1-token call, K = 0..k_max (above 8
+                                    ///< timed at powers of two, linear between: `detail::cost_ratios`)
   std::size_t best_k = 1;           ///< argmax of the predicted speedup over K in [1, k_max] (`at`: the K fixed)
   double predicted = 1.0;           ///< the predicted speedup at best_k, round_cost included
   /// Speculation at best_k timed against autoregressive decoding (`measure_speedup`), when
@@ -190,13 +191,13 @@ struct calibration {
   /// This calibration at a draft length the caller fixed (as `specsample-generate -k N` does
   /// when it chooses among drafts): best_k = k, `predicted` at k (round_cost included),
   /// `measured` dropped (`check_prediction` times k). Throws
-  /// `specsample::error` for k = 0 or a k whose verification cost was not measured (above the
-  /// k_max of `calibrate`).
+  /// `specsample::error` for k = 0 or a k that verify_cost does not cover (above the k_max of
+  /// `calibrate`).
   [[nodiscard]] calibration at(std::size_t k) const {
     if (verify_cost.size() < 2) throw error("calibration::at: the calibration measured no verification cost");
     if (k == 0 || k >= verify_cost.size()) {
       throw error(fmt::format("calibration::at: K = {} is outside 1..{}, the draft lengths whose verification "
-                              "cost the calibration measured", k, verify_cost.size() - 1));
+                              "cost the calibration covers", k, verify_cost.size() - 1));
     }
     calibration c = *this;
     c.best_k = k;
@@ -209,11 +210,11 @@ struct calibration {
 namespace detail {
 
 /// The draft lengths whose verification call `cost_ratios` times, ascending, for calls of up to
-/// `widest` + 1 tokens: every K up to 8, then the powers of two, and `widest` itself.
-[[nodiscard]] inline std::vector<std::size_t> verify_timing_lengths(std::size_t widest) {
+/// `k_last` + 1 tokens: every K up to 8, then the powers of two, and `k_last` itself.
+[[nodiscard]] inline std::vector<std::size_t> verify_timing_lengths(std::size_t k_last) {
   std::vector<std::size_t> ks;
-  for (std::size_t k = 1; k <= widest; ++k) {
-    if (k <= 8 || std::has_single_bit(k) || k == widest) ks.push_back(k);
+  for (std::size_t k = 1; k <= k_last; ++k) {
+    if (k <= 8 || std::has_single_bit(k) || k == k_last) ks.push_back(k);
   }
   return ks;
 }
