@@ -2127,7 +2127,7 @@ int run(int argc, char** argv) {
       }
       j["machine_floors"] = {{"fma_isa", specsample::isa_name(fma.level)},
                              {"fma_instruction", fma.instruction},
-                             {"fma_gmacs", to_json(fma.gmacs)},
+                             {"fma_gmacs", to_json(fma.gmacs)}, {"fma_threads", threads},
                              {"matmul_macs_per_token", macs_token},
                              {"matmul_weight_bytes", target.weights().matmul_bytes()},
                              {"stream_floor_seconds", stream_floor},

@@ -19,13 +19,15 @@ namespace specsample::io::detail {
 inline constexpr std::size_t max_json_depth = 64;
 
 /// SAX handler of `parse_json_strict`: builds the document as nlohmann's own parser does, and
-/// refuses a key twice in one object and nesting deeper than `max_json_depth`. Linear in the
-/// text: nlohmann's parser with a callback rescans an object's members each time one of its
-/// child objects closes, quadratic in siblings (40 000 `"k":{}` members: 19 s), which a crafted
-/// header of 100 MB would turn into a hang.
+/// refuses a key twice in one object and nesting deeper than `max_json_depth`. O(n log n) in an
+/// object's n members (a map lookup per key): nlohmann's parser with a callback rescans an
+/// object's members each time one of its child objects closes, quadratic in siblings (40 000
+/// `"k":{}` members: 19 s), which a crafted header of 100 MB would turn into a hang.
 class strict_json_builder : public nlohmann::json_sax<nlohmann::json> {
  public:
-  strict_json_builder(const std::string& label, std::string_view what) : label_(label), what_(what) {}
+  strict_json_builder(std::string label, std::string what) : label_(std::move(label)), what_(std::move(what)) {}
+  strict_json_builder(const strict_json_builder&) = delete;  // (open_ points into root)
+  strict_json_builder& operator=(const strict_json_builder&) = delete;
 
   nlohmann::json root;
 
@@ -86,8 +88,7 @@ class strict_json_builder : public nlohmann::json_sax<nlohmann::json> {
     return true;
   }
 
-  const std::string& label_;
-  std::string_view what_;
+  std::string label_, what_;
   std::vector<nlohmann::json*> open_;  // the open objects and arrays, outermost first
   std::string key_;                    // the open object's key of the next member
 };
@@ -95,13 +96,15 @@ class strict_json_builder : public nlohmann::json_sax<nlohmann::json> {
 /// Parses the JSON `text` of `label` (the file, first in every message; `what` names the text in
 /// them: "header", "config"), refusing what nlohmann's parser would accept silently: a NUL byte
 /// (its end of input: whatever follows would go unread), a key twice in one object at any depth
-/// (it keeps one), and nesting deeper than `max_json_depth`. Linear in the text. Throws
-/// `specsample::error`.
+/// (it keeps one), and nesting deeper than `max_json_depth`. About linear in the text (n log n in
+/// an object's n members). Throws `specsample::error`.
 [[nodiscard]] inline nlohmann::json parse_json_strict(std::string_view text, const std::string& label,
                                                       std::string_view what) {
   check_no_nul(text, label);
-  strict_json_builder builder(label, what);
-  (void)nlohmann::json::sax_parse(text.begin(), text.end(), &builder);  // (its errors throw)
+  strict_json_builder builder(label, std::string(what));
+  if (!nlohmann::json::sax_parse(text.begin(), text.end(), &builder)) {  // (the builder's errors throw)
+    throw error(fmt::format("{}: {} is not valid JSON", label, what));
+  }
   return std::move(builder.root);
 }
 

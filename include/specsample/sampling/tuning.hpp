@@ -161,7 +161,8 @@ struct calibration {
   double cost_ratio = 0.0;          ///< c: single-token draft call / single-token target call
   double first_cost_ratio = 0.0;    ///< the same for a round's first draft call (after a target call)
   std::vector<double> verify_cost;  ///< [K] = (K+1)-token target call / 1-token call, K = 0..k_max (above 8
-                                    ///< timed at powers of two, linear between: `detail::cost_ratios`)
+                                    ///< timed at powers of two and the largest K that fits, linear
+                                    ///< between, repeated past it: `detail::cost_ratios`)
   std::size_t best_k = 1;           ///< argmax of the predicted speedup over K in [1, k_max] (`at`: the K fixed)
   double predicted = 1.0;           ///< the predicted speedup at best_k, round_cost included
   /// Speculation at best_k timed against autoregressive decoding (`measure_speedup`), when
