@@ -368,6 +368,27 @@ TEST_CASE("the verification cost is timed at every K up to 8, then at powers of 
   CHECK(v[36] == Approx(v[32] + (v[40] - v[32]) * 4.0 / 8.0));
 }
 
+TEST_CASE("a calibration times verification at a prompt with room for it", "[tuning]") {
+  // A first prompt that fills the context leaves no room for a verification call: the costs are
+  // taken at the next prompt with room, so v[K] is timed, not read as 1 (free).
+  struct recording_bounded : recording_markov {
+    using recording_markov::recording_markov;
+    std::size_t max_size() const { return 8; }
+  };
+  const auto markov = toy::markov::random(8, 1, 1, 0.3f);
+  recording_bounded draft(markov), target(markov);
+  speculative_params params;
+  params.sampling.temperature = 0.0f;
+  const std::vector<std::vector<token>> prompts{{0, 1, 2, 3, 4, 5, 6, 7}, {0, 1}, {2}};
+  std::mt19937_64 rng(1);
+  const calibration c = calibrate(draft, target, std::span<const std::vector<token>>(prompts), params, rng, 3, 4, 0);
+  REQUIRE(c.verify_cost.size() == 4);
+  // cost_ratios' calls, the last: per round two single tokens, then 2, 3 and 4 tokens.
+  const std::vector<std::size_t> after_warmup(target.calls.end() - 15 * 5, target.calls.end());
+  CHECK(std::count(after_warmup.begin(), after_warmup.end(), std::size_t{4}) == 15);  // v[3]: 4-token calls
+  CHECK(std::count(after_warmup.begin(), after_warmup.end(), std::size_t{2}) == 15);
+}
+
 TEST_CASE("calibration over several prompts pools their acceptance", "[tuning]") {
   auto target = toy::markov::random(8, 1, 1, 0.3f);
   auto draft = toy::markov::similar_to(target, 0.7, 2, 0.3f);

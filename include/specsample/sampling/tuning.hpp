@@ -409,7 +409,8 @@ void check_prediction(calibration& c, Draft& draft, Target& target, std::span<co
 /// tokens each, fewer where a prompt leaves the models' contexts less room; the caller's
 /// sampling parameters) to measure acceptance by position, pooled over
 /// the prompts; times single-token calls of both models for c (a round's first draft call apart)
-/// and the target's (K+1)-token calls for the verification cost (after the first prompt; medians
+/// and the target's (K+1)-token calls for the verification cost (after the first prompt that
+/// leaves the models' contexts room for a (k_max+1)-token call, else after the shortest; medians
 /// of per-round ratios, see `detail::cost_ratios`), and picks the K that maximises the predicted
 /// speedup. A few prompts give a steadier estimate than one: acceptance varies from one
 /// text to the next. Where that prediction pays (> 1), it is checked (`check_prediction`):
@@ -436,7 +437,16 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
     warm.max_new_tokens = detail::warmup_length(draft, target, prompt.size(), warmup_tokens, "calibrate");
     (void)speculative_sample(draft, target, prompt, warm, rng, positions);
   }
-  calibration c = detail::cost_ratios(draft, target, std::span<const token>(prompts.front()), k_max);
+  // The costs at the first prompt that leaves room for the widest verification call, else at the
+  // shortest (a full first prompt would leave no room for any: every v[K] would read 1, free).
+  const std::size_t limit = std::min(max_context(draft), max_context(target));
+  auto costed = std::find_if(prompts.begin(), prompts.end(),
+                             [&](const std::vector<token>& p) { return p.size() + k_max <= limit; });
+  if (costed == prompts.end()) {
+    costed = std::min_element(prompts.begin(), prompts.end(),
+                              [](const auto& a, const auto& b) { return a.size() < b.size(); });
+  }
+  calibration c = detail::cost_ratios(draft, target, std::span<const token>(*costed), k_max);
   c.acceptance = positions.rates();
   const std::vector<double> round = c.round_cost();
   c.best_k = best_draft_length(c.acceptance, c.cost_ratio, k_max, round);
