@@ -502,12 +502,15 @@ int run(int argc, char** argv) {
     for (const std::size_t d : order) {
       decided[d] = true;
       if (!(cal[d].predicted > 1.0)) break;  // neither this draft nor the rest can pay
+      const auto check = [&](auto& drafter) {
+        specsample::check_prediction(cal[d], drafter, target, prompts, draft_params[d], rngs[d], check_pairs,
+                                     warmup_tokens);
+      };
       if (c.prompt_lookup > 0) {
         auto both = lookup_first(drafts[d], draft_params[d]);
-        specsample::check_prediction(cal[d], both, target, prompts, draft_params[d], rngs[d], check_pairs, warmup_tokens);
+        check(both);
       } else {
-        specsample::check_prediction(cal[d], drafts[d], target, prompts, draft_params[d], rngs[d], check_pairs,
-                                     warmup_tokens);
+        check(drafts[d]);
       }
       if (cal[d].pays()) {
         chosen = d;
