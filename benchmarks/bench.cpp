@@ -58,6 +58,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -714,6 +715,30 @@ overhead_result measure_loop_overhead(Model& draft, Model& target, std::size_t k
 }
 
 // ---------------------------------------------------------------------------------------------
+// Runs work(w) for w = 1 .. threads - 1 on threads of their own and work(0) on this one, and
+// returns when all are done. A thread that cannot start (no memory for its stack, a process
+// limit) is an error naming `who`, thrown after the started ones are joined: a std::thread left
+// joinable would terminate the program. `work` must not throw.
+template <class Work>
+void on_threads(std::size_t threads, const Work& work, const char* who) {
+  std::vector<std::thread> others;
+  others.reserve(threads > 0 ? threads - 1 : 0);
+  const auto join = [&] {
+    for (std::thread& t : others) t.join();
+  };
+  try {
+    for (std::size_t w = 1; w < threads; ++w) others.emplace_back([&work, w] { work(w); });
+  } catch (const std::system_error& e) {
+    const std::size_t started = others.size();
+    join();
+    throw specsample::error(
+        fmt::format("{}: cannot start helper thread {} of {}: {}", who, started + 1, threads - 1, e.what()));
+  }
+  work(0);
+  join();
+}
+
+// ---------------------------------------------------------------------------------------------
 // Memory bandwidth probe: `specsample_bench::stream_sum` (probes.hpp) over a buffer allocated as
 // the weights are, split across `threads` threads; GB/s = bytes read / seconds (1 GB = 1e9 bytes).
 
@@ -735,10 +760,7 @@ class stream_probe {
       for (std::size_t p = 0; p < passes; ++p) acc += specsample_bench::stream_sum(level_, buf_.get() + lo, hi - lo);
       sinks_[w * 16] = acc;
     };
-    std::vector<std::thread> pool;
-    for (std::size_t w = 1; w < threads_; ++w) pool.emplace_back(work, w);
-    work(0);
-    for (auto& th : pool) th.join();
+    on_threads(threads_, work, "the stream probe");
     return seconds_since(t0);
   }
   [[nodiscard]] double gb_per_s(std::size_t passes, double seconds) const {
@@ -876,10 +898,10 @@ fma_probe_result probe_fma(specsample::isa level, specsample::gpt2::matmul_preci
   volatile float sink = loop.run(1000);  // warm up (and wake the wide vector units)
   // `iters` iterations on every thread at once: this one and threads - 1 others.
   const auto run_all = [&](std::size_t iters) {
-    std::vector<std::thread> others;
-    for (std::size_t t = 1; t < threads; ++t) others.emplace_back([&loop, iters] { (void)loop.run(iters); });
-    sink = loop.run(iters);
-    for (std::thread& t : others) t.join();
+    on_threads(threads, [&](std::size_t t) {
+      const float r = loop.run(iters);
+      if (t == 0) sink = r;
+    }, "the FMA probe");
   };
   std::size_t iters = std::size_t{1} << 16;
   for (;;) {  // ~20 ms per sample
