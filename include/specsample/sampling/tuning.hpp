@@ -220,6 +220,15 @@ namespace detail {
   return ks;
 }
 
+/// The largest draft length up to `k_max` whose verification call fits `target` after a context
+/// of `context` tokens, as `cost_ratios` times it: K + 1 tokens appended after all but the
+/// context's last. 0 when none fits.
+template <class Target>
+[[nodiscard]] std::size_t widest_verification(const Target& target, std::size_t context, std::size_t k_max) {
+  const std::size_t limit = max_context(target);
+  return context > limit ? 0 : std::min(k_max, limit - context);
+}
+
 /// The cost ratios a calibration needs (its cost_ratio, first_cost_ratio and verify_cost; the
 /// rest left default), measured after all but the last token of `context`, each over a
 /// single-token target call: c (a draft call), c_first (a round's first draft call) and v[K] (a
@@ -243,9 +252,8 @@ calibration cost_ratios(Draft& draft, Target& target, std::span<const token> con
   const std::size_t keep = context.size() - 1;
   detail::prefill(draft, context, static_cast<std::size_t>(draft.vocab_size()), "draft");
   detail::prefill(target, context, static_cast<std::size_t>(target.vocab_size()), "target");
-  std::size_t widest = 1;
-  while (widest <= k_max && keep + widest + 1 <= max_context(target)) ++widest;  // (K+1)-token calls that fit
-  const std::vector<std::size_t> ks = verify_timing_lengths(widest - 1);
+  const std::size_t k_fit = widest_verification(target, context.size(), k_max);
+  const std::vector<std::size_t> ks = verify_timing_lengths(k_fit);
   const auto timed = [&](auto& m, std::size_t n) {
     const std::vector<token> batch(n, context.back());
     const auto t0 = std::chrono::steady_clock::now();
@@ -272,7 +280,7 @@ calibration cost_ratios(Draft& draft, Target& target, std::span<const token> con
   m.verify_cost = {1.0};
   std::size_t above = 0;  // the first timed K >= k
   for (std::size_t k = 1; k <= k_max; ++k) {
-    if (k >= widest) {
+    if (k > k_fit) {
       m.verify_cost.push_back(m.verify_cost.back());
       continue;
     }
@@ -439,9 +447,9 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   }
   // The costs at the first prompt that leaves room for the widest verification call, else at the
   // shortest (a full first prompt would leave no room for any: every v[K] would read 1, free).
-  const std::size_t limit = std::min(max_context(draft), max_context(target));
-  auto costed = std::find_if(prompts.begin(), prompts.end(),
-                             [&](const std::vector<token>& p) { return p.size() + k_max <= limit; });
+  auto costed = std::find_if(prompts.begin(), prompts.end(), [&](const std::vector<token>& p) {
+    return detail::widest_verification(target, p.size(), k_max) == k_max;
+  });
   if (costed == prompts.end()) {
     costed = std::min_element(prompts.begin(), prompts.end(),
                               [](const auto& a, const auto& b) { return a.size() < b.size(); });
