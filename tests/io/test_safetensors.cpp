@@ -385,6 +385,44 @@ TEST_CASE("every kind of malformed file is rejected with a message naming file a
   }
 }
 
+TEST_CASE("error messages quote long text by its head or its end, whole characters only", "[io][json]") {
+  using specsample::io::detail::excerpt;
+  using specsample::io::detail::excerpt_tail;
+  CHECK(excerpt("abc", 3) == "abc");
+  CHECK(excerpt("abcd", 3) == "abc... (4 bytes)");
+  CHECK(excerpt_tail("abc", 3) == "abc");
+  CHECK(excerpt_tail("abcd", 3) == "(4 bytes) ...bcd");
+  CHECK(excerpt_tail("", 3).empty());
+  // "é" is two bytes: never half of one; control and non-UTF-8 bytes as \xNN, a backslash doubled.
+  CHECK(excerpt_tail("x\xC3\xA9\xC3\xA9", 3) == "(5 bytes) ...\xC3\xA9");
+  CHECK(excerpt_tail("x\xC3\xA9\xC3\xA9", 4) == "(5 bytes) ...\xC3\xA9\xC3\xA9");
+  CHECK(excerpt_tail("ab\x01\\", 6) == "(4 bytes) ...\\x01\\\\");
+  CHECK(excerpt_tail(std::string("a\xFF"), 8) == "a\\xFF");
+  // Against quoting every character of the whole text and taking from its end: random texts of
+  // ASCII, control bytes, 2- to 4-byte characters, stray continuation bytes and invalid bytes.
+  const std::vector<std::string> atoms = {"a", "\\", "\x01", "\xC3\xA9", "\xE2\x82\xAC", "\xF0\x9F\x98\x80",
+                                          "\x82", "\xFF", "\xE2\x82"};
+  std::mt19937_64 rng(3);
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::string text;
+    const std::size_t n = rng() % 60;
+    for (std::size_t k = 0; k < n; ++k) text += atoms[rng() % atoms.size()];
+    const std::size_t max_bytes = 1 + rng() % 40;
+    std::vector<std::string> quotes;
+    for (std::size_t i = 0; i < text.size();) {
+      auto [q, len] = specsample::io::detail::quoted_char(text, i);
+      quotes.push_back(q);
+      i += len;
+    }
+    std::size_t first = quotes.size(), bytes = 0;
+    while (first > 0 && bytes + quotes[first - 1].size() <= max_bytes) bytes += quotes[--first].size();
+    std::string expected = first > 0 ? fmt::format("({} bytes) ...", text.size()) : "";
+    for (std::size_t k = first; k < quotes.size(); ++k) expected += quotes[k];
+    INFO("trial " << trial);
+    REQUIRE(excerpt_tail(text, max_bytes) == expected);
+  }
+}
+
 TEST_CASE("strict JSON parsing builds what nlohmann's parser builds, in linear time", "[io][json]") {
   using Catch::Matchers::Contains;
   using specsample::io::detail::parse_json_strict;
@@ -406,6 +444,17 @@ TEST_CASE("strict JSON parsing builds what nlohmann's parser builds, in linear t
     message = e.what();
   }
   CHECK_THAT(message, Contains("f: header is not valid JSON") && Contains("bytes)"));
+  CHECK(message.size() < 400);
+  // The token the parser stopped in is quoted by its end, where its offending byte is (nlohmann
+  // writes the LF <U+000A>: the token is the quote, 100 000 bytes and those 8).
+  message.clear();
+  try {
+    (void)parse_json_strict("[\"" + std::string(100000, 'a') + "\n\"]", "f", "header");
+  } catch (const specsample::error& e) {
+    message = e.what();
+  }
+  CHECK_THAT(message, Contains("line 2, column 0") && Contains("control character U+000A") &&
+                          Contains("last read: '(100009 bytes) ...aaaa") && Contains("aaaa<U+000A>'"));
   CHECK(message.size() < 400);
   // Many sibling objects: linear (nlohmann's callback parser, which this replaced, rescanned the
   // members at every closing child: 40 000 took 19 s, so 100 000 would take minutes).

@@ -7,6 +7,7 @@
 
 #include <specsample/concepts.hpp>
 #include <specsample/error.hpp>
+#include <specsample/io/json.hpp>
 #include <specsample/io/mapped_file.hpp>
 
 #ifndef PCRE2_CODE_UNIT_WIDTH
@@ -230,9 +231,8 @@ class vocab_reader : public nlohmann::json_sax<nlohmann::json> {
   bool end_object() override { return true; }
   bool start_array(std::size_t) override { return scalar("an array"); }
   bool end_array() override { return true; }
-  bool parse_error(std::size_t, const std::string&,
-                   const nlohmann::detail::exception& ex) override {
-    throw error(fmt::format("{}: not valid JSON: {}", file_, excerpt(ex.what(), 240)));
+  bool parse_error(std::size_t, const std::string& last_token, const nlohmann::detail::exception& ex) override {
+    throw error(fmt::format("{}: not valid JSON: {}", file_, io::detail::parse_error_message(ex, last_token)));
   }
 
  private:

@@ -18,6 +18,16 @@ namespace specsample::io::detail {
 
 inline constexpr std::size_t max_json_depth = 64;
 
+/// nlohmann's parse error as our messages quote it: its text, which ends with the token the parser
+/// stopped in ("...; last read: '<token>'"), with that token quoted by its end (`excerpt_tail`):
+/// the offending byte is its last, which a long token's head would hide.
+inline std::string parse_error_message(const nlohmann::json::exception& ex, const std::string& last_token) {
+  const std::string_view message = ex.what();
+  const std::size_t last_read = message.rfind("; last read: '");
+  if (last_read == std::string_view::npos) return excerpt(message, 240);
+  return fmt::format("{}; last read: '{}'", excerpt(message.substr(0, last_read), 240), excerpt_tail(last_token, 80));
+}
+
 /// SAX handler of `parse_json_strict`: builds the document as nlohmann's own parser does, and
 /// refuses a key twice in one object and nesting deeper than `max_json_depth`. O(n log n) in an
 /// object's n members (a map lookup per key): nlohmann's parser with a callback rescans an
@@ -50,8 +60,8 @@ class strict_json_builder : public nlohmann::json_sax<nlohmann::json> {
   bool end_object() override { return close(); }
   bool start_array(std::size_t) override { return open(nlohmann::json::array()); }
   bool end_array() override { return close(); }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::json::exception& ex) override {
-    throw error(fmt::format("{}: {} is not valid JSON: {}", label_, what_, excerpt(ex.what(), 240)));
+  bool parse_error(std::size_t, const std::string& last_token, const nlohmann::json::exception& ex) override {
+    throw error(fmt::format("{}: {} is not valid JSON: {}", label_, what_, parse_error_message(ex, last_token)));
   }
 
  private:

@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -186,6 +187,16 @@ inline std::size_t utf8_char_length(std::string_view s, std::size_t i) noexcept 
   return 0;
 }
 
+// The character of `text` at `i` as an error message quotes it (control bytes, DEL and bytes that
+// are not UTF-8 as \xNN, a backslash as \\), and the number of bytes it takes in `text`.
+inline std::pair<std::string, std::size_t> quoted_char(std::string_view text, std::size_t i) {
+  const std::size_t len = utf8_char_length(text, i);
+  const auto c = static_cast<unsigned char>(text[i]);
+  if (len == 0 || c < 0x20U || c == 0x7FU) return {fmt::format("\\x{:02X}", c), 1};
+  if (c == '\\') return {"\\\\", 1};
+  return {std::string(text.substr(i, len)), len};
+}
+
 /// `text` as an error message quotes it: its first characters, at most `max_bytes` of quote (never
 /// part of a character), then "..." and the whole length when it is longer; control bytes, DEL and
 /// bytes that are not UTF-8 written \xNN and a backslash \\, so the quote is unambiguous UTF-8. A file's
@@ -194,16 +205,34 @@ inline std::string excerpt(std::string_view text, std::size_t max_bytes = 80) {
   std::string out;
   std::size_t i = 0;
   while (i < text.size()) {
-    const std::size_t len = utf8_char_length(text, i);
-    const auto c = static_cast<unsigned char>(text[i]);
-    const std::string piece = len == 0 || c < 0x20U || c == 0x7FU ? fmt::format("\\x{:02X}", c)
-                              : c == '\\'                        ? std::string("\\\\")
-                                                                  : std::string(text.substr(i, len));
+    auto [piece, len] = quoted_char(text, i);
     if (out.size() + piece.size() > max_bytes) break;
     out += piece;
-    i += len == 0 ? 1 : len;
+    i += len;
   }
   if (i < text.size()) out += fmt::format("... ({} bytes)", text.size());
+  return out;
+}
+
+/// `excerpt` from the other end: the whole length and "..." when `text` is longer than the quote,
+/// then its last characters, at most `max_bytes` of quote. For text whose end is what matters, such
+/// as the token a parser stopped in: its offending byte is the last.
+inline std::string excerpt_tail(std::string_view text, std::size_t max_bytes = 80) {
+  // Every byte quotes as at least one byte, so the quote lies within the last max_bytes bytes. Cut
+  // three bytes before them: a character cut there quotes its remaining continuation bytes alone,
+  // but behind them lie at least max_bytes bytes, so those quotes are never taken.
+  const std::size_t start = text.size() > max_bytes + 3 ? text.size() - max_bytes - 3 : 0;
+  std::size_t i = start;
+  std::vector<std::string> pieces;  // the quotes of the characters from start on, in order
+  while (i < text.size()) {
+    auto [piece, len] = quoted_char(text, i);
+    pieces.push_back(std::move(piece));
+    i += len;
+  }
+  std::size_t first = pieces.size(), bytes = 0;
+  while (first > 0 && bytes + pieces[first - 1].size() <= max_bytes) bytes += pieces[--first].size();
+  std::string out = start > 0 || first > 0 ? fmt::format("({} bytes) ...", text.size()) : std::string();
+  for (std::size_t k = first; k < pieces.size(); ++k) out += pieces[k];
   return out;
 }
 
