@@ -6,7 +6,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -158,15 +161,24 @@ inline void write_file(const std::filesystem::path& dir, const std::string& name
 }
 
 /// main() of a benchmark program: runs `run`, reporting an exception as "`tool`: error: ..."
-/// with exit status 2.
+/// with exit status 2, as it does output that could not be written to stdout (a full disk, a
+/// closed descriptor): a report that was lost is not a success.
 template <class Run>
 int guarded_main(const char* tool, Run&& run) {
+  int status = 2;
   try {
-    return run();
+    status = run();
   } catch (const std::exception& e) {
     fmt::print(stderr, "{}: error: {}\n", tool, e.what());
     return 2;
   }
+  const bool flush_failed = std::fflush(stdout) != 0;  // (errno names a failure of this flush only)
+  if (flush_failed || std::ferror(stdout) != 0) {
+    fmt::print(stderr, "{}: error: cannot write to standard output{}\n", tool,
+               flush_failed ? fmt::format(": {}", std::strerror(errno)) : std::string());
+    return 2;
+  }
+  return status;
 }
 
 }  // namespace specsample_bench

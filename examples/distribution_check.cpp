@@ -9,15 +9,22 @@
 //
 // usage: distribution_check [--vocab V] [--length L] [-k K] [--temperature T] [--top-k N]
 //                           [--similarity S] [--samples N] [--seed S] [--broken]
+constexpr const char* usage =
+    "usage: distribution_check [--vocab V] [--length L] [-k K] [--temperature T] [--top-k N]\n"
+    "                          [--similarity S] [--samples N] [--seed S] [--broken]\n";
 
 #include <specsample/specsample.hpp>
 #include <specsample/testing/distribution.hpp>
 
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <string_view>
@@ -72,6 +79,11 @@ T number(int& i, int argc, char** argv) {
   const std::string_view text = argv[++i];
   T value{};
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec == std::errc::result_out_of_range && end == text.data() + text.size()) {
+    fmt::print(stderr, "{} expects a number from {} to {}, got '{}'\n", flag, std::numeric_limits<T>::lowest(),
+               std::numeric_limits<T>::max(), text);
+    std::exit(2);
+  }
   if (ec != std::errc{} || end != text.data() + text.size()) {
     fmt::print(stderr, "{} expects {}, got '{}'\n", flag,
                std::is_floating_point_v<T> ? "a number" : std::is_signed_v<T> ? "an integer" : "a count (>= 0)", text);
@@ -102,8 +114,11 @@ int main(int argc, char** argv) {
       else if (a == "--samples") samples = number<std::size_t>(i, argc, argv);
       else if (a == "--seed") seed = number<std::uint64_t>(i, argc, argv);
       else if (a == "--broken") broken = true;
-      else {
-        fmt::print(stderr, "unknown argument {}\n", a);
+      else if (a == "--help" || a == "-h") {
+        fmt::print("{}", usage);
+        return 0;
+      } else {
+        fmt::print(stderr, "unknown argument {}\n{}", a, usage);
         return 2;
       }
     }
@@ -113,6 +128,13 @@ int main(int argc, char** argv) {
                params.draft_length, params.sampling.temperature, broken ? "BROKEN (resamples from p)" : "token-wise");
     const bool ok = broken ? check(draft, target, params, samples, seed, 1e-3, broken_verifier{})
                            : check(draft, target, params, samples, seed, 1e-3, specsample::tokenwise_verifier{});
+    // A verdict that could not be written (a full disk, a closed descriptor) is no verdict.
+    const bool flush_failed = std::fflush(stdout) != 0;  // (errno names a failure of this flush only)
+    if (flush_failed || std::ferror(stdout) != 0) {
+      fmt::print(stderr, "error: cannot write to standard output{}\n",
+                 flush_failed ? fmt::format(": {}", std::strerror(errno)) : std::string());
+      return 2;
+    }
     return ok ? 0 : 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "error: {}\n", e.what());

@@ -32,7 +32,9 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <numeric>
@@ -148,12 +150,14 @@ cli parse(int argc, char** argv) {
   cli c;
   c.params.max_new_tokens = 128;
   c.params.sampling.temperature = 0.0f;
+  std::vector<std::pair<std::string_view, std::string_view>> given;  // (long name, as typed) of each flag
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto value = [&]() -> std::string_view {
       if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", a));
       return argv[++i];
     };
+    given.emplace_back(a == "-k" ? "--draft-length" : a == "-n" ? "--max-new-tokens" : a, a);
     if (a == "--help" || a == "-h") {
       std::fputs(help.data(), stdout);
       std::exit(0);
@@ -197,7 +201,13 @@ cli parse(int argc, char** argv) {
         usage_error(e.what());
       }
     }
-    else if (a == "--threads") c.threads = parse_number<std::size_t>(a, value());
+    else if (a == "--threads") {
+      c.threads = parse_number<std::size_t>(a, value());
+      if (c.threads > specsample::gpt2::thread_pool::max_threads) {
+        usage_error(fmt::format("--threads must be at most {} (0: all cores), got {}",
+                                specsample::gpt2::thread_pool::max_threads, c.threads));
+      }
+    }
     else if (a == "--mode") {
       c.mode = value();
       if (c.mode != "speculative" && c.mode != "autoregressive" && c.mode != "compare") {
@@ -219,12 +229,50 @@ cli parse(int argc, char** argv) {
     else usage_error(fmt::format("unknown argument '{}'", a));
   }
   if (c.params.max_new_tokens == 0) usage_error("-n must be >= 1 (there is nothing to generate or time)");
-  if (c.prompt_lookup > 0 && c.draft == "ngram") {
-    usage_error("--prompt-lookup falls back to a draft model; --draft ngram drafts by prompt lookup alone");
+  // An option the run would not read is a mistake to report, not to ignore.
+  const auto typed = [&](std::string_view flag) -> std::optional<std::string_view> {  // as typed, if given
+    for (const auto& [name, as_typed] : given) {
+      if (name == flag) return as_typed;
+    }
+    return std::nullopt;
+  };
+  const auto has = [&](std::string_view flag) { return typed(flag).has_value(); };
+  if (has("--prompt") && has("--prompt-file")) usage_error("--prompt and --prompt-file both give the prompt: use one");
+  if (has("--repeat") && c.mode != "compare") {
+    usage_error(fmt::format("--repeat runs both modes R times: it needs --mode compare, not {}", c.mode));
   }
-  if (c.draft_temperature || c.auto_draft_temperature) {
-    if (c.draft == "ngram") usage_error("--draft-temperature warps a draft model's logits; --draft ngram has none");
-    if (c.mode == "autoregressive") usage_error("--draft-temperature warps a draft model's logits; --mode autoregressive drafts nothing");
+  // What each drafting option does, for the messages refusing it where nothing drafts.
+  static constexpr std::pair<std::string_view, std::string_view> drafting[] = {
+      {"--draft", "names the draft"},
+      {"--draft-length", "sets K, the tokens drafted per round"},
+      {"--prompt-lookup", "drafts by prompt lookup"},
+      {"--p-min", "stops drafting on a draft model's top probability"},
+      {"--adaptive", "adapts K between rounds"},
+      {"--verify", "chooses how drafts are verified"},
+      {"--leniency", "sets how drafts are accepted"},
+      {"--draft-temperature", "warps a draft model's logits"},
+      {"--draft-matmul", "sets a draft model's matmuls"},
+      {"--calibration-prompts", "warms up the choice of K or of the draft"}};
+  const auto what = [&](std::string_view flag) {
+    return std::find_if(std::begin(drafting), std::end(drafting), [&](const auto& d) { return d.first == flag; })->second;
+  };
+  if (c.mode == "autoregressive") {
+    for (const auto& [flag, does] : drafting) {
+      if (const auto t = typed(flag)) usage_error(fmt::format("{} {}; --mode autoregressive drafts nothing", *t, does));
+    }
+  }
+  if (c.draft == "ngram") {
+    if (c.prompt_lookup > 0) {
+      usage_error("--prompt-lookup falls back to a draft model; --draft ngram drafts by prompt lookup alone");
+    }
+    if (c.auto_k) usage_error("-k auto calibrates a draft model; --draft ngram has none: give K");
+    for (const std::string_view flag : {"--draft-temperature", "--p-min", "--draft-matmul"}) {
+      if (has(flag)) usage_error(fmt::format("{} {}; --draft ngram has none", flag, what(flag)));
+    }
+  }
+  const bool draft_list = c.draft && c.draft->find(',') != std::string::npos;
+  if (c.calibration_prompts && !c.auto_k && !draft_list && !c.auto_draft_temperature) {
+    usage_error("--calibration-prompts warms up -k auto, a --draft list or --draft-temperature auto: none is given");
   }
   if (c.draft_temperature) {
     c.params = c.params.with_draft_temperature(*c.draft_temperature);  // the target's filters
@@ -709,10 +757,20 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  int status = 2;
   try {
-    return run(argc, argv);
+    status = run(argc, argv);
   } catch (const std::exception& e) {
     fmt::print(stderr, "specsample-generate: error: {}\n", e.what());
     return 2;
   }
+  // Output that could not be written (a full disk, a closed descriptor) is a failure: the text or
+  // the JSON a caller waits for was lost.
+  const bool flush_failed = std::fflush(stdout) != 0;  // (errno names a failure of this flush only)
+  if (flush_failed || std::ferror(stdout) != 0) {
+    fmt::print(stderr, "specsample-generate: error: cannot write to standard output{}\n",
+               flush_failed ? fmt::format(": {}", std::strerror(errno)) : std::string());
+    return 2;
+  }
+  return status;
 }
