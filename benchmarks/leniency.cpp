@@ -20,7 +20,9 @@
 #include "bench_util.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -54,13 +56,15 @@ constexpr std::string_view help = R"(usage: specsample-leniency [options]
                      like the bundled GPT-2 pair at T = 0.7-1)
   -k K               draft length (default 4)
   --samples N        sampled sequences per leniency (default 500000)
-  --leniency LIST    comma-separated b values in (0, 1] (default 1,0.8,0.5)
+  --leniency LIST    comma-separated b values in (0, 1], 1 among them (default 1,0.8,0.5)
   --c C              cost ratio for the implied speedup (default 0.05)
-  --long-tokens N    tokens per speed run (default 64)
+  --long-tokens N    tokens per speed run (default 64, at most 1000000)
   --long-runs N      speed runs per leniency (default 2000)
   --seed S           seed of the models and the sampler (default 20240601)
   --quick            smoke test: 20000 samples, 200 speed runs
 )";
+
+constexpr std::size_t max_long_tokens = 1'000'000;
 
 cli parse(int argc, char** argv) {
   cli c;
@@ -102,6 +106,15 @@ cli parse(int argc, char** argv) {
     usage_error("--samples, --long-runs, --long-tokens, --length and -k must be >= 1");
   }
   if (!(c.c >= 0.0 && std::isfinite(c.c))) usage_error(fmt::format("--c must be finite and >= 0, got {}", c.c));
+  // The speed runs hold each generation's tokens: a bound that keeps them in memory.
+  if (c.long_tokens > max_long_tokens) {
+    usage_error(fmt::format("--long-tokens must be at most {}, got {}", max_long_tokens, c.long_tokens));
+  }
+  // Both comparison columns are against the exact rule's row.
+  if (std::find(c.leniency.begin(), c.leniency.end(), 1.0) == c.leniency.end()) {
+    usage_error(fmt::format("--leniency must include 1, the exact rule the table compares the others with, got {}",
+                            fmt::join(c.leniency, ",")));
+  }
   return c;
 }
 
@@ -163,12 +176,8 @@ int run(int argc, char** argv) {
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  const double noise = [&] {
-    for (const auto& r : rows) {
-      if (r.b == 1.0) return r.tv;
-    }
-    return std::nan("");
-  }();
+  const row& exact_row = *std::find_if(rows.begin(), rows.end(), [](const row& r) { return r.b == 1.0; });  // (parse)
+  const double noise = exact_row.tv;
   fmt::print("### Leniency trade-off (toy Markov pair)\n\n");
   fmt::print("`{}` — target toy::markov::random(V = {}, order {}), draft similar_to(target, {}), prompt {{0}}, "
              "T = 1, K = {}; {} sampled sequences of L = {} tokens per b against the exact distribution over the "
@@ -182,7 +191,7 @@ int run(int argc, char** argv) {
              "| tokens/round ({} tokens) | α | implied speedup (c = {}) | vs b = 1 | formula from α |\n"
              "|---|---|---|---|---|---|---|---|---|---|\n",
              c.length, c.long_tokens, c.c);
-  const double base = rows.front().speedup;
+  const double base = exact_row.speedup;
   for (const auto& r : rows) {
     fmt::print("| {:g}{} | {:.4f} | {:+.4f} | {:.3g} | {:.3f} | {:.3f} | {:.3f} | {:.2f}x | {:+.1f}% | {:.2f}x |\n", r.b,
                r.b == 1.0 ? " (exact)" : "", r.tv, r.tv - noise, r.p_value, r.tokens_per_round_short, r.tokens_per_round,
