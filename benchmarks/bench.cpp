@@ -289,7 +289,13 @@ cli parse(int argc, char** argv) {
     else if (a == "-n") c.n = parse_number<std::size_t>(a, value());
     else if (a == "--reps") c.reps = parse_number<std::size_t>(a, value());
     else if (a == "--k-max") c.k_max = parse_number<std::size_t>(a, value());
-    else if (a == "--threads") c.threads = parse_number<std::size_t>(a, value());
+    else if (a == "--threads") {
+      c.threads = parse_number<std::size_t>(a, value());
+      if (c.threads > specsample::gpt2::thread_pool::max_threads) {
+        usage_error(fmt::format("--threads must be at most {} (0: all cores), got {}",
+                                specsample::gpt2::thread_pool::max_threads, c.threads));
+      }
+    }
     else if (specsample::gpt2::is_option_flag(a)) {
       try {
         specsample::gpt2::set_option(c.model, a, value());
