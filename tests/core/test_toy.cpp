@@ -26,6 +26,12 @@ TEST_CASE("a Markov model returns the log of its transition column for each appe
   CHECK(m.size() == 1);
   CHECK_THROWS_AS(m.truncate(2), error);
   CHECK_THROWS_WITH(m.append(std::vector<token>{4}), Catch::Matchers::Contains("token 4 is out of range"));
+  // Its transition column is read for a context too: checked the same (it read out of bounds).
+  for (const token bad : {4, -1000000}) {
+    CHECK_THROWS_WITH(m.next_probabilities(std::vector<token>{0, bad}),
+                      Catch::Matchers::Contains("toy::markov::next_probabilities: token " + std::to_string(bad) +
+                                                " is out of range"));
+  }
 }
 
 TEST_CASE("an order-2 model depends on exactly the last two tokens", "[toy][markov]") {

@@ -408,6 +408,9 @@ TEST_CASE("calibration over several prompts pools their acceptance", "[tuning]")
   const std::vector<std::vector<token>> none;
   CHECK_THROWS_WITH(calibrate(draft, target, std::span<const std::vector<token>>(none), params, a),
                     Catch::Contains("no prompts"));
+  // No warm-up tokens would measure nothing and report it as acceptance 0.
+  CHECK_THROWS_WITH(calibrate(draft, target, std::span<const std::vector<token>>(prompts), params, a, 4, 0),
+                    Catch::Contains("calibrate: warmup_tokens must be >= 1"));
 }
 
 TEST_CASE("the draft temperature scan finds the ratio at which a sharpened draft equals the target",
@@ -457,6 +460,17 @@ TEST_CASE("the draft temperature scan finds the ratio at which a sharpened draft
   CHECK_THROWS_WITH(scan_draft_temperature(other, t, std::span<const std::vector<token>>(prompts), params,
                                            std::span<const double>(ratios), rng, 20),
                     Contains("vocabularies differ"));
+  // One object as both would score each text twice, the second time after its own end: refused,
+  // as speculative_sample refuses it (it returned α well below the 1 of a model against itself).
+  CHECK_THROWS_WITH(scan_draft_temperature(t, t, std::span<const std::vector<token>>(prompts), params,
+                                           std::span<const double>(ratios), rng, 20),
+                    Contains("the draft and the target are the same model object"));
+  auto copy = t;  // a second instance is the way: a model against itself accepts everything
+  const auto self = scan_draft_temperature(copy, t, std::span<const std::vector<token>>(prompts), params,
+                                           std::span<const double>(ratios), rng, 20);
+  CHECK(self.alpha[0] == Approx(1.0).margin(1e-5));
+  CHECK_THROWS_WITH(draft_temperature_scan{}.best_ratio(), Contains("0 ratios and 0 alphas"));
+  CHECK_THROWS_WITH((draft_temperature_scan{{1.0, 2.0}, {0.5}, 1}.best_ratio()), Contains("2 ratios and 1 alphas"));
 }
 
 TEST_CASE("warm-ups shorten to the room a prompt leaves in the models' contexts", "[tuning]") {

@@ -428,13 +428,14 @@ void check_prediction(calibration& c, Draft& draft, Target& target, std::span<co
 /// room for two tokens.
 /// The check samples from an engine seeded by one draw of `rng`, taken whether it runs or not:
 /// `rng` advances by the warm-up's draws and that one.
-/// Throws `specsample::error` for k_max = 0 or above `max_draft_length`, no prompts, or a prompt
-/// that does not fit the models.
+/// Throws `specsample::error` for k_max = 0 or above `max_draft_length`, warmup_tokens = 0, no
+/// prompts, or a prompt that does not fit the models.
 template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng>
 [[nodiscard]] calibration calibrate(Draft& draft, Target& target, std::span<const std::vector<token>> prompts,
                                     const speculative_params& params, Rng& rng, std::size_t k_max = 8,
                                     std::size_t warmup_tokens = 64, std::size_t check_pairs = 5) {
   if (k_max == 0) throw error("calibrate: k_max must be >= 1");
+  if (warmup_tokens == 0) throw error("calibrate: warmup_tokens must be >= 1 (acceptance is measured on them)");
   detail::check_model_draft_length(k_max, "calibrate");
   if (prompts.empty()) throw error("calibrate: no prompts");
   speculative_params warm = params;
@@ -483,8 +484,13 @@ struct draft_temperature_scan {
   std::vector<double> alpha;   ///< alpha[i]: mean over the positions of Σ_x min(p(x), q_i(x))
   std::size_t positions = 0;   ///< target positions the means are over
 
-  /// The ratio with the highest α (the first on ties).
+  /// The ratio with the highest α (the first on ties). Throws `specsample::error` for a scan of
+  /// no ratios, or with an α per ratio missing (a scan not made by `scan_draft_temperature`).
   [[nodiscard]] double best_ratio() const {
+    if (ratios.empty() || alpha.size() != ratios.size()) {
+      throw error(fmt::format("draft_temperature_scan::best_ratio: {} ratios and {} alphas; a scan has one alpha per "
+                              "ratio, and at least one", ratios.size(), alpha.size()));
+    }
     return ratios[static_cast<std::size_t>(std::max_element(alpha.begin(), alpha.end()) - alpha.begin())];
   }
   /// `params` with the draft at the best ratio: `draft_sampling` = `params.sampling` at
@@ -505,8 +511,8 @@ struct draft_temperature_scan {
 /// one generation per prompt plus one call of each model per prompt; the models hold each
 /// scored text afterwards. A prompt that leaves the models' contexts less room than `tokens` is
 /// followed by fewer tokens. Throws `specsample::error` at temperature 0 (both models greedy: no
-/// ratio matters), for no prompts or no ratios, a ratio that is not finite and > 0, or when a
-/// prompt alone does not fit either model.
+/// ratio matters), for no prompts or no ratios, a ratio that is not finite and > 0, the same model
+/// object as draft and target, or when a prompt alone does not fit either model.
 template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng>
 [[nodiscard]] draft_temperature_scan scan_draft_temperature(Draft& draft, Target& target,
                                                             std::span<const std::vector<token>> prompts,
@@ -521,6 +527,7 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   for (const double r : ratios) {
     if (!(r > 0.0) || !std::isfinite(r)) throw error(fmt::format("scan_draft_temperature: ratio {} must be finite and > 0", r));
   }
+  detail::check_distinct(draft, target);  // (one object would score the text twice, on its own end)
   const std::size_t vocab = detail::vocabulary_of(target, "target");
   detail::check_vocabularies(detail::vocabulary_of(draft, "draft"), vocab);
   speculative_params gen = params;

@@ -371,7 +371,9 @@ inline fit_result pearson(const std::vector<std::pair<double, double>>& outcomes
       }
     }
     double needed = std::ceil(min_expected / std::min(largest, rest));
-    while (bins_at(outcomes, needed, min_expected) < 2) needed += 1.0;
+    // Rounding can leave the pool just under min_expected there: grow n until two bins form, by a
+    // sample and by a relative step above rounding (past 2^53 a double's n + 1 is n: it hung).
+    while (bins_at(outcomes, needed, min_expected) < 2) needed = std::max(needed + 1.0, needed * (1.0 + 0x1p-40));
     throw error(fmt::format("chi_square_test: {} samples are too few to test {} possible outcomes: no two bins reach "
                             "an expected count of {}, so any sample would pass; it needs at least {} samples",
                             n, outcomes.size(), min_expected, needed));

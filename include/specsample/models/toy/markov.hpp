@@ -85,8 +85,10 @@ class markov {
   /// The (V, S) column-stochastic transition table.
   [[nodiscard]] const Eigen::MatrixXf& transitions() const noexcept { return table_; }
 
-  /// Next-token probabilities after `context`.
+  /// Next-token probabilities after `context`. Throws `specsample::error` for a token out of
+  /// the vocabulary.
   [[nodiscard]] Eigen::VectorXf next_probabilities(std::span<const token> context) const {
+    for (const token x : context) check_token(x, vocab_size(), "toy::markov::next_probabilities");
     return table_.col(static_cast<Eigen::Index>(state_of(context, vocab_size(), order_)));
   }
 
