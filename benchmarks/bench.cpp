@@ -773,7 +773,7 @@ void on_threads(std::size_t threads, const Work& work, const char* who) {
   };
   try {
     for (std::size_t w = 1; w < threads; ++w) others.emplace_back([&work, w] { work(w); });
-  } catch (const std::system_error& e) {
+  } catch (const std::exception& e) {  // std::system_error, or std::bad_alloc for the thread's state
     const std::size_t started = others.size();
     join();
     throw specsample::error(
@@ -1550,7 +1550,6 @@ int run_strategies(const bench_setup& b) {
 int run(int argc, char** argv) {
   const auto t_start = steady::now();
   const cli c = parse(argc, argv);
-  if (c.out) specsample_bench::check_output_directory(*c.out, "--out");
   const std::string load_start = load_average();
   const std::string date = utc_now();
 
@@ -1595,6 +1594,9 @@ int run(int argc, char** argv) {
   }
   std::vector<double> prompt_lengths;
   for (const auto& p : prompts) prompt_lengths.push_back(static_cast<double>(p.size()));
+
+  // The output directory, after the setup's checks and before the runs (which can take hours).
+  if (c.out) specsample_bench::check_output_directory(*c.out, "--out");
 
   // Warm-up: one generation of each kind, untimed.
   {

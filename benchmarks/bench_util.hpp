@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <vector>
 
 #include <unistd.h>
@@ -33,6 +34,10 @@ T parse_number(std::string_view flag, std::string_view text) {
   T value{};
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec == std::errc::result_out_of_range && end == text.data() + text.size()) {
+    if constexpr (std::is_floating_point_v<T>) {  // too large, or too small but not 0
+      usage_error(fmt::format("{} expects a number of magnitude {} to {}, or 0, got '{}'", flag,
+                              std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), text));
+    }
     usage_error(fmt::format("{} expects a number from {} to {}, got '{}'", flag, std::numeric_limits<T>::lowest(),
                             std::numeric_limits<T>::max(), text));
   }
@@ -154,18 +159,22 @@ inline contention contention_between(const cpu_ticks& before, const cpu_ticks& a
   return c;
 }
 
-/// Writes `text` to `dir / name`, creating `dir`.
 /// Creates `dir` if needed and checks that files can be written in it, throwing
 /// `specsample::error` naming `flag` otherwise: called before a run, so that an output directory
 /// that cannot be written fails in a second, not after hours of measurement.
 inline void check_output_directory(const std::filesystem::path& dir, std::string_view flag) {
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (!ec && !std::filesystem::is_directory(dir, ec)) ec = std::make_error_code(std::errc::not_a_directory);
-  if (!ec && ::access(dir.c_str(), W_OK) != 0) ec = std::error_code(errno, std::generic_category());
+  if (std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec)) {
+    ec = std::make_error_code(std::errc::not_a_directory);  // (standard libraries word create_directories' apart)
+  } else {
+    std::filesystem::create_directories(dir, ec);
+  }
+  // Creating a file there needs write and search permission.
+  if (!ec && ::access(dir.c_str(), W_OK | X_OK) != 0) ec = std::error_code(errno, std::generic_category());
   if (ec) throw specsample::error(fmt::format("{} {}: cannot write there: {}", flag, dir.string(), ec.message()));
 }
 
+/// Writes `text` to `dir / name`, creating `dir`.
 inline void write_file(const std::filesystem::path& dir, const std::string& name, const std::string& text) {
   std::filesystem::create_directories(dir);
   std::ofstream f(dir / name, std::ios::binary);

@@ -80,8 +80,13 @@ T number(int& i, int argc, char** argv) {
   T value{};
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec == std::errc::result_out_of_range && end == text.data() + text.size()) {
-    fmt::print(stderr, "{} expects a number from {} to {}, got '{}'\n", flag, std::numeric_limits<T>::lowest(),
-               std::numeric_limits<T>::max(), text);
+    if constexpr (std::is_floating_point_v<T>) {  // too large, or too small but not 0
+      fmt::print(stderr, "{} expects a number of magnitude {} to {}, or 0, got '{}'\n", flag,
+                 std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), text);
+    } else {
+      fmt::print(stderr, "{} expects a number from {} to {}, got '{}'\n", flag, std::numeric_limits<T>::lowest(),
+                 std::numeric_limits<T>::max(), text);
+    }
     std::exit(2);
   }
   if (ec != std::errc{} || end != text.data() + text.size()) {

@@ -43,6 +43,7 @@
 #include <string>
 #include <string_view>
 #include <unistd.h>
+#include <type_traits>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -80,6 +81,10 @@ T parse_number(std::string_view flag, std::string_view text) {
   T value{};
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec == std::errc::result_out_of_range && end == text.data() + text.size()) {
+    if constexpr (std::is_floating_point_v<T>) {  // too large, or too small but not 0
+      usage_error(fmt::format("{} expects a number of magnitude {} to {}, or 0, got '{}'", flag,
+                              std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), text));
+    }
     usage_error(fmt::format("{} expects a number from {} to {}, got '{}'", flag, std::numeric_limits<T>::lowest(),
                             std::numeric_limits<T>::max(), text));
   }
@@ -101,8 +106,9 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
   -k auto               pick K from a warm-up (acceptance by position, cost ratio c), checked
                         by timing it against autoregressive decoding; with --mode speculative,
                         decode autoregressively if that K does not pay
-  --calibration-prompts F   warm up -k auto and a draft choice on the prompts of F (one per line,
-                        \n escapes, # comments; e.g. benchmarks/prompts.txt) instead of the prompt
+  --calibration-prompts F   warm up -k auto, a draft choice and --draft-temperature auto on the
+                        prompts of F (one per line, \n escapes, # comments; e.g.
+                        benchmarks/prompts.txt) instead of the prompt
   --p-min P             stop drafting a round when the draft's top probability (at its own
                         temperature, --draft-temperature) is below P
   --adaptive            adapt K between rounds (+2 after a full acceptance, -1 after a rejection)

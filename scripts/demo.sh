@@ -2,7 +2,9 @@
 # The main job: speculative GPT-2 generation on the bundled Tiny Shakespeare pair (the target
 # drafted by the distilled draft, K = 3, one kernel thread shared by both models: the setting docs/benchmarks.md
 # measures), side by side with plain autoregressive decoding (greedy, so both print the same text).
-# Extra arguments go to specsample-generate (see --help), e.g. scripts/demo.sh --temperature 0.8
+# Extra arguments go to specsample-generate's compare run (see --help), e.g. scripts/demo.sh
+# --temperature 0.8; for --mode speculative or autoregressive call specsample-generate itself (it
+# refuses --repeat outside compare, and drafting options where nothing drafts).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/deps.sh"

@@ -464,7 +464,8 @@ TEST_CASE("the draft temperature scan finds the ratio at which a sharpened draft
   // as speculative_sample refuses it (it returned α well below the 1 of a model against itself).
   CHECK_THROWS_WITH(scan_draft_temperature(t, t, std::span<const std::vector<token>>(prompts), params,
                                            std::span<const double>(ratios), rng, 20),
-                    Contains("the draft and the target are the same model object"));
+                    Contains("scan_draft_temperature: the draft and the target are the same model object: each "
+                             "scores the text from an empty context"));
   auto copy = t;  // a second instance is the way: a model against itself accepts everything
   const auto self = scan_draft_temperature(copy, t, std::span<const std::vector<token>>(prompts), params,
                                            std::span<const double>(ratios), rng, 20);

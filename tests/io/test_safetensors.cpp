@@ -456,6 +456,19 @@ TEST_CASE("strict JSON parsing builds what nlohmann's parser builds, in linear t
   CHECK_THAT(message, Contains("line 2, column 0") && Contains("control character U+000A") &&
                           Contains("last read: '(100009 bytes) ...aaaa") && Contains("aaaa<U+000A>'"));
   CHECK(message.size() < 400);
+  // A token that spells nlohmann's marker itself is still quoted whole, and what the parser
+  // expected after it is kept.
+  for (const auto& [text, quoted] : {std::pair<std::string, std::string>{"[\"; last read: 'x\n\"]",
+                                                                         "last read: '\"; last read: 'x<U+000A>'"},
+                                     {"[1,2] x", "last read: '2] x'; expected end of input"}}) {
+    message.clear();
+    try {
+      (void)parse_json_strict(text, "f", "header");
+    } catch (const specsample::error& e) {
+      message = e.what();
+    }
+    CHECK_THAT(message, Contains(quoted));
+  }
   // Many sibling objects: linear (nlohmann's callback parser, which this replaced, rescanned the
   // members at every closing child: 40 000 took 19 s, so 100 000 would take minutes).
   std::string many = "{";

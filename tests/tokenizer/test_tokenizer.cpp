@@ -611,7 +611,7 @@ TEST_CASE("loading rejects a malformed vocab.json naming the file and the proble
       {"{\"a\": 18446744073709551615}", {"id 18446744073709551615 of token \"a\"", "out of range"}},
       // Keys and lines are quoted in part: a wrong file can hold megabytes in one.
       {"{\"" + std::string(100000, 'k') + "\": 1}", {"id 1 of token \"kkkk", "... (100000 bytes)"}},
-      {"{\"" + std::string(100000, 'k'), {"missing closing quote", "last read: '(100001 bytes) ...kkkk"}},  // unterminated
+      {"{\"" + std::string(100000, 'k'), {"missing closing quote", "kkkk'; expected string literal"}},  // unterminated
       {"1." + std::string(100000, '0'), {"expected a JSON object", "got 1.000"}},
       {"{\"a\": 0}", {"missing the byte symbol \"Ā\" for byte 0x00", "all 256 byte symbols"}},
       // A NUL byte ends nlohmann's input: the valid vocab before it must not hide what follows.

@@ -18,14 +18,20 @@ namespace specsample::io::detail {
 
 inline constexpr std::size_t max_json_depth = 64;
 
-/// nlohmann's parse error as our messages quote it: its text, which ends with the token the parser
-/// stopped in ("...; last read: '<token>'"), with that token quoted by its end (`excerpt_tail`):
-/// the offending byte is its last, which a long token's head would hide.
+/// nlohmann's parse error as our messages quote it: its text, in which the token the parser stopped
+/// in ("...; last read: '<token>'", then what it expected, if anything) is quoted by its end
+/// (`excerpt_tail`): the offending byte is its last, which a long token's head would hide.
 inline std::string parse_error_message(const nlohmann::json::exception& ex, const std::string& last_token) {
   const std::string_view message = ex.what();
-  const std::size_t last_read = message.rfind("; last read: '");
-  if (last_read == std::string_view::npos) return excerpt(message, 240);
-  return fmt::format("{}; last read: '{}'", excerpt(message.substr(0, last_read), 240), excerpt_tail(last_token, 80));
+  constexpr std::string_view marker = "; last read: '";  // (the text before it is nlohmann's own)
+  const std::size_t at = message.find(marker);
+  const std::size_t token_at = at + marker.size(), token_end = token_at + last_token.size();
+  if (at == std::string_view::npos || message.compare(token_at, last_token.size(), last_token) != 0 ||
+      token_end >= message.size() || message[token_end] != '\'') {
+    return excerpt(message, 240);
+  }
+  return fmt::format("{}; last read: '{}'{}", excerpt(message.substr(0, at), 240), excerpt_tail(last_token, 80),
+                     excerpt(message.substr(token_end + 1), 120));
 }
 
 /// SAX handler of `parse_json_strict`: builds the document as nlohmann's own parser does, and

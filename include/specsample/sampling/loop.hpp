@@ -23,6 +23,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -75,12 +76,14 @@ inline void check_vocabularies(std::size_t draft, std::size_t target) {
   }
 }
 
-// The loop keeps the draft and the target at different lengths, so one model object cannot be both.
+// The loop keeps the draft and the target at different lengths, so one model object cannot be both
+// (`who` prefixes the message, `why` says why for a caller other than the loop).
 template <class Draft, class Target>
-void check_distinct(const Draft& draft, const Target& target) {
+void check_distinct(const Draft& draft, const Target& target, std::string_view who = "",
+                    std::string_view why = "the loop keeps them at different context lengths") {
   if (static_cast<const void*>(std::addressof(draft)) == static_cast<const void*>(std::addressof(target))) {
-    throw error("the draft and the target are the same model object: the loop keeps them at different "
-                "context lengths; pass a second instance as the draft (e.g. the checkpoint loaded twice)");
+    throw error(fmt::format("{}the draft and the target are the same model object: {}; pass a second instance as the "
+                            "draft (e.g. the checkpoint loaded twice)", who, why));
   }
 }
 

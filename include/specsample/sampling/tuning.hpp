@@ -418,7 +418,7 @@ void check_prediction(calibration& c, Draft& draft, Target& target, std::span<co
 /// sampling parameters) to measure acceptance by position, pooled over
 /// the prompts; times single-token calls of both models for c (a round's first draft call apart)
 /// and the target's (K+1)-token calls for the verification cost (after the first prompt that
-/// leaves the models' contexts room for a (k_max+1)-token call, else after the shortest; medians
+/// leaves the target's context room for a (k_max+1)-token call, else after the shortest; medians
 /// of per-round ratios, see `detail::cost_ratios`), and picks the K that maximises the predicted
 /// speedup. A few prompts give a steadier estimate than one: acceptance varies from one
 /// text to the next. Where that prediction pays (> 1), it is checked (`check_prediction`):
@@ -527,7 +527,8 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   for (const double r : ratios) {
     if (!(r > 0.0) || !std::isfinite(r)) throw error(fmt::format("scan_draft_temperature: ratio {} must be finite and > 0", r));
   }
-  detail::check_distinct(draft, target);  // (one object would score the text twice, on its own end)
+  detail::check_distinct(draft, target, "scan_draft_temperature: ",
+                         "each scores the text from an empty context, one after the other");
   const std::size_t vocab = detail::vocabulary_of(target, "target");
   detail::check_vocabularies(detail::vocabulary_of(draft, "draft"), vocab);
   speculative_params gen = params;
