@@ -446,15 +446,12 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
     warm.max_new_tokens = detail::warmup_length(draft, target, prompt.size(), warmup_tokens, "calibrate");
     (void)speculative_sample(draft, target, prompt, warm, rng, positions);
   }
-  // The costs at the first prompt that leaves room for the widest verification call, else at the
-  // shortest (a full first prompt would leave no room for any: every v[K] would read 1, free).
-  auto costed = std::find_if(prompts.begin(), prompts.end(), [&](const std::vector<token>& p) {
-    return detail::widest_verification(target, p.size(), k_max) == k_max;
+  // The costs at the first prompt that leaves room for the widest verification call, else at one
+  // that leaves the most, the shortest (a full first prompt would leave room for none: every v[K]
+  // would read 1, free). max_element takes the first of the widest.
+  const auto costed = std::max_element(prompts.begin(), prompts.end(), [&](const auto& a, const auto& b) {
+    return detail::widest_verification(target, a.size(), k_max) < detail::widest_verification(target, b.size(), k_max);
   });
-  if (costed == prompts.end()) {
-    costed = std::min_element(prompts.begin(), prompts.end(),
-                              [](const auto& a, const auto& b) { return a.size() < b.size(); });
-  }
   calibration c = detail::cost_ratios(draft, target, std::span<const token>(*costed), k_max);
   c.acceptance = positions.rates();
   const std::vector<double> round = c.round_cost();
