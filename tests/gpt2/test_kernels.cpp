@@ -98,6 +98,14 @@ TEST_CASE("the thread pool covers every index exactly once for any size", "[gpt2
   }
   thread_pool all(0);
   REQUIRE(all.size() >= 1);
+  REQUIRE(all.size() <= thread_pool::max_threads);
+}
+
+TEST_CASE("a thread pool refuses more threads than it can run", "[gpt2][kernels]") {
+  // It capped them silently at max_threads; the size asked for is the caller's mistake to hear of.
+  REQUIRE_THROWS_WITH(thread_pool(thread_pool::max_threads + 1),
+                      "thread_pool: 1025 threads requested; at most 1024");
+  REQUIRE_THROWS_AS(thread_pool(std::numeric_limits<std::size_t>::max()), specsample::error);
 }
 
 TEST_CASE("the thread pool survives rapid and sleepy back-to-back tasks", "[gpt2][kernels]") {

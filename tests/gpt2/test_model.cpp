@@ -495,6 +495,9 @@ TEST_CASE("models sharing one thread pool give their own logits, called in turn 
   REQUIRE_THROWS_WITH(gpt2::model::load(models_dir / "shakespeare-draft", {.threads = 3, .pool = pool}),
                       Catch::Contains("threads = 3") && Catch::Contains("pool given has 2 workers"));
   REQUIRE(gpt2::model::load(models_dir / "shakespeare-draft", {.threads = 2, .pool = pool}).threads() == 2);
+  // So is one the pool cannot run (it was capped silently).
+  REQUIRE_THROWS_WITH(gpt2::model::load(models_dir / "shakespeare-draft", {.threads = 5000}),
+                      "thread_pool: 5000 threads requested; at most 1024");
 }
 
 TEST_CASE("the fallback kernels (generic, AVX2) reproduce the reference logits and are "

@@ -60,11 +60,16 @@ class thread_pool {
   /// How long an idle worker spins before it sleeps.
   static constexpr std::chrono::microseconds default_spin{50};
 
-  /// `threads` workers in total including the calling thread; 0 = hardware concurrency.
+  /// `threads` workers in total including the calling thread; 0 = hardware concurrency (at most
+  /// `max_threads`). Throws `error` for more than `max_threads`.
   explicit thread_pool(std::size_t threads, std::chrono::microseconds spin = default_spin)
       : spin_(spin) {
-    if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
-    threads = std::min<std::size_t>(threads, max_threads);
+    if (threads > max_threads) {
+      throw error(fmt::format("thread_pool: {} threads requested; at most {}", threads, max_threads));
+    }
+    if (threads == 0) {
+      threads = std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, max_threads);
+    }
     workers_.reserve(threads - 1);
     try {
       for (std::size_t id = 1; id < threads; ++id) workers_.emplace_back([this] { run(); });
@@ -79,7 +84,8 @@ class thread_pool {
   thread_pool& operator=(const thread_pool&) = delete;
   ~thread_pool() { stop(); }
 
-  /// Most threads a pool runs.
+  /// Most threads a pool runs; more are refused (the ticket counts a task's chunks, one per
+  /// worker at most, in 16 bits).
   static constexpr std::size_t max_threads = 1024;
 
   /// Number of workers, the calling thread included.
