@@ -1,7 +1,9 @@
 # Flags for our own tests, examples and benchmarks only: consumers never inherit them.
-add_library(specsample_dev_flags INTERFACE)
-target_compile_options(specsample_dev_flags INTERFACE
+add_library(specsample_warning_flags INTERFACE)
+target_compile_options(specsample_warning_flags INTERFACE
   -Wall -Wextra -Wpedantic -Wconversion -Winvalid-pch $<$<BOOL:${SPECSAMPLE_WERROR}>:-Werror>)
+add_library(specsample_dev_flags INTERFACE)
+target_link_libraries(specsample_dev_flags INTERFACE specsample_warning_flags)
 if(SPECSAMPLE_SANITIZE)
   target_compile_options(specsample_dev_flags INTERFACE
     -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)

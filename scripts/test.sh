@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, twice: an optimised build with g++ and an ASan+UBSan build with clang++ 14
-# (so both compilers the project supports build it with -Werror and pass it).
+# (so both compilers the project supports build it with -Werror and pass it); the sanitized build
+# also runs the thread pool's tests under ThreadSanitizer (tests/gpt2/CMakeLists.txt).
 # Usage: scripts/test.sh            (both builds)
 #        SPECSAMPLE_SKIP_SANITIZE=1 scripts/test.sh   (optimised build only, for quick iteration)
 set -euo pipefail

@@ -10,14 +10,12 @@
 #include <algorithm>
 #include <bit>
 #include <cctype>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -81,80 +79,6 @@ std::vector<float> bf16_dot_reference(const std::vector<float>& inp, const std::
 }
 
 }  // namespace
-
-TEST_CASE("the thread pool covers every index exactly once for any size", "[gpt2][kernels]") {
-  for (std::size_t threads = 1; threads <= 4; ++threads) {
-    thread_pool pool(threads);
-    REQUIRE(pool.size() == threads);
-    for (std::size_t n = 0; n <= 23; ++n) {
-      std::vector<int> hits(n, 0);
-      std::vector<int> worker_used(threads, 0);
-      pool.parallel_for(n, [&](std::size_t b, std::size_t e, std::size_t w) {
-        for (std::size_t i = b; i < e; ++i) ++hits[i];
-        worker_used[w] = 1;
-      });
-      REQUIRE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
-    }
-  }
-  thread_pool all(0);
-  REQUIRE(all.size() >= 1);
-  REQUIRE(all.size() <= thread_pool::max_threads);
-}
-
-TEST_CASE("a thread pool refuses more threads than it can run", "[gpt2][kernels]") {
-  // It capped them silently at max_threads; the size asked for is the caller's mistake to hear of.
-  REQUIRE_THROWS_WITH(thread_pool(thread_pool::max_threads + 1),
-                      "thread_pool: 1025 threads requested; at most 1024");
-  REQUIRE_THROWS_AS(thread_pool(std::numeric_limits<std::size_t>::max()), specsample::error);
-}
-
-TEST_CASE("the thread pool survives rapid and sleepy back-to-back tasks", "[gpt2][kernels]") {
-  // Rapid calls hit spinning workers; the pauses let them fall asleep on the futex first.
-  thread_pool pool(3, std::chrono::microseconds(20));
-  std::vector<long> hits(64, 0);
-  for (int round = 0; round < 3000; ++round) {
-    if (round % 500 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    pool.parallel_for(hits.size(), [&](std::size_t b, std::size_t e, std::size_t) {
-      for (std::size_t i = b; i < e; ++i) ++hits[i];
-    });
-  }
-  REQUIRE(std::all_of(hits.begin(), hits.end(), [](long h) { return h == 3000; }));
-}
-
-TEST_CASE("a thread pool runs loops issued concurrently or from inside a chunk, each whole",
-          "[gpt2][kernels]") {
-  thread_pool pool(3);
-  // From inside a chunk: the inner loop runs its chunks in order on that chunk's thread, with the
-  // same chunk bounds and indices as on the workers.
-  // (Catch2's assertions are for the test's thread: the chunks record, the test checks.)
-  std::vector<std::vector<std::size_t>> chunk_of(3, std::vector<std::size_t>(10, 99));
-  pool.parallel_for(3, [&](std::size_t b, std::size_t e, std::size_t) {
-    for (std::size_t o = b; o < e; ++o) {
-      pool.parallel_for(10, [&](std::size_t ib, std::size_t ie, std::size_t c) {
-        for (std::size_t i = ib; i < ie; ++i) chunk_of[o][i] = chunk_of[o][i] == 99 ? c : 98;
-      });
-    }
-  });
-  std::vector<std::size_t> expected;  // chunk c = [10c/3, 10(c+1)/3): 3 + 3 + 4 indices
-  for (std::size_t c = 0; c < 3; ++c) expected.insert(expected.end(), 10 * (c + 1) / 3 - 10 * c / 3, c);
-  for (const auto& row : chunk_of) REQUIRE(row == expected);
-  // From two threads at once (two models sharing a pool, used from two threads): each caller's
-  // loops still cover their indices exactly once.
-  const int rounds = 2000;
-  std::vector<std::vector<long>> hits(2, std::vector<long>(64, 0));
-  std::vector<std::thread> callers;
-  for (std::size_t who = 0; who < 2; ++who) {
-    callers.emplace_back([&, who] {
-      for (int round = 0; round < rounds; ++round) {
-        pool.parallel_for(64, [&](std::size_t b, std::size_t e, std::size_t) {
-          for (std::size_t i = b; i < e; ++i) ++hits[who][i];
-        });
-      }
-    });
-  }
-  for (std::thread& t : callers) t.join();
-  for (const auto& h : hits) REQUIRE(std::all_of(h.begin(), h.end(), [&](long n) { return n == rounds; }));
-}
 
 TEST_CASE("the kernel level is detected, capped and named", "[gpt2][kernels]") {
   REQUIRE(gpt2::simd::resolve(isa::generic) == isa::generic);

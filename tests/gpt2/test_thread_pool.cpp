@@ -1,0 +1,163 @@
+// The thread pool the GPT-2 kernels split their loops on. Built into test_gpt2, and in the
+// sanitized build also on its own under ThreadSanitizer (test_thread_pool_tsan: the pool is the
+// library's one piece of lock-free code, and a race in it would move logits, not crash).
+#include <specsample/models/gpt2/thread_pool.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <limits>
+#include <thread>
+#include <vector>
+
+using specsample::gpt2::thread_pool;
+
+TEST_CASE("the thread pool covers every index exactly once for any size", "[gpt2][thread_pool]") {
+  for (std::size_t threads = 1; threads <= 4; ++threads) {
+    thread_pool pool(threads);
+    REQUIRE(pool.size() == threads);
+    for (std::size_t n = 0; n <= 23; ++n) {
+      std::vector<int> hits(n, 0);
+      std::vector<int> worker_used(threads, 0);
+      pool.parallel_for(n, [&](std::size_t b, std::size_t e, std::size_t w) {
+        for (std::size_t i = b; i < e; ++i) ++hits[i];
+        worker_used[w] = 1;
+      });
+      REQUIRE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
+    }
+  }
+  thread_pool all(0);
+  REQUIRE(all.size() >= 1);
+  REQUIRE(all.size() <= thread_pool::max_threads);
+}
+
+TEST_CASE("a thread pool refuses more threads than it can run", "[gpt2][thread_pool]") {
+  // It capped them silently at max_threads; the size asked for is the caller's mistake to hear of.
+  REQUIRE_THROWS_WITH(thread_pool(thread_pool::max_threads + 1),
+                      "thread_pool: 1025 threads requested; at most 1024");
+  REQUIRE_THROWS_AS(thread_pool(std::numeric_limits<std::size_t>::max()), specsample::error);
+}
+
+TEST_CASE("the thread pool survives rapid and sleepy back-to-back tasks", "[gpt2][thread_pool]") {
+  // Rapid calls hit spinning workers; the pauses let them fall asleep on the futex first.
+  thread_pool pool(3, std::chrono::microseconds(20));
+  std::vector<long> hits(64, 0);
+  for (int round = 0; round < 3000; ++round) {
+    if (round % 500 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    pool.parallel_for(hits.size(), [&](std::size_t b, std::size_t e, std::size_t) {
+      for (std::size_t i = b; i < e; ++i) ++hits[i];
+    });
+  }
+  REQUIRE(std::all_of(hits.begin(), hits.end(), [](long h) { return h == 3000; }));
+}
+
+TEST_CASE("a thread pool runs loops issued concurrently or from inside a chunk, each whole",
+          "[gpt2][thread_pool]") {
+  thread_pool pool(3);
+  // From inside a chunk: the inner loop runs its chunks in order on that chunk's thread, with the
+  // same chunk bounds and indices as on the workers.
+  // (Catch2's assertions are for the test's thread: the chunks record, the test checks.)
+  std::vector<std::vector<std::size_t>> chunk_of(3, std::vector<std::size_t>(10, 99));
+  pool.parallel_for(3, [&](std::size_t b, std::size_t e, std::size_t) {
+    for (std::size_t o = b; o < e; ++o) {
+      pool.parallel_for(10, [&](std::size_t ib, std::size_t ie, std::size_t c) {
+        for (std::size_t i = ib; i < ie; ++i) chunk_of[o][i] = chunk_of[o][i] == 99 ? c : 98;
+      });
+    }
+  });
+  std::vector<std::size_t> expected;  // chunk c = [10c/3, 10(c+1)/3): 3 + 3 + 4 indices
+  for (std::size_t c = 0; c < 3; ++c) expected.insert(expected.end(), 10 * (c + 1) / 3 - 10 * c / 3, c);
+  for (const auto& row : chunk_of) REQUIRE(row == expected);
+  // From two threads at once (two models sharing a pool, used from two threads): each caller's
+  // loops still cover their indices exactly once.
+  const int rounds = 2000;
+  std::vector<std::vector<long>> hits(2, std::vector<long>(64, 0));
+  std::vector<std::thread> callers;
+  for (std::size_t who = 0; who < 2; ++who) {
+    callers.emplace_back([&, who] {
+      for (int round = 0; round < rounds; ++round) {
+        pool.parallel_for(64, [&](std::size_t b, std::size_t e, std::size_t) {
+          for (std::size_t i = b; i < e; ++i) ++hits[who][i];
+        });
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  for (const auto& h : hits) REQUIRE(std::all_of(h.begin(), h.end(), [&](long n) { return n == rounds; }));
+}
+
+
+namespace {
+
+// One parallel_for over [0, n) writing tag·1000 + i into out (plain writes: under ThreadSanitizer
+// the caller's read after the call must be ordered after every chunk's write); with `nested`, each
+// chunk also runs a loop of its own on the pool (from inside a chunk it runs on that chunk's
+// thread). False when a value is wrong.
+bool one_call(thread_pool& pool, std::vector<long>& out, std::size_t n, long tag, bool nested) {
+  std::vector<int> inner_ok(std::min(pool.size(), n), 1);
+  pool.parallel_for(n, [&](std::size_t b, std::size_t e, std::size_t c) {
+    for (std::size_t i = b; i < e; ++i) out[i] = tag * 1000 + static_cast<long>(i);
+    if (nested) {
+      std::vector<long> inner(7, -1);
+      pool.parallel_for(inner.size(), [&](std::size_t ib, std::size_t ie, std::size_t) {
+        for (std::size_t j = ib; j < ie; ++j) inner[j] = static_cast<long>(c * 100 + j);
+      });
+      for (std::size_t j = 0; j < inner.size(); ++j) {
+        if (inner[j] != static_cast<long>(c * 100 + j)) inner_ok[c] = 0;
+      }
+    }
+  });
+  for (std::size_t i = 0; i < n; ++i) {
+    if (out[i] != tag * 1000 + static_cast<long>(i)) return false;
+  }
+  return std::all_of(inner_ok.begin(), inner_ok.end(), [](int ok) { return ok == 1; });
+}
+
+}  // namespace
+
+TEST_CASE("a thread pool shared by three callers, with nested loops and sleeping workers, loses no write",
+          "[gpt2][thread_pool]") {
+  // The pool's hand-offs under load: three threads issue loops of every size up to 64 on one pool
+  // (one holds the workers, the others run theirs inline), some nested, with pauses that let the
+  // workers fall asleep on the futex; pools that never spin; pools destroyed right after a loop
+  // and after their workers slept. Each caller checks its own writes.
+  const int rounds = 20000;
+  for (const std::size_t threads : {std::size_t{2}, std::size_t{3}, std::size_t{4}}) {
+    for (const auto spin : {thread_pool::default_spin, std::chrono::microseconds(0)}) {
+      thread_pool pool(threads, spin);
+      std::vector<int> ok(3, 1);
+      const auto caller = [&](std::size_t who) {
+        std::vector<long> out(64);
+        for (int round = 0; round < rounds && ok[who] == 1; ++round) {
+          const auto n = static_cast<std::size_t>(1 + (round * 7 + static_cast<int>(who)) % 64);
+          if (!one_call(pool, out, n, static_cast<long>(who) * 100000 + round % 1000, round % 3 == 0)) ok[who] = 0;
+          if (round % 997 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+      };
+      std::thread a(caller, 0), b(caller, 1);
+      caller(2);
+      a.join();
+      b.join();
+      INFO(threads << " threads, spin " << spin.count() << " us");
+      REQUIRE(ok == std::vector<int>(3, 1));
+    }
+  }
+  bool all_ok = true;
+  for (int round = 0; round < 200; ++round) {
+    std::vector<long> out(16);
+    { thread_pool idle(1 + static_cast<std::size_t>(round % 4)); }
+    {
+      thread_pool pool(1 + static_cast<std::size_t>(round % 4), std::chrono::microseconds(round % 2 ? 0 : 50));
+      all_ok = one_call(pool, out, 16, round, false) && all_ok;
+    }
+    if (round % 50 == 0) {
+      thread_pool pool(3);
+      all_ok = one_call(pool, out, 16, round, false) && all_ok;
+      std::this_thread::sleep_for(std::chrono::microseconds(300));
+      all_ok = one_call(pool, out, 16, round + 1, true) && all_ok;
+    }
+  }
+  REQUIRE(all_ok);
+}
