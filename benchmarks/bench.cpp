@@ -193,6 +193,7 @@ strategy comparison (instead of the sweep):
   --check-pairs N       auto-K: pairs of calibrate's timed check of its prediction, speculation
                         against autoregressive decoding (default 5; 0: the prediction alone)
   --repetitive-temperatures LIST   temperatures of the repetitive suite (default 0,0.7)
+  -h, --help            this text
 )";
 
 /// The report's note on the matmul weights', KV caches' and matmuls' precision, the draft's
@@ -409,8 +410,6 @@ fs::path default_prompts() {
   throw specsample::error("no default prompt file compiled in; pass --prompts FILE");
 #endif
 }
-
-// One prompt per line; "\n" and "\\" escapes; '#' comments and blank lines skipped.
 
 // ---------------------------------------------------------------------------------------------
 // Small statistics

@@ -32,12 +32,33 @@ TEST_CASE("a prompt list reads one prompt per line with escapes, skipping commen
                                                     "# a comment\r\rROMEO:\\nO\\tsoft\\\\light\rJULIET:\r")) == prompts);
   CHECK(specsample::io::read_prompt_list(write_file("specsample_prompts_lfcr.txt", "ROMEO:\n\rJULIET:\n")) ==
         std::vector<std::string>{"ROMEO:", "JULIET:"});
+  // A UTF-8 byte order mark (an editor's) before the first line is not part of it: the comment
+  // stays a comment (it was read as a prompt). Lines of spaces and tabs are blank too (they were
+  // prompts); spaces inside a prompt are kept.
+  CHECK(specsample::io::read_prompt_list(write_file("specsample_prompts_bom.txt",
+                                                    "\xEF\xBB\xBF# a comment\n  \n\t \nROMEO:\n JULIET: \n")) ==
+        std::vector<std::string>{"ROMEO:", " JULIET: "});
+  CHECK(specsample::io::read_prompt_list(write_file("specsample_prompts_bom2.txt", "\xEF\xBB\xBFROMEO:\n")) ==
+        std::vector<std::string>{"ROMEO:"});
+  CHECK(specsample::io::read_prompt_list(write_file("specsample_prompts_bom3.txt", "ROMEO:\n\xEF\xBB\xBFJULIET:\n")) ==
+        std::vector<std::string>{"ROMEO:", "\xEF\xBB\xBFJULIET:"});  // only the file's first bytes
 }
 
 TEST_CASE("a bad prompt list is reported with the file, the line and the problem", "[io][prompts]") {
   using Catch::Contains;
   CHECK_THROWS_WITH(specsample::io::read_prompt_list(write_file("specsample_prompts_esc.txt", "ok\nbad \\q\n")),
-                    Contains("specsample_prompts_esc.txt:2: unknown escape \\q"));
+                    Contains("specsample_prompts_esc.txt:2: unknown escape: a backslash before 'q' (the escapes are "
+                             "\\n, \\t and \\\\)"));
+  // The character after the backslash is quoted visibly, whatever it is (a NUL cut the message, a
+  // byte that is not UTF-8 made it invalid UTF-8, a space or a tab was invisible).
+  for (const auto& [text, quoted] : {std::pair<std::string, std::string>{std::string("a\\\0b\n", 5), "'\\x00'"},
+                                     {"a\\\xFF" "b\n", "'\\xFF'"},
+                                     {"a\\\tb\n", "'\\x09'"},
+                                     {"a\\ b\n", "' '"},
+                                     {"a\\\xC3\xA9\n", "'\xC3\xA9'"}}) {
+    CHECK_THROWS_WITH(specsample::io::read_prompt_list(write_file("specsample_prompts_esc2.txt", text)),
+                      Contains(":1: unknown escape: a backslash before " + quoted + " ("));
+  }
   CHECK_THROWS_WITH(specsample::io::read_prompt_list(write_file("specsample_prompts_dangling.txt", "end\\")),
                     Contains(":1: dangling backslash"));
   CHECK_THROWS_WITH(specsample::io::read_prompt_list(write_file("specsample_prompts_empty.txt", "# only\n\n")),

@@ -1,8 +1,9 @@
 #pragma once
 /// @file prompt_list.hpp
 /// A list of prompts in a text file: one prompt per line, `\n` for a newline, `\t` for a tab and
-/// `\\` for a backslash; lines starting with `#` and blank lines are ignored; LF, CRLF or CR line
-/// ends (the format of benchmarks/prompts.txt, read by specsample-bench and by specsample-generate's
+/// `\\` for a backslash; lines starting with `#` and blank lines (empty, or only spaces and tabs)
+/// are ignored; LF, CRLF or CR line ends, and a UTF-8 byte order mark at the start is skipped (the
+/// format of benchmarks/prompts.txt, read by specsample-bench and by specsample-generate's
 /// `--calibration-prompts`).
 
 #include <specsample/error.hpp>
@@ -24,7 +25,8 @@ namespace specsample::io {
   const std::string data = read_file(path);
   std::vector<std::string> prompts;
   detail::for_each_line(data, [&](std::size_t number, std::string_view line) {
-    if (line.empty() || line.front() == '#') return;
+    if (number == 1 && line.starts_with("\xEF\xBB\xBF")) line.remove_prefix(3);  // an editor's UTF-8 BOM
+    if (line.find_first_not_of(" \t") == std::string_view::npos || line.front() == '#') return;
     std::string p;
     for (std::size_t i = 0; i < line.size(); ++i) {
       if (line[i] != '\\') {
@@ -36,7 +38,10 @@ namespace specsample::io {
       if (e == 'n') p += '\n';
       else if (e == 't') p += '\t';
       else if (e == '\\') p += '\\';
-      else throw error(fmt::format("{}:{}: unknown escape \\{}", path.string(), number, e));
+      else {
+        throw error(fmt::format("{}:{}: unknown escape: a backslash before '{}' (the escapes are \\n, \\t and \\\\)",
+                                path.string(), number, detail::quoted_char(line, i).first));
+      }
     }
     prompts.push_back(std::move(p));
   });
