@@ -292,6 +292,31 @@ TEST_CASE("max_scan finds the maximum and a NaN anywhere, and tells logits a sof
   }
 }
 
+TEST_CASE("all_finite finds a NaN or an infinity anywhere, and passes the largest finite values, on every "
+          "instruction set",
+          "[simd]") {
+  // gpt2::model::append's check of the logits it returns.
+  const float inf = std::numeric_limits<float>::infinity(), big = std::numeric_limits<float>::max();
+  for (const isa requested : {isa::generic, isa::avx2, isa::avx512}) {
+    const isa level = simd::resolve(requested);
+    for (std::size_t n = 0; n <= 70; ++n) {
+      INFO(isa_name(level) << ", n = " << n);
+      std::vector<float> x(n + 1, big);  // one past the end: never read
+      x[n] = std::nanf("");
+      for (std::size_t i = 0; i < n; i += 3) x[i] = -big;
+      CHECK(simd::all_finite(level, x.data(), n));
+      for (std::size_t at = 0; at < n; ++at) {
+        for (const float bad : {std::nanf(""), inf, -inf}) {
+          INFO("at " << at << ": " << bad);
+          std::vector<float> y = x;
+          y[at] = bad;
+          CHECK_FALSE(simd::all_finite(level, y.data(), n));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("the vector search, tally and prefix cut of top-k / top-p agree with their definitions on every "
           "instruction set",
           "[warp][simd][top_k][top_p]") {

@@ -985,32 +985,75 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
     });
     REQUIRE_THAT(load_error(dir), Contains("'ln_f.bias' has dtype I32"));
   }
-  SECTION("the transformer. prefix and an explicit lm_head load too") {
-    rewrite([](std::vector<io::tensor_data>& ts) {
-      std::vector<io::tensor_data> out;
-      for (io::tensor_data& t : ts) {
-        if (t.name == "wte.weight") {
-          io::tensor_data head = t;
-          head.name = "lm_head.weight";
-          out.push_back(std::move(head));
+  SECTION("the transformer. prefix and an untied lm_head load too") {
+    // lm_head.weight = `scale` × wte: its logits are those of wte times `scale`, bitwise for a power
+    // of two.
+    const auto with_head = [&](float scale) {
+      rewrite([scale](std::vector<io::tensor_data>& ts) {
+        std::vector<io::tensor_data> out;
+        for (io::tensor_data& t : ts) {
+          if (t.name == "wte.weight") {
+            std::vector<float> v(t.data.size() / 4);
+            std::memcpy(v.data(), t.data.data(), t.data.size());
+            for (float& x : v) x *= scale;
+            out.push_back(io::make_tensor("lm_head.weight", t.shape, v, io::dtype::f32));
+          }
+          t.name = "transformer." + t.name;
+          out.push_back(std::move(t));
         }
-        t.name = "transformer." + t.name;
-        out.push_back(std::move(t));
-      }
-      ts = std::move(out);
-    });
-    gpt2::model prefixed = gpt2::model::load(dir);
-    gpt2::model plain = gpt2::model::load(src);
-    REQUIRE(prefixed.weights().lm_head.size() == 50257u * 16u);
+        ts = std::move(out);
+      });
+    };
     const std::vector<token> t = {464, 2068, 7586};
-    const Eigen::MatrixXf a = prefixed.append(t);
+    gpt2::model plain = gpt2::model::load(src);
     const Eigen::MatrixXf b = plain.append(t);
-    REQUIRE(a == b);
+    with_head(2.0f);
+    set_config("tie_word_embeddings", false);
+    gpt2::model prefixed = gpt2::model::load(dir);
+    REQUIRE(prefixed.weights().lm_head.size() == 50257u * 16u);
+    const Eigen::MatrixXf a = prefixed.append(t);
+    REQUIRE(a == 2.0f * b);
     // With BF16 matmuls the separate lm_head is held as BF16 pairs as well.
     const gpt2::options bf16{.matmul_precision = gpt2::matmul_precision::bf16};
     gpt2::model prefixed_bf16 = gpt2::model::load(dir, bf16);
     REQUIRE(prefixed_bf16.weights().lm_head.format() == gpt2::weight_format::bf16_pairs);
-    REQUIRE(prefixed_bf16.append(t) == gpt2::model::load(src, bf16).append(t));
+    REQUIRE(prefixed_bf16.append(t) == 2.0f * gpt2::model::load(src, bf16).append(t));
+    // Tied (the default, or said so), the file's lm_head.weight is not used, as in transformers
+    // (it overwrites it with wte); it was, whatever the config said.
+    for (const nlohmann::json& tie : {nlohmann::json(true), nlohmann::json(nlohmann::json::value_t::discarded)}) {
+      set_config("tie_word_embeddings", tie);
+      gpt2::model tied = gpt2::model::load(dir);
+      REQUIRE(tied.weights().lm_head.size() == 0);
+      REQUIRE(tied.append(t) == b);
+    }
+    // Untied without an lm_head.weight is refused (transformers would start a random one).
+    set_config("tie_word_embeddings", false);
+    fs::copy_file(src / "model.safetensors", st, fs::copy_options::overwrite_existing);
+    REQUIRE_THAT(load_error(dir), Contains(st.string()) && Contains("missing tensor 'lm_head.weight' (expected shape "
+                                                                    "[50257, 16]): ") &&
+                                      Contains("config.json has tie_word_embeddings = false"));
+  }
+  SECTION("a finite but absurd weight: the load succeeds, an append that overflows throws") {
+    // One wte value of 3e38 (a flipped exponent bit): finite, so the load's check passes; through
+    // the tied lm_head, logit 5 overflows wherever the final hidden state's channel 0 is large
+    // enough (after tokens 3, 4; not after 1, 2). append refuses such logits and keeps the context
+    // (it returned them).
+    rewrite([](std::vector<io::tensor_data>& ts) {
+      for (io::tensor_data& t : ts) {
+        if (t.name != "wte.weight") continue;
+        const float big = 3e38f;
+        std::memcpy(t.data.data() + 4 * (5 * 16 + 0), &big, 4);  // wte[5, 0]
+      }
+    });
+    gpt2::model m = gpt2::model::load(dir);
+    REQUIRE_THROWS_WITH(m.append(std::vector<token>{3, 4}),
+                        "gpt2: next-token logit 5 at position 1 is -inf: the forward pass overflowed (a corrupt "
+                        "checkpoint, or a key or value beyond an F16 KV cache's range); the context stays at 0 tokens");
+    REQUIRE(m.size() == 0);
+    REQUIRE(m.append(std::vector<token>{1, 2}).allFinite());
+    REQUIRE(m.size() == 2);
+    (void)m.append(std::vector<token>{3, 4}, 0);  // no logits asked for: nothing to refuse
+    REQUIRE(m.size() == 4);
   }
   SECTION("a NaN or an infinity in a tensor, in every precision") {
     rewrite([](std::vector<io::tensor_data>& ts) {
@@ -1084,6 +1127,35 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
     REQUIRE(load_error(dir).empty());
     set_config("n_positions", nlohmann::json(nlohmann::json::value_t::discarded));
     REQUIRE(load_error(dir).empty());  // falls back to n_ctx
+    {
+      nlohmann::json j = read_json(src / "config.json");
+      j.erase("n_positions");
+      j.erase("n_ctx");
+      write_text(cfg, j.dump());
+      REQUIRE_THAT(load_error(dir), Contains("missing field \"n_positions\" (or \"n_ctx\")"));
+    }
+    // transformers' GPT2Config fields that change the computation: GPT-2's values (or absent, or
+    // null) load; others are refused (they loaded, and the model computed plain GPT-2's logits).
+    for (const auto& [key, value, message] :
+         {std::tuple<std::string, nlohmann::json, std::string>{"scale_attn_weights", false, "scale_attn_weights = false is not supported"},
+          {"scale_attn_by_inverse_layer_idx", true, "scale_attn_by_inverse_layer_idx = true is not supported"},
+          {"scale_attn_weights", "yes", "scale_attn_weights = \"yes\" is not supported"},
+          {"model_type", "gpt_neo", "model_type \"gpt_neo\" is not supported (only \"gpt2\")"},
+          {"tie_word_embeddings", 1, "\"tie_word_embeddings\" must be true or false, got 1"}}) {
+      set_config(key, value);
+      INFO(key);
+      REQUIRE_THAT(load_error(dir), Contains(cfg.string()) && Contains(message));
+    }
+    for (const auto& [key, value] : {std::pair<std::string, nlohmann::json>{"scale_attn_weights", true},
+                                     {"scale_attn_weights", nullptr},
+                                     {"scale_attn_by_inverse_layer_idx", false},
+                                     {"model_type", "gpt2"},
+                                     {"tie_word_embeddings", true},
+                                     {"reorder_and_upcast_attn", true}}) {  // an F32 computation either way
+      set_config(key, value);
+      INFO(key);
+      REQUIRE(load_error(dir).empty());
+    }
     write_text(cfg, "{ not json");
     REQUIRE_THAT(load_error(dir), Contains(cfg.string()) && Contains("not valid JSON"));
     // A NUL byte ends nlohmann's input: a valid config before it must not hide what follows.

@@ -488,6 +488,22 @@ inline SPECSAMPLE_TARGET_AVX512 max_scan_result max_scan_avx512(const float* x, 
   return {m, nan != 0};
 }
 
+/// See `all_finite`. x − x is NaN exactly where x is a NaN or an infinity; two vectors per step.
+inline SPECSAMPLE_TARGET_AVX512 bool all_finite_avx512(const float* x, std::size_t n) {
+  __mmask16 bad = 0;
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
+    bad |= _mm512_cmp_ps_mask(_mm512_sub_ps(a, a), _mm512_sub_ps(b, b), _CMP_UNORD_Q);
+  }
+  for (; i < n; i += 16) {
+    const __m512 v = _mm512_maskz_loadu_ps(avx512_first(n - i), x + i);
+    const __m512 d = _mm512_sub_ps(v, v);
+    bad |= _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q);
+  }
+  return bad == 0;
+}
+
 /// See `argmax`.
 inline SPECSAMPLE_TARGET_AVX512 std::ptrdiff_t argmax_avx512(const float* x, std::size_t n) {
   const max_scan_result scan = max_scan_avx512(x, n);
@@ -551,6 +567,22 @@ inline SPECSAMPLE_TARGET_AVX2 max_scan_result max_scan_avx2(const float* x, std:
     m = x[j] > m ? x[j] : m;
   }
   return {m, any_nan};
+}
+
+/// See `all_finite`.
+inline SPECSAMPLE_TARGET_AVX2 bool all_finite_avx2(const float* x, std::size_t n) {
+  __m256 bad = _mm256_setzero_ps();
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(a, a), _mm256_sub_ps(b, b), _CMP_UNORD_Q));
+  }
+  for (; i < n; i += 8) {
+    const __m256 v = n - i >= 8 ? _mm256_loadu_ps(x + i) : avx2_load_first(x + i, n - i, 0.0f);
+    const __m256 d = _mm256_sub_ps(v, v);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(d, d, _CMP_UNORD_Q));
+  }
+  return _mm256_movemask_ps(bad) == 0;
 }
 
 /// See `argmax`.
@@ -1024,6 +1056,23 @@ inline max_scan_result max_scan(isa level, const float* x, std::size_t n) noexce
     r.max = x[i] > r.max ? x[i] : r.max;
   }
   return r;
+}
+
+/// Whether every x[i] of x[0, n) is finite (no NaN, no infinity): one vectorised pass.
+inline bool all_finite(isa level, const float* x, std::size_t n) noexcept {
+#if SPECSAMPLE_X86
+  if (level == isa::avx512) return all_finite_avx512(x, n);
+  if (level == isa::avx2) return all_finite_avx2(x, n);
+#else
+  (void)level;
+#endif
+  std::uint32_t bad = 0;  // branch-free on the exponent bits, so that compilers vectorise it
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t bits = 0;
+    std::memcpy(&bits, x + i, sizeof bits);
+    bad |= static_cast<std::uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
 }
 
 /// The index of the first maximum of x[0, n) (the lowest id on ties), or -1 when some x[i] is

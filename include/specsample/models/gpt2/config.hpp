@@ -84,7 +84,7 @@ struct options {
   /// stored; attention computes in F32 as before. Logits then differ slightly from the F32 cache's
   /// (docs/gpt2.md, "KV cache precision"); batch invariance and exact sampling for the model as
   /// configured hold the same. A key or value of magnitude 65520 or more becomes ±inf (F16's
-  /// largest finite value is 65504), its logits NaN, which the sampling loops reject with an error.
+  /// largest finite value is 65504), its logits NaN, which `model::append` refuses with an error.
   weight_format kv_storage = weight_format::f32;
   /// How the matmuls multiply. `f32` (the default): F32 activations times the weights as held
   /// (`weight_storage`), converted exactly to F32. `bf16`: the matmul weights are held in BF16
@@ -188,6 +188,10 @@ struct config {
   std::size_t vocab_size = 0;   ///< V
   std::size_t n_inner = 0;      ///< MLP hidden width (4 C when the file says null)
   float layer_norm_epsilon = 1e-5f;
+  /// The logits use wte (true, Hugging Face's default) or the checkpoint's own lm_head.weight
+  /// (false). Read by `weights::load`: as in transformers, a tied checkpoint's lm_head.weight is
+  /// not used, and an untied one must have it.
+  bool tie_word_embeddings = true;
 
   /// Upper bound on every size (keeps all products of sizes far from overflow).
   static constexpr std::size_t max_dimension = std::size_t{1} << 24;
@@ -227,10 +231,26 @@ struct config {
 
   /// Reads the GPT-2 fields of a parsed `config.json` (`source` names it in errors):
   /// n_layer, n_head, n_embd, n_positions (else n_ctx), vocab_size, layer_norm_epsilon (default
-  /// 1e-5), activation_function ("gelu_new" or "gelu_pytorch_tanh" when present), n_inner (null/absent = 4 C).
+  /// 1e-5), activation_function ("gelu_new" or "gelu_pytorch_tanh" when present), n_inner (null/absent = 4 C),
+  /// tie_word_embeddings (default true). Fields of transformers' GPT2Config that would change the
+  /// computation are refused unless they hold GPT-2's values: model_type other than "gpt2",
+  /// scale_attn_weights false (no 1/sqrt(d) in attention), scale_attn_by_inverse_layer_idx true
+  /// (another 1/(layer + 1)).
   [[nodiscard]] static config from_json(const nlohmann::json& j,
                                         const std::string& source = "config.json") {
     if (!j.is_object()) throw error(fmt::format("{}: not a JSON object", source));
+    if (const auto it = j.find("model_type"); it != j.end() && *it != "gpt2") {
+      throw error(fmt::format("{}: model_type {} is not supported (only \"gpt2\")", source, it->dump()));
+    }
+    // A flag that must be absent, null or `expected` (the computation GPT-2 does).
+    const auto gpt2_flag = [&](const char* name, bool expected, const char* otherwise) {
+      const auto it = j.find(name);
+      if (it == j.end() || it->is_null() || *it == expected) return;
+      throw error(fmt::format("{}: {} = {} is not supported ({}; GPT-2 has {})", source, name, it->dump(),
+                              otherwise, expected));
+    };
+    gpt2_flag("scale_attn_weights", true, "attention scores not scaled by 1/sqrt(head size)");
+    gpt2_flag("scale_attn_by_inverse_layer_idx", false, "attention scores scaled by 1/(layer + 1) as well");
     const auto size_field = [&](const char* name) -> std::size_t {
       const auto it = j.find(name);
       if (it == j.end()) throw error(fmt::format("{}: missing field \"{}\"", source, name));
@@ -245,6 +265,9 @@ struct config {
     c.n_layer = size_field("n_layer");
     c.n_head = size_field("n_head");
     c.n_embd = size_field("n_embd");
+    if (!j.contains("n_positions") && !j.contains("n_ctx")) {
+      throw error(fmt::format("{}: missing field \"n_positions\" (or \"n_ctx\")", source));
+    }
     c.n_positions = j.contains("n_positions") ? size_field("n_positions") : size_field("n_ctx");
     c.vocab_size = size_field("vocab_size");
     if (const auto it = j.find("n_inner"); it != j.end() && !it->is_null()) {
@@ -259,6 +282,12 @@ struct config {
                                 source, min_epsilon, max_epsilon, it->dump()));
       }
       c.layer_norm_epsilon = static_cast<float>(e);
+    }
+    if (const auto it = j.find("tie_word_embeddings"); it != j.end() && !it->is_null()) {
+      if (!it->is_boolean()) {
+        throw error(fmt::format("{}: \"tie_word_embeddings\" must be true or false, got {}", source, it->dump()));
+      }
+      c.tie_word_embeddings = it->get<bool>();
     }
     if (const auto it = j.find("activation_function"); it != j.end() && !it->is_null()) {
       // "gelu_pytorch_tanh" is the same tanh approximation under its newer transformers name.

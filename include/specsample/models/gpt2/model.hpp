@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <array>
 #include <cassert>
+#include <cmath>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -196,7 +197,10 @@ class model {
   /// The map points into an internal buffer: it stays valid until the next `append`, `truncate`
   /// or `reserve` (copy it into an `Eigen::MatrixXf` to keep it). No heap allocation happens
   /// when n is within the reserved batch capacity. Throws `specsample::error` before touching
-  /// any state when a token id is outside [0, V) or the context would exceed n_positions.
+  /// any state when a token id is outside [0, V) or the context would exceed n_positions, and,
+  /// leaving the context as it was, when a logit it would return is a NaN or an infinity (weights
+  /// that overflow, e.g. a corrupt checkpoint's finite but absurd value, or an F16 KV cache's key
+  /// or value beyond 65504): GPT-2's logits are finite.
   Eigen::Map<const Eigen::MatrixXf> append(std::span<const token> tokens) { return append(tokens, tokens.size()); }
 
   /// Appends `tokens` like `append(tokens)` but returns the logits of the last `logits` of them
@@ -445,6 +449,16 @@ SPECSAMPLE_GPT2_MODEL Eigen::Map<const Eigen::MatrixXf> model::append(std::span<
   ln(vec(w_.ln_f_weight), vec(w_.ln_f_bias));
   // logits (n, V) row-major == (V, n) column-major.
   timed(op_times::lm_head, [&] { mm(logits_, ln_, w_.output_embedding(), {}); });
+  const std::span<const float> out(logits_.data() + first * V, n() * V);
+  if (!specsample::simd::all_finite(isa_, out.data(), out.size())) {
+    const auto bad = static_cast<std::size_t>(
+        std::find_if(out.begin(), out.end(), [](float x) { return !std::isfinite(x); }) - out.begin());
+    cache_.length = pos0;
+    throw error(fmt::format("gpt2: next-token logit {} at position {} is {}: the forward pass overflowed (a "
+                            "corrupt checkpoint, or a key or value beyond an F16 KV cache's range); the context "
+                            "stays at {} tokens",
+                            bad % V, pos0 + first + bad / V, out[bad], pos0));
+  }
   return {logits_.data() + first * V, rows, static_cast<Eigen::Index>(n())};
 }
 

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <algorithm>
 #include <cassert>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <cstdlib>
@@ -364,7 +365,7 @@ struct weights {
   xt::xtensor<float, 2> wpe;  // (P, C) position embedding (F32)
   std::vector<layer_weights> layers;
   xt::xtensor<float, 1> ln_f_weight, ln_f_bias;  // (C)
-  weight_matrix lm_head;                         // (V, C) when the file has lm_head.weight, else empty
+  weight_matrix lm_head;                         // (V, C) when untied (lm_head.weight), else empty
 
   /// The (V, C) matrix the logits are computed with: lm_head when present, else wte (tied).
   [[nodiscard]] const weight_matrix& output_embedding() const noexcept {
@@ -396,7 +397,8 @@ struct weights {
 
   /// Loads and checks every tensor against `cfg` (`config_name` names the config in errors).
   /// Accepts keys with or without the `transformer.` prefix, ignores `h.N.attn.bias` /
-  /// `h.N.attn.masked_bias` buffers and anything else unknown, uses `lm_head.weight` when present.
+  /// `h.N.attn.masked_bias` buffers and anything else unknown; uses `lm_head.weight` (required) when
+  /// `cfg.tie_word_embeddings` is false, and wte otherwise, as transformers does.
   /// The matmul weights keep the checkpoint's precision, or are held in `storage` when given
   /// (`weight_matrix::converted`, one matrix at a time: `options::weight_storage`).
   /// Every shape is validated before anything is allocated. Throws `specsample::error` naming
@@ -642,7 +644,14 @@ inline weights weights::load(const io::safetensors_file& file, const config& cfg
                              const std::string& config_name, std::optional<weight_format> storage) {
   const detail::tensor_loader ld(file, cfg, config_name, storage);
   const std::size_t C = cfg.n_embd, V = cfg.vocab_size, P = cfg.n_positions, I = cfg.n_inner;
-  const bool has_lm_head = file.contains("lm_head.weight");
+  // As in transformers: a tied checkpoint's logits use wte (an lm_head.weight in the file is
+  // ignored: transformers overwrites it with wte), an untied one's its own lm_head.weight.
+  const bool has_lm_head = !cfg.tie_word_embeddings;
+  if (has_lm_head && !file.contains("lm_head.weight")) {
+    throw error(fmt::format("{}: missing tensor 'lm_head.weight' (expected shape {}): {} has tie_word_embeddings "
+                            "= false, so the logits need their own matrix",
+                            file.path().string(), io::detail::shape_string(std::array<std::size_t, 2>{V, C}), config_name));
+  }
 
   // Pass 1: every shape and dtype, before allocating anything.
   ld.check_no_extra_layers();
