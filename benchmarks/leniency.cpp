@@ -62,6 +62,7 @@ constexpr std::string_view help = R"(usage: specsample-leniency [options]
   --long-runs N      speed runs per leniency (default 2000)
   --seed S           seed of the models and the sampler (default 20240601)
   --quick            smoke test: 20000 samples, 200 speed runs
+  -h, --help         this text
 )";
 
 constexpr std::size_t max_long_tokens = 1'000'000;

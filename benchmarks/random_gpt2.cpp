@@ -118,7 +118,8 @@ constexpr const char* usage =
     "  --positions N      n_positions (default 1024)\n"
     "  --vocab N          vocab_size (default 50257; vocab.json and merges.txt are copied only for 50257)\n"
     "  --seed N           (default 1)\n"
-    "  --tokenizer DIR    where GPT-2's vocab.json and merges.txt are (default: the source tree's copy)\n";
+    "  --tokenizer DIR    where GPT-2's vocab.json and merges.txt are (default: the source tree's copy)\n"
+    "  -h, --help         this text\n";
 
 cli parse(int argc, char** argv) {
   cli c;

@@ -8,10 +8,10 @@
 // what a failing verdict looks like.
 //
 // usage: distribution_check [--vocab V] [--length L] [-k K] [--temperature T] [--top-k N]
-//                           [--similarity S] [--samples N] [--seed S] [--broken]
+//                           [--similarity S] [--samples N] [--seed S] [--broken] [-h | --help]
 constexpr const char* usage =
     "usage: distribution_check [--vocab V] [--length L] [-k K] [--temperature T] [--top-k N]\n"
-    "                          [--similarity S] [--samples N] [--seed S] [--broken]\n";
+    "                          [--similarity S] [--samples N] [--seed S] [--broken] [-h | --help]\n";
 
 #include <specsample/specsample.hpp>
 #include <specsample/testing/distribution.hpp>

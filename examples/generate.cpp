@@ -150,6 +150,7 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
   --json                print all statistics as JSON on stdout: per mode the text (each byte
                         that is not valid UTF-8 there, e.g. of a character cut by -n, as U+FFFD)
                         and its token_ids
+  -h, --help            this text
 )";
 
 cli parse(int argc, char** argv) {
