@@ -292,28 +292,34 @@ TEST_CASE("max_scan finds the maximum and a NaN anywhere, and tells logits a sof
   }
 }
 
-TEST_CASE("all_finite finds a NaN or an infinity anywhere, and passes the largest finite values, on every "
-          "instruction set",
+TEST_CASE("magnitudes_below finds a NaN, an infinity or a magnitude at the bound anywhere, and passes every "
+          "value below it, on every instruction set",
           "[simd]") {
-  // gpt2::model::append's check of the logits it returns.
+  // gpt2::model::append's checks of the keys and values it stores (F16 caches: below 65520) and
+  // of the logits it returns (finite: below +inf, the default).
   const float inf = std::numeric_limits<float>::infinity(), big = std::numeric_limits<float>::max();
   for (const isa requested : {isa::generic, isa::avx2, isa::avx512}) {
     const isa level = simd::resolve(requested);
-    for (std::size_t n = 0; n <= 70; ++n) {
-      INFO(isa_name(level) << ", n = " << n);
-      std::vector<float> x(n + 1, big);  // one past the end: never read
-      x[n] = std::nanf("");
-      for (std::size_t i = 0; i < n; i += 3) x[i] = -big;
-      CHECK(simd::all_finite(level, x.data(), n));
-      for (std::size_t at = 0; at < n; ++at) {
-        for (const float bad : {std::nanf(""), inf, -inf}) {
-          INFO("at " << at << ": " << bad);
-          std::vector<float> y = x;
-          y[at] = bad;
-          CHECK_FALSE(simd::all_finite(level, y.data(), n));
+    for (const float bound : {inf, 65520.0f}) {
+      const float below = std::nextafter(bound, 0.0f);  // FLT_MAX, or F16's last value that rounds finite
+      for (std::size_t n = 0; n <= 70; ++n) {
+        INFO(isa_name(level) << ", bound " << bound << ", n = " << n);
+        std::vector<float> x(n + 1, below);  // one past the end: never read
+        x[n] = std::nanf("");
+        for (std::size_t i = 0; i < n; i += 3) x[i] = -below;
+        CHECK(simd::magnitudes_below(level, x.data(), n, bound));
+        for (std::size_t at = 0; at < n; ++at) {
+          for (const float bad : {std::nanf(""), -std::nanf(""), inf, -inf, bound, -bound}) {
+            INFO("at " << at << ": " << bad);
+            std::vector<float> y = x;
+            y[at] = bad;
+            CHECK_FALSE(simd::magnitudes_below(level, y.data(), n, bound));
+          }
         }
       }
     }
+    const std::vector<float> finite{0.0f, -0.0f, big, -big, std::numeric_limits<float>::denorm_min()};
+    CHECK(simd::magnitudes_below(level, finite.data(), finite.size()));
   }
 }
 

@@ -1018,14 +1018,20 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
     gpt2::model prefixed_bf16 = gpt2::model::load(dir, bf16);
     REQUIRE(prefixed_bf16.weights().lm_head.format() == gpt2::weight_format::bf16_pairs);
     REQUIRE(prefixed_bf16.append(t) == 2.0f * gpt2::model::load(src, bf16).append(t));
-    // Tied (the default, or said so), the file's lm_head.weight is not used, as in transformers
-    // (it overwrites it with wte); it was, whatever the config said.
+    // Tied (the default, or said so), an lm_head.weight other than wte is refused (transformers
+    // versions read such a file three ways; it was used, whatever the config said); a copy of wte
+    // loads as the tied model it is.
     for (const nlohmann::json& tie : {nlohmann::json(true), nlohmann::json(nlohmann::json::value_t::discarded)}) {
       set_config("tie_word_embeddings", tie);
-      gpt2::model tied = gpt2::model::load(dir);
-      REQUIRE(tied.weights().lm_head.size() == 0);
-      REQUIRE(tied.append(t) == b);
+      REQUIRE_THAT(load_error(dir), Contains(st.string()) &&
+                                        Contains("config.json ties the output projection to wte (tie_word_embeddings "
+                                                 "true or absent), but 'lm_head.weight' differs from "
+                                                 "'transformer.wte.weight'"));
     }
+    with_head(1.0f);
+    gpt2::model tied = gpt2::model::load(dir);
+    REQUIRE(tied.weights().lm_head.size() == 0);
+    REQUIRE(tied.append(t) == b);
     // Untied without an lm_head.weight is refused (transformers would start a random one).
     set_config("tie_word_embeddings", false);
     fs::copy_file(src / "model.safetensors", st, fs::copy_options::overwrite_existing);
@@ -1048,12 +1054,54 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
     gpt2::model m = gpt2::model::load(dir);
     REQUIRE_THROWS_WITH(m.append(std::vector<token>{3, 4}),
                         "gpt2: next-token logit 5 at position 1 is -inf: the forward pass overflowed (a corrupt "
-                        "checkpoint, or a key or value beyond an F16 KV cache's range); the context stays at 0 tokens");
+                        "checkpoint?); the context stays at 0 tokens");
     REQUIRE(m.size() == 0);
     REQUIRE(m.append(std::vector<token>{1, 2}).allFinite());
     REQUIRE(m.size() == 2);
     (void)m.append(std::vector<token>{3, 4}, 0);  // no logits asked for: nothing to refuse
     REQUIRE(m.size() == 4);
+  }
+  SECTION("a key beyond F16's range: an F16 KV cache refuses to store it, an F32 one holds it") {
+    // Layer 0's bias of key channel 3 set to 1e5: every key there is about 1e5, which F16 would
+    // store as +inf, poisoning every later call, even after an append that returns no logits.
+    rewrite([](std::vector<io::tensor_data>& ts) {
+      for (io::tensor_data& t : ts) {
+        if (t.name != "h.0.attn.c_attn.bias") continue;
+        const float big = 1e5f;
+        std::memcpy(t.data.data() + 4 * (16 + 3), &big, 4);  // [q | k | v], C = 16: key channel 3
+      }
+    });
+    gpt2::model f16 = gpt2::model::load(dir, {.kv_storage = gpt2::weight_format::f16});
+    REQUIRE_THROWS_WITH(f16.append(std::vector<token>{1, 2}, 0),
+                        Contains("gpt2: layer 0's key 3 of the token at position 0 is 99999.") &&
+                            Contains(": an F16 KV cache cannot hold 65520 or more (options::kv_storage F32 can); the "
+                                     "context stays at 0 tokens"));
+    REQUIRE(f16.size() == 0);
+    gpt2::model f32 = gpt2::model::load(dir);
+    REQUIRE(f32.append(std::vector<token>{1, 2}).allFinite());
+  }
+  SECTION("a key that overflows F32 is refused before it is stored, with either cache") {
+    // Layer 0's ln_1 bias of channel 0 at 3e38 and that channel's weight into key channel 3 at 10:
+    // the key is 3e39, +inf in F32. Refused before it is stored, also by an append that returns no
+    // logits (it would have poisoned every later call).
+    rewrite([](std::vector<io::tensor_data>& ts) {
+      for (io::tensor_data& t : ts) {
+        const float big = 3e38f, ten = 10.0f;
+        if (t.name == "h.0.ln_1.bias") std::memcpy(t.data.data(), &big, 4);
+        if (t.name == "h.0.attn.c_attn.weight") std::memcpy(t.data.data() + 4 * (16 + 3), &ten, 4);  // [C, 3C]
+      }
+    });
+    gpt2::model m = gpt2::model::load(dir);
+    REQUIRE_THROWS_WITH(m.append(std::vector<token>{1, 2}, 0),
+                        "gpt2: layer 0's key 3 of the token at position 0 is inf: the forward pass overflowed (a "
+                        "corrupt checkpoint?); the context stays at 0 tokens");
+    REQUIRE(m.size() == 0);
+    // An F16 cache stops at the first key beyond its range (key 0: 3e38 times its small weight).
+    gpt2::model f16 = gpt2::model::load(dir, {.kv_storage = gpt2::weight_format::f16});
+    REQUIRE_THROWS_WITH(f16.append(std::vector<token>{1, 2}, 0),
+                        Contains("gpt2: layer 0's key 0 of the token at position 0 is ") &&
+                            Contains("an F16 KV cache cannot hold 65520 or more"));
+    REQUIRE(f16.size() == 0);
   }
   SECTION("a NaN or an infinity in a tensor, in every precision") {
     rewrite([](std::vector<io::tensor_data>& ts) {
@@ -1139,7 +1187,9 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
     for (const auto& [key, value, message] :
          {std::tuple<std::string, nlohmann::json, std::string>{"scale_attn_weights", false, "scale_attn_weights = false is not supported"},
           {"scale_attn_by_inverse_layer_idx", true, "scale_attn_by_inverse_layer_idx = true is not supported"},
-          {"scale_attn_weights", "yes", "scale_attn_weights = \"yes\" is not supported"},
+          {"scale_attn_weights", nullptr, "scale_attn_weights = null is not supported"},  // None: false
+          {"scale_attn_weights", "yes", "\"scale_attn_weights\" must be true or false, got \"yes\""},
+          {"scale_attn_by_inverse_layer_idx", 1, "\"scale_attn_by_inverse_layer_idx\" must be true or false, got 1"},
           {"model_type", "gpt_neo", "model_type \"gpt_neo\" is not supported (only \"gpt2\")"},
           {"tie_word_embeddings", 1, "\"tie_word_embeddings\" must be true or false, got 1"}}) {
       set_config(key, value);
@@ -1147,9 +1197,10 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
       REQUIRE_THAT(load_error(dir), Contains(cfg.string()) && Contains(message));
     }
     for (const auto& [key, value] : {std::pair<std::string, nlohmann::json>{"scale_attn_weights", true},
-                                     {"scale_attn_weights", nullptr},
                                      {"scale_attn_by_inverse_layer_idx", false},
+                                     {"scale_attn_by_inverse_layer_idx", nullptr},
                                      {"model_type", "gpt2"},
+                                     {"model_type", nullptr},
                                      {"tie_word_embeddings", true},
                                      {"reorder_and_upcast_attn", true}}) {  // an F32 computation either way
       set_config(key, value);

@@ -26,6 +26,7 @@ TEST_CASE("the thread pool covers every index exactly once for any size", "[gpt2
         worker_used[w] = 1;
       });
       REQUIRE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
+      for (std::size_t w = 0; w < threads; ++w) REQUIRE(worker_used[w] == (w < std::min(threads, n) ? 1 : 0));
     }
   }
   thread_pool all(0);

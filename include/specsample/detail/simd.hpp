@@ -488,18 +488,19 @@ inline SPECSAMPLE_TARGET_AVX512 max_scan_result max_scan_avx512(const float* x, 
   return {m, nan != 0};
 }
 
-/// See `all_finite`. x − x is NaN exactly where x is a NaN or an infinity; two vectors per step.
-inline SPECSAMPLE_TARGET_AVX512 bool all_finite_avx512(const float* x, std::size_t n) {
+/// See `magnitudes_below`. Two vectors per step; the tail through a mask (never read past n).
+inline SPECSAMPLE_TARGET_AVX512 bool magnitudes_below_avx512(const float* x, std::size_t n, std::uint32_t bound) {
+  const __m512i abs = _mm512_set1_epi32(0x7fffffff), lim = _mm512_set1_epi32(static_cast<int>(bound));
   __mmask16 bad = 0;
   std::size_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
-    bad |= _mm512_cmp_ps_mask(_mm512_sub_ps(a, a), _mm512_sub_ps(b, b), _CMP_UNORD_Q);
+    const __m512i a = _mm512_and_si512(_mm512_loadu_si512(x + i), abs);
+    const __m512i b = _mm512_and_si512(_mm512_loadu_si512(x + i + 16), abs);
+    bad |= static_cast<__mmask16>(_mm512_cmpge_epi32_mask(a, lim) | _mm512_cmpge_epi32_mask(b, lim));
   }
   for (; i < n; i += 16) {
-    const __m512 v = _mm512_maskz_loadu_ps(avx512_first(n - i), x + i);
-    const __m512 d = _mm512_sub_ps(v, v);
-    bad |= _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q);
+    const __m512i v = _mm512_and_si512(_mm512_maskz_loadu_epi32(avx512_first(n - i), x + i), abs);
+    bad |= _mm512_cmpge_epi32_mask(v, lim);
   }
   return bad == 0;
 }
@@ -569,20 +570,22 @@ inline SPECSAMPLE_TARGET_AVX2 max_scan_result max_scan_avx2(const float* x, std:
   return {m, any_nan};
 }
 
-/// See `all_finite`.
-inline SPECSAMPLE_TARGET_AVX2 bool all_finite_avx2(const float* x, std::size_t n) {
-  __m256 bad = _mm256_setzero_ps();
+/// See `magnitudes_below`. Two vectors per step; the tail through a buffer.
+inline SPECSAMPLE_TARGET_AVX2 bool magnitudes_below_avx2(const float* x, std::size_t n, std::uint32_t bound) {
+  const __m256i abs = _mm256_set1_epi32(0x7fffffff), lim = _mm256_set1_epi32(static_cast<int>(bound));
+  __m256i bad = _mm256_setzero_si256();
+  const auto over = [&](__m256 v) SPECSAMPLE_TARGET_AVX2 {  // lanes with |v| >= bound (as bits)
+    return _mm256_xor_si256(_mm256_cmpgt_epi32(lim, _mm256_and_si256(_mm256_castps_si256(v), abs)),
+                            _mm256_set1_epi32(-1));
+  };
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
-    bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(a, a), _mm256_sub_ps(b, b), _CMP_UNORD_Q));
+    bad = _mm256_or_si256(bad, _mm256_or_si256(over(_mm256_loadu_ps(x + i)), over(_mm256_loadu_ps(x + i + 8))));
   }
   for (; i < n; i += 8) {
-    const __m256 v = n - i >= 8 ? _mm256_loadu_ps(x + i) : avx2_load_first(x + i, n - i, 0.0f);
-    const __m256 d = _mm256_sub_ps(v, v);
-    bad = _mm256_or_ps(bad, _mm256_cmp_ps(d, d, _CMP_UNORD_Q));
+    bad = _mm256_or_si256(bad, over(n - i >= 8 ? _mm256_loadu_ps(x + i) : avx2_load_first(x + i, n - i, 0.0f)));
   }
-  return _mm256_movemask_ps(bad) == 0;
+  return _mm256_testz_si256(bad, bad) != 0;
 }
 
 /// See `argmax`.
@@ -1058,19 +1061,26 @@ inline max_scan_result max_scan(isa level, const float* x, std::size_t n) noexce
   return r;
 }
 
-/// Whether every x[i] of x[0, n) is finite (no NaN, no infinity): one vectorised pass.
-inline bool all_finite(isa level, const float* x, std::size_t n) noexcept {
+/// Whether every |x[i]| of x[0, n) is below `bound` (a NaN never is): one vectorised pass that
+/// compares bit patterns as integers, which order like the magnitudes of non-negative floats (and
+/// put every NaN above +inf), so no floating-point assumption of the caller's flags can fold it.
+/// With the default bound, +inf: whether every x[i] is finite.
+inline bool magnitudes_below(isa level, const float* x, std::size_t n,
+                             float bound = std::numeric_limits<float>::infinity()) noexcept {
+  std::uint32_t lim = 0;
+  std::memcpy(&lim, &bound, sizeof lim);
+  lim &= 0x7fffffffu;
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) return all_finite_avx512(x, n);
-  if (level == isa::avx2) return all_finite_avx2(x, n);
+  if (level == isa::avx512) return magnitudes_below_avx512(x, n, lim);
+  if (level == isa::avx2) return magnitudes_below_avx2(x, n, lim);
 #else
   (void)level;
 #endif
-  std::uint32_t bad = 0;  // branch-free on the exponent bits, so that compilers vectorise it
+  std::uint32_t bad = 0;  // branch-free, so that compilers vectorise it
   for (std::size_t i = 0; i < n; ++i) {
     std::uint32_t bits = 0;
     std::memcpy(&bits, x + i, sizeof bits);
-    bad |= static_cast<std::uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+    bad |= static_cast<std::uint32_t>((bits & 0x7fffffffu) >= lim);
   }
   return bad == 0;
 }

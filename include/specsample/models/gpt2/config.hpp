@@ -83,8 +83,8 @@ struct options {
   /// released gpt2 at c = 1024), by rounding each key and value once to nearest even as it is
   /// stored; attention computes in F32 as before. Logits then differ slightly from the F32 cache's
   /// (docs/gpt2.md, "KV cache precision"); batch invariance and exact sampling for the model as
-  /// configured hold the same. A key or value of magnitude 65520 or more becomes ±inf (F16's
-  /// largest finite value is 65504), its logits NaN, which `model::append` refuses with an error.
+  /// configured hold the same. A key or value of magnitude 65520 or more would be stored as ±inf
+  /// (F16's largest finite value is 65504): `model::append` refuses it with an error instead.
   weight_format kv_storage = weight_format::f32;
   /// How the matmuls multiply. `f32` (the default): F32 activations times the weights as held
   /// (`weight_storage`), converted exactly to F32. `bf16`: the matmul weights are held in BF16
@@ -189,8 +189,9 @@ struct config {
   std::size_t n_inner = 0;      ///< MLP hidden width (4 C when the file says null)
   float layer_norm_epsilon = 1e-5f;
   /// The logits use wte (true, Hugging Face's default) or the checkpoint's own lm_head.weight
-  /// (false). Read by `weights::load`: as in transformers, a tied checkpoint's lm_head.weight is
-  /// not used, and an untied one must have it.
+  /// (false, which it must have). Read by `weights::load`: a tied checkpoint that holds an
+  /// lm_head.weight other than wte.weight is refused (transformers versions disagree on which of
+  /// the two such a file means).
   bool tie_word_embeddings = true;
 
   /// Upper bound on every size (keeps all products of sizes far from overflow).
@@ -233,19 +234,25 @@ struct config {
   /// n_layer, n_head, n_embd, n_positions (else n_ctx), vocab_size, layer_norm_epsilon (default
   /// 1e-5), activation_function ("gelu_new" or "gelu_pytorch_tanh" when present), n_inner (null/absent = 4 C),
   /// tie_word_embeddings (default true). Fields of transformers' GPT2Config that would change the
-  /// computation are refused unless they hold GPT-2's values: model_type other than "gpt2",
-  /// scale_attn_weights false (no 1/sqrt(d) in attention), scale_attn_by_inverse_layer_idx true
-  /// (another 1/(layer + 1)).
+  /// computation are refused unless absent or GPT-2's: model_type other than "gpt2" (or null),
+  /// scale_attn_weights false or null (no 1/sqrt(d) in attention: transformers reads null as
+  /// false), scale_attn_by_inverse_layer_idx true (another 1/(layer + 1)); these two must be
+  /// booleans or null.
   [[nodiscard]] static config from_json(const nlohmann::json& j,
                                         const std::string& source = "config.json") {
     if (!j.is_object()) throw error(fmt::format("{}: not a JSON object", source));
-    if (const auto it = j.find("model_type"); it != j.end() && *it != "gpt2") {
+    if (const auto it = j.find("model_type"); it != j.end() && !it->is_null() && *it != "gpt2") {
       throw error(fmt::format("{}: model_type {} is not supported (only \"gpt2\")", source, it->dump()));
     }
-    // A flag that must be absent, null or `expected` (the computation GPT-2 does).
+    // A flag that must be absent or `expected` (the computation GPT-2 does). transformers tests
+    // it for truth, so null reads as false.
     const auto gpt2_flag = [&](const char* name, bool expected, const char* otherwise) {
       const auto it = j.find(name);
-      if (it == j.end() || it->is_null() || *it == expected) return;
+      if (it == j.end()) return;
+      if (!it->is_boolean() && !it->is_null()) {
+        throw error(fmt::format("{}: \"{}\" must be true or false, got {}", source, name, it->dump()));
+      }
+      if ((it->is_boolean() && it->get<bool>()) == expected) return;
       throw error(fmt::format("{}: {} = {} is not supported ({}; GPT-2 has {})", source, name, it->dump(),
                               otherwise, expected));
     };

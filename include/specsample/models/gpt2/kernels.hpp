@@ -284,8 +284,8 @@ inline void residual_add_reference(std::span<float> x, std::span<const float> y)
 
 /// Stores the keys and values of T new positions (columns [C, 2C) and [2C, 3C) of each qkv row)
 /// in rows [pos0, pos0 + T) of one layer's caches, held in F: F32 (copied) or F16 (rounded to
-/// nearest even, like `simd::narrow`: from magnitude 65520 on a key or value becomes ±inf, and
-/// the logits NaN, which `model::append` refuses with an error).
+/// nearest even, like `simd::narrow`: from magnitude 65520 on a key or value becomes ±inf, which
+/// `model::append` refuses to store).
 template <weight_format F = weight_format::f32>
 void store_kv(std::span<weight_t<F>> k_cache,  // kv_layer_size(P, C, NH)
               std::span<weight_t<F>> v_cache,  // kv_layer_size(P, C, NH)

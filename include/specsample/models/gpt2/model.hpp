@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <new>
 #include <optional>
@@ -198,9 +199,9 @@ class model {
   /// or `reserve` (copy it into an `Eigen::MatrixXf` to keep it). No heap allocation happens
   /// when n is within the reserved batch capacity. Throws `specsample::error` before touching
   /// any state when a token id is outside [0, V) or the context would exceed n_positions, and,
-  /// leaving the context as it was, when a logit it would return is a NaN or an infinity (weights
-  /// that overflow, e.g. a corrupt checkpoint's finite but absurd value, or an F16 KV cache's key
-  /// or value beyond 65504): GPT-2's logits are finite.
+  /// leaving the context as it was, when the forward pass overflows (a corrupt checkpoint's finite
+  /// but absurd weight): a key or value it would store, or a logit it would return, that is a NaN
+  /// or an infinity, or a key or value an F16 KV cache cannot hold (65520 or more in magnitude).
   Eigen::Map<const Eigen::MatrixXf> append(std::span<const token> tokens) { return append(tokens, tokens.size()); }
 
   /// Appends `tokens` like `append(tokens)` but returns the logits of the last `logits` of them
@@ -247,6 +248,30 @@ class model {
                               format_name(*opts.weight_storage)));
     }
     return weight_format::bf16_pairs;
+  }
+  // Throws, before the keys and values of the T new rows of layer l (in qkv_) are stored, when
+  // one is a NaN or an infinity (the forward pass overflowed) or, for an F16 cache, 65520 or more
+  // in magnitude (it would be stored as an infinity): either would poison every later call,
+  // including after an append that returns no logits. The context is left as it was.
+  template <weight_format F>
+  void check_keys_values(std::size_t l, std::size_t pos0, std::size_t T) const {
+    const std::size_t C = cfg_.n_embd;
+    const float bound = F == weight_format::f16 ? 65520.0f : std::numeric_limits<float>::infinity();
+    for (std::size_t t = 0; t < T; ++t) {
+      const std::span<const float> kv(qkv_.data() + t * 3 * C + C, 2 * C);
+      if (specsample::simd::magnitudes_below(isa_, kv.data(), kv.size(), bound)) continue;
+      const auto bad = static_cast<std::size_t>(
+          std::find_if(kv.begin(), kv.end(), [&](float x) { return !(std::abs(x) < bound); }) - kv.begin());
+      const char* what = bad < C ? "key" : "value";
+      if (std::isfinite(kv[bad])) {
+        throw error(fmt::format("gpt2: layer {}'s {} {} of the token at position {} is {}: an F16 KV cache cannot hold "
+                                "65520 or more (options::kv_storage F32 can); the context stays at {} tokens",
+                                l, what, bad % C, pos0 + t, kv[bad], pos0));
+      }
+      throw error(fmt::format("gpt2: layer {}'s {} {} of the token at position {} is {}: the forward pass overflowed "
+                              "(a corrupt checkpoint?); the context stays at {} tokens",
+                              l, what, bad % C, pos0 + t, kv[bad], pos0));
+    }
   }
   static std::shared_ptr<thread_pool> pool_of(const options& opts) {
     if (!opts.pool) return std::make_shared<thread_pool>(opts.threads);
@@ -421,6 +446,7 @@ SPECSAMPLE_GPT2_MODEL Eigen::Map<const Eigen::MatrixXf> model::append(std::span<
       const std::span<weight_t<F>> v_layer = cache_.values<F>(l);
       ln(vec(lw.ln_1_weight), vec(lw.ln_1_bias));
       timed(op_times::qkv, [&] { mm(qkv_, ln_, lw.attn_qkv_weight, vec(lw.attn_qkv_bias)); });
+      check_keys_values<F>(l, pos0, T);
       timed(op_times::store_kv, [&] { kernels::store_kv<F>(k_layer, v_layer, cbuf(qkv_), pos0, T, C, NH, P); });
       if (l + 1 == cfg_.n_layer) {
         if (logits == 0) break;
@@ -450,13 +476,12 @@ SPECSAMPLE_GPT2_MODEL Eigen::Map<const Eigen::MatrixXf> model::append(std::span<
   // logits (n, V) row-major == (V, n) column-major.
   timed(op_times::lm_head, [&] { mm(logits_, ln_, w_.output_embedding(), {}); });
   const std::span<const float> out(logits_.data() + first * V, n() * V);
-  if (!specsample::simd::all_finite(isa_, out.data(), out.size())) {
+  if (!specsample::simd::magnitudes_below(isa_, out.data(), out.size())) {
     const auto bad = static_cast<std::size_t>(
         std::find_if(out.begin(), out.end(), [](float x) { return !std::isfinite(x); }) - out.begin());
     cache_.length = pos0;
     throw error(fmt::format("gpt2: next-token logit {} at position {} is {}: the forward pass overflowed (a "
-                            "corrupt checkpoint, or a key or value beyond an F16 KV cache's range); the context "
-                            "stays at {} tokens",
+                            "corrupt checkpoint?); the context stays at {} tokens",
                             bad % V, pos0 + first + bad / V, out[bad], pos0));
   }
   return {logits_.data() + first * V, rows, static_cast<Eigen::Index>(n())};

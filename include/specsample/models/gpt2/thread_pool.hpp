@@ -84,8 +84,8 @@ class thread_pool {
   thread_pool& operator=(const thread_pool&) = delete;
   ~thread_pool() { stop(); }
 
-  /// Most threads a pool runs; more are refused (the ticket counts a task's chunks, one per
-  /// worker at most, in 16 bits).
+  /// Most threads a pool runs; more are refused. A limit of policy, well below the 65535 chunks
+  /// the ticket's 16 bits can count (a task has one per worker at most).
   static constexpr std::size_t max_threads = 1024;
 
   /// Number of workers, the calling thread included.

@@ -644,8 +644,10 @@ inline weights weights::load(const io::safetensors_file& file, const config& cfg
                              const std::string& config_name, std::optional<weight_format> storage) {
   const detail::tensor_loader ld(file, cfg, config_name, storage);
   const std::size_t C = cfg.n_embd, V = cfg.vocab_size, P = cfg.n_positions, I = cfg.n_inner;
-  // As in transformers: a tied checkpoint's logits use wte (an lm_head.weight in the file is
-  // ignored: transformers overwrites it with wte), an untied one's its own lm_head.weight.
+  // Tied (the default), the logits use wte, and an lm_head.weight in the file must be a copy of
+  // it: transformers versions disagree on what a tied file with another lm_head means (one ties
+  // both to the file's lm_head, one keeps them apart, one ties both to wte). Untied, the logits
+  // use lm_head.weight, which must be there.
   const bool has_lm_head = !cfg.tie_word_embeddings;
   if (has_lm_head && !file.contains("lm_head.weight")) {
     throw error(fmt::format("{}: missing tensor 'lm_head.weight' (expected shape {}): {} has tie_word_embeddings "
@@ -674,7 +676,16 @@ inline weights weights::load(const io::safetensors_file& file, const config& cfg
   }
   (void)ld.get("ln_f.weight", {C});
   (void)ld.get("ln_f.bias", {C});
-  if (has_lm_head) (void)ld.get("lm_head.weight", {V, C}, /*top_level=*/true);
+  if (file.contains("lm_head.weight")) {
+    const io::tensor_view& head = ld.get("lm_head.weight", {V, C}, /*top_level=*/true);
+    const io::tensor_view& wte = ld.get("wte.weight", {V, C});
+    if (!has_lm_head && (head.dtype != wte.dtype || !std::ranges::equal(head.bytes(), wte.bytes()))) {
+      throw error(fmt::format("{}: {} ties the output projection to wte (tie_word_embeddings true or absent), but "
+                              "'lm_head.weight' differs from '{}': set \"tie_word_embeddings\": false to compute "
+                              "the logits with it, or remove it",
+                              file.path().string(), config_name, wte.name));
+    }
+  }
 
   // Pass 2: convert, checking that every value is finite. The matmul weights share one
   // allocation (`allocate_weight_storage`: huge pages when large), laid out in the order a forward
