@@ -1025,13 +1025,19 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
       set_config("tie_word_embeddings", tie);
       REQUIRE_THAT(load_error(dir), Contains(st.string()) &&
                                         Contains("config.json ties the output projection to wte (tie_word_embeddings "
-                                                 "true or absent), but 'lm_head.weight' differs from "
-                                                 "'transformer.wte.weight'"));
+                                                 "true or absent), but 'lm_head.weight' (F32) differs from "
+                                                 "'transformer.wte.weight' (F32)"));
     }
+    // null is false, as transformers reads it: untied.
+    set_config("tie_word_embeddings", nullptr);
+    REQUIRE(gpt2::model::load(dir).weights().lm_head.size() == 50257u * 16u);
     with_head(1.0f);
-    gpt2::model tied = gpt2::model::load(dir);
-    REQUIRE(tied.weights().lm_head.size() == 0);
-    REQUIRE(tied.append(t) == b);
+    for (const nlohmann::json& tie : {nlohmann::json(true), nlohmann::json(nlohmann::json::value_t::discarded)}) {
+      set_config("tie_word_embeddings", tie);
+      gpt2::model tied = gpt2::model::load(dir);
+      REQUIRE(tied.weights().lm_head.size() == 0);
+      REQUIRE(tied.append(t) == b);
+    }
     // Untied without an lm_head.weight is refused (transformers would start a random one).
     set_config("tie_word_embeddings", false);
     fs::copy_file(src / "model.safetensors", st, fs::copy_options::overwrite_existing);
@@ -1079,6 +1085,20 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
     REQUIRE(f16.size() == 0);
     gpt2::model f32 = gpt2::model::load(dir);
     REQUIRE(f32.append(std::vector<token>{1, 2}).allFinite());
+    // A value is named as one, with its channel and layer; after a context the F32 cache holds.
+    rewrite([](std::vector<io::tensor_data>& ts) {
+      for (io::tensor_data& t : ts) {
+        if (t.name != "h.1.attn.c_attn.bias") continue;
+        const float big = -1e6f;
+        std::memcpy(t.data.data() + 4 * (2 * 16 + 7), &big, 4);  // layer 1's value channel 7
+      }
+    });
+    gpt2::model v16 = gpt2::model::load(dir, {.kv_storage = gpt2::weight_format::f16});
+    REQUIRE_THROWS_WITH(v16.append(std::vector<token>{1, 2}, 0),
+                        Contains("gpt2: layer 1's value 7 of the token at position 0 is -") &&
+                            Contains("an F16 KV cache cannot hold 65520 or more"));
+    REQUIRE(v16.size() == 0);
+    REQUIRE(gpt2::model::load(dir).append(std::vector<token>{1, 2}).allFinite());
   }
   SECTION("a key that overflows F32 is refused before it is stored, with either cache") {
     // Layer 0's ln_1 bias of channel 0 at 3e38 and that channel's weight into key channel 3 at 10:

@@ -1061,15 +1061,21 @@ inline max_scan_result max_scan(isa level, const float* x, std::size_t n) noexce
   return r;
 }
 
-/// Whether every |x[i]| of x[0, n) is below `bound` (a NaN never is): one vectorised pass that
-/// compares bit patterns as integers, which order like the magnitudes of non-negative floats (and
-/// put every NaN above +inf), so no floating-point assumption of the caller's flags can fold it.
-/// With the default bound, +inf: whether every x[i] is finite.
+/// The bits of |x| (`magnitudes_below` compares them as integers).
+[[nodiscard]] inline std::uint32_t magnitude_bits(float x) noexcept {
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  return bits & 0x7fffffffu;
+}
+
+/// Whether every |x[i]| of x[0, n) is below `bound` (> 0; a NaN never is): one vectorised pass
+/// that compares bit patterns as integers, which order like the magnitudes of non-negative floats
+/// (and put every NaN above +inf), so no floating-point assumption of the caller's flags (such as
+/// -ffinite-math-only) can fold it. With the default bound, +inf: whether every x[i] is finite.
 inline bool magnitudes_below(isa level, const float* x, std::size_t n,
                              float bound = std::numeric_limits<float>::infinity()) noexcept {
-  std::uint32_t lim = 0;
-  std::memcpy(&lim, &bound, sizeof lim);
-  lim &= 0x7fffffffu;
+  assert(bound > 0.0f);
+  const std::uint32_t lim = magnitude_bits(bound);
 #if SPECSAMPLE_X86
   if (level == isa::avx512) return magnitudes_below_avx512(x, n, lim);
   if (level == isa::avx2) return magnitudes_below_avx2(x, n, lim);
@@ -1077,12 +1083,18 @@ inline bool magnitudes_below(isa level, const float* x, std::size_t n,
   (void)level;
 #endif
   std::uint32_t bad = 0;  // branch-free, so that compilers vectorise it
-  for (std::size_t i = 0; i < n; ++i) {
-    std::uint32_t bits = 0;
-    std::memcpy(&bits, x + i, sizeof bits);
-    bad |= static_cast<std::uint32_t>((bits & 0x7fffffffu) >= lim);
-  }
+  for (std::size_t i = 0; i < n; ++i) bad |= static_cast<std::uint32_t>(magnitude_bits(x[i]) >= lim);
   return bad == 0;
+}
+
+/// The index of the first x[i] that `magnitudes_below` finds at or above `bound` (by the same bit
+/// test), or n. Scalar: for naming the value once a check has failed.
+inline std::size_t first_magnitude_at_least(const float* x, std::size_t n,
+                                            float bound = std::numeric_limits<float>::infinity()) noexcept {
+  const std::uint32_t lim = magnitude_bits(bound);
+  std::size_t i = 0;
+  while (i < n && magnitude_bits(x[i]) < lim) ++i;
+  return i;
 }
 
 /// The index of the first maximum of x[0, n) (the lowest id on ties), or -1 when some x[i] is

@@ -233,7 +233,7 @@ struct config {
   /// Reads the GPT-2 fields of a parsed `config.json` (`source` names it in errors):
   /// n_layer, n_head, n_embd, n_positions (else n_ctx), vocab_size, layer_norm_epsilon (default
   /// 1e-5), activation_function ("gelu_new" or "gelu_pytorch_tanh" when present), n_inner (null/absent = 4 C),
-  /// tie_word_embeddings (default true). Fields of transformers' GPT2Config that would change the
+  /// tie_word_embeddings (default true; null reads as false). Fields of transformers' GPT2Config that would change the
   /// computation are refused unless absent or GPT-2's: model_type other than "gpt2" (or null),
   /// scale_attn_weights false or null (no 1/sqrt(d) in attention: transformers reads null as
   /// false), scale_attn_by_inverse_layer_idx true (another 1/(layer + 1)); these two must be
@@ -290,11 +290,11 @@ struct config {
       }
       c.layer_norm_epsilon = static_cast<float>(e);
     }
-    if (const auto it = j.find("tie_word_embeddings"); it != j.end() && !it->is_null()) {
-      if (!it->is_boolean()) {
+    if (const auto it = j.find("tie_word_embeddings"); it != j.end()) {
+      if (!it->is_boolean() && !it->is_null()) {
         throw error(fmt::format("{}: \"tie_word_embeddings\" must be true or false, got {}", source, it->dump()));
       }
-      c.tie_word_embeddings = it->get<bool>();
+      c.tie_word_embeddings = it->is_boolean() && it->get<bool>();  // null: false, as transformers reads it
     }
     if (const auto it = j.find("activation_function"); it != j.end() && !it->is_null()) {
       // "gelu_pytorch_tanh" is the same tanh approximation under its newer transformers name.

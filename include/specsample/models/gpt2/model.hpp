@@ -249,28 +249,28 @@ class model {
     }
     return weight_format::bf16_pairs;
   }
-  // Throws, before the keys and values of the T new rows of layer l (in qkv_) are stored, when
+  // Throws, before the keys and values of layer l's rows `qkv` (of 3C: q, k, v; the first at
+  // position row0, the context holding pos0 tokens before the call) are stored, when
   // one is a NaN or an infinity (the forward pass overflowed) or, for an F16 cache, 65520 or more
   // in magnitude (it would be stored as an infinity): either would poison every later call,
   // including after an append that returns no logits. The context is left as it was.
   template <weight_format F>
-  void check_keys_values(std::size_t l, std::size_t pos0, std::size_t T) const {
+  void check_keys_values(std::size_t l, std::size_t pos0, std::size_t row0, std::span<const float> qkv) const {
     const std::size_t C = cfg_.n_embd;
     const float bound = F == weight_format::f16 ? 65520.0f : std::numeric_limits<float>::infinity();
-    for (std::size_t t = 0; t < T; ++t) {
-      const std::span<const float> kv(qkv_.data() + t * 3 * C + C, 2 * C);
+    for (std::size_t t = 0; t < qkv.size() / (3 * C); ++t) {
+      const std::span<const float> kv = qkv.subspan(t * 3 * C + C, 2 * C);
       if (specsample::simd::magnitudes_below(isa_, kv.data(), kv.size(), bound)) continue;
-      const auto bad = static_cast<std::size_t>(
-          std::find_if(kv.begin(), kv.end(), [&](float x) { return !(std::abs(x) < bound); }) - kv.begin());
+      const std::size_t bad = specsample::simd::first_magnitude_at_least(kv.data(), kv.size(), bound);
       const char* what = bad < C ? "key" : "value";
-      if (std::isfinite(kv[bad])) {
+      if (specsample::simd::magnitude_bits(kv[bad]) < 0x7f800000u) {  // finite: the F16 bound
         throw error(fmt::format("gpt2: layer {}'s {} {} of the token at position {} is {}: an F16 KV cache cannot hold "
                                 "65520 or more (options::kv_storage F32 can); the context stays at {} tokens",
-                                l, what, bad % C, pos0 + t, kv[bad], pos0));
+                                l, what, bad % C, row0 + t, kv[bad], pos0));
       }
       throw error(fmt::format("gpt2: layer {}'s {} {} of the token at position {} is {}: the forward pass overflowed "
                               "(a corrupt checkpoint?); the context stays at {} tokens",
-                              l, what, bad % C, pos0 + t, kv[bad], pos0));
+                              l, what, bad % C, row0 + t, kv[bad], pos0));
     }
   }
   static std::shared_ptr<thread_pool> pool_of(const options& opts) {
@@ -446,7 +446,7 @@ SPECSAMPLE_GPT2_MODEL Eigen::Map<const Eigen::MatrixXf> model::append(std::span<
       const std::span<weight_t<F>> v_layer = cache_.values<F>(l);
       ln(vec(lw.ln_1_weight), vec(lw.ln_1_bias));
       timed(op_times::qkv, [&] { mm(qkv_, ln_, lw.attn_qkv_weight, vec(lw.attn_qkv_bias)); });
-      check_keys_values<F>(l, pos0, T);
+      check_keys_values<F>(l, pos0, pos0 + first, cbuf(qkv_));
       timed(op_times::store_kv, [&] { kernels::store_kv<F>(k_layer, v_layer, cbuf(qkv_), pos0, T, C, NH, P); });
       if (l + 1 == cfg_.n_layer) {
         if (logits == 0) break;
@@ -477,8 +477,7 @@ SPECSAMPLE_GPT2_MODEL Eigen::Map<const Eigen::MatrixXf> model::append(std::span<
   timed(op_times::lm_head, [&] { mm(logits_, ln_, w_.output_embedding(), {}); });
   const std::span<const float> out(logits_.data() + first * V, n() * V);
   if (!specsample::simd::magnitudes_below(isa_, out.data(), out.size())) {
-    const auto bad = static_cast<std::size_t>(
-        std::find_if(out.begin(), out.end(), [](float x) { return !std::isfinite(x); }) - out.begin());
+    const std::size_t bad = specsample::simd::first_magnitude_at_least(out.data(), out.size());
     cache_.length = pos0;
     throw error(fmt::format("gpt2: next-token logit {} at position {} is {}: the forward pass overflowed (a "
                             "corrupt checkpoint?); the context stays at {} tokens",
