@@ -58,6 +58,13 @@ function(specsample_add_test name)
   # with "No tests ran" (a '[' in a test name breaks catch_discover_tests' list and used to merge
   # the rest of the executable's tests into one entry that ran nothing).
   catch_discover_tests(${name} EXTRA_ARGS --warn NoTests PROPERTIES TIMEOUT 600)
+  # Catch2 2.13's discovery takes a failing listing run's exit status for a count of tests and
+  # registers none, silently: an executable that cannot start (a sanitizer's runtime that aborts on
+  # this kernel) would pass the suite with its tests gone. This entry lists them once more, and
+  # fails on a crash, on a sanitizer's report or on no test listed.
+  add_test(NAME ${name}.lists_its_tests COMMAND ${name} --list-test-names-only)
+  set_tests_properties(${name}.lists_its_tests PROPERTIES PASS_REGULAR_EXPRESSION "[A-Za-z]"
+                       FAIL_REGULAR_EXPRESSION "Sanitizer|sanitizer|ERROR")
 endfunction()
 
 # specsample_add_allocation_test(name SOURCES...): a test executable counting every heap
