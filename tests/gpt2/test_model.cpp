@@ -495,8 +495,10 @@ TEST_CASE("models sharing one thread pool give their own logits, called in turn 
   REQUIRE_THROWS_WITH(gpt2::model::load(models_dir / "shakespeare-draft", {.threads = 3, .pool = pool}),
                       Catch::Contains("threads = 3") && Catch::Contains("pool given has 2 workers"));
   REQUIRE(gpt2::model::load(models_dir / "shakespeare-draft", {.threads = 2, .pool = pool}).threads() == 2);
-  // So is one the pool cannot run (it was capped silently).
+  // So is one the pool cannot run (it was capped silently), before the files are read.
   REQUIRE_THROWS_WITH(gpt2::model::load(models_dir / "shakespeare-draft", {.threads = 5000}),
+                      "thread_pool: 5000 threads requested; at most 1024");
+  REQUIRE_THROWS_WITH(gpt2::model::load(models_dir / "no-such-model", {.threads = 5000}),
                       "thread_pool: 5000 threads requested; at most 1024");
 }
 

@@ -313,6 +313,8 @@ class model {
 SPECSAMPLE_GPT2_MODEL model model::load(const std::filesystem::path& dir, options opts) {
   const std::filesystem::path config_path = dir / "config.json";
   const std::filesystem::path weights_path = dir / "model.safetensors";
+  opts.pool = pool_of(opts);  // first: a thread count the pool refuses is refused before the files are read
+  opts.threads = 0;
   gpt2::config cfg = gpt2::config::load(config_path);
   const io::safetensors_file file = io::safetensors_file::open(weights_path);
   gpt2::weights w = gpt2::weights::load(file, cfg, config_path.string(), storage_of(opts));
