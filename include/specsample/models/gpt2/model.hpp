@@ -262,15 +262,12 @@ class model {
       const std::span<const float> kv = qkv.subspan(t * 3 * C + C, 2 * C);
       if (specsample::simd::magnitudes_below(isa_, kv.data(), kv.size(), bound)) continue;
       const std::size_t bad = specsample::simd::first_magnitude_at_least(kv.data(), kv.size(), bound);
-      const char* what = bad < C ? "key" : "value";
-      if (specsample::simd::magnitude_bits(kv[bad]) < 0x7f800000u) {  // finite: the F16 bound
-        throw error(fmt::format("gpt2: layer {}'s {} {} of the token at position {} is {}: an F16 KV cache cannot hold "
-                                "65520 or more (options::kv_storage F32 can); the context stays at {} tokens",
-                                l, what, bad % C, row0 + t, kv[bad], pos0));
-      }
-      throw error(fmt::format("gpt2: layer {}'s {} {} of the token at position {} is {}: the forward pass overflowed "
-                              "(a corrupt checkpoint?); the context stays at {} tokens",
-                              l, what, bad % C, row0 + t, kv[bad], pos0));
+      const bool finite = specsample::simd::magnitude_bits(kv[bad]) < 0x7f800000u;  // then beyond the F16 bound
+      throw error(fmt::format("gpt2: layer {}'s {} {} of the token at position {} is {}: {}; the context stays at {} tokens",
+                              l, bad < C ? "key" : "value", bad % C, row0 + t, kv[bad],
+                              finite ? "an F16 KV cache cannot hold 65520 or more (options::kv_storage F32 can)"
+                                     : "the forward pass overflowed (a corrupt checkpoint?)",
+                              pos0));
     }
   }
   static std::shared_ptr<thread_pool> pool_of(const options& opts) {
