@@ -92,7 +92,7 @@ SPECSAMPLE_TARGET_AVX2 inline float stream_sum_avx2(const float* p, std::size_t 
 /// The streaming sum of p[0, n) with the kernels of `level`.
 inline float stream_sum(specsample::isa level, const float* p, std::size_t n) {
 #if SPECSAMPLE_X86
-  if (level == specsample::isa::avx512) return stream_sum_avx512(p, n);
+  if (specsample::simd::avx512_kernels && level == specsample::isa::avx512) return stream_sum_avx512(p, n);
   if (level == specsample::isa::avx2) return stream_sum_avx2(p, n);
 #endif
   (void)level;
@@ -163,7 +163,7 @@ SPECSAMPLE_TARGET_AVX2 __attribute__((noinline)) inline float stream_fma_avx2(co
 #if SPECSAMPLE_X86
 template <int Tokens>
 inline std::optional<float> stream_fma_at(specsample::isa level, const float* p, std::size_t n) {
-  if (level == specsample::isa::avx512) return stream_fma_avx512<Tokens>(p, n);
+  if (specsample::simd::avx512_kernels && level == specsample::isa::avx512) return stream_fma_avx512<Tokens>(p, n);
   if (level == specsample::isa::avx2) return stream_fma_avx2<Tokens>(p, n);
   return std::nullopt;
 }
@@ -244,19 +244,19 @@ SPECSAMPLE_TARGET_AVX512_BF16 __attribute__((noinline)) inline float stream_dot_
 /// nullopt below the AVX-512 level, on a CPU without AVX512_BF16 or for another count.
 inline std::optional<float> stream_dot(specsample::isa level, int tokens, const float* p, std::size_t n) {
 #if SPECSAMPLE_X86
-  if (level != specsample::isa::avx512 || !specsample::simd::has_avx512_bf16()) return std::nullopt;
-  switch (tokens) {
-    case 0: return stream_dot_avx512<0>(p, n);
-    case 1: return stream_dot_avx512<1>(p, n);
-    case 2: return stream_dot_avx512<2>(p, n);
-    case 5: return stream_dot_avx512<5>(p, n);
-    case 6: return stream_dot_avx512<6>(p, n);
-    default: return std::nullopt;
+  if (specsample::simd::avx512_kernels && level == specsample::isa::avx512 && specsample::simd::has_avx512_bf16()) {
+    switch (tokens) {
+      case 0: return stream_dot_avx512<0>(p, n);
+      case 1: return stream_dot_avx512<1>(p, n);
+      case 2: return stream_dot_avx512<2>(p, n);
+      case 5: return stream_dot_avx512<5>(p, n);
+      case 6: return stream_dot_avx512<6>(p, n);
+      default: return std::nullopt;
+    }
   }
-#else
+#endif
   (void)level, (void)tokens, (void)p, (void)n;
   return std::nullopt;
-#endif
 }
 
 // --- FMA peak ---------------------------------------------------------------------------------
@@ -373,17 +373,19 @@ struct fma_loop {
 /// stands in for.
 inline fma_loop fma_loop_for(specsample::isa level, specsample::gpt2::matmul_precision precision) {
 #if SPECSAMPLE_X86
-  if (level == specsample::isa::avx512 && precision == specsample::gpt2::matmul_precision::bf16 &&
+  // Each branch tests the constant itself: a local bool does not fold, and the loop would be compiled.
+  const bool avx512 = specsample::simd::avx512_kernels && level == specsample::isa::avx512;
+  if (specsample::simd::avx512_kernels && avx512 && precision == specsample::gpt2::matmul_precision::bf16 &&
       specsample::simd::has_avx512_bf16()) {
     return {dot_loop_avx512_bf16, 16 * 32, "BF16 dot product (vdpbf16ps)"};
   }
   if (precision == specsample::gpt2::matmul_precision::int8 && level != specsample::isa::generic) {
-    if (level == specsample::isa::avx512 && specsample::simd::has_avx512_vnni()) {
+    if (specsample::simd::avx512_kernels && avx512 && specsample::simd::has_avx512_vnni()) {
       return {dot_loop_avx512_vnni, 16 * 64, "INT8 dot product (vpdpbusd)"};
     }
     return {madd_loop_avx2, 12 * 16, "INT16 multiply-add (vpmaddwd)"};
   }
-  if (level == specsample::isa::avx512) return {fma_loop_avx512, 16 * 16, "F32 FMA"};
+  if (specsample::simd::avx512_kernels && avx512) return {fma_loop_avx512, 16 * 16, "F32 FMA"};
   if (level == specsample::isa::avx2) return {fma_loop_avx2, 12 * 8, "F32 FMA"};
 #endif
   (void)level;

@@ -54,6 +54,11 @@ function(specsample_add_test name)
   target_link_libraries(${name} PRIVATE specsample_dev Catch2::Catch2WithMain)
   specsample_test_definitions(${name})
   target_precompile_headers(${name} REUSE_FROM specsample_test_pch)
+  specsample_register_test(${name})
+endfunction()
+
+# specsample_register_test(name): registers a Catch2 executable's tests with ctest.
+function(specsample_register_test name)
   # --warn NoTests: a ctest entry whose name filter matches no test case fails instead of passing
   # with "No tests ran" (a '[' in a test name breaks catch_discover_tests' list and used to merge
   # the rest of the executable's tests into one entry that ran nothing).

@@ -411,7 +411,7 @@ TEST_CASE("BF16 operands: every level rounds as bf16_operand, for every kind of 
 #if SPECSAMPLE_X86
   // The AVX-512 level converts with vcvtneps2bf16 where the CPU has AVX512_BF16; its integer
   // emulation is run directly as well.
-  if (gpt2::simd::has_avx512_bf16()) {
+  if (gpt2::simd::avx512_kernels && gpt2::simd::has_avx512_bf16()) {
     std::vector<std::uint16_t> got(x.size());
     gpt2::simd::bf16_operands_avx512(x.data(), x.size(), got.data());
     REQUIRE(std::equal(got.begin(), got.end(), x.begin(), [](std::uint16_t g, float v) {
@@ -444,7 +444,7 @@ TEST_CASE("matmul of BF16 pairs gives vdpbf16ps's sums bit for bit on every leve
             REQUIRE(bitwise_equal(out.data(), want.data(), out.size()));
           }
 #if SPECSAMPLE_X86
-          if (gpt2::simd::has_avx512_bf16()) {
+          if (gpt2::simd::avx512_kernels && gpt2::simd::has_avx512_bf16()) {
             INFO("the AVX-512 emulation, C = " << C << ", OC = " << OC << ", T = " << T << ", bias = " << with_bias);
             const std::size_t ld = gpt2::simd::packed_cols(weight_format::bf16_pairs, C);
             std::vector<std::uint16_t> xh(T * ld);
@@ -632,7 +632,7 @@ TEST_CASE("matmul of INT8 quads gives the exact integer sums times the scales, b
             REQUIRE(bitwise_equal(out.data(), want.data(), out.size()));
           }
 #if SPECSAMPLE_X86
-          if (gpt2::simd::has_avx512_vnni()) {
+          if (gpt2::simd::avx512_kernels && gpt2::simd::has_avx512_vnni()) {
             INFO("the AVX2 kernel on an AVX-512 CPU, C = " << C << ", OC = " << OC << ", T = " << T);
             const std::size_t ld = gpt2::simd::packed_cols(weight_format::i8_quads, C);
             std::vector<std::uint8_t> xq(T * ld);

@@ -26,6 +26,19 @@
 #define SPECSAMPLE_X86 0
 #endif
 #endif
+// SPECSAMPLE_AVX512: 1 (the default where SPECSAMPLE_X86 is 1) compiles the AVX-512 kernels beside
+// the AVX2 ones and runs them on CPUs that have AVX-512; 0 leaves them out: AVX2 is then the best
+// level on every CPU, and the GPT-2 kernels compile in about a third of the time (clang++ 14 with
+// ASan + UBSan: src/matmul_kernels.cpp 31 s against 88; docs/gpt2.md, "Kernels and run-time dispatch").
+// For builds that never run on AVX-512 (the sanitized test build on a CPU without it). Define it
+// alike in every TU of a program (CMake: the option SPECSAMPLE_AVX512, which the specsample target
+// carries to its users).
+#ifndef SPECSAMPLE_AVX512
+#define SPECSAMPLE_AVX512 SPECSAMPLE_X86
+#endif
+#if SPECSAMPLE_AVX512 && !SPECSAMPLE_X86
+#error "SPECSAMPLE_AVX512 = 1 needs the x86 kernels (SPECSAMPLE_X86 = 1)"
+#endif
 #if SPECSAMPLE_X86
 #include <cpuid.h>
 #include <immintrin.h>
@@ -51,7 +64,7 @@ enum class isa : std::uint8_t {
   generic = 0,  ///< portable C++ (whatever the compiler flags allow)
   avx2 = 1,     ///< AVX2 + FMA + F16C
   avx512 = 2,   ///< AVX-512 F + BW + VL + DQ (+ FMA, F16C)
-  best = 255,   ///< as a request: the best level this CPU supports
+  best = 255,   ///< as a request: the best level this CPU supports (and this build compiles)
 };
 
 /// Name of an ISA level ("generic", "avx2", "avx512").
@@ -75,7 +88,12 @@ enum class isa : std::uint8_t {
 
 namespace simd {
 
-/// The best ISA level the running CPU supports (detected once).
+/// Whether this build compiles the AVX-512 kernels (SPECSAMPLE_AVX512). Every dispatcher tests it
+/// before the level, `if (avx512_kernels && level == isa::avx512)`: a constant false there folds
+/// the branch away before code generation, and the kernels behind it are never compiled.
+inline constexpr bool avx512_kernels = SPECSAMPLE_AVX512 != 0;
+
+/// The best ISA level the running CPU supports and this build compiles (detected once).
 [[nodiscard]] inline isa detected() noexcept {
 #if SPECSAMPLE_X86
   static const isa level = [] {
@@ -83,7 +101,7 @@ namespace simd {
     // F16C from CPUID leaf 1 (clang 14's __builtin_cpu_supports does not know "f16c").
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+    if (avx512_kernels && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("fma") && f16c) {
       return isa::avx512;
@@ -130,7 +148,8 @@ namespace simd {
   return has;
 }
 
-/// The level actually used for a request: `requested` capped at what the CPU supports.
+/// The level actually used for a request: `requested` capped at `detected()`, what the CPU
+/// supports and the build compiles.
 [[nodiscard]] inline isa resolve(isa requested) noexcept {
   const isa d = detected();
   if (requested == isa::best) return d;
@@ -886,7 +905,7 @@ inline SPECSAMPLE_TARGET_AVX2 void zero_after_avx2(float* x, std::size_t n, floa
 /// softmax numerator of the logit warper and of the GPT-2 attention.
 inline double exp_shifted(isa level, const float* x, float* y, std::size_t n, float m, float scale) noexcept {
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) {
+  if (avx512_kernels && level == isa::avx512) {
     return scale == 1.0f ? exp_shifted_avx512<true>(x, y, n, m, scale) : exp_shifted_avx512<false>(x, y, n, m, scale);
   }
   if (level == isa::avx2) {
@@ -910,7 +929,7 @@ inline double exp_shifted(isa level, const float* x, float* y, std::size_t n, fl
 /// x[i] is NaN, and otherwise unspecified (callers detect NaN elsewhere, e.g. `exp_shifted`).
 inline float max_value(isa level, const float* x, std::size_t n) noexcept {
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) return max_value_avx512(x, n);
+  if (avx512_kernels && level == isa::avx512) return max_value_avx512(x, n);
   if (level == isa::avx2) return max_value_avx2(x, n);
 #else
   (void)level;
@@ -927,7 +946,7 @@ inline float max_value(isa level, const float* x, std::size_t n) noexcept {
 /// verification's two sums come from `excess_and_shortfall`, one pass for both.
 inline double weight_sum(isa level, weight_kind kind, const float* p, const float* q, double s, std::size_t n) noexcept {
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) return with_kind(kind, [&]<weight_kind K>() { return weight_sum_avx512<K>(p, q, s, n); });
+  if (avx512_kernels && level == isa::avx512) return with_kind(kind, [&]<weight_kind K>() { return weight_sum_avx512<K>(p, q, s, n); });
   if (level == isa::avx2) return with_kind(kind, [&]<weight_kind K>() { return weight_sum_avx2<K>(p, q, s, n); });
 #else
   (void)level;
@@ -942,7 +961,7 @@ inline double weight_sum(isa level, weight_kind kind, const float* p, const floa
 inline double block_sums(isa level, weight_kind kind, const float* p, const float* q, double s, std::size_t n,
                          std::size_t block, double* sums, std::size_t max_sums) noexcept {
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) {
+  if (avx512_kernels && level == isa::avx512) {
     return with_kind(kind, [&]<weight_kind K>() { return block_sums_avx512<K>(p, q, s, n, block, sums, max_sums); });
   }
   if (level == isa::avx2) {
@@ -960,7 +979,7 @@ inline double block_sums(isa level, weight_kind kind, const float* p, const floa
 /// sums' dependency chains run side by side).
 inline excess_shortfall excess_and_shortfall(isa level, const float* p, const float* q, double s, std::size_t n) noexcept {
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) return excess_and_shortfall_avx512(p, q, s, n);
+  if (avx512_kernels && level == isa::avx512) return excess_and_shortfall_avx512(p, q, s, n);
   if (level == isa::avx2) return excess_and_shortfall_avx2(p, q, s, n);
 #endif
   return {weight_sum(level, weight_kind::excess, p, q, s, n), weight_sum(level, weight_kind::shortfall, p, q, s, n)};
@@ -969,7 +988,7 @@ inline excess_shortfall excess_and_shortfall(isa level, const float* p, const fl
 /// The first i < n with x[i] > t, or n (NaN compares false).
 inline std::size_t find_greater(isa level, const float* x, std::size_t n, float t) noexcept {
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) return find_greater_avx512(x, n, t);
+  if (avx512_kernels && level == isa::avx512) return find_greater_avx512(x, n, t);
   if (level == isa::avx2) return find_greater_avx2(x, n, t);
 #else
   (void)level;
@@ -984,7 +1003,7 @@ inline std::size_t find_greater(isa level, const float* x, std::size_t n, float 
 /// when there is none. (The verifiers' checks of whole distributions: [0, FLT_MAX].)
 inline std::size_t find_outside(isa level, const float* x, std::size_t n, float lo, float hi) noexcept {
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) return find_outside_avx512(x, n, lo, hi);
+  if (avx512_kernels && level == isa::avx512) return find_outside_avx512(x, n, lo, hi);
   if (level == isa::avx2) return find_outside_avx2(x, n, lo, hi);
 #else
   (void)level;
@@ -1003,7 +1022,7 @@ inline void tally_above(isa level, const float* x, std::size_t n, const float* t
                         double* mass) noexcept {
   assert(nt <= tally_width);
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) return tally_above_avx512(x, n, t, nt, count, mass);
+  if (avx512_kernels && level == isa::avx512) return tally_above_avx512(x, n, t, nt, count, mass);
   if (level == isa::avx2) return tally_above_avx2(x, n, t, nt, count, mass);
 #else
   (void)level;
@@ -1026,7 +1045,7 @@ inline void tally_above(isa level, const float* x, std::size_t n, const float* t
 /// x[i] == x[j] and i < j: keeps x[i] > p, and x[i] == p for i ≤ id. (n ≤ 2^32.)
 inline void zero_after(isa level, float* x, std::size_t n, float p, std::uint32_t id) noexcept {
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) return zero_after_avx512(x, n, p, id);
+  if (avx512_kernels && level == isa::avx512) return zero_after_avx512(x, n, p, id);
   if (level == isa::avx2) return zero_after_avx2(x, n, p, id);
 #else
   (void)level;
@@ -1037,7 +1056,7 @@ inline void zero_after(isa level, float* x, std::size_t n, float p, std::uint32_
 /// x[i] *= s for i < n (each product rounded once, whatever the level).
 inline void scale(isa level, float* x, std::size_t n, float s) noexcept {
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) return scale_avx512(x, n, s);
+  if (avx512_kernels && level == isa::avx512) return scale_avx512(x, n, s);
   if (level == isa::avx2) return scale_avx2(x, n, s);
 #else
   (void)level;
@@ -1048,7 +1067,7 @@ inline void scale(isa level, float* x, std::size_t n, float s) noexcept {
 /// See `max_scan_result`: one pass, vectorised. The loop's check of target columns it does not warp.
 inline max_scan_result max_scan(isa level, const float* x, std::size_t n) noexcept {
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) return max_scan_avx512(x, n);
+  if (avx512_kernels && level == isa::avx512) return max_scan_avx512(x, n);
   if (level == isa::avx2) return max_scan_avx2(x, n);
 #else
   (void)level;
@@ -1077,7 +1096,7 @@ inline bool magnitudes_below(isa level, const float* x, std::size_t n,
   assert(bound > 0.0f);
   const std::uint32_t lim = magnitude_bits(bound);
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) return magnitudes_below_avx512(x, n, lim);
+  if (avx512_kernels && level == isa::avx512) return magnitudes_below_avx512(x, n, lim);
   if (level == isa::avx2) return magnitudes_below_avx2(x, n, lim);
 #else
   (void)level;
@@ -1102,7 +1121,7 @@ inline std::size_t first_magnitude_at_least(const float* x, std::size_t n,
 /// decoding's argmax.
 inline std::ptrdiff_t argmax(isa level, const float* x, std::size_t n) noexcept {
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) return argmax_avx512(x, n);
+  if (avx512_kernels && level == isa::avx512) return argmax_avx512(x, n);
   if (level == isa::avx2) return argmax_avx2(x, n);
 #else
   (void)level;

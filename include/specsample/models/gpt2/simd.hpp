@@ -159,6 +159,7 @@ inline constexpr std::size_t streamed_weight_bytes = std::size_t{64} << 20;
 namespace simd {
 
 using specsample::simd::detected;
+using specsample::simd::avx512_kernels;
 using specsample::simd::has_avx512_bf16;
 using specsample::simd::has_avx512_vnni;
 using specsample::simd::resolve;
@@ -2117,7 +2118,7 @@ static_assert(query_tile == 6, "with_query_tile covers 1..6");
 [[nodiscard]] inline std::size_t attend_steps(isa level, std::size_t nq, std::size_t len0, std::size_t HS) noexcept {
   const std::size_t keys = len0 + nq - 1;
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) return (keys + 63) / 64 * HS + (HS + 63) / 64 * len0;
+  if (avx512_kernels && level == isa::avx512) return (keys + 63) / 64 * HS + (HS + 63) / 64 * len0;
   if (level == isa::avx2) {
     // Passes of 8 · avx2_vectors(nq) keys or channels; the values' last pass takes the rest in
     // whole vectors (the last HS mod 8 channels run without steps).
@@ -2147,7 +2148,7 @@ SPECSAMPLE_ATTENTION_KERNELS prefetch_stream attend(isa level, const float* q, s
   static_assert(F == weight_format::f32 || F == weight_format::f16, "the KV cache is F32 or F16");
   assert(nq >= 1 && nq <= query_tile);
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) {
+  if (avx512_kernels && level == isa::avx512) {
     with_query_tile(nq, [&]<int NQ>() {
       ahead = attend_avx512<NQ, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
     });
@@ -2346,7 +2347,7 @@ inline void i8_operands(isa level, const float* x, std::size_t ldx, std::size_t 
                         std::size_t ldd, float* scales) noexcept {
   for (std::size_t t = 0; t < T; ++t) {
 #if SPECSAMPLE_X86
-    if (level == isa::avx512) {
+    if (avx512_kernels && level == isa::avx512) {
       scales[t] = i8_operand_row_avx512(x + t * ldx, K, dst + t * ldd, ldd);
       continue;
     }
@@ -2367,7 +2368,7 @@ inline void i8_operands(isa level, const float* x, std::size_t ldx, std::size_t 
 SPECSAMPLE_MATMUL_KERNELS void matmul_panels(isa level, weight_format f, const matmul_args& a, std::size_t p_begin,
                                              std::size_t p_end) noexcept {
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) {
+  if (avx512_kernels && level == isa::avx512) {
     switch (f) {
       case weight_format::f32: return matmul_avx512<weight_format::f32>(a, p_begin, p_end);
       case weight_format::f16: return matmul_avx512<weight_format::f16>(a, p_begin, p_end);
@@ -2409,15 +2410,17 @@ void matmul_panels(isa level, weight_format f, const matmul_args& a, std::size_t
 inline void bf16_operands(isa level, const float* x, std::size_t ldx, std::size_t T, std::size_t K,
                           std::uint16_t* dst, std::size_t ldd) noexcept {
 #if SPECSAMPLE_X86
-  const bool dot = level == isa::avx512 && has_avx512_bf16();
+  // Each branch below tests the constant itself: a local bool does not fold (`avx512_kernels`).
+  const bool avx512 = avx512_kernels && level == isa::avx512;
+  const bool dot = avx512 && has_avx512_bf16();
 #endif
   for (std::size_t t = 0; t < T; ++t) {
     const float* xr = x + t * ldx;
     std::uint16_t* dr = dst + t * ldd;
 #if SPECSAMPLE_X86
-    if (dot) {
+    if (avx512_kernels && dot) {
       bf16_operands_avx512_bf16(xr, K, dr);
-    } else if (level == isa::avx512) {
+    } else if (avx512_kernels && avx512) {
       bf16_operands_avx512(xr, K, dr);
     } else {
       for (std::size_t k = 0; k < K; ++k) dr[k] = bf16_operand(xr[k]);
@@ -2436,7 +2439,7 @@ inline void bf16_operands(isa level, const float* x, std::size_t ldx, std::size_
 inline void layer_norm_row(isa level, float* y, const float* x, const float* w, const float* b, std::size_t C,
                            float eps) noexcept {
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) return layer_norm_row_avx512(y, x, w, b, C, eps);
+  if (avx512_kernels && level == isa::avx512) return layer_norm_row_avx512(y, x, w, b, C, eps);
   if (level == isa::avx2) return layer_norm_row_avx2(y, x, w, b, C, eps);
 #else
   (void)level;
@@ -2454,7 +2457,7 @@ inline void layer_norm_row(isa level, float* y, const float* x, const float* w, 
 /// scalar tanh formula.
 inline void gelu(isa level, float* out, const float* in, std::size_t n) noexcept {
 #if SPECSAMPLE_X86
-  if (level == isa::avx512) return gelu_avx512(out, in, n);
+  if (avx512_kernels && level == isa::avx512) return gelu_avx512(out, in, n);
   if (level == isa::avx2) return gelu_avx2(out, in, n);
 #else
   (void)level;
