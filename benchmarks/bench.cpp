@@ -150,7 +150,7 @@ constexpr std::string_view help = R"(usage: specsample-bench [options]
   --temperatures LIST   comma-separated temperatures (default 0,0.7,1)
   --threads N           kernel threads, one pool shared by both models (default 1; 0 = all cores)
   --kernels LEVEL       kernel level: best (default), avx512, avx2 or generic (capped at what the
-                        CPU has; the report names the level used)
+                        CPU has and the build compiled; the report names the level used)
   --weights F           hold both models' matmul weights as f32, f16 or bf16 (default: as the
                         checkpoints store them; options::weight_storage); the bandwidth probes
                         then cover the weights as held

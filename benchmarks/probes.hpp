@@ -373,19 +373,19 @@ struct fma_loop {
 /// stands in for.
 inline fma_loop fma_loop_for(specsample::isa level, specsample::gpt2::matmul_precision precision) {
 #if SPECSAMPLE_X86
-  // Each branch tests the constant itself: a local bool does not fold, and the loop would be compiled.
+  // A constant expression where `avx512_kernels` is false (it comes first): the branches fold.
   const bool avx512 = specsample::simd::avx512_kernels && level == specsample::isa::avx512;
-  if (specsample::simd::avx512_kernels && avx512 && precision == specsample::gpt2::matmul_precision::bf16 &&
+  if (avx512 && precision == specsample::gpt2::matmul_precision::bf16 &&
       specsample::simd::has_avx512_bf16()) {
     return {dot_loop_avx512_bf16, 16 * 32, "BF16 dot product (vdpbf16ps)"};
   }
   if (precision == specsample::gpt2::matmul_precision::int8 && level != specsample::isa::generic) {
-    if (specsample::simd::avx512_kernels && avx512 && specsample::simd::has_avx512_vnni()) {
+    if (avx512 && specsample::simd::has_avx512_vnni()) {
       return {dot_loop_avx512_vnni, 16 * 64, "INT8 dot product (vpdpbusd)"};
     }
     return {madd_loop_avx2, 12 * 16, "INT16 multiply-add (vpmaddwd)"};
   }
-  if (specsample::simd::avx512_kernels && avx512) return {fma_loop_avx512, 16 * 16, "F32 FMA"};
+  if (avx512) return {fma_loop_avx512, 16 * 16, "F32 FMA"};
   if (level == specsample::isa::avx2) return {fma_loop_avx2, 12 * 8, "F32 FMA"};
 #endif
   (void)level;

@@ -126,7 +126,8 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
                         target's own 64 tokens from each warm-up prompt (scan_draft_temperature)
   --seed S              random seed (default 42)
   --threads N           kernel threads, one pool shared by all models (default: all cores)
-  --kernels LEVEL       best (default), avx512, avx2 or generic (capped at what the CPU has)
+  --kernels LEVEL       best (default), avx512, avx2 or generic (capped at what the CPU has
+                        and the build compiled)
   --weights F           hold every model's matmul weights as f32, f16 or bf16 (default: as the
                         checkpoint stores them); f16 / bf16 halve an F32 checkpoint's bytes per
                         token, rounding each weight (a slightly different model; docs/gpt2.md)

@@ -61,7 +61,8 @@ struct options {
   /// once (an allocation), after which appends up to that size allocate nothing.
   std::size_t batch_capacity = 16;
   /// Kernel instruction set: `isa::best` (default) picks the best the CPU supports (AVX-512,
-  /// AVX2 or the generic C++ path); a lower level forces it (a higher one is capped).
+  /// unless the build leaves it out with SPECSAMPLE_AVX512=0, AVX2 or the generic C++ path); a
+  /// lower level forces it (a higher one is capped).
   isa kernels = isa::best;
   /// An op is split over the threads only when it touches at least this many weight elements
   /// (matmuls: OC × C; attention: positions × C per new row, times T): smaller ones run on the

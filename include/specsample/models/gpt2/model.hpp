@@ -168,7 +168,8 @@ class model {
   [[nodiscard]] std::size_t max_size() const noexcept { return cfg_.n_positions; }
   /// Worker threads used by the kernels (the caller included).
   [[nodiscard]] std::size_t threads() const noexcept { return pool_->size(); }
-  /// The kernel instruction set in use (`options::kernels` capped at what the CPU supports).
+  /// The kernel instruction set in use (`options::kernels` capped at `simd::detected()`: what the
+  /// CPU supports and the build compiles).
   [[nodiscard]] isa kernels() const noexcept { return isa_; }
 
   /// Adds the time of each operation of every later append to `*times` (nullptr, the default:

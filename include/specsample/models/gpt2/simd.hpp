@@ -2410,7 +2410,7 @@ void matmul_panels(isa level, weight_format f, const matmul_args& a, std::size_t
 inline void bf16_operands(isa level, const float* x, std::size_t ldx, std::size_t T, std::size_t K,
                           std::uint16_t* dst, std::size_t ldd) noexcept {
 #if SPECSAMPLE_X86
-  // Each branch below tests the constant itself: a local bool does not fold (`avx512_kernels`).
+  // Constant expressions where `avx512_kernels` is false (it comes first): the branches fold.
   const bool avx512 = avx512_kernels && level == isa::avx512;
   const bool dot = avx512 && has_avx512_bf16();
 #endif
@@ -2418,9 +2418,9 @@ inline void bf16_operands(isa level, const float* x, std::size_t ldx, std::size_
     const float* xr = x + t * ldx;
     std::uint16_t* dr = dst + t * ldd;
 #if SPECSAMPLE_X86
-    if (avx512_kernels && dot) {
+    if (dot) {
       bf16_operands_avx512_bf16(xr, K, dr);
-    } else if (avx512_kernels && avx512) {
+    } else if (avx512) {
       bf16_operands_avx512(xr, K, dr);
     } else {
       for (std::size_t k = 0; k < K; ++k) dr[k] = bf16_operand(xr[k]);
