@@ -38,9 +38,10 @@ if [ -z "${SPECSAMPLE_SKIP_SANITIZE:-}" ]; then
   # 79 s, UBSan's pointer-overflow check costs 37 (ASan alone 27, UBSan alone 30); it stays, as it
   # checks the kernels' index arithmetic.
   # On a CPU without AVX-512 the sanitized build leaves the AVX-512 kernels out (SPECSAMPLE_AVX512):
-  # its tests could not run them, and instrumented they were ~40% of its compile (the kernels' TUs
-  # 175 -> ~70 s; Zen 4 without AVX-512, 2026-11-29). tests/CMakeLists.txt still compiles them once
-  # with clang++, unoptimised; the optimised build compiles and, where the CPU has AVX-512, runs them.
+  # its tests could not run them, and instrumented they took ~18% of its compile (the kernels' TUs
+  # 175 -> 67 s of ~600 s in all; Zen 4 without AVX-512, 2026-11-29). tests/CMakeLists.txt still
+  # compiles them once with clang++, unoptimised; the optimised build compiles and, where the CPU
+  # has AVX-512, runs them.
   avx512=ON
   for flag in avx512f avx512bw avx512vl avx512dq; do
     grep -qw "$flag" /proc/cpuinfo 2>/dev/null || avx512=OFF
