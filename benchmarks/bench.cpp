@@ -51,6 +51,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -265,7 +266,11 @@ specsample::speculative_params generation_params(const cli& c, double temperatur
 std::vector<double> parse_temperatures(std::string_view flag, std::string_view list) {
   auto ts = specsample_bench::parse_list<double>(flag, list);
   for (const double t : ts) {
-    if (!(t >= 0.0) || !std::isfinite(t)) usage_error(fmt::format("temperature {} must be finite and >= 0", t));
+    // Sampled as a float: 1e39 passes as a double and becomes inf.
+    if (!(t >= 0.0) || !std::isfinite(static_cast<float>(t))) {
+      usage_error(fmt::format("{}: temperature {} must be >= 0 and finite as a float (at most {:g})", flag, t,
+                              static_cast<double>(std::numeric_limits<float>::max())));
+    }
   }
   return ts;
 }
@@ -279,14 +284,20 @@ cli parse(int argc, char** argv) {
       if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", a));
       return argv[++i];
     };
+    // A path flag's value: an empty one would read as the current directory, or name no file at all.
+    auto path_value = [&]() -> fs::path {
+      const std::string_view v = value();
+      if (v.empty()) usage_error(fmt::format("{} needs a path, got an empty string", a));
+      return fs::path(v);
+    };
     given.emplace_back(a);
     if (a == "--help" || a == "-h") {
       std::fputs(help.data(), stdout);
       std::exit(0);
-    } else if (a == "--target") c.target = fs::path(value());
-    else if (a == "--draft") c.draft = fs::path(value());
-    else if (a == "--prompts") c.prompts = fs::path(value());
-    else if (a == "--out") c.out = fs::path(value());
+    } else if (a == "--target") c.target = path_value();
+    else if (a == "--draft") c.draft = path_value();
+    else if (a == "--prompts") c.prompts = path_value();
+    else if (a == "--out") c.out = path_value();
     else if (a == "-n") c.n = parse_number<std::size_t>(a, value());
     else if (a == "--reps") c.reps = parse_number<std::size_t>(a, value());
     else if (a == "--k-max") c.k_max = parse_number<std::size_t>(a, value());
@@ -298,15 +309,17 @@ cli parse(int argc, char** argv) {
       }
     }
     else if (specsample::gpt2::is_option_flag(a)) {
+      const std::string_view v = value();  // outside the try: its usage error is whole
       try {
-        specsample::gpt2::set_option(c.model, a, value());
+        specsample::gpt2::set_option(c.model, a, v);
       } catch (const specsample::error& e) {
         usage_error(e.what());
       }
     }
     else if (a == "--draft-matmul") {
+      const std::string_view v = value();  // outside the try: its usage error is whole
       try {
-        c.draft_matmul = specsample::gpt2::precision_option(a, value());
+        c.draft_matmul = specsample::gpt2::precision_option(a, v);
       } catch (const specsample::error& e) {
         usage_error(e.what());
       }
@@ -318,8 +331,9 @@ cli parse(int argc, char** argv) {
       }
     }
     else if (a == "--verify") {
+      const std::string_view v = value();  // outside the try: its usage error is whole
       try {
-        c.verify = specsample::verification_option(a, value());
+        c.verify = specsample::verification_option(a, v);
       } catch (const specsample::error& e) {
         usage_error(e.what());
       }
@@ -336,7 +350,7 @@ cli parse(int argc, char** argv) {
     else if (a == "--temperatures") c.temperatures = parse_temperatures(a, value());
     else if (a == "--repetitive-temperatures") c.repetitive_temperatures = parse_temperatures(a, value());
     else if (a == "--strategies") c.strategies = true;
-    else if (a == "--best-k-from") c.best_k_from = fs::path(value());
+    else if (a == "--best-k-from") c.best_k_from = path_value();
     else if (a == "--warmup-tokens") c.warmup_tokens = parse_number<std::size_t>(a, value());
     else if (a == "--check-pairs") c.check_pairs = parse_number<std::size_t>(a, value());
     else if (a == "--quick") c.quick = true;
@@ -357,6 +371,19 @@ cli parse(int argc, char** argv) {
   }
   if (c.n == 0) usage_error("-n must be >= 1");
   if (c.reps == 0) usage_error("--reps must be >= 1");
+  // The draft samples at ratio × temperature, a float: its own check comes only after the cells before it ran.
+  std::vector<double> ratios = c.draft_temperature_scan;
+  ratios.push_back(c.draft_temperature_ratio);
+  for (const auto* list : {&c.temperatures, &c.repetitive_temperatures}) {
+    for (const double t : *list) {
+      for (const double r : ratios) {
+        if (!std::isfinite(static_cast<float>(t * r))) {
+          usage_error(fmt::format("the draft temperature {:g} × {:g} = {:g} is not finite as a float "
+                                  "(--draft-temperature-ratio, --draft-temperatures)", r, t, r * t));
+        }
+      }
+    }
+  }
   if (c.k_max == 0) usage_error("--k-max must be >= 1");
   if (c.k_max > specsample::max_draft_length) {
     usage_error(fmt::format("--k-max {} is above max_draft_length = {}", c.k_max, specsample::max_draft_length));

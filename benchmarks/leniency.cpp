@@ -111,6 +111,9 @@ cli parse(int argc, char** argv) {
   if (c.long_tokens > max_long_tokens) {
     usage_error(fmt::format("--long-tokens must be at most {}, got {}", max_long_tokens, c.long_tokens));
   }
+  for (const double b : c.leniency) {  // before any row runs (the library's own check comes at the row)
+    if (!(b > 0.0 && b <= 1.0)) usage_error(fmt::format("--leniency: {} must be in (0, 1] (1 = exact)", b));
+  }
   // Both comparison columns are against the exact rule's row.
   if (std::find(c.leniency.begin(), c.leniency.end(), 1.0) == c.leniency.end()) {
     usage_error(fmt::format("--leniency must include 1, the exact rule the table compares the others with, got {}",

@@ -129,6 +129,12 @@ cli parse(int argc, char** argv) {
       if (i + 1 >= argc) specsample_bench::usage_error(fmt::format("{} needs a value", a));
       return argv[++i];
     };
+    // A path flag's value: an empty one would name no file at all.
+    const auto path_value = [&]() -> fs::path {
+      const std::string_view v = value();
+      if (v.empty()) specsample_bench::usage_error(fmt::format("{} needs a path, got an empty string", a));
+      return fs::path(v);
+    };
     if (a == "--shape") {
       c.shape_name = std::string(value());
       const std::optional<shape> s = named_shape(c.shape_name) ? named_shape(c.shape_name) : custom_shape(c.shape_name);
@@ -138,7 +144,7 @@ cli parse(int argc, char** argv) {
       }
       c.s = *s;
     } else if (a == "--out") {
-      c.out = fs::path(value());
+      c.out = path_value();
     } else if (a == "--dtype") {
       const std::string_view v = value();
       if (v == "f32") c.dtype = io::dtype::f32;
@@ -151,7 +157,7 @@ cli parse(int argc, char** argv) {
     } else if (a == "--seed") {
       c.seed = specsample_bench::parse_number<std::uint64_t>(a, value());
     } else if (a == "--tokenizer") {
-      c.tokenizer = fs::path(value());
+      c.tokenizer = path_value();
     } else if (a == "--help" || a == "-h") {
       fmt::print("{}", usage);
       std::exit(0);

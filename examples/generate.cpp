@@ -165,19 +165,25 @@ cli parse(int argc, char** argv) {
       if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", a));
       return argv[++i];
     };
+    // A path flag's value: an empty one would read as the current directory, or name no file at all.
+    auto path_value = [&]() -> fs::path {
+      const std::string_view v = value();
+      if (v.empty()) usage_error(fmt::format("{} needs a path, got an empty string", a));
+      return fs::path(v);
+    };
     given.emplace_back(a == "-k" ? "--draft-length" : a == "-n" ? "--max-new-tokens" : a, a);
     if (a == "--help" || a == "-h") {
       std::fputs(help.data(), stdout);
       std::exit(0);
-    } else if (a == "--target") c.target = fs::path(value());
+    } else if (a == "--target") c.target = path_value();
     else if (a == "--draft") c.draft = std::string(value());
     else if (a == "--prompt-lookup") {
       c.prompt_lookup = parse_number<std::size_t>(a, value());
       if (c.prompt_lookup == 0) usage_error("--prompt-lookup expects the shortest suffix to look up, >= 1");
     }
     else if (a == "--prompt") c.prompt = value();
-    else if (a == "--prompt-file") c.prompt = specsample::io::read_file(value());
-    else if (a == "--calibration-prompts") c.calibration_prompts = fs::path(value());
+    else if (a == "--prompt-file") c.prompt = specsample::io::read_file(path_value());
+    else if (a == "--calibration-prompts") c.calibration_prompts = path_value();
     else if (a == "-n" || a == "--max-new-tokens") c.params.max_new_tokens = parse_number<std::size_t>(a, value());
     else if (a == "-k" || a == "--draft-length") {
       const std::string_view v = value();
@@ -196,15 +202,17 @@ cli parse(int argc, char** argv) {
     }
     else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
     else if (specsample::gpt2::is_option_flag(a)) {
+      const std::string_view v = value();  // outside the try: its usage error is whole
       try {
-        specsample::gpt2::set_option(c.model, a, value());
+        specsample::gpt2::set_option(c.model, a, v);
       } catch (const specsample::error& e) {
         usage_error(e.what());
       }
     }
     else if (a == "--draft-matmul") {
+      const std::string_view v = value();  // outside the try: its usage error is whole
       try {
-        c.draft_matmul = specsample::gpt2::precision_option(a, value());
+        c.draft_matmul = specsample::gpt2::precision_option(a, v);
       } catch (const specsample::error& e) {
         usage_error(e.what());
       }
@@ -222,8 +230,9 @@ cli parse(int argc, char** argv) {
         usage_error(fmt::format("--mode must be speculative, autoregressive or compare, got '{}'", c.mode));
       }
     } else if (a == "--verify") {
+      const std::string_view v = value();  // outside the try: its usage error is whole
       try {
-        c.params.verify = specsample::verification_option(a, value());
+        c.params.verify = specsample::verification_option(a, v);
       } catch (const specsample::error& e) {
         usage_error(e.what());
       }
@@ -450,7 +459,11 @@ int run(int argc, char** argv) {
     std::string list = c.draft.value_or((models / "shakespeare-draft").string());
     for (std::size_t start = 0; start <= list.size();) {
       const std::size_t comma = std::min(list.find(',', start), list.size());
-      if (comma > start) candidates.emplace_back(list.substr(start, comma - start));
+      if (comma > start) {
+        const std::string item = list.substr(start, comma - start);
+        if (item == "ngram") usage_error(fmt::format("--draft {}: ngram drafts alone, not in a list of draft models", list));
+        candidates.emplace_back(item);
+      }
       start = comma + 1;
     }
     if (candidates.empty()) usage_error("--draft needs a directory, a comma-separated list or ngram");
