@@ -49,6 +49,31 @@ TEST_CASE("the n-gram drafter proposes the continuation of the longest earlier s
   CHECK_THROWS_AS(drafters::ngram(10, 1, 2), error);
 }
 
+TEST_CASE("a drafter called with buffers too small for its drafts says so, writing nothing", "[drafters]") {
+  // The loops always size them; a direct call with one column of q for four drafts wrote past it.
+  drafters::ngram d(3, 2, 1);
+  std::mt19937 rng(1);
+  const std::vector<token> ctx{1, 1};
+  Eigen::MatrixXf narrow(3, 1), q(3, 4), tall(4, 4);
+  std::vector<token> out(4), short_out(1);
+  CHECK_THROWS_WITH(d.propose(ctx, 4, narrow, out, rng),
+                    "drafters::ngram::propose: 4 drafts need q of shape (3, >= 4) and out of size >= 4; got (3, 1) and 4");
+  CHECK_THROWS_WITH(d.propose(ctx, 4, q, short_out, rng),
+                    "drafters::ngram::propose: 4 drafts need q of shape (3, >= 4) and out of size >= 4; got (3, 4) and 1");
+  CHECK_THROWS_WITH(d.propose(ctx, 4, tall, out, rng),
+                    "drafters::ngram::propose: 4 drafts need q of shape (3, >= 4) and out of size >= 4; got (4, 4) and 4");
+  CHECK(d.propose(ctx, 4, q, out, rng).tokens == 4);
+
+  auto model = toy::markov::random(3, 1, 5);
+  model_drafter<toy::markov> md(model, sampling_params{});
+  md.begin(ctx);
+  CHECK_THROWS_WITH(md.propose(ctx, 3, narrow, out, rng),
+                    "model_drafter::propose: 3 drafts need q of shape (3, >= 3) and out of size >= 3; got (3, 1) and 4");
+  CHECK_THROWS_WITH(md.propose(std::vector<token>{}, 2, q, out, rng),
+                    "model_drafter::propose: the context is empty (a draft follows at least one token)");
+  CHECK(md.propose(ctx, 3, q, out, rng).tokens == 3);
+}
+
 TEST_CASE("n-gram drafting is exact on a self-repeating context", "[drafters][ngram][exactness]") {
   auto target = toy::markov::random(4, 1, 12, 0.7f);
   drafters::ngram d(4, 3);

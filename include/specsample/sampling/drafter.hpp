@@ -133,6 +133,18 @@ std::span<const token> missing(const M& m, std::span<const token> ctx, std::size
   return ctx.subspan(held, end - held);
 }
 
+// The buffers of a drafter's `propose`: k drafts need q of one row per vocabulary token and at
+// least k columns, and at least k slots of out. The loops always pass them so; a direct caller
+// gets this error instead of writes past the buffers.
+inline void check_propose_buffers(const char* drafter, std::size_t k, Eigen::Index q_rows, Eigen::Index q_cols,
+                                  std::size_t out_size, std::size_t vocab) {
+  if (static_cast<std::size_t>(q_rows) != vocab || static_cast<std::size_t>(q_cols) < k || out_size < k) {
+    throw error(fmt::format("{}::propose: {} drafts need q of shape ({}, >= {}) and out of size >= {}; got ({}, {}) "
+                            "and {}",
+                            drafter, k, vocab, k, k, q_rows, q_cols, out_size));
+  }
+}
+
 // Resets `m` to hold all of ctx but its last token.
 template <class M>
 void prefill(M& m, std::span<const token> ctx, std::size_t vocab, const char* role) {
@@ -169,6 +181,8 @@ class model_drafter {
   template <std::uniform_random_bit_generator Rng>
   proposal propose(std::span<const token> ctx, std::size_t k, Eigen::Ref<Eigen::MatrixXf> q, std::span<token> out,
                    Rng& rng) {
+    detail::check_propose_buffers("model_drafter", k, q.rows(), q.cols(), out.size(), vocab_size());
+    if (ctx.empty()) throw error("model_drafter::propose: the context is empty (a draft follows at least one token)");
     proposal made;
     for (std::size_t i = 0; i < k; ++i) {
       const auto col = static_cast<Eigen::Index>(i);
