@@ -371,19 +371,6 @@ cli parse(int argc, char** argv) {
   }
   if (c.n == 0) usage_error("-n must be >= 1");
   if (c.reps == 0) usage_error("--reps must be >= 1");
-  // The draft samples at ratio × temperature, a float: its own check comes only after the cells before it ran.
-  std::vector<double> ratios = c.draft_temperature_scan;
-  ratios.push_back(c.draft_temperature_ratio);
-  for (const auto* list : {&c.temperatures, &c.repetitive_temperatures}) {
-    for (const double t : *list) {
-      for (const double r : ratios) {
-        if (!std::isfinite(static_cast<float>(t * r))) {
-          usage_error(fmt::format("the draft temperature {:g} × {:g} = {:g} is not finite as a float "
-                                  "(--draft-temperature-ratio, --draft-temperatures)", r, t, r * t));
-        }
-      }
-    }
-  }
   if (c.k_max == 0) usage_error("--k-max must be >= 1");
   if (c.k_max > specsample::max_draft_length) {
     usage_error(fmt::format("--k-max {} is above max_draft_length = {}", c.k_max, specsample::max_draft_length));
@@ -407,6 +394,23 @@ cli parse(int argc, char** argv) {
       usage_error("--draft-temperatures needs a temperature > 0 in --temperatures (at 0 both models are greedy)");
     }
   }
+  // The draft samples at ratio × temperature, a float, for the ratios and temperatures this run
+  // uses: the library's own check would come only after the cells before it had run.
+  const bool scan = !c.draft_temperature_scan.empty();
+  const std::string_view ratio_flag = scan ? "--draft-temperatures" : "--draft-temperature-ratio";
+  const std::vector<double> ratios = scan ? c.draft_temperature_scan : std::vector<double>{c.draft_temperature_ratio};
+  const auto check_draft_temperatures = [&](std::string_view temperature_flag, const std::vector<double>& ts) {
+    for (const double t : ts) {
+      for (const double r : ratios) {
+        if (!std::isfinite(static_cast<float>(t * r))) {
+          usage_error(fmt::format("{} {:g} × {} {:g} = {:g}, the draft's temperature, is not finite as a float",
+                                  ratio_flag, r, temperature_flag, t, r * t));
+        }
+      }
+    }
+  };
+  check_draft_temperatures("--temperatures", c.temperatures);
+  if (c.strategies) check_draft_temperatures("--repetitive-temperatures", c.repetitive_temperatures);
   return c;
 }
 

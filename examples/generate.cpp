@@ -461,7 +461,10 @@ int run(int argc, char** argv) {
       const std::size_t comma = std::min(list.find(',', start), list.size());
       if (comma > start) {
         const std::string item = list.substr(start, comma - start);
-        if (item == "ngram") usage_error(fmt::format("--draft {}: ngram drafts alone, not in a list of draft models", list));
+        if (item == "ngram") {
+          usage_error(fmt::format("--draft {}: ngram drafts alone, not in a list of draft models (./ngram for a "
+                                  "directory of that name)", list));
+        }
         candidates.emplace_back(item);
       }
       start = comma + 1;

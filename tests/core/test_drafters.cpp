@@ -62,6 +62,8 @@ TEST_CASE("a drafter called with buffers too small for its drafts says so, writi
                     "drafters::ngram::propose: 4 drafts need q of shape (3, >= 4) and out of size >= 4; got (3, 4) and 1");
   CHECK_THROWS_WITH(d.propose(ctx, 4, tall, out, rng),
                     "drafters::ngram::propose: 4 drafts need q of shape (3, >= 4) and out of size >= 4; got (4, 4) and 4");
+  CHECK(out == std::vector<token>(4, 0));  // nothing written
+  CHECK(d.propose(ctx, 0, narrow, short_out, rng).tokens == 0);  // no draft asked: no buffer needed
   CHECK(d.propose(ctx, 4, q, out, rng).tokens == 4);
 
   auto model = toy::markov::random(3, 1, 5);

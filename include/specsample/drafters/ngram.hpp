@@ -41,6 +41,7 @@ class ngram {
   template <class Rng>
   proposal propose(std::span<const token> ctx, std::size_t k, Eigen::Ref<Eigen::MatrixXf> q, std::span<token> out,
                    Rng&) {
+    if (k == 0) return {};
     detail::check_propose_buffers("drafters::ngram", k, q.rows(), q.cols(), out.size(), vocab_);
     const std::size_t start = match(ctx);
     if (start == npos) return {};

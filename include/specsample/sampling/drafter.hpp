@@ -133,15 +133,15 @@ std::span<const token> missing(const M& m, std::span<const token> ctx, std::size
   return ctx.subspan(held, end - held);
 }
 
-// The buffers of a drafter's `propose`: k drafts need q of one row per vocabulary token and at
-// least k columns, and at least k slots of out. The loops always pass them so; a direct caller
+// The buffers of a drafter's `propose` (k > 0): k drafts need q of one row per vocabulary token
+// and at least k columns, and at least k slots of out. The loops always pass them so; a direct caller
 // gets this error instead of writes past the buffers.
 inline void check_propose_buffers(const char* drafter, std::size_t k, Eigen::Index q_rows, Eigen::Index q_cols,
                                   std::size_t out_size, std::size_t vocab) {
   if (static_cast<std::size_t>(q_rows) != vocab || static_cast<std::size_t>(q_cols) < k || out_size < k) {
-    throw error(fmt::format("{}::propose: {} drafts need q of shape ({}, >= {}) and out of size >= {}; got ({}, {}) "
-                            "and {}",
-                            drafter, k, vocab, k, k, q_rows, q_cols, out_size));
+    throw error(fmt::format("{}::propose: {} draft{} need{} q of shape ({}, >= {}) and out of size >= {}; got ({}, "
+                            "{}) and {}",
+                            drafter, k, k == 1 ? "" : "s", k == 1 ? "s" : "", vocab, k, k, q_rows, q_cols, out_size));
   }
 }
 
@@ -181,6 +181,7 @@ class model_drafter {
   template <std::uniform_random_bit_generator Rng>
   proposal propose(std::span<const token> ctx, std::size_t k, Eigen::Ref<Eigen::MatrixXf> q, std::span<token> out,
                    Rng& rng) {
+    if (k == 0) return {};
     detail::check_propose_buffers("model_drafter", k, q.rows(), q.cols(), out.size(), vocab_size());
     if (ctx.empty()) throw error("model_drafter::propose: the context is empty (a draft follows at least one token)");
     proposal made;
