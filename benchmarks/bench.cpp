@@ -284,12 +284,7 @@ cli parse(int argc, char** argv) {
       if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", a));
       return argv[++i];
     };
-    // A path flag's value: an empty one would read as the current directory, or name no file at all.
-    auto path_value = [&]() -> fs::path {
-      const std::string_view v = value();
-      if (v.empty()) usage_error(fmt::format("{} needs a path, got an empty string", a));
-      return fs::path(v);
-    };
+    const auto path_value = [&] { return specsample_bench::path_argument(a, value()); };
     given.emplace_back(a);
     if (a == "--help" || a == "-h") {
       std::fputs(help.data(), stdout);

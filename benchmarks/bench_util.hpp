@@ -29,6 +29,12 @@ namespace specsample_bench {
   throw specsample::error(message + " (see --help)");
 }
 
+/// A path flag's value: an empty one would read as the current directory, or name no file at all.
+inline std::filesystem::path path_argument(std::string_view flag, std::string_view value) {
+  if (value.empty()) usage_error(fmt::format("{} needs a path, got an empty string", flag));
+  return std::filesystem::path(value);
+}
+
 template <class T>
 T parse_number(std::string_view flag, std::string_view text) {
   T value{};

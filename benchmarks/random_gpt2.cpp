@@ -129,12 +129,7 @@ cli parse(int argc, char** argv) {
       if (i + 1 >= argc) specsample_bench::usage_error(fmt::format("{} needs a value", a));
       return argv[++i];
     };
-    // A path flag's value: an empty one would name no file at all.
-    const auto path_value = [&]() -> fs::path {
-      const std::string_view v = value();
-      if (v.empty()) specsample_bench::usage_error(fmt::format("{} needs a path, got an empty string", a));
-      return fs::path(v);
-    };
+    const auto path_value = [&] { return specsample_bench::path_argument(a, value()); };
     if (a == "--shape") {
       c.shape_name = std::string(value());
       const std::optional<shape> s = named_shape(c.shape_name) ? named_shape(c.shape_name) : custom_shape(c.shape_name);
