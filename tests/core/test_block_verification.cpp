@@ -159,7 +159,7 @@ TEST_CASE("with one draft token block verification accepts exactly as token-wise
   // K = 1: h_1 = w_1 = min(1, p/q), the residual has weight w_0 = 1.
   Eigen::MatrixXf q(3, 1), p(3, 2);
   q << 0.6f, 0.3f, 0.1f;
-  p << 0.2f, 0.5f, 0.3f, 0.3f, 0.3f, 0.4f;
+  p << 0.2f, 0.5f, 0.5f, 0.3f, 0.3f, 0.2f;  // (row by row: the columns (0.2, 0.5, 0.3), (0.5, 0.3, 0.2))
   const token x = 0;
   std::mt19937_64 a(9), b(9);
   int accepted_block = 0, accepted_token = 0;

@@ -363,6 +363,27 @@ TEST_CASE("a drafter's q with a NaN, infinite or negative entry away from its dr
   CHECK_NOTHROW(speculative_sample(fine, target, std::vector<token>{0}, make_params(4, 3), rng));
 }
 
+TEST_CASE("a drafter's q column that does not sum to 1 is reported before the target sees the round",
+          "[loop][errors]") {
+  // Unnormalised weights pass the entry check, but the drafts were not drawn from them: the
+  // output would not be the target's distribution.
+  toy::markov model = toy::markov::random(4, 1, 1);
+  for (const float last : {0.5f, 0.0f, 0.2485f}) {  // column 2 sums to 1.25, 0.75, 0.9985
+    scripted_drafter drafter{.last_q = last};
+    toy::markov target = model;
+    std::mt19937_64 rng(1);
+    CHECK_THROWS_WITH(speculative_sample(drafter, target, std::vector<token>{0}, make_params(4, 3), rng),
+                      Catch::Matchers::StartsWith(fmt::format("drafter: column 2 of q sums to {:.7g}; q must hold "
+                                                              "distributions (entries summing to 1 within 0.001)",
+                                                              0.75 + static_cast<double>(last))));
+    CHECK(target.size() == 0);  // never called
+  }
+  scripted_drafter near{.last_q = 0.2495f};  // 0.9995: within the tolerance
+  toy::markov target = model;
+  std::mt19937_64 rng(1);
+  CHECK_NOTHROW(speculative_sample(near, target, std::vector<token>{0}, make_params(4, 3), rng));
+}
+
 TEST_CASE("a huge max_new_tokens with EOS generates up to the EOS", "[loop][eos]") {
   // A model without a context limit: max_new_tokens is only a cap, and room for it is not reserved.
   auto target = toy::markov::random(5, 1, 1);

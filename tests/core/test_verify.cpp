@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -351,7 +352,67 @@ TEST_CASE("verify and sample_residual name a NaN, infinite or negative entry awa
   CHECK_NOTHROW(sample_residual(ps, qs, rng));
 }
 
-TEST_CASE("find_outside finds the first entry outside an interval, a NaN anywhere included, on every instruction set",
+TEST_CASE("verify names a column of p or q that does not sum to 1", "[verify][errors]") {
+  // Weights left unnormalised (or logits) pass the entry check; the rules would then read a q its
+  // drafts were not drawn from, or a p that is not the target's, and the output would not be the
+  // target's distribution.
+  const Eigen::MatrixXf q = Eigen::MatrixXf::Constant(4, 1, 0.25f), p = Eigen::MatrixXf::Constant(4, 2, 0.25f);
+  const token x = 0;
+  const std::string rule = " must hold distributions (entries summing to 1 within 0.001)";
+  for (const bool block : {false, true}) {
+    std::mt19937_64 rng(2);
+    const auto run = [&](const Eigen::MatrixXf& qq, const Eigen::MatrixXf& pp) {
+      return block ? block_verifier{}(std::span<const token>(&x, 1), qq, pp, rng)
+                   : verify_tokenwise(std::span<const token>(&x, 1), qq, pp, rng);
+    };
+    CHECK_THROWS_WITH(run(q, p * 2.0f), "verify: column 0 of p sums to 2; p" + rule);
+    Eigen::MatrixXf bonus = p;
+    bonus(3, 1) = 0.0f;  // the bonus column: 0.75
+    CHECK_THROWS_WITH(run(q, bonus), "verify: column 1 of p sums to 0.75; p" + rule);
+    CHECK_THROWS_WITH(run(q * 0.5f, p), "verify: column 0 of q sums to 0.5; q" + rule);
+    // Within the tolerance either way, and the columns no draft uses are not read.
+    Eigen::MatrixXf near_q = q, near_p = p;
+    near_q(1, 0) += 0.0009f;
+    near_p(2, 1) -= 0.0009f;
+    CHECK_NOTHROW(run(near_q, near_p));
+    near_q(1, 0) += 0.0002f;
+    CHECK_THROWS_WITH(run(near_q, p), Catch::Matchers::Contains("verify: column 0 of q sums to 1.0011"));
+    Eigen::MatrixXf wide_q(4, 2), wide_p(4, 3);
+    wide_q << q, Eigen::VectorXf::Constant(4, 3.0f);
+    wide_p << p, Eigen::VectorXf::Zero(4);
+    CHECK_NOTHROW(run(wide_q, wide_p));
+  }
+}
+
+TEST_CASE("the tolerance of a distribution's sum admits any float softmax and grows with the vocabulary",
+          "[verify][errors]") {
+  CHECK(distribution_tolerance(4) == 1e-3);
+  CHECK(distribution_tolerance(8192) == 1e-3);
+  CHECK(distribution_tolerance(50257) == 50257.0 / (1 << 23));
+  // A softmax normalised by a float running sum taken from the largest entry down (the order that
+  // loses the most), over GPT-2's vocabulary and over 2^20 entries, where it is off by more than
+  // 1e-3: accepted.
+  for (const Eigen::Index n : {Eigen::Index{50257}, Eigen::Index{1} << 20}) {
+    std::mt19937 gen(static_cast<unsigned>(n));
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    Eigen::VectorXf w(n);
+    for (float& e : w) e = std::exp(normal(gen));
+    std::sort(w.begin(), w.end(), std::greater<>());
+    float total = 0.0f;
+    for (const float e : w) total += e;
+    const Eigen::VectorXf softmax = w / total;
+    const double off = std::abs(softmax.cast<double>().sum() - 1.0);
+    INFO("n = " << n << ": the float sum is off by " << off);
+    if (n > 50257) CHECK(off > 1e-3);
+    const Eigen::MatrixXf q = softmax, p = softmax.replicate(1, 2);
+    const token x = 0;
+    std::mt19937_64 rng(1);
+    CHECK_NOTHROW(verify_tokenwise(std::span<const token>(&x, 1), q, p, rng));
+  }
+}
+
+TEST_CASE("find_outside finds the first entry outside an interval, a NaN anywhere included, and sums the entries on "
+          "every instruction set",
           "[verify][simd]") {
   std::mt19937 rng(29);
   std::exponential_distribution<float> e(1.0f);
@@ -359,15 +420,29 @@ TEST_CASE("find_outside finds the first entry outside an interval, a NaN anywher
   const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
   for (const isa requested : {isa::generic, isa::avx2, isa::avx512}) {
     const isa level = simd::resolve(requested);
-    for (const std::size_t n : {0u, 1u, 7u, 8u, 9u, 15u, 16u, 17u, 31u, 32u, 33u, 4096u}) {
+    for (const std::size_t n : {0u, 1u, 7u, 8u, 9u, 15u, 16u, 17u, 31u, 32u, 33u, 47u, 63u, 64u, 65u, 4096u, 50257u}) {
       INFO(isa_name(level) << ", n = " << n);
       std::vector<float> x(n);
       for (float& v : x) v = e(rng);
-      if (n > 1) {  // the bounds themselves are inside
-        x[0] = 0.0f;
-        x[n - 1] = most;
+      if (n > 1) x[0] = 0.0f;  // the bound itself is inside
+      double exact = 0.0;
+      for (const float v : x) exact += static_cast<double>(v);
+      simd::outside_scan scan = simd::find_outside(level, x.data(), n, 0.0f, most);
+      CHECK(scan.first == n);
+      CHECK(std::abs(scan.sum - exact) <= static_cast<double>(n) * 0x1p-28 * exact);  // (the bound it documents)
+      if (n > 1) {
+        x[n - 1] = most;  // the upper bound is inside too
+        CHECK(simd::find_outside(level, x.data(), n, 0.0f, most).first == n);
       }
-      CHECK(simd::find_outside(level, x.data(), n, 0.0f, most) == n);
+      // Every lane of every accumulator and of the tail counts: one entry of 2^20 anywhere.
+      for (const std::size_t at : {std::size_t{0}, n / 3, n / 2, n - 1}) {
+        if (n == 0) break;
+        std::vector<float> y(n, 0.0f);
+        y[at] = 0x1p20f;
+        scan = simd::find_outside(level, y.data(), n, 0.0f, most);
+        CHECK(scan.first == n);
+        CHECK(scan.sum == 0x1p20);
+      }
       // one bad entry at the first, a middle and the last position (the vector tails included),
       // then a second bad entry after it: the first is found
       for (const std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
@@ -377,7 +452,7 @@ TEST_CASE("find_outside finds the first entry outside an interval, a NaN anywher
           std::vector<float> y = x;
           y[at] = bad;
           if (at + 1 < n) y[n - 1] = nan;
-          CHECK(simd::find_outside(level, y.data(), n, 0.0f, most) == at);
+          CHECK(simd::find_outside(level, y.data(), n, 0.0f, most).first == at);
         }
       }
     }

@@ -38,8 +38,9 @@ struct proposal {
 ///  2. `d.begin(ctx)` prepares for a generation from prompt `ctx`;
 ///  3. `d.propose(ctx, k, q, out, rng)` writes n <= k drafts to out[0..n) and, in q.col(i), the full
 ///     distribution draft i was drawn from (one-hot for deterministic proposals; every entry
-///     finite and >= 0, which the loop checks, one vector pass per column, for any drafter but
-///     the library's), conditioned on ctx + out[0..i), and returns
+///     finite and >= 0, summing to 1 within `distribution_tolerance(V)`, which the loop checks,
+///     one vector pass per column, for any drafter but the library's), conditioned on
+///     ctx + out[0..i), and returns
 ///     `proposal{n, forward_calls, forward_seconds}` (the time inside model `append` calls;
 ///     whatever else the drafter does counts as the loop's own time). The choice of n and of the
 ///     drafts may depend on anything but the target's output for this round: that keeps sampling
@@ -61,8 +62,9 @@ namespace detail {
 
 // D writes distributions into q by construction (a warper's output, or one-hot proposals)
 // because D itself says so: `D::writes_distributions` names D — the library's drafters. The
-// sampling loop checks every entry of q written by any other drafter (finite and >= 0). A class
-// derived from a library drafter does not inherit the opt-in.
+// sampling loop checks every column of q written by any other drafter (finite entries >= 0,
+// summing to 1: see distribution_tolerance). A class derived from a library drafter does not
+// inherit the opt-in.
 template <class D>
 concept writes_distributions = std::is_same_v<typename D::writes_distributions, D>;
 

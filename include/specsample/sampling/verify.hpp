@@ -28,28 +28,53 @@ namespace specsample {
 /// Residual masses at or below this are treated as empty (see `sample_residual`).
 inline constexpr double residual_mass_epsilon = 1e-12;
 
+/// How far from 1 the sum of an n-entry distribution the caller hands the library may be: each
+/// column a drafter of the caller's writes into q (the sampling loop checks them), and the columns
+/// of p and q a verifier is given whole. max(1e-3, n · 2^-23), twice the bound on the error of a
+/// float running sum over n entries summing to 1 (about (n - 1) · 2^-24): a softmax normalised in
+/// float passes whatever the order of its additions; weights left unnormalised, logits, or a
+/// softmax over the wrong axis are far outside it. A q that does not sum to 1 is not the
+/// distribution its drafts were drawn from, and the output would not be the target's.
+[[nodiscard]] constexpr double distribution_tolerance(std::size_t n) noexcept {
+  return std::max(1e-3, static_cast<double>(n) * 0x1p-23);
+}
+
 namespace detail {
-// Every entry of the vector v finite and >= 0; otherwise throws `specsample::error` naming the
-// first entry that is not: "`who`: `name`(i) = value", or "`name`(i, column)" for a column >= 0
-// of a matrix.
+// Every entry of the vector v finite and >= 0 and, when `normalised`, their sum within
+// `distribution_tolerance(v.size())` of 1; otherwise throws `specsample::error` naming the first entry
+// that is not, "`who`: `name`(i) = value" ("`name`(i, column)" for a column >= 0 of a matrix),
+// or the sum. (A float vector's sum comes from `simd::find_outside`'s float lanes, within
+// n · 2^-28 relative: 1/32 of the tolerance.)
 template <class Derived>
-void check_distribution(const Eigen::MatrixBase<Derived>& v, Eigen::Index column, const char* who, const char* name) {
+void check_distribution(const Eigen::MatrixBase<Derived>& v, Eigen::Index column, const char* who, const char* name,
+                        bool normalised) {
   using scalar = typename Derived::Scalar;  // (compared in its own type: a double p stays a double)
   constexpr scalar most = std::numeric_limits<scalar>::max();
   const auto n = static_cast<std::size_t>(v.size());
   std::size_t at = n;
-  if (const float* x = contiguous_floats(v)) {
-    at = simd::find_outside(simd::detected(), x, n, 0.0f, std::numeric_limits<float>::max());  // one vector pass
+  double sum = 0.0;
+  if (const float* x = contiguous_floats(v)) {  // one vector pass for both
+    const simd::outside_scan scan = simd::find_outside(simd::detected(), x, n, 0.0f, std::numeric_limits<float>::max());
+    at = scan.first;
+    sum = scan.sum;
   } else {
     for (std::size_t i = 0; i < n && at == n; ++i) {
-      const scalar x = v(static_cast<Eigen::Index>(i));
-      if (!(x >= scalar(0) && x <= most)) at = i;
+      const scalar e = v(static_cast<Eigen::Index>(i));
+      if (!(e >= scalar(0) && e <= most)) at = i;
+      sum += static_cast<double>(e);
     }
   }
-  if (at == n) return;
-  const std::string where = column < 0 ? fmt::format("{}", at) : fmt::format("{}, {}", at, column);
-  throw error(fmt::format("{}: {}({}) = {}; {} must hold distributions (every entry finite and >= 0)", who, name, where,
-                          v(static_cast<Eigen::Index>(at)), name));
+  if (at < n) {
+    const std::string where = column < 0 ? fmt::format("{}", at) : fmt::format("{}, {}", at, column);
+    throw error(fmt::format("{}: {}({}) = {}; {} must hold distributions (every entry finite and >= 0)", who, name,
+                            where, v(static_cast<Eigen::Index>(at)), name));
+  }
+  if (!normalised) return;
+  if (const double tolerance = distribution_tolerance(n); !(std::abs(sum - 1.0) <= tolerance)) {
+    const std::string what = column < 0 ? fmt::format("{}", name) : fmt::format("column {} of {}", column, name);
+    throw error(fmt::format("{}: {} sums to {:.7g}; {} must hold distributions (entries summing to 1 within {})", who,
+                            what, sum, name, tolerance));
+  }
 }
 
 // sample_residual without its checks of p and q (distributions the library computed itself).
@@ -83,6 +108,7 @@ template <class P, class Q, std::uniform_random_bit_generator Rng>
 /// at (or near) zero; then, and only then, the token is drawn from p instead (the documented
 /// fallback: the probability of reaching it is itself below the rounding error).
 ///
+/// p and q are weights: they need not sum to 1 (the residual is normalised either way).
 /// Throws `specsample::error` when p and q differ in length, when an entry of either is NaN,
 /// infinite or negative (naming it), and when the weight is outside (0, 1].
 template <class P, class Q, std::uniform_random_bit_generator Rng>
@@ -94,8 +120,8 @@ template <class P, class Q, std::uniform_random_bit_generator Rng>
   if (!(weight > 0.0 && weight <= 1.0)) {
     throw error(fmt::format("sample_residual: the weight of p must be in (0, 1], got {}", weight));
   }
-  detail::check_distribution(p, -1, "sample_residual", "p");
-  detail::check_distribution(q, -1, "sample_residual", "q");
+  detail::check_distribution(p, -1, "sample_residual", "p", false);
+  detail::check_distribution(q, -1, "sample_residual", "q", false);
   return detail::draw_residual(p, q, rng, weight);
 }
 
@@ -137,8 +163,8 @@ inline void check_verify_inputs(std::span<const token> drafts, const Eigen::Ref<
                                 const Eigen::Ref<const Eigen::MatrixXf>& p) {
   check_drafts(drafts, q, p.rows(), p.cols());
   const auto k = static_cast<Eigen::Index>(drafts.size());
-  for (Eigen::Index j = 0; j < k; ++j) check_distribution(q.col(j), j, "verify", "q");
-  for (Eigen::Index j = 0; j <= k; ++j) check_distribution(p.col(j), j, "verify", "p");
+  for (Eigen::Index j = 0; j < k; ++j) check_distribution(q.col(j), j, "verify", "q", true);
+  for (Eigen::Index j = 0; j <= k; ++j) check_distribution(p.col(j), j, "verify", "p", true);
 }
 
 // V reads the target's distributions through `decide` (see tokenwise_verifier::decide) because V
@@ -169,8 +195,9 @@ struct dense_columns {
 /// double; at the first rejection emit x ~ norm(max(0, p_i - q_i)) and stop. If all K are
 /// accepted emit the bonus x ~ p_K. The emitted sequence is distributed exactly as sampling from p.
 /// Throws `specsample::error` on shapes that do not fit K, a draft outside the vocabulary or with
-/// q(x) = 0, and a NaN, infinite or negative entry in q's first K columns or p's first K + 1
-/// (naming the first), before it draws a random number.
+/// q(x) = 0, a NaN, infinite or negative entry in q's first K columns or p's first K + 1 (naming
+/// the first), and such a column whose sum is off 1 by more than `distribution_tolerance(V)`,
+/// before it draws a random number.
 struct tokenwise_verifier {
   /// 1 = exact. Below 1 the uniform is drawn from U[0, leniency): lossy, see speculative_params.
   double leniency = 1.0;
@@ -188,7 +215,7 @@ struct tokenwise_verifier {
   /// The same decision, reading p through `p` (`p(x, i)`, `p.col(i)`, `p.rows()`, `p.cols()`; see
   /// `detail::dense_columns`): column i only once drafts 0..i-1 are accepted, so the sampling loop
   /// warps no target column past the first rejection. Trusts p to hold distributions (finite,
-  /// >= 0), as the loop's warped columns do; `operator()` checks a p given whole.
+  /// >= 0, summing to 1), as the loop's warped columns do; `operator()` checks a p given whole.
   template <class Columns, std::uniform_random_bit_generator Rng>
   verify_result decide(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q, const Columns& p,
                        Rng& rng) const {
