@@ -228,6 +228,11 @@ TEST_CASE("bad parameters and inputs are reported with a specsample::error namin
   p.sampling.top_k = -1;
   CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, p, rng), Contains("top_k"));
   p = make_params(4, 2);
+  p.verify = static_cast<verification>(2);  // (an integer cast to it ran as block verification)
+  CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, p, rng),
+                    "speculative_params.verify must be verification::token_wise or verification::block, not "
+                    "verification(2)");
+  p = make_params(4, 2);
   p.eos = 5;
   CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, p, rng), Contains("eos"));
   CHECK_THROWS_WITH(autoregressive_sample(target, prompt, p, rng), Contains("eos"));

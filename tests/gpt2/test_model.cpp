@@ -837,6 +837,30 @@ TEST_CASE("a model built from parameters in memory checks every parameter's size
   REQUIRE_NOTHROW(gpt2::model(m.config(), gpt2::weights(m.weights())));
 }
 
+TEST_CASE("an option holding no value of its enumeration is refused, naming it, before any file is read",
+          "[gpt2][model]") {
+  // An integer cast to the enumeration (a value read from a file or a wire, say) ran silently: a
+  // level 7 as the best the CPU has, a weight format 9 as the checkpoint's, a matmul 5 as F32.
+  const std::vector<std::pair<gpt2::options, std::string>> cases = {
+      {{.kernels = static_cast<specsample::isa>(7)},
+       "gpt2::options: kernels must be isa::generic, avx2, avx512 or best, not isa(7)"},
+      {{.weight_storage = static_cast<gpt2::weight_format>(9)},
+       "gpt2::options: weight_storage must be empty, F32, F16 or BF16, not weight_format(9)"},
+      {{.kv_storage = static_cast<gpt2::weight_format>(9)},
+       "gpt2::options: kv_storage must be F32 or F16, not weight_format(9)"},
+      {{.matmul_precision = static_cast<gpt2::matmul_precision>(5)},
+       "gpt2::options: matmul_precision must be f32, bf16 or int8, not matmul_precision(5)"},
+      {{.weight_storage = gpt2::weight_format::i8_quads},  // (a contradiction, refused up front too)
+       "gpt2::options: weight_storage INT8 quads is the layout of matmul_precision INT8: set that instead"},
+  };
+  const gpt2::model m = gpt2::model::load(test_models_dir / "tiny-random-gpt2");
+  for (const auto& [opts, message] : cases) {
+    INFO(message);
+    REQUIRE_THROWS_WITH(gpt2::model::load(fs::path("/nonexistent/specsample-model"), opts), message);
+    REQUIRE_THROWS_WITH(gpt2::model(m.config(), gpt2::weights(m.weights()), opts), message);
+  }
+}
+
 TEST_CASE("a model whose KV cache does not fit in memory is refused with the cache's size",
           "[gpt2][model][errors]") {
   if (sanitized) {

@@ -136,6 +136,11 @@ inline void validate(const speculative_params& s, std::size_t vocab) {
     throw error(fmt::format("speculative_params.draft_min_probability must be in [0, 1) (0 = off), got {}",
                             s.draft_min_probability));
   }
+  if (s.verify != verification::token_wise && s.verify != verification::block) {
+    throw error(fmt::format("speculative_params.verify must be verification::token_wise or verification::block, "
+                            "not verification({})",
+                            static_cast<int>(s.verify)));
+  }
   detail::check_leniency(s.leniency, "speculative_params.leniency");
   if (s.leniency != 1.0 && s.verify != verification::token_wise) {
     throw error("speculative_params.leniency applies to token-wise verification only");

@@ -28,6 +28,7 @@
 #include <new>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -75,6 +76,14 @@ struct op_times {
 /// one `huge_page_allocator` buffer (a decode reads every layer's keys and values up to the
 /// length; one buffer reaches the huge-page size where two halves might not: the bundled target's
 /// F16 cache is 2 × 1.18 MB).
+namespace detail {
+// format_name(f), or "weight_format(n)" for a value outside the enumeration (an integer cast to it).
+inline std::string format_label(weight_format f) {
+  const std::string_view name = format_name(f);
+  return name == "?" ? fmt::format("weight_format({})", static_cast<int>(f)) : std::string(name);
+}
+}  // namespace detail
+
 struct kv_cache {
   using storage = std::vector<unsigned char, huge_page_allocator<unsigned char>>;
   weight_format format = weight_format::f32;
@@ -84,10 +93,10 @@ struct kv_cache {
 
   /// Allocates room for `n_positions` positions of every layer, zeroed: slots past the length
   /// that a vector kernel loads (and discards) are never indeterminate. Throws
-  /// `specsample::error` for a BF16 `format`.
+  /// `specsample::error` for a `format` other than F32 and F16.
   kv_cache(std::size_t n_layer, std::size_t n_head, std::size_t n_positions, std::size_t n_embd,
            weight_format format)
-      : format(supported(format)),
+      : format(checked_format(format)),
         n_layer(n_layer),
         layer_size(kernels::kv_layer_size(n_positions, n_embd, n_head)),
         data(total_bytes(n_layer, n_head, n_positions, n_embd, format)) {}
@@ -98,6 +107,14 @@ struct kv_cache {
     return 2 * n_layer * kernels::kv_layer_size(n_positions, n_embd, n_head) * format_bytes(format);
   }
 
+  /// `f` when a cache can hold it (F32 or F16); throws `specsample::error` otherwise.
+  static weight_format checked_format(weight_format f) {
+    if (f != weight_format::f32 && f != weight_format::f16) {
+      throw error(fmt::format("gpt2::options: kv_storage must be F32 or F16, not {}", detail::format_label(f)));
+    }
+    return f;
+  }
+
   /// Layer `l`'s keys (F: the cache's format).
   template <weight_format F>
   [[nodiscard]] std::span<weight_t<F>> keys(std::size_t l) noexcept { return slice<F>(l); }
@@ -106,12 +123,6 @@ struct kv_cache {
   [[nodiscard]] std::span<weight_t<F>> values(std::size_t l) noexcept { return slice<F>(n_layer + l); }
 
  private:
-  static weight_format supported(weight_format f) {
-    if (f != weight_format::f32 && f != weight_format::f16) {
-      throw error(fmt::format("gpt2::options: kv_storage must be F32 or F16, not {}", format_name(f)));
-    }
-    return f;
-  }
   template <weight_format F>
   [[nodiscard]] std::span<weight_t<F>> slice(std::size_t i) noexcept {
     assert(F == format);
@@ -130,12 +141,15 @@ struct kv_cache {
 class model {
  public:
   /// Loads `dir/config.json` and `dir/model.safetensors` (a Hugging Face GPT-2 directory).
-  /// Throws `specsample::error` naming the file and the problem.
+  /// Throws `specsample::error` naming the file and the problem, or, before reading any file,
+  /// an option that holds no value of its enumeration (an integer cast to it) or contradicts
+  /// another.
   [[nodiscard]] static model load(const std::filesystem::path& dir, options opts = {});
 
   /// Builds a model from parameters already in memory (they must match `cfg`), converting the
   /// matmul weights to `opts.weight_storage` when it is set (`weights::convert`). Throws
-  /// `specsample::error` when they do not match, or when the KV cache does not fit in memory.
+  /// `specsample::error` when they do not match, for the options `load` refuses, or when the KV
+  /// cache does not fit in memory.
   model(const gpt2::config& cfg, gpt2::weights w, options opts = {});
 
   model(model&&) noexcept = default;
@@ -229,6 +243,15 @@ class model {
   }
   // The precision the matmul weights are held in for `opts` (nullopt: the checkpoint's).
   static std::optional<weight_format> storage_of(const options& opts) {
+    if (opts.matmul_precision != gpt2::matmul_precision::f32 && opts.matmul_precision != gpt2::matmul_precision::bf16 &&
+        opts.matmul_precision != gpt2::matmul_precision::int8) {
+      throw error(fmt::format("gpt2::options: matmul_precision must be f32, bf16 or int8, not matmul_precision({})",
+                              static_cast<int>(opts.matmul_precision)));
+    }
+    if (opts.weight_storage && std::string_view(format_name(*opts.weight_storage)) == "?") {
+      throw error(fmt::format("gpt2::options: weight_storage must be empty, F32, F16 or BF16, not {}",
+                              detail::format_label(*opts.weight_storage)));
+    }
     if (opts.weight_storage == weight_format::bf16_pairs) {
       throw error("gpt2::options: weight_storage BF16 pairs is the layout of matmul_precision BF16: set that instead");
     }
@@ -271,6 +294,15 @@ class model {
                               pos0));
     }
   }
+  // The level `opts.kernels` asks for, capped at what this CPU and build have (simd::resolve).
+  static isa kernels_of(const options& opts) {
+    const isa k = opts.kernels;
+    if (k != isa::generic && k != isa::avx2 && k != isa::avx512 && k != isa::best) {
+      throw error(fmt::format("gpt2::options: kernels must be isa::generic, avx2, avx512 or best, not isa({})",
+                              static_cast<int>(k)));
+    }
+    return simd::resolve(k);
+  }
   static std::shared_ptr<thread_pool> pool_of(const options& opts) {
     if (!opts.pool) return std::make_shared<thread_pool>(opts.threads);
     if (opts.threads != 0 && opts.threads != opts.pool->size()) {
@@ -311,11 +343,14 @@ class model {
 SPECSAMPLE_GPT2_MODEL model model::load(const std::filesystem::path& dir, options opts) {
   const std::filesystem::path config_path = dir / "config.json";
   const std::filesystem::path weights_path = dir / "model.safetensors";
-  opts.pool = pool_of(opts);  // first: a thread count the pool refuses is refused before the files are read
+  opts.pool = pool_of(opts);  // first: options refused are refused before the files are read
   opts.threads = 0;
+  (void)kernels_of(opts);
+  (void)kv_cache::checked_format(opts.kv_storage);
+  const std::optional<weight_format> storage = storage_of(opts);
   gpt2::config cfg = gpt2::config::load(config_path);
   const io::safetensors_file file = io::safetensors_file::open(weights_path);
-  gpt2::weights w = gpt2::weights::load(file, cfg, config_path.string(), storage_of(opts));
+  gpt2::weights w = gpt2::weights::load(file, cfg, config_path.string(), storage);
   return model(cfg, std::move(w), opts);
 }
 
@@ -323,7 +358,7 @@ SPECSAMPLE_GPT2_MODEL model::model(const gpt2::config& cfg, gpt2::weights w, opt
     : cfg_(validated(cfg)),
       w_(std::move(w)),
       pool_(pool_of(opts)),
-      isa_(simd::resolve(opts.kernels)),
+      isa_(kernels_of(opts)),
       min_parallel_work_(opts.min_parallel_work),
       cache_(cfg.n_layer, cfg.n_head, cfg.n_positions, cfg.n_embd, opts.kv_storage) {
   if (const std::optional<weight_format> s = storage_of(opts)) w_.convert(*s);
