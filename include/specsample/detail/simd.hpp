@@ -801,10 +801,10 @@ inline SPECSAMPLE_TARGET_AVX512 outside_scan find_outside_avx512(const float* x,
     if (const __mmask16 out = outside(k, a); out != 0) return found(i, out);
     s0 = _mm512_add_ps(s0, a);
   }
-  alignas(64) float lanes[2][16];
-  _mm512_store_ps(lanes[0], s0);
-  _mm512_store_ps(lanes[1], s1);
-  return {n, lane_total(&lanes[0][0], 32)};
+  alignas(64) float lanes[32];
+  _mm512_store_ps(lanes, s0);
+  _mm512_store_ps(lanes + 16, s1);
+  return {n, lane_total(lanes, 32)};
 }
 
 /// See `tally_above`.
@@ -889,10 +889,10 @@ inline SPECSAMPLE_TARGET_AVX2 outside_scan find_outside_avx2(const float* x, std
     if (const unsigned out = outside(a); out != 0) return found(i, out);
     s0 = _mm256_add_ps(s0, a);
   }
-  alignas(32) float lanes[2][8];
-  _mm256_store_ps(lanes[0], s0);
-  _mm256_store_ps(lanes[1], s1);
-  return outside_tail(x, i, n, lo, hi, lane_total(&lanes[0][0], 16));
+  alignas(32) float lanes[16];
+  _mm256_store_ps(lanes, s0);
+  _mm256_store_ps(lanes + 8, s1);
+  return outside_tail(x, i, n, lo, hi, lane_total(lanes, 16));
 }
 
 /// See `tally_above`: per threshold a count and eight float partial masses.

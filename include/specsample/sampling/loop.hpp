@@ -216,7 +216,7 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
         }
         if constexpr (!writes_distributions<std::remove_cvref_t<Drafter>>) {  // a drafter of the caller's
           for (std::size_t i = 0; i < k; ++i) {
-            check_distribution(q.col(static_cast<Eigen::Index>(i)), static_cast<Eigen::Index>(i), "drafter", "q", true);
+            check_distribution(q.col(static_cast<Eigen::Index>(i)), static_cast<Eigen::Index>(i), "drafter", "q");
           }
         }
         ctx.insert(ctx.end(), drafts.begin(), drafts.begin() + static_cast<std::ptrdiff_t>(k));

@@ -29,25 +29,29 @@ namespace specsample {
 inline constexpr double residual_mass_epsilon = 1e-12;
 
 /// How far from 1 the sum of an n-entry distribution the caller hands the library may be: each
-/// column a drafter of the caller's writes into q (the sampling loop checks them), and the columns
-/// of p and q a verifier is given whole. max(1e-3, n · 2^-23), twice the bound on the error of a
-/// float running sum over n entries summing to 1 (about (n - 1) · 2^-24): a softmax normalised in
-/// float passes whatever the order of its additions; weights left unnormalised, logits, or a
-/// softmax over the wrong axis are far outside it. A q that does not sum to 1 is not the
-/// distribution its drafts were drawn from, and the output would not be the target's.
+/// column a drafter of the caller's writes into q (the sampling loop checks them), the columns of
+/// p and q a verifier is given whole, and `sample_residual`'s p and q. max(1e-3, n · 2^-25):
+/// twice the largest error of a softmax normalised by a float running sum that we measured (about
+/// n · 2^-26: n equal entries, a uniform distribution, or nearly equal ones summed smallest
+/// first; 2^20 entries of a softmax of N(0, 3) logits summed largest first are off by n · 2^-28),
+/// so such a q passes, while weights left unnormalised, logits, a softmax over the wrong axis or
+/// a top-p cut not renormalised are refused (0.99 at V = 128256: the tolerance is 0.0038). A sum
+/// rounded the worst possible way, (n - 1) · 2^-24, is twice the tolerance: normalise by a sum
+/// taken in double to be safe. A q that does not sum to 1 is not the distribution its drafts were
+/// drawn from, and the output would not be the target's.
 [[nodiscard]] constexpr double distribution_tolerance(std::size_t n) noexcept {
-  return std::max(1e-3, static_cast<double>(n) * 0x1p-23);
+  return std::max(1e-3, static_cast<double>(n) * 0x1p-25);
 }
 
 namespace detail {
-// Every entry of the vector v finite and >= 0 and, when `normalised`, their sum within
+// Every entry of the vector v finite and >= 0, and their sum within
 // `distribution_tolerance(v.size())` of 1; otherwise throws `specsample::error` naming the first entry
 // that is not, "`who`: `name`(i) = value" ("`name`(i, column)" for a column >= 0 of a matrix),
 // or the sum. (A float vector's sum comes from `simd::find_outside`'s float lanes, within
-// n · 2^-28 relative: 1/32 of the tolerance.)
+// n · 2^-28 relative, 1/8 of the tolerance: whether a sum that close to its edge passes may
+// depend on the instruction set.)
 template <class Derived>
-void check_distribution(const Eigen::MatrixBase<Derived>& v, Eigen::Index column, const char* who, const char* name,
-                        bool normalised) {
+void check_distribution(const Eigen::MatrixBase<Derived>& v, Eigen::Index column, const char* who, const char* name) {
   using scalar = typename Derived::Scalar;  // (compared in its own type: a double p stays a double)
   constexpr scalar most = std::numeric_limits<scalar>::max();
   const auto n = static_cast<std::size_t>(v.size());
@@ -69,10 +73,9 @@ void check_distribution(const Eigen::MatrixBase<Derived>& v, Eigen::Index column
     throw error(fmt::format("{}: {}({}) = {}; {} must hold distributions (every entry finite and >= 0)", who, name,
                             where, v(static_cast<Eigen::Index>(at)), name));
   }
-  if (!normalised) return;
   if (const double tolerance = distribution_tolerance(n); !(std::abs(sum - 1.0) <= tolerance)) {
     const std::string what = column < 0 ? fmt::format("{}", name) : fmt::format("column {} of {}", column, name);
-    throw error(fmt::format("{}: {} sums to {:.7g}; {} must hold distributions (entries summing to 1 within {})", who,
+    throw error(fmt::format("{}: {} sums to {:.7g}; {} must hold distributions (entries summing to 1 within {:.3g})", who,
                             what, sum, name, tolerance));
   }
 }
@@ -108,9 +111,9 @@ template <class P, class Q, std::uniform_random_bit_generator Rng>
 /// at (or near) zero; then, and only then, the token is drawn from p instead (the documented
 /// fallback: the probability of reaching it is itself below the rounding error).
 ///
-/// p and q are weights: they need not sum to 1 (the residual is normalised either way).
 /// Throws `specsample::error` when p and q differ in length, when an entry of either is NaN,
-/// infinite or negative (naming it), and when the weight is outside (0, 1].
+/// infinite or negative (naming it) or either does not sum to 1 (`distribution_tolerance`), and
+/// when the weight is outside (0, 1].
 template <class P, class Q, std::uniform_random_bit_generator Rng>
 [[nodiscard]] token sample_residual(const Eigen::MatrixBase<P>& p, const Eigen::MatrixBase<Q>& q, Rng& rng,
                                     double weight = 1.0) {
@@ -120,8 +123,8 @@ template <class P, class Q, std::uniform_random_bit_generator Rng>
   if (!(weight > 0.0 && weight <= 1.0)) {
     throw error(fmt::format("sample_residual: the weight of p must be in (0, 1], got {}", weight));
   }
-  detail::check_distribution(p, -1, "sample_residual", "p", false);
-  detail::check_distribution(q, -1, "sample_residual", "q", false);
+  detail::check_distribution(p, -1, "sample_residual", "p");
+  detail::check_distribution(q, -1, "sample_residual", "q");
   return detail::draw_residual(p, q, rng, weight);
 }
 
@@ -163,8 +166,8 @@ inline void check_verify_inputs(std::span<const token> drafts, const Eigen::Ref<
                                 const Eigen::Ref<const Eigen::MatrixXf>& p) {
   check_drafts(drafts, q, p.rows(), p.cols());
   const auto k = static_cast<Eigen::Index>(drafts.size());
-  for (Eigen::Index j = 0; j < k; ++j) check_distribution(q.col(j), j, "verify", "q", true);
-  for (Eigen::Index j = 0; j <= k; ++j) check_distribution(p.col(j), j, "verify", "p", true);
+  for (Eigen::Index j = 0; j < k; ++j) check_distribution(q.col(j), j, "verify", "q");
+  for (Eigen::Index j = 0; j <= k; ++j) check_distribution(p.col(j), j, "verify", "p");
 }
 
 // V reads the target's distributions through `decide` (see tokenwise_verifier::decide) because V
