@@ -2,6 +2,7 @@
 #include <specsample/testing/distribution.hpp>
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <xtensor/xview.hpp>
 #include <xtensor/xreducer.hpp>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -123,6 +125,12 @@ TEST_CASE("sequence tables add values per sequence and refuse another length", "
   CHECK(t[std::vector<token>{1, 2}] == 3.0);
   CHECK(t[std::vector<token>{0, 0}] == 0.0);
   CHECK_THROWS_WITH(t.add(std::vector<token>{1}, 1.0), Contains("expected 2 tokens, got 1"));
+  for (const double bad : {std::nan(""), -1.0, std::numeric_limits<double>::infinity()}) {
+    CHECK_THROWS_WITH(t.add(std::vector<token>{1, 2}, bad),
+                      fmt::format("sequence_table: a value must be finite and >= 0 (a probability or a count), got {}",
+                                  bad));
+  }
+  CHECK(t[std::vector<token>{1, 2}] == 3.0);  // (unchanged)
   CHECK_THROWS_WITH(testing::sequence_table(0), Contains("length must be in 1..64"));
   testing::sequence_table two(1, 2);  // at most two entries
   two.add(std::vector<token>{5}, 1.0);
@@ -175,13 +183,23 @@ TEST_CASE("the exactness tools refuse sizes they cannot enumerate or test", "[te
   CHECK_THROWS_WITH(testing::sequence_histogram(4, 0), Contains("length must be in 1..64"));
   CHECK_THROWS_WITH(testing::sequence_histogram(0, 3), Contains("the vocabulary is empty"));
   CHECK_THROWS_WITH(testing::exact_sequences(m, prompt, 2, {}, token{3}), Contains("EOS id 3 is out of range"));
-  CHECK_THROWS_WITH(testing::exact_sequences(m, prompt, 0, {}), Contains("length must be in 1..64"));
+  for (const std::size_t length : {std::size_t{0}, std::size_t{65}}) {  // (named as its own, not the table's)
+    CHECK_THROWS_WITH(testing::exact_sequences(m, prompt, length, {}),
+                      fmt::format("exact_sequences: length must be in 1..64, got {}", length));
+  }
   // No samples would be a vacuous PASS.
   auto draft = toy::markov::random(3, 1, 3);
   speculative_params params;
   params.max_new_tokens = 2;
   std::mt19937_64 rng(1);
   CHECK_THROWS_WITH(testing::speculative_fit(draft, m, prompt, params, 0, rng), Contains("samples must be >= 1"));
+  for (const std::size_t length : {std::size_t{0}, std::size_t{65}}) {
+    params.max_new_tokens = length;
+    CHECK_THROWS_WITH(testing::speculative_fit(draft, m, prompt, params, 10, rng),
+                      fmt::format("speculative_fit: params.max_new_tokens (the length of the sequences tested) must "
+                                  "be in 1..64, got {}",
+                                  length));
+  }
 }
 
 TEST_CASE("the chi-square test accepts a fair sample and rejects a biased one", "[testing]") {
@@ -223,6 +241,11 @@ TEST_CASE("the chi-square test refuses what is not counts against probabilities,
   CHECK(ten.bins == 2);
   CHECK(ten.p_value < 0.01);
   CHECK_THROWS_WITH(test({9000.0, 1000.0, 0.0}, expected, 1e9), Contains("too few"));
+  // A count no double holds is said so (it read "at least inf samples").
+  CHECK_THROWS_WITH(test({50.0, 0.0}, {1.0, 4.9e-324}),
+                    Contains("it would need more samples than a double holds: the expected count 5 over 5e-324"));
+  CHECK_THROWS_WITH(test({50.0, 50.0}, {0.5, 0.5}, std::numeric_limits<double>::max()),
+                    Contains("it would need more samples than a double holds"));
   // The count named is one that gives two bins, from the outcomes' own sums (they total 1 only
   // within rounding): 10 samples of {0.5, 0.4999995} leave the second at 4.999995.
   CHECK_THROWS_WITH(test({10.0, 0.0}, {0.5, 0.4999995}), Contains("at least 11 samples"));

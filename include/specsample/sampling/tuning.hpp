@@ -136,7 +136,13 @@ class position_acceptance {
     }
     return r;
   }
-  [[nodiscard]] std::size_t reached(std::size_t i) const { return reached_.at(i); }
+  /// Rounds that reached draft position i. Throws `specsample::error` for i >= the positions tracked.
+  [[nodiscard]] std::size_t reached(std::size_t i) const {
+    if (i >= reached_.size()) {
+      throw error(fmt::format("position_acceptance: position {} is past the {} positions tracked", i, reached_.size()));
+    }
+    return reached_[i];
+  }
 
  private:
   std::vector<std::size_t> reached_, accepted_;

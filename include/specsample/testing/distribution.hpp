@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <string>
 #include <span>
 #include <type_traits>
 #include <unordered_map>
@@ -36,6 +37,15 @@ inline constexpr std::size_t max_sequence_length = 64;
 /// table's V^L cells.
 inline constexpr std::size_t max_sequences = 1'000'000;
 
+namespace detail {
+// Throws, naming `who`, unless length is in 1..max_sequence_length.
+inline void check_length(std::size_t length, const char* who) {
+  if (length == 0 || length > max_sequence_length) {
+    throw error(fmt::format("{}: length must be in 1..{}, got {}", who, max_sequence_length, length));
+  }
+}
+}  // namespace detail
+
 /// Values over sequences of `length()` tokens, held sparsely (a sequence not held reads 0): the
 /// exact probabilities `exact_sequences` returns, or the counts of sampled sequences.
 class sequence_table {
@@ -44,9 +54,7 @@ class sequence_table {
   /// @throws error unless length is in 1..max_sequence_length.
   explicit sequence_table(std::size_t length, std::size_t max_entries = max_sequences)
       : length_(length), max_entries_(max_entries) {
-    if (length == 0 || length > max_sequence_length) {
-      throw error(fmt::format("sequence_table: length must be in 1..{}, got {}", max_sequence_length, length));
-    }
+    detail::check_length(length, "sequence_table");
   }
 
   [[nodiscard]] std::size_t length() const noexcept { return length_; }
@@ -57,11 +65,17 @@ class sequence_table {
     const auto it = values_.find(std::vector<token>(sequence.begin(), sequence.end()));
     return it == values_.end() ? 0.0 : it->second;
   }
-  /// Adds `value` to the entry of `sequence` (of exactly `length()` tokens).
-  /// @throws error on another length, or a new entry beyond the table's `max_entries`.
+  /// Adds `value` (a probability or a count: finite and >= 0) to the entry of `sequence` (of
+  /// exactly `length()` tokens).
+  /// @throws error on another length, a value that is not finite and >= 0, or a new entry beyond
+  /// the table's `max_entries`.
   void add(std::span<const token> sequence, double value) {
     if (sequence.size() != length_) {
       throw error(fmt::format("sequence_table: expected {} tokens, got {}", length_, sequence.size()));
+    }
+    if (!(value >= 0.0 && value <= std::numeric_limits<double>::max())) {
+      throw error(fmt::format("sequence_table: a value must be finite and >= 0 (a probability or a count), got {}",
+                              value));
     }
     auto [it, added] = values_.try_emplace(std::vector<token>(sequence.begin(), sequence.end()), 0.0);
     if (added && values_.size() > max_entries_) {
@@ -93,9 +107,7 @@ namespace detail {
 // `who` unless vocab >= 1, length in 1..max_sequence_length and V^L <= max_sequences.
 inline std::size_t table_cells(std::size_t vocab, std::size_t length, const char* who) {
   if (vocab == 0) throw error(fmt::format("{}: the vocabulary is empty", who));
-  if (length == 0 || length > max_sequence_length) {
-    throw error(fmt::format("{}: length must be in 1..{}, got {}", who, max_sequence_length, length));
-  }
+  check_length(length, who);
   std::size_t cells = 1;
   for (std::size_t i = 0; i < length; ++i) {
     if (cells > max_sequences / vocab) {
@@ -189,13 +201,14 @@ inline double gamma_q(double a, double x) {
 /// whatever the vocabulary). Checks the prompt's ids, EOS, that the model holds prompt + L - 1
 /// tokens (`max_context`) and the shape of the logits it returns, as the sampling loops do.
 /// Leaves `model` holding `prompt` (also when it throws after appending the prompt).
-/// @throws error on those, or when more than `max_sequences` sequences have positive probability
-/// (found as they are enumerated: after up to one model call per sequence under a sparse warping,
-/// one per V of them without a filter).
+/// @throws error on those, a length outside 1..max_sequence_length, or when more than
+/// `max_sequences` sequences have positive probability (found as they are enumerated: after up to
+/// one model call per sequence under a sparse warping, one per V of them without a filter).
 template <language_model M>
 [[nodiscard]] sequence_table exact_sequences(M& model, std::span<const token> prompt, std::size_t length,
                                              const sampling_params& sampling, std::optional<token> eos = std::nullopt) {
   if (prompt.empty()) throw error("exact_sequences: the prompt must not be empty");
+  detail::check_length(length, "exact_sequences");
   sequence_table table(length);
   const std::size_t v = specsample::detail::vocabulary_of(model, "enumerated");
   if (eos && !in_vocabulary(*eos, v)) {
@@ -370,13 +383,19 @@ inline fit_result pearson(const std::vector<std::pair<double, double>>& outcomes
         rest += p;
       }
     }
+    const std::string what = fmt::format("chi_square_test: {} samples are too few to test {} possible outcomes: no two "
+                                         "bins reach an expected count of {}, so any sample would pass",
+                                         n, outcomes.size(), min_expected);
     double needed = std::ceil(min_expected / std::min(largest, rest));
+    if (!std::isfinite(needed)) {  // (a subnormal probability, or a huge min_expected: it said "inf samples")
+      throw error(fmt::format("{}; it would need more samples than a double holds: the expected count {} over {}, "
+                              "the smaller of the most likely outcome's probability and the others' together",
+                              what, min_expected, std::min(largest, rest)));
+    }
     // Rounding can leave the pool just under min_expected there: grow n until two bins form, by a
     // sample and by a relative step above rounding (past 2^53 a double's n + 1 is n: it hung).
     while (bins_at(outcomes, needed, min_expected) < 2) needed = std::max(needed + 1.0, needed * (1.0 + 0x1p-40));
-    throw error(fmt::format("chi_square_test: {} samples are too few to test {} possible outcomes: no two bins reach "
-                            "an expected count of {}, so any sample would pass; it needs at least {} samples",
-                            n, outcomes.size(), min_expected, needed));
+    throw error(fmt::format("{}; it needs at least {} samples", what, needed));
   }
   r.statistic = x2;
   r.p_value = r.dof == 0 ? 1.0 : gamma_q(0.5 * static_cast<double>(r.dof), 0.5 * x2);
@@ -473,6 +492,11 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
                                          const speculative_params& params, std::size_t samples, Rng& rng,
                                          Verifier verifier = {}) {
   if (samples == 0) throw error("speculative_fit: samples must be >= 1");
+  if (params.max_new_tokens == 0 || params.max_new_tokens > max_sequence_length) {
+    throw error(fmt::format("speculative_fit: params.max_new_tokens (the length of the sequences tested) must be in "
+                            "1..{}, got {}",
+                            max_sequence_length, params.max_new_tokens));
+  }
   // The loop's own checks, before the enumeration rather than after it.
   const std::size_t V = specsample::detail::check_generation(draft, target, prompt, params);
   const std::size_t L = params.max_new_tokens;
