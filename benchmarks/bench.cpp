@@ -254,6 +254,12 @@ std::string draft_weights_basis(const cli& c) {
 
 // The parameters of a generation at `temperature`: -n new tokens, --verify's rule, the draft
 // sampling at --draft-temperature-ratio × `temperature`.
+// A prompt of `prompt` tokens and `n` >= 1 new ones fit a context of `limit` tokens: prompt + n - 1
+// <= limit, without wrapping (-n 18446744073709551615 passed as a context of prompt - 2).
+bool fits_context(std::size_t prompt, std::size_t n, std::size_t limit) {
+  return n <= limit && prompt <= limit + 1 - n;
+}
+
 specsample::speculative_params generation_params(const cli& c, double temperature) {
   specsample::speculative_params p;
   p.max_new_tokens = c.n;
@@ -1354,7 +1360,7 @@ int run_strategies(const bench_setup& b) {
   rep.description = "each held-out prompt, a blank line, then its own first two lines again";
   for (std::size_t i = 0; i < b.prompt_text.size(); ++i) {
     auto p = b.tok.encode(repeating_prompt(b.prompt_text[i]));
-    if (p.size() + c.n - 1 > limit) {
+    if (!fits_context(p.size(), c.n, limit)) {
       fmt::print(stderr, "specsample-bench: repetitive prompt {} has {} tokens, too long for -n {}: skipped\n", i,
                  p.size(), c.n);
       continue;
@@ -1612,9 +1618,10 @@ int run(int argc, char** argv) {
   for (std::size_t i = 0; i < prompt_text.size(); ++i) {
     prompts.push_back(tok.encode(prompt_text[i]));
     if (prompts.back().empty()) throw specsample::error(fmt::format("prompt {} encodes to no tokens", i));
-    if (prompts.back().size() + c.n - 1 > limit) {
-      throw specsample::error(fmt::format("prompt {} has {} tokens: with -n {} the models need a context of {} > {}; "
-                                          "lower -n", i, prompts.back().size(), c.n, prompts.back().size() + c.n - 1, limit));
+    if (!fits_context(prompts.back().size(), c.n, limit)) {
+      throw specsample::error(fmt::format("prompt {} has {} tokens: with -n {} the models need a context of more "
+                                          "than their {} tokens; lower -n",
+                                          i, prompts.back().size(), c.n, limit));
     }
   }
   std::vector<double> prompt_lengths;

@@ -283,7 +283,6 @@ int run(int argc, char** argv) {
     config["bos_token_id"] = V - 1;
     config["eos_token_id"] = V - 1;
   }
-  specsample_bench::write_file(*c.out, "config.json", config.dump(2) + "\n");
 
   // One deviate stream per tensor (seeded by the seed and the tensor's index among those that are
   // not masks): a tensor's values do not depend on the others'.
@@ -312,7 +311,8 @@ int run(int argc, char** argv) {
     ++index;
     tensors.push_back(io::make_tensor(t.name, t.dims, values, c.dtype));
   }
-  io::write_safetensors(*c.out / "model.safetensors", tensors, {{"format", "pt"}});
+  io::write_safetensors(*c.out / "model.safetensors", tensors, {{"format", "pt"}});  // (may refuse: first)
+  specsample_bench::write_file(*c.out, "config.json", config.dump(2) + "\n");
 
   if (V == 50257) {
     for (const char* name : tokenizer_files) {

@@ -367,6 +367,13 @@ TEST_CASE("every kind of malformed file is rejected with a message naming file a
     temp_dir dir("io-refused");
     REQUIRE_THROWS_WITH(io::write_safetensors(dir.path / "x.safetensors", ts), Contains("duplicate"));
     REQUIRE_FALSE(fs::exists(dir.path / "x.safetensors"));
+    // Nor a header the reader would refuse (it wrote files no reader could open): 10^8 bytes of
+    // metadata.
+    const std::map<std::string, std::string, std::less<>> huge{{"note", std::string(100'000'000, 'a')}};
+    REQUIRE_THROWS_WITH(io::write_safetensors(dir.path / "x.safetensors", sample_tensors(), huge),
+                        Contains("write_safetensors: the header of ") && Contains(" tensors would be 1000") &&
+                            Contains("bytes, more than the 100000000 bytes readers accept"));
+    REQUIRE_FALSE(fs::exists(dir.path / "x.safetensors"));
     // A write that cannot finish (/dev/full's "disk" is always full) leaves the earlier file whole
     // and no temporary behind.
     if (fs::exists("/dev/full")) {

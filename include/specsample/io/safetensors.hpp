@@ -483,7 +483,8 @@ namespace detail {
 
 /// The JSON header of a safetensors file holding `tensors` (in the given order, contiguous) and
 /// `metadata`, padded with spaces so the data section starts 8-byte aligned. Throws on a
-/// duplicate or reserved name, or a tensor whose bytes do not match its dtype and shape.
+/// duplicate or reserved name, a tensor whose bytes do not match its dtype and shape, or a header
+/// longer than readers accept (`max_header_bytes`: the file could not be read back).
 [[nodiscard]] inline std::string safetensors_header(std::span<const tensor_data> tensors,
                                                     const std::map<std::string, std::string, std::less<>>& metadata) {
   nlohmann::json header = nlohmann::json::object();
@@ -508,6 +509,11 @@ namespace detail {
   }
   std::string text = header.dump();
   text.append((8 - (text.size() % 8)) % 8, ' ');
+  if (text.size() > max_header_bytes) {
+    throw error(fmt::format("write_safetensors: the header of {} tensors would be {} bytes, more than the {} bytes "
+                            "readers accept",
+                            tensors.size(), text.size(), max_header_bytes));
+  }
   return text;
 }
 
@@ -537,8 +543,9 @@ namespace detail {
 /// lays them out but streamed: no copy of the tensors' bytes is made (a checkpoint of several GB
 /// needs no second buffer). The bytes go to `path` + ".tmp", renamed to `path` once all are
 /// written and the file closed: a failed write (a full disk) leaves any earlier file at `path` as
-/// it was and removes its temporary. Throws `specsample::error` on I/O failure, duplicate names or
-/// a tensor whose bytes do not match its dtype and shape (before any file is opened).
+/// it was and removes its temporary. Throws `specsample::error` on I/O failure, and, before any
+/// file is opened, on duplicate names, a tensor whose bytes do not match its dtype and shape, or
+/// a header longer than readers accept.
 inline void write_safetensors(const std::filesystem::path& path,
                               std::span<const tensor_data> tensors,
                               const std::map<std::string, std::string, std::less<>>& metadata = {}) {
