@@ -252,13 +252,14 @@ std::string draft_weights_basis(const cli& c) {
   return weights_basis(draft_options(c), c.draft_matmul ? "--draft-matmul" : "--matmul");
 }
 
-// The parameters of a generation at `temperature`: -n new tokens, --verify's rule, the draft
-// sampling at --draft-temperature-ratio × `temperature`.
 // A prompt of `prompt` tokens and `n` >= 1 new ones fit a context of `limit` tokens: prompt + n - 1
 // <= limit, without wrapping (-n 18446744073709551615 passed as a context of prompt - 2).
 bool fits_context(std::size_t prompt, std::size_t n, std::size_t limit) {
   return n <= limit && prompt <= limit + 1 - n;
 }
+
+// The parameters of a generation at `temperature`: -n new tokens, --verify's rule, the draft
+// sampling at --draft-temperature-ratio × `temperature`.
 
 specsample::speculative_params generation_params(const cli& c, double temperature) {
   specsample::speculative_params p;

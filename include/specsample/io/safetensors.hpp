@@ -520,7 +520,9 @@ namespace detail {
 }  // namespace detail
 
 /// Serializes tensors (in the given order, contiguous) and optional metadata to safetensors bytes.
-/// The header is padded with spaces so the data section starts 8-byte aligned.
+/// The header is padded with spaces so the data section starts 8-byte aligned. Throws
+/// `specsample::error` on duplicate names, a tensor whose bytes do not match its dtype and shape,
+/// or a header longer than readers accept.
 [[nodiscard]] inline std::vector<std::byte> serialize_safetensors(
     std::span<const tensor_data> tensors,
     const std::map<std::string, std::string, std::less<>>& metadata = {}) {

@@ -484,7 +484,8 @@ struct verifier_from_params {};
 /// of probability zero. Cost: a model call per prefix of positive probability (`exact_sequences`:
 /// a large model needs a top-k warping to keep them few) plus `samples` generations; the samples
 /// must be enough for the sequences' probabilities (too few to test are refused by
-/// `chi_square_test` with the number needed).
+/// `chi_square_test` with the number needed). `params.max_new_tokens` must be in
+/// 1..max_sequence_length.
 template <class Draft, language_model Target, std::uniform_random_bit_generator Rng,
           class Verifier = verifier_from_params>
   requires(language_model<Draft> || drafter<Draft>)

@@ -69,13 +69,6 @@ struct op_times {
   }
 };
 
-/// Keys and values of every layer for the positions in the context: per layer
-/// `kernels::kv_layer_size(P, C, NH)` elements each of `format` (F32 or F16:
-/// `options::kv_storage`), head-major, keys in transposed 16-key blocks (the layout the attention
-/// kernel reads, simd.hpp "attention layout"). Every layer's keys, then every layer's values, in
-/// one `huge_page_allocator` buffer (a decode reads every layer's keys and values up to the
-/// length; one buffer reaches the huge-page size where two halves might not: the bundled target's
-/// F16 cache is 2 × 1.18 MB).
 namespace detail {
 // format_name(f), or "weight_format(n)" for a value outside the enumeration (an integer cast to it).
 inline std::string format_label(weight_format f) {
@@ -84,6 +77,13 @@ inline std::string format_label(weight_format f) {
 }
 }  // namespace detail
 
+/// Keys and values of every layer for the positions in the context: per layer
+/// `kernels::kv_layer_size(P, C, NH)` elements each of `format` (F32 or F16:
+/// `options::kv_storage`), head-major, keys in transposed 16-key blocks (the layout the attention
+/// kernel reads, simd.hpp "attention layout"). Every layer's keys, then every layer's values, in
+/// one `huge_page_allocator` buffer (a decode reads every layer's keys and values up to the
+/// length; one buffer reaches the huge-page size where two halves might not: the bundled target's
+/// F16 cache is 2 × 1.18 MB).
 struct kv_cache {
   using storage = std::vector<unsigned char, huge_page_allocator<unsigned char>>;
   weight_format format = weight_format::f32;
@@ -294,6 +294,14 @@ class model {
                               pos0));
     }
   }
+  // `opts`, once every option holds a value of its enumeration and none contradicts another
+  // (kernels_of, kv_cache::checked_format, storage_of).
+  static const options& checked(const options& opts) {
+    (void)kernels_of(opts);
+    (void)kv_cache::checked_format(opts.kv_storage);
+    (void)storage_of(opts);
+    return opts;
+  }
   // The level `opts.kernels` asks for, capped at what this CPU and build have (simd::resolve).
   static isa kernels_of(const options& opts) {
     const isa k = opts.kernels;
@@ -343,11 +351,9 @@ class model {
 SPECSAMPLE_GPT2_MODEL model model::load(const std::filesystem::path& dir, options opts) {
   const std::filesystem::path config_path = dir / "config.json";
   const std::filesystem::path weights_path = dir / "model.safetensors";
-  opts.pool = pool_of(opts);  // first: options refused are refused before the files are read
+  const std::optional<weight_format> storage = storage_of(checked(opts));  // first: before any file or thread
+  opts.pool = pool_of(opts);
   opts.threads = 0;
-  (void)kernels_of(opts);
-  (void)kv_cache::checked_format(opts.kv_storage);
-  const std::optional<weight_format> storage = storage_of(opts);
   gpt2::config cfg = gpt2::config::load(config_path);
   const io::safetensors_file file = io::safetensors_file::open(weights_path);
   gpt2::weights w = gpt2::weights::load(file, cfg, config_path.string(), storage);
@@ -357,7 +363,7 @@ SPECSAMPLE_GPT2_MODEL model model::load(const std::filesystem::path& dir, option
 SPECSAMPLE_GPT2_MODEL model::model(const gpt2::config& cfg, gpt2::weights w, options opts) try
     : cfg_(validated(cfg)),
       w_(std::move(w)),
-      pool_(pool_of(opts)),
+      pool_(pool_of(checked(opts))),  // (before the KV cache is allocated)
       isa_(kernels_of(opts)),
       min_parallel_work_(opts.min_parallel_work),
       cache_(cfg.n_layer, cfg.n_head, cfg.n_positions, cfg.n_embd, opts.kv_storage) {
