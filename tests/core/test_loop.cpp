@@ -527,6 +527,29 @@ struct nan_last_column_model {
 };
 }  // namespace
 
+TEST_CASE("broken logits name the model they came from", "[loop][errors]") {
+  struct nan_model : toy::markov {  // a NaN for token 2 in every column
+    explicit nan_model(toy::markov m) : toy::markov(std::move(m)) {}
+    Eigen::MatrixXf append(std::span<const token> t) {
+      Eigen::MatrixXf logits = toy::markov::append(t);
+      logits.row(2).setConstant(std::numeric_limits<float>::quiet_NaN());
+      return logits;
+    }
+  };
+  using Catch::Matchers::StartsWith;
+  const auto base = toy::markov::random(5, 1, 81);
+  const std::vector<token> prompt{0, 1};
+  std::mt19937_64 rng(1);
+  toy::markov good = base, good_target = base;
+  nan_model bad_target(base), bad_draft(base), alone(base);
+  CHECK_THROWS_WITH(speculative_sample(good, bad_target, prompt, make_params(4, 2), rng),
+                    StartsWith("target model's logits contain NaN at token 2"));
+  CHECK_THROWS_WITH(speculative_sample(bad_draft, good_target, prompt, make_params(4, 2), rng),
+                    StartsWith("draft model's logits contain NaN at token 2"));
+  CHECK_THROWS_WITH(autoregressive_sample(alone, prompt, make_params(4, 2), rng),
+                    StartsWith("target model's logits contain NaN at token 2"));
+}
+
 TEST_CASE("warping target columns as the verifier reads them decides exactly as warping them all",
           "[loop][verify]") {
   auto target = toy::markov::random(40, 2, 51);

@@ -167,7 +167,7 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
 
   const std::size_t max_k = has_draft ? params.draft_length : 0;
   const auto max_new = params.max_new_tokens;
-  logit_warper warp(params.sampling, vocab);
+  logit_warper warp(params.sampling, vocab, "target");
   generation_result result;
   generation_stats& stats = result.stats;
   stats.accepted_histogram.assign(max_k + 1, 0);

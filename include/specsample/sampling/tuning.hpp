@@ -536,10 +536,10 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   detail::check_vocabularies(detail::vocabulary_of(draft, "draft"), vocab);
   speculative_params gen = params;
   gen.eos.reset();  // every text as long as its room allows: positions are what the means are over
-  logit_warper warp_p(params.sampling, vocab);
+  logit_warper warp_p(params.sampling, vocab, "target");
   std::vector<logit_warper> warp_q;  // the draft's warping at each ratio, as `apply` would set it
   for (const double r : ratios) {
-    warp_q.emplace_back(params.with_draft_temperature(static_cast<float>(t * r)).draft_warping(), vocab);
+    warp_q.emplace_back(params.with_draft_temperature(static_cast<float>(t * r)).draft_warping(), vocab, "draft");
   }
   draft_temperature_scan scan{std::vector<double>(ratios.begin(), ratios.end()), std::vector<double>(ratios.size(), 0.0), 0};
   Eigen::VectorXf p(static_cast<Eigen::Index>(vocab)), q(static_cast<Eigen::Index>(vocab));

@@ -19,6 +19,7 @@
 #include <functional>
 #include <iterator>
 #include <limits>
+#include <string>
 #include <vector>
 
 namespace specsample {
@@ -41,8 +42,9 @@ namespace specsample {
 class logit_warper {
  public:
   /// @param vocab the length of every logits column this warper will see.
-  logit_warper(const sampling_params& params, std::size_t vocab)
-      : params_(params), vocab_(vocab) {
+  /// @param model  whose logits these are ("target", "draft"), named in the errors; none by default.
+  logit_warper(const sampling_params& params, std::size_t vocab, const char* model = nullptr)
+      : params_(params), vocab_(vocab), model_(model) {
     validate(params_);
     if (vocab == 0) throw error("logit_warper: vocabulary size must be positive");
     if (params_.top_k > 0 || params_.top_p < 1.0f) {
@@ -108,18 +110,19 @@ class logit_warper {
 
  private:
   template <class Derived>
-  [[noreturn]] static void diagnose(const Eigen::MatrixBase<Derived>& logits) {
+  [[noreturn]] void diagnose(const Eigen::MatrixBase<Derived>& logits) const {
+    const std::string whose = model_ != nullptr ? fmt::format("{} model's logits", model_) : std::string("logits");
     bool any_finite = false;
     for (Eigen::Index i = 0; i < logits.size(); ++i) {
       const float x = logits(i);
-      if (std::isnan(x)) throw error(fmt::format("logits contain NaN at token {}", i));
+      if (std::isnan(x)) throw error(fmt::format("{} contain NaN at token {}", whose, i));
       if (x == std::numeric_limits<float>::infinity()) {
-        throw error(fmt::format("logits contain +inf at token {} (only -inf, probability zero, is allowed)", i));
+        throw error(fmt::format("{} contain +inf at token {} (only -inf, probability zero, is allowed)", whose, i));
       }
       any_finite = any_finite || std::isfinite(x);
     }
-    if (!any_finite) throw error("logits are -inf for every token: the distribution has no mass");
-    throw error("logits could not be normalised");  // unreachable with IEEE floats
+    if (!any_finite) throw error(fmt::format("{} are -inf for every token: the distribution has no mass", whose));
+    throw error(fmt::format("{} could not be normalised", whose));  // unreachable with IEEE floats
   }
 
   void normalise(Eigen::Ref<Eigen::VectorXf> probs, double total) const {
@@ -226,6 +229,7 @@ class logit_warper {
 
   sampling_params params_;
   std::size_t vocab_;
+  const char* model_ = nullptr;     // named in the errors, when set
   isa isa_ = simd::detected();      // the vector kernels (exp, max, sums, search)
   std::vector<std::uint64_t> best_;  // scratch of top-k / top-p: keys of the most probable tokens
 };

@@ -219,7 +219,7 @@ template <language_model M>
   }
   specsample::detail::check_prompt(prompt, v);
   specsample::detail::check_fits(model, "enumerated", prompt.size(), length);
-  logit_warper warp(sampling, v);
+  logit_warper warp(sampling, v, "enumerated");
   model.truncate(0);
   Eigen::VectorXf first(static_cast<Eigen::Index>(v));
   detail::append_and_warp(model, prompt, warp, first);
