@@ -123,6 +123,18 @@ TEST_CASE("calibration picks a longer draft for a better draft model", "[tuning]
   // A round's first draft call is charged at first_cost_ratio, the others at cost_ratio.
   const auto round = g.round_cost();
   REQUIRE(round.size() == 9);
+  CHECK_THROWS_WITH(detail::cost_ratios(good, target, prompt, 8, 0),
+                    "cost_ratios: reps must be >= 1 (every ratio is a median over reps rounds)");  // (all NaN)
+  CHECK_THROWS_WITH(detail::cost_ratios(good, target, std::span<const token>(), 8),
+                    "cost_ratios: the context must hold at least one token");
+  for (const double bad : {std::nan(""), -1.0, std::numeric_limits<double>::infinity()}) {  // (a NaN read as 0)
+    calibration b = g;
+    b.first_cost_ratio = bad;
+    CHECK_THROWS_WITH(b.round_cost(), fmt::format("calibration.first_cost_ratio must be finite and >= 0, got {}", bad));
+    b = g;
+    b.cost_ratio = bad;
+    CHECK_THROWS_WITH(b.round_cost(), fmt::format("calibration.cost_ratio must be finite and >= 0, got {}", bad));
+  }
   CHECK(round[0] == 1.0);
   for (std::size_t k = 1; k < 9; ++k) {
     CHECK(g.cost_ratio * double(k) + round[k] ==

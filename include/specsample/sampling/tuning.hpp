@@ -180,7 +180,14 @@ struct calibration {
   /// target calls: verify_cost[K] plus what its first draft call costs beyond cost_ratio ([0] = 1,
   /// no draft). best_k and predicted come from `best_draft_length` / `predicted_speedup` with it as
   /// their verify_cost, so that c·K + round_cost[K] = c_first + c·(K − 1) + verify_cost[K].
+  /// Throws `specsample::error` when cost_ratio or first_cost_ratio is not finite and >= 0 (a NaN
+  /// counted as no extra cost).
   [[nodiscard]] std::vector<double> round_cost() const {
+    for (const auto& [value, name] : {std::pair{cost_ratio, "cost_ratio"}, std::pair{first_cost_ratio, "first_cost_ratio"}}) {
+      if (!(value >= 0.0 && std::isfinite(value))) {
+        throw error(fmt::format("calibration.{} must be finite and >= 0, got {}", name, value));
+      }
+    }
     std::vector<double> r = verify_cost;
     for (std::size_t k = 1; k < r.size(); ++k) r[k] += std::max(0.0, first_cost_ratio - cost_ratio);
     return r;
@@ -251,10 +258,13 @@ template <class Target>
 /// Every ratio is the median of its per-round ratios over `reps` rounds, so drift of a shared
 /// machine between rounds cancels instead of biasing one side. Inside the loop the verification
 /// call still runs a few percent dearer (more data passes through the caches between calls), so
-/// the predictions built on these costs lean optimistic.
+/// the predictions built on these costs lean optimistic. Throws `specsample::error` for an empty
+/// context or reps = 0.
 template <language_model Draft, language_model Target>
 calibration cost_ratios(Draft& draft, Target& target, std::span<const token> context, std::size_t k_max,
                         std::size_t reps = 15) {
+  if (context.empty()) throw error("cost_ratios: the context must hold at least one token");
+  if (reps == 0) throw error("cost_ratios: reps must be >= 1 (every ratio is a median over reps rounds)");
   const std::size_t keep = context.size() - 1;
   detail::prefill(draft, context, static_cast<std::size_t>(draft.vocab_size()), "draft");
   detail::prefill(target, context, static_cast<std::size_t>(target.vocab_size()), "target");
