@@ -260,7 +260,6 @@ bool fits_context(std::size_t prompt, std::size_t n, std::size_t limit) {
 
 // The parameters of a generation at `temperature`: -n new tokens, --verify's rule, the draft
 // sampling at --draft-temperature-ratio × `temperature`.
-
 specsample::speculative_params generation_params(const cli& c, double temperature) {
   specsample::speculative_params p;
   p.max_new_tokens = c.n;

@@ -262,6 +262,15 @@ TEST_CASE("the residual of identical distributions falls back to p", "[verify][r
   for (int i = 0; i < 100; ++i) CHECK(sample_residual(p2, q, rng) == 1);  // max(0, p - q) = e_1 * 0.5
 }
 
+namespace {
+// Draft token x verified by block verification or token-wise (verify_tokenwise), given q and p whole.
+verify_result verify_one(bool block, token x, const Eigen::Ref<const Eigen::MatrixXf>& q,
+                         const Eigen::Ref<const Eigen::MatrixXf>& p, std::mt19937_64& rng) {
+  const std::span<const token> drafts(&x, 1);
+  return block ? block_verifier{}(drafts, q, p, rng) : verify_tokenwise(drafts, q, p, rng);
+}
+}  // namespace
+
 TEST_CASE("verify rejects inconsistent inputs", "[verify][errors]") {
   Eigen::MatrixXf q = Eigen::MatrixXf::Constant(3, 1, 1.0f / 3), p = Eigen::MatrixXf::Constant(3, 1, 1.0f / 3);
   std::mt19937_64 rng(1);
@@ -280,8 +289,7 @@ TEST_CASE("verify rejects inconsistent inputs", "[verify][errors]") {
   pn(0, 0) = std::nanf("");
   for (const bool block : {false, true}) {
     const auto run = [&](const Eigen::MatrixXf& qq, const Eigen::MatrixXf& pp) {
-      return block ? block_verifier{}(std::span<const token>(&x, 1), qq, pp, rng)
-                   : verify_tokenwise(std::span<const token>(&x, 1), qq, pp, rng);
+      return verify_one(block, x, qq, pp, rng);
     };
     CHECK_THROWS_WITH(run(qn, p2), Contains("has draft probability q = nan (draft 0)"));
     CHECK_THROWS_WITH(run(q, pn), Contains("verify: p(0, 0) = nan; p must hold distributions"));
@@ -306,8 +314,7 @@ TEST_CASE("verify and sample_residual name a NaN, infinite or negative entry awa
   for (const bool block : {false, true}) {
     std::mt19937_64 rng(2);
     const auto run = [&](const Eigen::MatrixXf& qq, const Eigen::MatrixXf& pp) {
-      return block ? block_verifier{}(std::span<const token>(&x, 1), qq, pp, rng)
-                   : verify_tokenwise(std::span<const token>(&x, 1), qq, pp, rng);
+      return verify_one(block, x, qq, pp, rng);
     };
     Eigen::MatrixXf bad = p;
     bad(2, 0) = std::nanf("");
@@ -364,8 +371,7 @@ TEST_CASE("verify names a column of p or q that does not sum to 1", "[verify][er
   for (const bool block : {false, true}) {
     std::mt19937_64 rng(2);
     const auto run = [&](const Eigen::MatrixXf& qq, const Eigen::MatrixXf& pp) {
-      return block ? block_verifier{}(std::span<const token>(&x, 1), qq, pp, rng)
-                   : verify_tokenwise(std::span<const token>(&x, 1), qq, pp, rng);
+      return verify_one(block, x, qq, pp, rng);
     };
     CHECK_THROWS_WITH(run(q, p * 2.0f), "verify: column 0 of p sums to 2; p" + rule);
     Eigen::MatrixXf bonus = p;
@@ -403,8 +409,7 @@ TEST_CASE("the tolerance of a distribution's sum admits float softmaxes and grow
     std::mt19937_64 rng(1);
     for (const bool block : {false, true}) {
       const auto run = [&](const Eigen::MatrixXf& q, const Eigen::MatrixXf& p) {
-        return block ? block_verifier{}(std::span<const token>(&x, 1), q.leftCols(1), p, rng)
-                     : verify_tokenwise(std::span<const token>(&x, 1), q.leftCols(1), p, rng);
+        return verify_one(block, x, q.leftCols(1), p, rng);
       };
       if (refused) {
         CHECK_THROWS_WITH(run(even, off), Catch::Matchers::StartsWith("verify: column 0 of p sums to 0.99") ||
