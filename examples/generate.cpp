@@ -1,7 +1,7 @@
 // specsample-generate: speculative (or plain) generation with GPT-2 checkpoints.
 //
 //   specsample-generate [--target DIR] [--draft DIR] [--prompt TEXT | --prompt-file F]
-//                       [-n N] [-k K|auto] [--p-min P] [--adaptive] [--temperature T] [--top-k N] [--top-p P] [--min-p P]
+//                       [-n N] [--eos ID|none] [-k K|auto] [--p-min P] [--adaptive] [--temperature T] [--top-k N] [--top-p P] [--min-p P]
 //                       [--draft-temperature T|auto]
 //                       [--seed S] [--threads N] [--kernels LEVEL] [--weights f32|f16|bf16] [--kv f32|f16] [--matmul f32|bf16|int8]
 //                       [--draft-matmul f32|bf16|int8] [--prompt-lookup N] [--calibration-prompts F]
@@ -9,7 +9,8 @@
 //                       [--verify tokenwise|block] [--leniency B] [--repeat R] [--stream]
 //                       [--verbose] [--json]
 //
-// Defaults: the bundled Tiny Shakespeare pair (models/shakespeare-target, -draft), compare mode.
+// Defaults: the bundled Tiny Shakespeare pair (models/shakespeare-target, -draft), compare mode,
+// generation stopping after the target's eos_token_id (config.json) or -n tokens.
 // --draft ngram drafts by prompt lookup (no draft model); --draft a,b,c measures each candidate on
 // a warm-up and keeps the one with the best predicted speedup at the K given, or at its best K
 // with -k auto (among those whose check pays: check_prediction times speculation at that K
@@ -64,6 +65,9 @@ struct cli {
   std::optional<float> draft_temperature;  // --draft-temperature: the draft's warping at its own temperature
   bool auto_draft_temperature = false;     // --draft-temperature auto: scan_draft_temperature picks it
   std::uint64_t seed = 42;
+  // --eos: stop after this token; none: never; unset: the target's config.json eos_token_id.
+  std::optional<token> eos;
+  bool no_eos = false;
   std::size_t threads = 0;
   specsample::gpt2::options model;  // --kernels, --weights, --kv, --matmul (gpt2::set_option)
   std::optional<specsample::gpt2::matmul_precision> draft_matmul;  // --draft-matmul: the draft models' instead
@@ -114,7 +118,10 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
   --adaptive            adapt K between rounds (+2 after a full acceptance, -1 after a rejection)
   --prompt TEXT         prompt text (default: a held-out Tiny Shakespeare line)
   --prompt-file F       read the prompt from a file
-  -n, --max-new-tokens  tokens to generate (default 128)
+  -n, --max-new-tokens  tokens to generate (default 128), fewer when EOS comes first
+  --eos ID              stop right after token ID (default: the target's eos_token_id in
+                        config.json, <|endoftext|> for GPT-2 and the bundled models); none:
+                        always -n tokens
   -k, --draft-length    K, tokens drafted per round (default 4), or auto
   --temperature T       0 = greedy (default 0)
   --top-k N, --top-p P, --min-p P   filters (default off)
@@ -201,6 +208,19 @@ cli parse(int argc, char** argv) {
       if (!c.auto_draft_temperature) c.draft_temperature = parse_number<float>(a, v);
     }
     else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
+    else if (a == "--eos") {
+      const std::string_view v = value();
+      c.no_eos = v == "none";
+      c.eos.reset();
+      if (!c.no_eos) {
+        token id = -1;
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), id);
+        if (ec != std::errc{} || end != v.data() + v.size() || id < 0) {
+          usage_error(fmt::format("--eos expects a token id (>= 0) or none, got '{}'", v));
+        }
+        c.eos = id;
+      }
+    }
     else if (specsample::gpt2::is_option_flag(a)) {
       const std::string_view v = value();  // outside the try: its usage error is whole
       try {
@@ -374,15 +394,20 @@ class reporter {
   void trace(const specsample::round_event& e) {
     std::string line = fmt::format("[{} round {}]", label_, e.round);
     bool rejected = false;  // drafts after the first rejection are discarded untested
-    for (const auto& d : e.drafts) {
+    for (std::size_t i = 0; i < e.drafts.size(); ++i) {
+      const auto& d = e.drafts[i];
       const std::string p = std::isnan(d.p) ? std::string() : fmt::format(" p={:.3f}", d.p);  // NaN: never scored
+      // An EOS among the accepted drafts ends the output there: the drafts after it are dropped.
+      const bool dropped = d.accepted && i >= e.emitted.size();
       line += fmt::format(" \"{}\" q={:.3f}{} {}", printable(tok_.decode(std::span<const token>(&d.id, 1))), d.q, p,
-                          d.accepted ? "accepted" : rejected ? "discarded" : "REJECTED");
+                          dropped ? "accepted, after EOS" : d.accepted ? "accepted" : rejected ? "discarded" : "REJECTED");
       rejected = rejected || !d.accepted;
     }
     const token last = e.emitted.back();
+    const bool draft_last = !e.drafts.empty() && e.emitted.size() <= e.drafts.size() && e.drafts[e.emitted.size() - 1].accepted;
     line += fmt::format(" -> emit \"{}\" ({}){}", printable(tok_.decode(std::span<const token>(&last, 1))),
-                        e.drafts.empty() ? "sampled" : e.bonus ? "bonus" : "correction", e.eos ? " EOS" : "");
+                        e.drafts.empty() ? "sampled" : draft_last ? "a draft" : e.bonus ? "bonus" : "correction",
+                        e.eos ? " EOS" : "");
     fmt::print(stderr, "{}\n", line);
   }
 
@@ -419,9 +444,15 @@ run_record timed(const cli& c, const specsample::bpe_tokenizer& tok, const std::
   return r;
 }
 
-nlohmann::json stats_json(const run_record& r) {
+// The run ended on the EOS token (before -n tokens, or as the last of them).
+bool stopped_at_eos(const run_record& r, const specsample::speculative_params& params) {
+  return params.eos && !r.result.tokens.empty() && r.result.tokens.back() == *params.eos;
+}
+
+nlohmann::json stats_json(const run_record& r, const specsample::speculative_params& params) {
   const auto& s = r.result.stats;
   return {{"tokens", s.tokens},
+          {"stopped_at_eos", stopped_at_eos(r, params)},
           {"seconds", r.seconds},
           {"decode_seconds", s.decode_seconds()},
           {"tokens_per_second", static_cast<double>(s.tokens) / s.decode_seconds()},
@@ -449,7 +480,7 @@ double median(std::vector<double> v) {
 }
 
 int run(int argc, char** argv) {
-  const cli c = parse(argc, argv);
+  cli c = parse(argc, argv);
   const bool need_draft = c.mode != "autoregressive";
   const bool ngram = c.draft && *c.draft == "ngram";
   const fs::path models = (c.target && (c.draft || !need_draft)) ? fs::path() : bundled_models(argv[0]);
@@ -495,6 +526,10 @@ int run(int argc, char** argv) {
   }
   const double load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  if (c.eos && !specsample::in_vocabulary(*c.eos, target.vocab_size())) {
+    usage_error(fmt::format("--eos {} is not a token of the target's vocabulary of {}", *c.eos, target.vocab_size()));
+  }
+  c.params.eos = c.no_eos ? std::nullopt : c.eos ? c.eos : target.config().eos_token_id;
   const std::vector<token> prompt = tok.encode(c.prompt);
   if (prompt.empty()) throw specsample::error("the prompt encodes to no tokens");
 
@@ -690,6 +725,7 @@ int run(int argc, char** argv) {
                      {"mode", mode},
                      {"prompt_tokens", prompt.size()},
                      {"max_new_tokens", c.params.max_new_tokens},
+                     {"eos", c.params.eos ? nlohmann::json(*c.params.eos) : nlohmann::json(nullptr)},
                      {"draft_length", run_cli.params.draft_length},
                      {"temperature", c.params.sampling.temperature},
                      {"top_k", c.params.sampling.top_k},
@@ -715,14 +751,14 @@ int run(int argc, char** argv) {
     if (!temperature_scans.empty()) j["draft_temperature_scan"] = temperature_scans;
     if (fell_back) j["requested_mode"] = c.mode;  // speculative: no K paid
     if (!spec_runs.empty()) {
-      j["speculative"] = stats_json(spec_runs.front());
+      j["speculative"] = stats_json(spec_runs.front(), c.params);
       j["speculative"]["text"] = tok.decode(spec_runs.front().result.tokens);
       j["speculative"]["token_ids"] = spec_runs.front().result.tokens;
       j["speculative"]["decode_seconds_all"] = spec_s;
       j["speculative"]["seconds_all"] = spec_all;
     }
     if (!ar_runs.empty()) {
-      j["autoregressive"] = stats_json(ar_runs.front());
+      j["autoregressive"] = stats_json(ar_runs.front(), c.params);
       j["autoregressive"]["text"] = tok.decode(ar_runs.front().result.tokens);
       j["autoregressive"]["token_ids"] = ar_runs.front().result.tokens;
       j["autoregressive"]["decode_seconds_all"] = ar_s;
@@ -749,11 +785,14 @@ int run(int argc, char** argv) {
     if (!ar_runs.empty() && !(compare && identical)) print_text("autoregressive", ar_runs.front());
   }
 
+  const auto up_to_eos = [&](const run_record& r) {
+    return stopped_at_eos(r, c.params) ? fmt::format(" (up to EOS, token {})", *c.params.eos) : std::string();
+  };
   if (!spec_runs.empty()) {
     const auto& s = spec_runs.front().result.stats;
-    fmt::print("speculative:    {} tokens in {:.3f} s ({:.1f} tokens/s) after a {:.1f} ms prefill; K = {}, {} rounds, "
+    fmt::print("speculative:    {} tokens{} in {:.3f} s ({:.1f} tokens/s) after a {:.1f} ms prefill; K = {}, {} rounds, "
                "acceptance {:.3f} (alpha {:.3f}), {:.2f} tokens per target call\n",
-               s.tokens, median(spec_s), static_cast<double>(s.tokens) / median(spec_s), s.prefill_seconds * 1e3,
+               s.tokens, up_to_eos(spec_runs.front()), median(spec_s), static_cast<double>(s.tokens) / median(spec_s), s.prefill_seconds * 1e3,
                run_cli.params.draft_length, s.rounds, s.acceptance_rate(), s.estimated_alpha(),
                s.tokens_per_target_call());
     if (c.prompt_lookup > 0) {
@@ -765,8 +804,8 @@ int run(int argc, char** argv) {
   }
   if (!ar_runs.empty()) {
     const auto& s = ar_runs.front().result.stats;
-    fmt::print("autoregressive: {} tokens in {:.3f} s ({:.1f} tokens/s) after a {:.1f} ms prefill\n", s.tokens,
-               median(ar_s), static_cast<double>(s.tokens) / median(ar_s), s.prefill_seconds * 1e3);
+    fmt::print("autoregressive: {} tokens{} in {:.3f} s ({:.1f} tokens/s) after a {:.1f} ms prefill\n", s.tokens,
+               up_to_eos(ar_runs.front()), median(ar_s), static_cast<double>(s.tokens) / median(ar_s), s.prefill_seconds * 1e3);
   }
   if (compare) {
     fmt::print("speedup: {:.2f}x decoding (median of {} run{} each; best times {:.2f}x); {:.2f}x with the prefill\n",

@@ -1179,7 +1179,12 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
                                       Contains("config.json") &&
                                       Contains("does not match the tensors"));
     set_config("n_embd", 16);
-    set_config("vocab_size", 50000);
+    {
+      nlohmann::json j = read_json(src / "config.json");
+      j["vocab_size"] = 50000;
+      j.erase("eos_token_id");  // (50256 is no token of 50000: refused before the tensors are read)
+      write_text(cfg, j.dump(2));
+    }
     REQUIRE_THAT(load_error(dir), Contains("'wte.weight' has shape [50257, 16], expected [50000, "
                                            "16]"));
     set_config("vocab_size", 50257);
@@ -1252,6 +1257,29 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
       set_config(key, value);
       INFO(key);
       REQUIRE(load_error(dir).empty());
+    }
+    // eos_token_id: a token of the vocabulary, or null / absent for none (GPT-2's is 50256).
+    REQUIRE(gpt2::config::load(cfg).eos_token_id == token{50256});
+    for (const nlohmann::json& eos : {nlohmann::json(50257), nlohmann::json(-1), nlohmann::json(2.5),
+                                      nlohmann::json("50256"), nlohmann::json::array({50256, 0})}) {
+      set_config("eos_token_id", eos);
+      INFO(eos.dump());
+      REQUIRE_THAT(load_error(dir), Contains(cfg.string()) &&
+                                        Contains("\"eos_token_id\" must be a token id below vocab_size = 50257 or "
+                                                 "null, got " + eos.dump()));
+    }
+    for (const nlohmann::json& eos : {nlohmann::json(nullptr), nlohmann::json(nlohmann::json::value_t::discarded)}) {
+      set_config("eos_token_id", eos);
+      REQUIRE(load_error(dir).empty());
+      REQUIRE_FALSE(gpt2::config::load(cfg).eos_token_id.has_value());
+    }
+    set_config("eos_token_id", 0);
+    REQUIRE(gpt2::config::load(cfg).eos_token_id == token{0});
+    {
+      gpt2::config c = gpt2::config::load(cfg);  // built in code: validate() checks it too
+      c.eos_token_id = 50257;
+      REQUIRE_THROWS_WITH(c.validate("mine"), Contains("mine: eos_token_id = 50257 is not a token of the vocabulary "
+                                                       "of 50257"));
     }
     write_text(cfg, "{ not json");
     REQUIRE_THAT(load_error(dir), Contains(cfg.string()) && Contains("not valid JSON"));

@@ -2,6 +2,7 @@
 /// @file config.hpp
 /// GPT-2 hyper-parameters (Hugging Face `config.json`) and load options.
 
+#include <specsample/concepts.hpp>
 #include <specsample/error.hpp>
 #include <specsample/io/json.hpp>
 #include <specsample/io/mapped_file.hpp>
@@ -194,6 +195,10 @@ struct config {
   /// lm_head.weight other than wte.weight is refused (transformers versions disagree on which of
   /// the two such a file means).
   bool tie_word_embeddings = true;
+  /// The token that ends a text (`eos_token_id`; none where the file says null or has no such
+  /// field): Hugging Face's `generate` stops there, as `speculative_params::eos` does when set to
+  /// it. Must be a token of the vocabulary.
+  std::optional<token> eos_token_id;
 
   /// Upper bound on every size (keeps all products of sizes far from overflow).
   static constexpr std::size_t max_dimension = std::size_t{1} << 24;
@@ -229,12 +234,17 @@ struct config {
       throw error(fmt::format("{}: layer_norm_epsilon = {} is outside [{}, {}]", source,
                               layer_norm_epsilon, min_epsilon, max_epsilon));
     }
+    if (eos_token_id && !in_vocabulary(*eos_token_id, vocab_size)) {
+      throw error(fmt::format("{}: eos_token_id = {} is not a token of the vocabulary of {}", source,
+                              *eos_token_id, vocab_size));
+    }
   }
 
   /// Reads the GPT-2 fields of a parsed `config.json` (`source` names it in errors):
   /// n_layer, n_head, n_embd, n_positions (else n_ctx), vocab_size, layer_norm_epsilon (default
   /// 1e-5), activation_function ("gelu_new" or "gelu_pytorch_tanh" when present), n_inner (null/absent = 4 C),
-  /// tie_word_embeddings (default true; null reads as false). Fields of transformers' GPT2Config that would change the
+  /// tie_word_embeddings (default true; null reads as false), eos_token_id (null/absent = none; a
+  /// token id of the vocabulary). Fields of transformers' GPT2Config that would change the
   /// computation are refused unless absent or GPT-2's: model_type other than "gpt2" (or null),
   /// scale_attn_weights false or null (no 1/sqrt(d) in attention: transformers reads null as
   /// false), scale_attn_by_inverse_layer_idx true (another 1/(layer + 1)); these two must be
@@ -296,6 +306,15 @@ struct config {
         throw error(fmt::format("{}: \"tie_word_embeddings\" must be true or false, got {}", source, it->dump()));
       }
       c.tie_word_embeddings = it->is_boolean() && it->get<bool>();  // null: false, as transformers reads it
+    }
+    if (const auto it = j.find("eos_token_id"); it != j.end() && !it->is_null()) {
+      // A list (several end tokens, as later models' configs allow) is no GPT-2 config: refused
+      // rather than one of them picked.
+      if (!it->is_number_unsigned() || it->get<std::uint64_t>() >= c.vocab_size) {
+        throw error(fmt::format("{}: \"eos_token_id\" must be a token id below vocab_size = {} or null, got {}",
+                                source, c.vocab_size, it->dump()));
+      }
+      c.eos_token_id = static_cast<token>(it->get<std::uint64_t>());
     }
     if (const auto it = j.find("activation_function"); it != j.end() && !it->is_null()) {
       // "gelu_pytorch_tanh" is the same tanh approximation under its newer transformers name.
