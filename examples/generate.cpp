@@ -216,7 +216,7 @@ cli parse(int argc, char** argv) {
         token id = -1;
         const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), id);
         if (ec != std::errc{} || end != v.data() + v.size() || id < 0) {
-          usage_error(fmt::format("--eos expects a token id (>= 0) or none, got '{}'", v));
+          usage_error(fmt::format("--eos expects a token id (0 to {}) or none, got '{}'", std::numeric_limits<token>::max(), v));
         }
         c.eos = id;
       }
@@ -400,7 +400,7 @@ class reporter {
       // An EOS among the accepted drafts ends the output there: the drafts after it are dropped.
       const bool dropped = d.accepted && i >= e.emitted.size();
       line += fmt::format(" \"{}\" q={:.3f}{} {}", printable(tok_.decode(std::span<const token>(&d.id, 1))), d.q, p,
-                          dropped ? "accepted, after EOS" : d.accepted ? "accepted" : rejected ? "discarded" : "REJECTED");
+                          dropped ? "accepted, dropped after EOS" : d.accepted ? "accepted" : rejected ? "discarded" : "REJECTED");
       rejected = rejected || !d.accepted;
     }
     const token last = e.emitted.back();
@@ -506,6 +506,9 @@ int run(int argc, char** argv) {
   const auto load_start = std::chrono::steady_clock::now();
   if (!c.json) fmt::print(stderr, "loading {}...\n", target_dir.string());
   const auto tok = specsample::bpe_tokenizer::load(target_dir);
+  if (c.eos && !specsample::in_vocabulary(*c.eos, tok.vocab_size())) {  // before the models load
+    usage_error(fmt::format("--eos {} is not a token of the target's vocabulary of {}", *c.eos, tok.vocab_size()));
+  }
   specsample::gpt2::options opts = c.model;
   opts.pool = std::make_shared<specsample::gpt2::thread_pool>(c.threads);  // one pool for every model
   auto target = specsample::gpt2::model::load(target_dir, opts);
@@ -526,9 +529,6 @@ int run(int argc, char** argv) {
   }
   const double load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
-  if (c.eos && !specsample::in_vocabulary(*c.eos, target.vocab_size())) {
-    usage_error(fmt::format("--eos {} is not a token of the target's vocabulary of {}", *c.eos, target.vocab_size()));
-  }
   c.params.eos = c.no_eos ? std::nullopt : c.eos ? c.eos : target.config().eos_token_id;
   const std::vector<token> prompt = tok.encode(c.prompt);
   if (prompt.empty()) throw specsample::error("the prompt encodes to no tokens");
@@ -716,6 +716,15 @@ int run(int argc, char** argv) {
     ar_s.push_back(r.result.stats.decode_seconds());
     ar_all.push_back(r.seconds);
   }
+  // The speedups compare time per token: sampled runs that stop at EOS differ in length.
+  const auto per_token = [](const std::vector<run_record>& runs, const std::vector<double>& seconds) {
+    std::vector<double> v;
+    for (std::size_t i = 0; i < runs.size(); ++i) v.push_back(seconds[i] / static_cast<double>(runs[i].result.stats.tokens));
+    return v;
+  };
+  const std::vector<double> spec_t = per_token(spec_runs, spec_s), ar_t = per_token(ar_runs, ar_s),
+                            spec_all_t = per_token(spec_runs, spec_all), ar_all_t = per_token(ar_runs, ar_all);
+  const auto min_of = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
   const bool greedy = c.params.sampling.temperature == 0.0f;
   const bool compare = mode == "compare";
   const bool identical = compare && spec_runs.front().result.tokens == ar_runs.front().result.tokens;
@@ -765,9 +774,9 @@ int run(int argc, char** argv) {
       j["autoregressive"]["seconds_all"] = ar_all;
     }
     if (compare) {
-      j["speedup_median"] = median(ar_s) / median(spec_s);
-      j["speedup_median_with_prefill"] = median(ar_all) / median(spec_all);
-      j["speedup_min_time"] = *std::min_element(ar_s.begin(), ar_s.end()) / *std::min_element(spec_s.begin(), spec_s.end());
+      j["speedup_median"] = median(ar_t) / median(spec_t);
+      j["speedup_median_with_prefill"] = median(ar_all_t) / median(spec_all_t);
+      j["speedup_min_time"] = min_of(ar_t) / min_of(spec_t);
       if (greedy) j["identical"] = identical;
     }
     // Byte-level tokens can end the text inside a UTF-8 character (and paths need not be UTF-8):
@@ -808,10 +817,12 @@ int run(int argc, char** argv) {
                up_to_eos(ar_runs.front()), median(ar_s), static_cast<double>(s.tokens) / median(ar_s), s.prefill_seconds * 1e3);
   }
   if (compare) {
-    fmt::print("speedup: {:.2f}x decoding (median of {} run{} each; best times {:.2f}x); {:.2f}x with the prefill\n",
-               median(ar_s) / median(spec_s), c.repeat, c.repeat == 1 ? "" : "s",
-               *std::min_element(ar_s.begin(), ar_s.end()) / *std::min_element(spec_s.begin(), spec_s.end()),
-               median(ar_all) / median(spec_all));
+    const std::size_t spec_tokens = spec_runs.front().result.stats.tokens, ar_tokens = ar_runs.front().result.stats.tokens;
+    fmt::print("speedup: {:.2f}x decoding (median of {} run{} each; best times {:.2f}x); {:.2f}x with the prefill{}\n",
+               median(ar_t) / median(spec_t), c.repeat, c.repeat == 1 ? "" : "s", min_of(ar_t) / min_of(spec_t),
+               median(ar_all_t) / median(spec_all_t),
+               spec_tokens == ar_tokens ? std::string()
+                                        : fmt::format(" (time per token: {} tokens against {})", spec_tokens, ar_tokens));
     if (greedy) fmt::print("outputs identical at temperature 0: {}\n", identical ? "yes" : "NO");
   }
   return compare && greedy && !identical ? 1 : 0;

@@ -418,6 +418,13 @@ TEST_CASE("calibration over several prompts pools their acceptance", "[tuning]")
   REQUIRE(pooled.acceptance.size() == 4);
   for (std::size_t i = 0; i < 4; ++i) CHECK(pooled.acceptance[i] == by_hand.rates()[i]);
   CHECK((pooled.best_k >= 1 && pooled.best_k <= 4));
+  // An EOS in the caller's parameters does not cut the warm-ups short (token 0 comes within a few
+  // of the 200 tokens of each): the same positions, the same acceptance.
+  speculative_params with_eos = params;
+  with_eos.eos = 0;
+  std::mt19937_64 c(9);
+  const auto eos_pooled = calibrate(draft, target, std::span<const std::vector<token>>(prompts), with_eos, c, 4, 200, 0);
+  CHECK(eos_pooled.acceptance == pooled.acceptance);
   const std::vector<std::vector<token>> none;
   CHECK_THROWS_WITH(calibrate(draft, target, std::span<const std::vector<token>>(none), params, a),
                     Catch::Contains("no prompts"));

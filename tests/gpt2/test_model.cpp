@@ -1179,12 +1179,7 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
                                       Contains("config.json") &&
                                       Contains("does not match the tensors"));
     set_config("n_embd", 16);
-    {
-      nlohmann::json j = read_json(src / "config.json");
-      j["vocab_size"] = 50000;
-      j.erase("eos_token_id");  // (50256 is no token of 50000: refused before the tensors are read)
-      write_text(cfg, j.dump(2));
-    }
+    set_config("vocab_size", 50000);  // (its eos_token_id, 50256, is then no token: none)
     REQUIRE_THAT(load_error(dir), Contains("'wte.weight' has shape [50257, 16], expected [50000, "
                                            "16]"));
     set_config("vocab_size", 50257);
@@ -1258,18 +1253,23 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
       INFO(key);
       REQUIRE(load_error(dir).empty());
     }
-    // eos_token_id: a token of the vocabulary, or null / absent for none (GPT-2's is 50256).
+    // eos_token_id: a token of the vocabulary (GPT-2's is 50256); none where it is null, absent or
+    // an integer outside the vocabulary (transformers' GPT2Config writes 50256 whatever the
+    // vocabulary); anything but an integer or null is refused.
     REQUIRE(gpt2::config::load(cfg).eos_token_id == token{50256});
-    for (const nlohmann::json& eos : {nlohmann::json(50257), nlohmann::json(-1), nlohmann::json(2.5),
-                                      nlohmann::json("50256"), nlohmann::json::array({50256, 0})}) {
+    for (const nlohmann::json& eos : {nlohmann::json(2.5), nlohmann::json("50256"), nlohmann::json(true),
+                                      nlohmann::json::array({50256, 0}), nlohmann::json(1e30)}) {
       set_config("eos_token_id", eos);
       INFO(eos.dump());
       REQUIRE_THAT(load_error(dir), Contains(cfg.string()) &&
-                                        Contains("\"eos_token_id\" must be a token id below vocab_size = 50257 or "
-                                                 "null, got " + eos.dump()));
+                                        Contains("\"eos_token_id\" must be an integer (a token id) or null, got " +
+                                                 eos.dump()));
     }
-    for (const nlohmann::json& eos : {nlohmann::json(nullptr), nlohmann::json(nlohmann::json::value_t::discarded)}) {
+    for (const nlohmann::json& eos : {nlohmann::json(nullptr), nlohmann::json(nlohmann::json::value_t::discarded),
+                                      nlohmann::json(50257), nlohmann::json(-1),
+                                      nlohmann::json(std::numeric_limits<std::uint64_t>::max())}) {
       set_config("eos_token_id", eos);
+      INFO(eos.dump());
       REQUIRE(load_error(dir).empty());
       REQUIRE_FALSE(gpt2::config::load(cfg).eos_token_id.has_value());
     }

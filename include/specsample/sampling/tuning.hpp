@@ -430,8 +430,8 @@ void check_prediction(calibration& c, Draft& draft, Target& target, std::span<co
 }
 
 /// Runs a short speculative generation with K = k_max from each of `prompts` (`warmup_tokens`
-/// tokens each, fewer where a prompt leaves the models' contexts less room; the caller's
-/// sampling parameters) to measure acceptance by position, pooled over
+/// tokens each, fewer where a prompt leaves the models' contexts less room, none cut short by
+/// `params.eos`; the caller's sampling parameters) to measure acceptance by position, pooled over
 /// the prompts; times single-token calls of both models for c (a round's first draft call apart)
 /// and the target's (K+1)-token calls for the verification cost (after the first prompt that
 /// leaves the target's context room for a (k_max+1)-token call, else after the shortest; medians
@@ -457,6 +457,7 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   speculative_params warm = params;
   warm.draft_length = k_max;
   warm.adaptive_draft_length = false;
+  warm.eos.reset();  // every warm-up as long as asked: positions are what acceptance is measured on
   position_acceptance positions(k_max);
   for (const std::vector<token>& prompt : prompts) {
     warm.max_new_tokens = detail::warmup_length(draft, target, prompt.size(), warmup_tokens, "calibrate");

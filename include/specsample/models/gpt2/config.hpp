@@ -195,9 +195,10 @@ struct config {
   /// lm_head.weight other than wte.weight is refused (transformers versions disagree on which of
   /// the two such a file means).
   bool tie_word_embeddings = true;
-  /// The token that ends a text (`eos_token_id`; none where the file says null or has no such
-  /// field): Hugging Face's `generate` stops there, as `speculative_params::eos` does when set to
-  /// it. Must be a token of the vocabulary.
+  /// The token that ends a text (`eos_token_id`), where it is a token of the vocabulary: Hugging
+  /// Face's `generate` stops there, as `speculative_params::eos` does when set to it. None where
+  /// the file says null, has no such field, or names an id outside the vocabulary (transformers'
+  /// `GPT2Config` writes GPT-2's 50256 whatever the vocabulary: a model that can never emit it).
   std::optional<token> eos_token_id;
 
   /// Upper bound on every size (keeps all products of sizes far from overflow).
@@ -212,8 +213,8 @@ struct config {
   [[nodiscard]] std::size_t head_dim() const noexcept { return n_embd / n_head; }
 
   /// Throws `specsample::error` (prefixed with `source`) unless all sizes are positive and at most
-  /// `max_dimension`, n_embd is divisible by n_head and layer_norm_epsilon is in
-  /// [min_epsilon, max_epsilon].
+  /// `max_dimension`, n_embd is divisible by n_head, layer_norm_epsilon is in
+  /// [min_epsilon, max_epsilon] and eos_token_id, if set, is a token of the vocabulary.
   void validate(const std::string& source = "config") const {
     // In this order: n_inner defaults to 4 n_embd, which wraps when n_embd is absurd.
     for (const auto& [v, name] : {std::pair{n_layer, "n_layer"}, std::pair{n_head, "n_head"},
@@ -243,8 +244,8 @@ struct config {
   /// Reads the GPT-2 fields of a parsed `config.json` (`source` names it in errors):
   /// n_layer, n_head, n_embd, n_positions (else n_ctx), vocab_size, layer_norm_epsilon (default
   /// 1e-5), activation_function ("gelu_new" or "gelu_pytorch_tanh" when present), n_inner (null/absent = 4 C),
-  /// tie_word_embeddings (default true; null reads as false), eos_token_id (null/absent = none; a
-  /// token id of the vocabulary). Fields of transformers' GPT2Config that would change the
+  /// tie_word_embeddings (default true; null reads as false), eos_token_id (an integer or null;
+  /// none unless a token of the vocabulary). Fields of transformers' GPT2Config that would change the
   /// computation are refused unless absent or GPT-2's: model_type other than "gpt2" (or null),
   /// scale_attn_weights false or null (no 1/sqrt(d) in attention: transformers reads null as
   /// false), scale_attn_by_inverse_layer_idx true (another 1/(layer + 1)); these two must be
@@ -310,11 +311,13 @@ struct config {
     if (const auto it = j.find("eos_token_id"); it != j.end() && !it->is_null()) {
       // A list (several end tokens, as later models' configs allow) is no GPT-2 config: refused
       // rather than one of them picked.
-      if (!it->is_number_unsigned() || it->get<std::uint64_t>() >= c.vocab_size) {
-        throw error(fmt::format("{}: \"eos_token_id\" must be a token id below vocab_size = {} or null, got {}",
-                                source, c.vocab_size, it->dump()));
+      if (!it->is_number_integer()) {
+        throw error(fmt::format("{}: \"eos_token_id\" must be an integer (a token id) or null, got {}", source,
+                                it->dump()));
       }
-      c.eos_token_id = static_cast<token>(it->get<std::uint64_t>());
+      if (it->is_number_unsigned() && it->get<std::uint64_t>() < c.vocab_size) {
+        c.eos_token_id = static_cast<token>(it->get<std::uint64_t>());
+      }
     }
     if (const auto it = j.find("activation_function"); it != j.end() && !it->is_null()) {
       // "gelu_pytorch_tanh" is the same tanh approximation under its newer transformers name.
