@@ -73,7 +73,7 @@ template <class T>
 T number(int& i, int argc, char** argv) {
   const std::string_view flag = argv[i];
   if (i + 1 >= argc) {
-    fmt::print(stderr, "{} needs a value\n", flag);
+    fmt::print(stderr, "distribution_check: error: {} needs a value\n", flag);
     std::exit(2);
   }
   const std::string_view text = argv[++i];
@@ -81,17 +81,17 @@ T number(int& i, int argc, char** argv) {
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec == std::errc::result_out_of_range && end == text.data() + text.size()) {
     if constexpr (std::is_floating_point_v<T>) {  // too large, or too small but not 0
-      fmt::print(stderr, "{} expects a number of magnitude {} to {}, or 0, got '{}'\n", flag,
-                 std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), text);
+      fmt::print(stderr, "distribution_check: error: {} expects a number of magnitude {} to {}, or 0, got '{}'\n",
+                 flag, std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), text);
     } else {
-      fmt::print(stderr, "{} expects a number from {} to {}, got '{}'\n", flag, std::numeric_limits<T>::lowest(),
-                 std::numeric_limits<T>::max(), text);
+      fmt::print(stderr, "distribution_check: error: {} expects a number from {} to {}, got '{}'\n", flag,
+                 std::numeric_limits<T>::lowest(), std::numeric_limits<T>::max(), text);
     }
     std::exit(2);
   }
   if (ec != std::errc{} || end != text.data() + text.size()) {
-    fmt::print(stderr, "{} expects {}, got '{}'\n", flag,
-               std::is_floating_point_v<T> ? "a number" : std::is_signed_v<T> ? "an integer" : "a count (>= 0)", text);
+    fmt::print(stderr, "distribution_check: error: {} expects {}, got '{}'\n", flag,
+               std::is_floating_point_v<T> ? "a number" : std::is_signed_v<T> ? "an integer" : "an integer >= 0", text);
     std::exit(2);
   }
   return value;
@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
         fmt::print("{}", usage);
         return 0;
       } else {
-        fmt::print(stderr, "unknown argument {}\n{}", a, usage);
+        fmt::print(stderr, "distribution_check: error: unknown argument {}\n{}", a, usage);
         return 2;
       }
     }
@@ -136,13 +136,13 @@ int main(int argc, char** argv) {
     // A verdict that could not be written (a full disk, a closed descriptor) is no verdict.
     const bool flush_failed = std::fflush(stdout) != 0;  // (errno names a failure of this flush only)
     if (flush_failed || std::ferror(stdout) != 0) {
-      fmt::print(stderr, "error: cannot write to standard output{}\n",
+      fmt::print(stderr, "distribution_check: error: cannot write to standard output{}\n",
                  flush_failed ? fmt::format(": {}", std::strerror(errno)) : std::string());
       return 2;
     }
     return ok ? 0 : 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
+    fmt::print(stderr, "distribution_check: error: {}\n", e.what());
     return 2;
   }
 }
