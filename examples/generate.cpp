@@ -314,7 +314,27 @@ cli parse(int argc, char** argv) {
   if (c.draft_temperature) {
     c.params = c.params.with_draft_temperature(*c.draft_temperature);  // the target's filters
   }
-  specsample::validate(c.params, std::numeric_limits<std::size_t>::max());
+  try {
+    specsample::validate(c.params, std::numeric_limits<std::size_t>::max());
+  } catch (const specsample::error& e) {
+    // The library names its fields; the message names the option, as typed, that set the field.
+    static constexpr std::pair<std::string_view, std::string_view> set_by[] = {
+        {"speculative_params.draft_length", "--draft-length"},
+        {"speculative_params.draft_min_probability", "--p-min"},
+        {"speculative_params.leniency", "--leniency"},
+        {"speculative_params.sampling.temperature", "--temperature"},
+        {"speculative_params.sampling.top_k", "--top-k"},
+        {"speculative_params.sampling.top_p", "--top-p"},
+        {"speculative_params.sampling.min_p", "--min-p"},
+        {"speculative_params.draft_sampling.temperature", "--draft-temperature"}};
+    const std::string_view message = e.what();
+    for (const auto& [field, flag] : set_by) {
+      if (message.substr(0, field.size()) == field) {
+        usage_error(fmt::format("{}{}", typed(flag).value_or(flag), message.substr(field.size())));
+      }
+    }
+    throw;
+  }
   return c;
 }
 
