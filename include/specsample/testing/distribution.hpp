@@ -127,6 +127,18 @@ void append_and_warp(M& model, std::span<const token> t, logit_warper& warp, Eig
                               [&](const auto& logits) { warp(logits.col(0), dist); });
 }
 
+// Adds a sequence the enumeration found (each one new) to `out`, refusing one beyond the cap with
+// what keeps a model of `vocab` tokens testable.
+inline void add_enumerated(sequence_table& out, std::span<const token> sequence, double p, Eigen::Index vocab) {
+  if (out.size() >= max_sequences) {
+    throw error(fmt::format("exact_sequences: more than {} sequences of {} tokens have positive probability "
+                            "(testing::max_sequences); a warping that keeps few tokens per position keeps them few "
+                            "(top_k = 2: at most 2^{} sequences, whatever the vocabulary of {})",
+                            max_sequences, out.length(), out.length(), vocab));
+  }
+  out.add(sequence, p);
+}
+
 // Depth-first over the continuations of `prefix` with positive probability (`dist`: the warped
 // distribution after it), adding each complete sequence to `out`; with `eos`, a sequence ends at
 // its first EOS, the rest filled with `absent`.
@@ -140,11 +152,11 @@ void enumerate(M& model, logit_warper& warp, const Eigen::VectorXf& dist, std::v
     const auto t = static_cast<token>(x);
     prefix.push_back(t);
     if (prefix.size() == length) {
-      out.add(prefix, px);
+      add_enumerated(out, prefix, px, dist.size());
     } else if (eos && t == *eos) {
       std::vector<token> ended = prefix;
       ended.resize(length, absent);
-      out.add(ended, px);
+      add_enumerated(out, ended, px, dist.size());
     } else {
       append_and_warp(model, std::span<const token>(&t, 1), warp, next);
       enumerate(model, warp, next, prefix, length, px, eos, absent, out);
