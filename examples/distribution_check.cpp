@@ -9,27 +9,29 @@
 // model call per prefix). Too few samples to test are refused with the count needed. `--broken`
 // swaps in a verifier that resamples from p instead of the residual, to show what a failing
 // verdict looks like.
-//
-// usage: distribution_check [--vocab V] [--similarity S] [--length L] [-k K] [--temperature T]
-//                           [--top-k N] [--verify tokenwise|block] [--samples N] [--seed S] [--broken]
-//        distribution_check --target DIR --draft DIR --prompt TEXT [--threads N] [the options above
-//                           but --vocab and --similarity]
 constexpr const char* usage =
     "usage: distribution_check [--vocab V] [--similarity S] [--length L] [-k K] [--temperature T]\n"
-    "                          [--top-k N] [--verify tokenwise|block] [--samples N] [--seed S] [--broken]\n"
-    "       distribution_check --target DIR --draft DIR --prompt TEXT [--threads N] [the options above\n"
-    "                          but --vocab and --similarity]\n"
+    "                          [--top-k N] [--top-p P] [--min-p M] [--verify tokenwise|block]\n"
+    "                          [--samples N] [--seed S] [--broken]\n"
+    "       distribution_check --target DIR --draft DIR --prompt TEXT [--eos ID|none] [--threads N]\n"
+    "                          [the options above but --vocab and --similarity]\n"
     "  --vocab V, --similarity S   the toy pair: V tokens (default 4), a draft this close to the target\n"
-    "                              (0: independent, 1: the same; default 0.4)\n"
+    "                              (0: unrelated, 1: the same; default 0.4)\n"
     "  --target DIR, --draft DIR   two GPT-2 checkpoints with the same tokenizer, checked after --prompt\n"
-    "                              (stopping at the target's EOS, as generation does); --threads N\n"
-    "                              kernel threads (default 1)\n"
-    "  --length L                  tokens per sequence (default 4)\n"
+    "  --eos ID|none               where a sequence stops (default: the target's config.json, as\n"
+    "                              specsample-generate stops)\n"
+    "  --threads N                 kernel threads, shared by both models (default 0: all cores)\n"
+    "  --length L                  tokens per sequence, 1 to 64 (default 4)\n"
     "  -k K                        draft length (default 3)\n"
-    "  --temperature T, --top-k N  the warping (default 1, none); a large vocabulary needs a top-k\n"
+    "  --temperature T             the warping (default 1; 0 is greedy, one sequence); a large\n"
+    "  --top-k N, --top-p P,       vocabulary needs a top-k\n"
+    "  --min-p M\n"
     "  --verify tokenwise|block    the verification rule (default tokenwise)\n"
     "  --samples N, --seed S       speculative samples drawn (default 100000), their seed (default 1)\n"
-    "  --broken                    a verifier that resamples from p instead of the residual: must FAIL\n";
+    "  --broken                    a verifier that resamples from p instead of the residual, to see a\n"
+    "                              FAIL (where drafts are rejected and several sequences are possible)\n"
+    "The verdict goes to stdout, the expected time of the samples to stderr. Exit status: 0 PASS,\n"
+    "1 FAIL, 2 an error.\n";
 
 #include <specsample/gpt2.hpp>
 #include <specsample/specsample.hpp>
@@ -39,10 +41,10 @@ constexpr const char* usage =
 #include <fmt/format.h>
 
 #include <cerrno>
+#include <chrono>
 #include <charconv>
 #include <cstdio>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -53,6 +55,8 @@ constexpr const char* usage =
 #include <string_view>
 #include <system_error>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -78,6 +82,14 @@ template <class Draft, class Target, class Verifier>
 bool check(Draft& draft, Target& target, std::span<const specsample::token> prompt,
            const specsample::speculative_params& params, std::size_t samples, std::uint64_t seed, double alpha,
            Verifier verifier) {
+  {  // What the samples will take (each a generation: a large model's take long), ten timed first, on stderr.
+    std::mt19937_64 probe(~seed);
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < 10; ++i) (void)specsample::speculative_sample(draft, target, prompt, params, probe);
+    const double each = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 10.0;
+    fmt::print(stderr, "drawing {} samples, ~{:.3g} ms each: ~{:.3g} s\n", samples, 1e3 * each,
+               each * static_cast<double>(samples));
+  }
   std::mt19937_64 rng(seed);
   const auto fit = specsample::testing::speculative_fit(draft, target, prompt, params, samples, rng, verifier);
   fmt::print("samples: {}, sequence length: {}, bins: {} (sequences of expected count >= 5, and one of the rest)\n",
@@ -88,51 +100,60 @@ bool check(Draft& draft, Target& target, std::span<const specsample::token> prom
   fmt::print("verdict: {} (alpha = {})\n",
              ok ? "PASS, consistent with the target's exact distribution" : "FAIL, not the target's distribution",
              alpha);
+  if (ok && fit.dof == 0) {  // (every sampler that emits nothing impossible passes)
+    fmt::print("note: one sequence has positive probability, so the check shows only that every sample is it "
+               "(a broken verifier passes too); a higher --temperature or --top-k tests the distribution\n");
+  }
   return ok;
 }
 
-// The value after flag argv[i] as a T; a missing value, a value that is not a T or one out of T's
-// range (a negative count, --top-k 1e10) ends the program with a message.
+// `text`, the value of `flag`, as a T; a value that is not a T or one out of T's range (a negative
+// count, --top-k 1e10) is refused, naming the flag.
 template <class T>
-T number(int& i, int argc, char** argv) {
-  const std::string_view flag = argv[i];
-  if (i + 1 >= argc) {
-    fmt::print(stderr, "distribution_check: error: {} needs a value\n", flag);
-    std::exit(2);
-  }
-  const std::string_view text = argv[++i];
+T number(std::string_view flag, std::string_view text) {
   T value{};
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec == std::errc::result_out_of_range && end == text.data() + text.size()) {
     if constexpr (std::is_floating_point_v<T>) {  // too large, or too small but not 0
-      fmt::print(stderr, "distribution_check: error: {} expects a number of magnitude {} to {}, or 0, got '{}'\n",
-                 flag, std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), text);
+      throw specsample::error(fmt::format("{} expects a number of magnitude {} to {}, or 0, got '{}'", flag,
+                                          std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), text));
     } else {
-      fmt::print(stderr, "distribution_check: error: {} expects a number from {} to {}, got '{}'\n", flag,
-                 std::numeric_limits<T>::lowest(), std::numeric_limits<T>::max(), text);
+      throw specsample::error(fmt::format("{} expects a number from {} to {}, got '{}'", flag,
+                                          std::numeric_limits<T>::lowest(), std::numeric_limits<T>::max(), text));
     }
-    std::exit(2);
   }
   if (ec != std::errc{} || end != text.data() + text.size()) {
-    fmt::print(stderr, "distribution_check: error: {} expects {}, got '{}'\n", flag,
-               std::is_floating_point_v<T> ? "a number" : std::is_signed_v<T> ? "an integer" : "an integer >= 0", text);
-    std::exit(2);
+    throw specsample::error(fmt::format(
+        "{} expects {}, got '{}'", flag,
+        std::is_floating_point_v<T> ? "a number" : std::is_signed_v<T> ? "an integer" : "an integer >= 0", text));
   }
   return value;
 }
 
 // Loads two GPT-2 checkpoints with the same tokenizer on one pool of `threads` kernel threads and
-// checks them after `prompt_text`, stopping at the target's EOS as generation does.
+// checks them after `prompt_text`, stopping at the target's EOS (config.json's, or `eos`: an id or
+// "none") as generation does.
 template <class Verifier>
 bool check_checkpoints(const std::filesystem::path& target_dir, const std::filesystem::path& draft_dir,
-                       const std::string& prompt_text, std::size_t threads, specsample::speculative_params params,
-                       std::size_t samples, std::uint64_t seed, Verifier verifier) {
+                       const std::string& prompt_text, std::size_t threads, std::optional<std::string_view> eos,
+                       specsample::speculative_params params, std::size_t samples, std::uint64_t seed,
+                       Verifier verifier) {
   const auto tok = specsample::bpe_tokenizer::load(target_dir);
   if (const auto diff = specsample::vocabulary_difference(specsample::bpe_tokenizer::load(draft_dir), tok)) {
     throw specsample::error(fmt::format("the draft ({}) and target ({}) tokenizers differ: {}; speculative sampling "
                                         "needs identical vocabularies",
                                         draft_dir.string(), target_dir.string(), *diff));
   }
+  std::optional<specsample::token> eos_id;  // --eos, before the models load
+  if (eos && *eos != "none") {
+    eos_id = number<specsample::token>("--eos", *eos);
+    if (!specsample::in_vocabulary(*eos_id, tok.vocab_size())) {
+      throw specsample::error(
+          fmt::format("--eos {} is not a token of the target's vocabulary of {}", *eos, tok.vocab_size()));
+    }
+  }
+  const std::vector<specsample::token> prompt = tok.encode(prompt_text);
+  if (prompt.empty()) throw specsample::error("--prompt encodes to no tokens");
   specsample::gpt2::options opts;
   opts.pool = std::make_shared<specsample::gpt2::thread_pool>(threads);
   auto target = specsample::gpt2::model::load(target_dir, opts);
@@ -141,9 +162,7 @@ bool check_checkpoints(const std::filesystem::path& target_dir, const std::files
     throw specsample::error(fmt::format("{}: the model has {} tokens but its tokenizer has {}", target_dir.string(),
                                         target.vocab_size(), tok.vocab_size()));
   }
-  const std::vector<specsample::token> prompt = tok.encode(prompt_text);
-  if (prompt.empty()) throw specsample::error("--prompt encodes to no tokens");
-  params.eos = target.config().eos_token_id;
+  params.eos = eos ? eos_id : target.config().eos_token_id;
   fmt::print("checkpoints: target {} ({} layers), draft {} ({} layers), vocab {}, prompt of {} tokens, EOS {}\n",
              target_dir.string(), target.config().n_layer, draft_dir.string(), draft.config().n_layer,
              tok.vocab_size(), prompt.size(), params.eos ? fmt::format("token {}", *params.eos) : "none");
@@ -153,12 +172,13 @@ bool check_checkpoints(const std::filesystem::path& target_dir, const std::files
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::size_t vocab = 4, samples = 100'000, threads = 1;
+  std::size_t vocab = 4, samples = 100'000, threads = 0;
   double similarity = 0.4;
   std::uint64_t seed = 1;
   bool broken = false;
   std::optional<std::filesystem::path> target_dir, draft_dir;
   std::optional<std::string> prompt;
+  std::optional<std::string_view> eos;
   std::vector<std::string_view> toy_flags, checkpoint_flags;  // given, of one pair's options only
   specsample::speculative_params params;
   params.max_new_tokens = 4;
@@ -166,58 +186,98 @@ int main(int argc, char** argv) {
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string_view a = argv[i];
-      const auto text = [&] {
-        if (i + 1 >= argc) {
-          fmt::print(stderr, "distribution_check: error: {} needs a value\n", a);
-          std::exit(2);
-        }
-        return std::string(argv[++i]);
-      };
-      if (a == "--vocab") vocab = number<std::size_t>(i, argc, argv);
-      else if (a == "--similarity") similarity = number<double>(i, argc, argv);
-      else if (a == "--target") target_dir = text();
-      else if (a == "--draft") draft_dir = text();
-      else if (a == "--prompt") prompt = text();
-      else if (a == "--threads") threads = number<std::size_t>(i, argc, argv);
-      else if (a == "--length") params.max_new_tokens = number<std::size_t>(i, argc, argv);
-      else if (a == "-k") params.draft_length = number<std::size_t>(i, argc, argv);
-      else if (a == "--temperature") params.sampling.temperature = number<float>(i, argc, argv);
-      else if (a == "--top-k") params.sampling.top_k = number<int>(i, argc, argv);
-      else if (a == "--verify") params.verify = specsample::verification_option(a, text());
-      else if (a == "--samples") samples = number<std::size_t>(i, argc, argv);
-      else if (a == "--seed") seed = number<std::uint64_t>(i, argc, argv);
-      else if (a == "--broken") broken = true;
-      else if (a == "--help" || a == "-h") {
+      if (a == "--broken") {
+        broken = true;
+        continue;
+      }
+      if (a == "--help" || a == "-h") {
         fmt::print("{}", usage);
         return 0;
-      } else {
+      }
+      const auto value = [&]() -> std::string_view {
+        if (i + 1 >= argc) throw specsample::error(fmt::format("{} needs a value", a));
+        return argv[++i];
+      };
+      const auto directory = [&] {
+        const std::string_view dir = value();
+        if (dir.empty()) throw specsample::error(fmt::format("{} needs a directory, got an empty string", a));
+        return std::filesystem::path(dir);
+      };
+      if (a == "--vocab") vocab = number<std::size_t>(a, value());
+      else if (a == "--similarity") similarity = number<double>(a, value());
+      else if (a == "--target") target_dir = directory();
+      else if (a == "--draft") draft_dir = directory();
+      else if (a == "--prompt") prompt = value();
+      else if (a == "--eos") eos = value();
+      else if (a == "--threads") threads = number<std::size_t>(a, value());
+      else if (a == "--length") params.max_new_tokens = number<std::size_t>(a, value());
+      else if (a == "-k") params.draft_length = number<std::size_t>(a, value());
+      else if (a == "--temperature") params.sampling.temperature = number<float>(a, value());
+      else if (a == "--top-k") params.sampling.top_k = number<int>(a, value());
+      else if (a == "--top-p") params.sampling.top_p = number<float>(a, value());
+      else if (a == "--min-p") params.sampling.min_p = number<float>(a, value());
+      else if (a == "--verify") params.verify = specsample::verification_option(a, value());
+      else if (a == "--samples") samples = number<std::size_t>(a, value());
+      else if (a == "--seed") seed = number<std::uint64_t>(a, value());
+      else {
         fmt::print(stderr, "distribution_check: error: unknown argument {}\n{}", a, usage);
         return 2;
       }
       if (a == "--vocab" || a == "--similarity") toy_flags.push_back(a);
-      if (a == "--draft" || a == "--prompt" || a == "--threads") checkpoint_flags.push_back(a);
+      if (a == "--draft" || a == "--prompt" || a == "--eos" || a == "--threads") checkpoint_flags.push_back(a);
     }
+    // Every option checked before a model loads, named as typed.
     if (!target_dir && !checkpoint_flags.empty()) {
       throw specsample::error(fmt::format("{} checks checkpoints: it needs --target DIR", checkpoint_flags.front()));
     }
     if (target_dir && !toy_flags.empty()) {
       throw specsample::error(fmt::format("{} describes the toy pair: drop it with --target", toy_flags.front()));
     }
-    if (target_dir && !draft_dir) throw specsample::error("--target needs --draft DIR, a checkpoint with its tokenizer");
-    if (target_dir && !prompt) throw specsample::error("--target needs --prompt TEXT, the context the sequences follow");
+    if (target_dir && !draft_dir) {
+      throw specsample::error("--target needs --draft DIR, a checkpoint with its tokenizer");
+    }
+    if (target_dir && !prompt) {
+      throw specsample::error("--target needs --prompt TEXT, the context the sequences follow");
+    }
     if (threads > specsample::gpt2::thread_pool::max_threads) {
       throw specsample::error(fmt::format("--threads must be at most {} (0: all cores), got {}",
                                           specsample::gpt2::thread_pool::max_threads, threads));
     }
+    if (params.max_new_tokens == 0 || params.max_new_tokens > specsample::testing::max_sequence_length) {
+      throw specsample::error(fmt::format("--length must be in 1..{}, got {}", specsample::testing::max_sequence_length,
+                                          params.max_new_tokens));
+    }
     if (broken && params.verify != specsample::verification::token_wise) {
       throw specsample::error("--broken replaces the token-wise verifier: drop --verify block");
     }
+    try {
+      specsample::validate(params, std::numeric_limits<std::size_t>::max());
+    } catch (const specsample::error& e) {  // the library names its fields; this names the flags
+      static constexpr std::pair<std::string_view, std::string_view> set_by[] = {
+          {"speculative_params.draft_length", "-k"},
+          {"speculative_params.sampling.temperature", "--temperature"},
+          {"speculative_params.sampling.top_k", "--top-k"},
+          {"speculative_params.sampling.top_p", "--top-p"},
+          {"speculative_params.sampling.min_p", "--min-p"}};
+      const std::string_view message = e.what();
+      for (const auto& [field, flag] : set_by) {
+        if (message.substr(0, field.size()) == field) {
+          throw specsample::error(fmt::format("{}{}", flag, message.substr(field.size())));
+        }
+      }
+      throw;
+    }
+    const auto& w = params.sampling;
+    std::string filters;
+    if (w.top_k > 0) filters += fmt::format(", top-k {}", w.top_k);
+    if (w.top_p < 1.0f) filters += fmt::format(", top-p {}", w.top_p);
+    if (w.min_p > 0.0f) filters += fmt::format(", min-p {}", w.min_p);
     const std::string_view rule = broken ? "BROKEN (resamples from p)" : specsample::verification_name(params.verify);
-    fmt::print("K = {}, T = {}, top-k {}, verifier: {}\n", params.draft_length, params.sampling.temperature,
-               params.sampling.top_k, rule);
+    fmt::print("K = {}, T = {}{}, {} tokens, verifier: {}\n", params.draft_length, w.temperature, filters,
+               params.max_new_tokens, rule);
     const auto run = [&](auto verifier) {
       if (target_dir) {
-        return check_checkpoints(*target_dir, *draft_dir, *prompt, threads, params, samples, seed, verifier);
+        return check_checkpoints(*target_dir, *draft_dir, *prompt, threads, eos, params, samples, seed, verifier);
       }
       auto target = specsample::toy::markov::random(vocab, 1, seed, 0.8f);
       auto draft = specsample::toy::markov::similar_to(target, similarity, seed + 1, 0.8f);

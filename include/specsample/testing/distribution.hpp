@@ -128,13 +128,22 @@ void append_and_warp(M& model, std::span<const token> t, logit_warper& warp, Eig
 }
 
 // Adds a sequence the enumeration found (each one new) to `out`, refusing one beyond the cap with
-// what keeps a model of `vocab` tokens testable.
+// what keeps the sequences of a model of `vocab` tokens few: the largest top-k whose k^L sequences
+// fit, or where only k = 1 would, the longest length that k = 2 allows.
 inline void add_enumerated(sequence_table& out, std::span<const token> sequence, double p, Eigen::Index vocab) {
   if (out.size() >= max_sequences) {
-    throw error(fmt::format("exact_sequences: more than {} sequences of {} tokens have positive probability "
-                            "(testing::max_sequences); a warping that keeps few tokens per position keeps them few "
-                            "(top_k = 2: at most 2^{} sequences, whatever the vocabulary of {})",
-                            max_sequences, out.length(), out.length(), vocab));
+    const std::size_t length = out.length();
+    const auto fits = [](double k, std::size_t l) { return std::pow(k, static_cast<double>(l)) <= max_sequences; };
+    std::size_t k = 1;
+    while (fits(static_cast<double>(k + 1), length)) ++k;
+    std::size_t longest = 1;
+    while (fits(2.0, longest + 1)) ++longest;
+    throw error(fmt::format(
+        "exact_sequences: more than {} sequences of {} tokens have positive probability (testing::max_sequences); {}",
+        max_sequences, length,
+        k >= 2 ? fmt::format("a top-k of at most {} keeps them few ({}^{} at most), whatever the vocabulary of {}", k,
+                             k, length, vocab)
+               : fmt::format("a top-k of 2 keeps them few at a length of at most {} (2^{})", longest, longest)));
   }
   out.add(sequence, p);
 }
@@ -305,7 +314,7 @@ class sequence_histogram {
 /// The outcome of a goodness-of-fit test.
 struct fit_result {
   double statistic = 0.0;      ///< Pearson's X² = Σ (O − E)² / E over the bins
-  std::size_t dof = 0;         ///< bins - 1
+  std::size_t dof = 0;         ///< bins - 1; 0 where one sequence is possible: only an impossible sample fails
   double p_value = 1.0;        ///< P(χ²(dof) >= X²); 0 when a sample has probability zero
   std::size_t bins = 0;        ///< cells with E >= min_expected, plus one pooled bin of the rest
   std::size_t impossible = 0;  ///< samples that fell in cells of probability zero
