@@ -242,7 +242,8 @@ void check_fits(const cli& c, const std::vector<tensor_plan>& plan) {
   while (!fs::exists(where) && where.has_parent_path() && where != where.parent_path()) where = where.parent_path();
   std::error_code ec;
   const fs::space_info space = fs::space(where, ec);
-  if (!ec && bytes > static_cast<double>(space.available)) {
+  // (A file system of no capacity, /proc or /sys, holds no files: check_output_directory says why.)
+  if (!ec && space.capacity > 0 && bytes > static_cast<double>(space.available)) {
     throw specsample::error(fmt::format("--shape {}: the checkpoint would be {:.3g} GB of {}, more than the {:.3g} GB "
                                         "free at {}",
                                         c.shape_name, gb(bytes), io::dtype_name(c.dtype),
