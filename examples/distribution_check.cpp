@@ -252,18 +252,15 @@ int main(int argc, char** argv) {
     }
     try {
       specsample::validate(params, std::numeric_limits<std::size_t>::max());
-    } catch (const specsample::error& e) {  // the library names its fields; this names the flags
+    } catch (const specsample::parameter_error& e) {  // the library names its fields; this names the flags
       static constexpr std::pair<std::string_view, std::string_view> set_by[] = {
           {"speculative_params.draft_length", "-k"},
           {"speculative_params.sampling.temperature", "--temperature"},
           {"speculative_params.sampling.top_k", "--top-k"},
           {"speculative_params.sampling.top_p", "--top-p"},
           {"speculative_params.sampling.min_p", "--min-p"}};
-      const std::string_view message = e.what();
       for (const auto& [field, flag] : set_by) {
-        if (message.substr(0, field.size()) == field) {
-          throw specsample::error(fmt::format("{}{}", flag, message.substr(field.size())));
-        }
+        if (e.field() == field) throw specsample::error(fmt::format("{}{}", flag, e.reason()));
       }
       throw;
     }

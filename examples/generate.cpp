@@ -316,7 +316,7 @@ cli parse(int argc, char** argv) {
   }
   try {
     specsample::validate(c.params, std::numeric_limits<std::size_t>::max());
-  } catch (const specsample::error& e) {
+  } catch (const specsample::parameter_error& e) {
     // The library names its fields; the message names the option, as typed, that set the field.
     static constexpr std::pair<std::string_view, std::string_view> set_by[] = {
         {"speculative_params.draft_length", "--draft-length"},
@@ -327,11 +327,8 @@ cli parse(int argc, char** argv) {
         {"speculative_params.sampling.top_p", "--top-p"},
         {"speculative_params.sampling.min_p", "--min-p"},
         {"speculative_params.draft_sampling.temperature", "--draft-temperature"}};
-    const std::string_view message = e.what();
     for (const auto& [field, flag] : set_by) {
-      if (message.substr(0, field.size()) == field) {
-        usage_error(fmt::format("{}{}", typed(flag).value_or(flag), message.substr(field.size())));
-      }
+      if (e.field() == field) usage_error(fmt::format("{}{}", typed(flag).value_or(flag), e.reason()));
     }
     throw;
   }

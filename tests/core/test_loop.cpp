@@ -10,6 +10,8 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 using namespace specsample;
 
@@ -211,6 +213,45 @@ TEST_CASE("bad parameters and inputs are reported with a specsample::error namin
     CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, make_params(4, k), rng),
                       Contains("draft_length must be in 1..256") && Contains(std::to_string(k)));
   }
+  // A parameter out of its domain is a parameter_error: the field, and what is wrong with it.
+  try {
+    validate(make_params(4, 0), 5);
+    FAIL("draft_length 0 was accepted");
+  } catch (const parameter_error& e) {
+    CHECK(e.field() == "speculative_params.draft_length");
+    CHECK(e.reason() == " must be in 1..256 (the draft proposes K tokens per round), got 0");
+    CHECK(std::string(e.what()) == std::string(e.field()) + std::string(e.reason()));
+  }
+  // Every field validate refuses, so.
+  const auto refused_field = [](const speculative_params& bad) -> std::string {
+    try {
+      validate(bad, 5);
+    } catch (const parameter_error& e) {
+      CHECK(std::string(e.what()) == std::string(e.field()) + std::string(e.reason()));
+      return std::string(e.field());
+    }
+    return "(accepted)";
+  };
+  const auto with = [](auto change) {
+    speculative_params p = make_params(4, 2);
+    change(p);
+    return p;
+  };
+  const std::pair<speculative_params, std::string> cases[] = {
+      {with([](auto& p) { p.sampling.temperature = -1.0f; }), "speculative_params.sampling.temperature"},
+      {with([](auto& p) { p.sampling.top_k = -1; }), "speculative_params.sampling.top_k"},
+      {with([](auto& p) { p.sampling.top_p = 0.0f; }), "speculative_params.sampling.top_p"},
+      {with([](auto& p) { p.sampling.min_p = 1.0f; }), "speculative_params.sampling.min_p"},
+      {with([](auto& p) { p.draft_sampling = p.sampling, p.draft_sampling->top_p = 2.0f; }),
+       "speculative_params.draft_sampling.top_p"},
+      {with([](auto& p) { p.draft_min_probability = 1.0f; }), "speculative_params.draft_min_probability"},
+      {with([](auto& p) { p.verify = static_cast<verification>(2); }), "speculative_params.verify"},
+      {with([](auto& p) { p.leniency = 0.0; }), "speculative_params.leniency"},
+      {with([](auto& p) { p.leniency = 0.5, p.verify = verification::block; }), "speculative_params.leniency"},
+      {with([](auto& p) { p.eos = 5; }), "speculative_params.eos"}};
+  for (const auto& [bad, field] : cases) CHECK(refused_field(bad) == field);
+  const Eigen::MatrixXf half = Eigen::MatrixXf::Constant(2, 2, 0.5f);
+  CHECK_THROWS_AS(tokenwise_verifier{0.0}(std::vector<token>{0}, half, half, rng), parameter_error);
   CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, make_params(4, 2, -1.0f), rng), Contains("temperature"));
   CHECK_THROWS_WITH(autoregressive_sample(target, prompt, make_params(4, 2, std::nanf("")), rng),
                     Contains("temperature"));

@@ -100,54 +100,56 @@ namespace detail {
 // Leniency is checked by `validate` and by `tokenwise_verifier`, which can be used alone.
 inline void check_leniency(double leniency, const char* name) {
   if (!(leniency > 0.0 && leniency <= 1.0)) {  // 0 would accept every draft, NaN none
-    throw error(fmt::format("{} must be in (0, 1] (1 = exact), got {}", name, leniency));
+    throw parameter_error(name, fmt::format(" must be in (0, 1] (1 = exact), got {}", leniency));
   }
 }
 }  // namespace detail
 
-/// Throws `specsample::error` naming the first parameter that is out of its domain, as
+/// Throws `specsample::parameter_error` naming the first parameter that is out of its domain, as
 /// `name`.field (`speculative_params.draft_sampling.top_p`, say).
 inline void validate(const sampling_params& s, std::string_view name = "sampling_params") {
   if (!(s.temperature >= 0.0f) || std::isinf(s.temperature)) {
-    throw error(fmt::format("{}.temperature must be finite and >= 0 (0 = greedy), got {}", name, s.temperature));
+    throw parameter_error(fmt::format("{}.temperature", name),
+                          fmt::format(" must be finite and >= 0 (0 = greedy), got {}", s.temperature));
   }
   if (s.top_k < 0) {
-    throw error(fmt::format("{}.top_k must be >= 0 (0 = off), got {}", name, s.top_k));
+    throw parameter_error(fmt::format("{}.top_k", name), fmt::format(" must be >= 0 (0 = off), got {}", s.top_k));
   }
   if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) {
-    throw error(fmt::format("{}.top_p must be in (0, 1] (1 = off), got {}", name, s.top_p));
+    throw parameter_error(fmt::format("{}.top_p", name), fmt::format(" must be in (0, 1] (1 = off), got {}", s.top_p));
   }
   if (!(s.min_p >= 0.0f && s.min_p < 1.0f)) {
-    throw error(fmt::format("{}.min_p must be in [0, 1) (0 = off), got {}", name, s.min_p));
+    throw parameter_error(fmt::format("{}.min_p", name), fmt::format(" must be in [0, 1) (0 = off), got {}", s.min_p));
   }
 }
 
-/// Throws `specsample::error` naming the first parameter that is out of its domain.
-/// `vocab` is the models' vocabulary size, used to check `eos`.
+/// Throws `specsample::parameter_error` naming the first parameter that is out of its domain
+/// (`field()`: "speculative_params.draft_length", say). `vocab` is the models' vocabulary size,
+/// used to check `eos`.
 inline void validate(const speculative_params& s, std::size_t vocab) {
   validate(s.sampling, "speculative_params.sampling");
   if (s.draft_sampling) validate(*s.draft_sampling, "speculative_params.draft_sampling");
   if (s.draft_length == 0 || s.draft_length > max_draft_length) {
-    throw error(fmt::format("speculative_params.draft_length must be in 1..{} (the draft proposes K tokens "
-                            "per round), got {}",
-                            max_draft_length, s.draft_length));
+    throw parameter_error("speculative_params.draft_length",
+                          fmt::format(" must be in 1..{} (the draft proposes K tokens per round), got {}",
+                                      max_draft_length, s.draft_length));
   }
   if (!(s.draft_min_probability >= 0.0f && s.draft_min_probability < 1.0f)) {
-    throw error(fmt::format("speculative_params.draft_min_probability must be in [0, 1) (0 = off), got {}",
-                            s.draft_min_probability));
+    throw parameter_error("speculative_params.draft_min_probability",
+                          fmt::format(" must be in [0, 1) (0 = off), got {}", s.draft_min_probability));
   }
   if (s.verify != verification::token_wise && s.verify != verification::block) {
-    throw error(fmt::format("speculative_params.verify must be verification::token_wise or verification::block, "
-                            "not verification({})",
-                            static_cast<int>(s.verify)));
+    throw parameter_error("speculative_params.verify",
+                          fmt::format(" must be verification::token_wise or verification::block, not verification({})",
+                                      static_cast<int>(s.verify)));
   }
   detail::check_leniency(s.leniency, "speculative_params.leniency");
   if (s.leniency != 1.0 && s.verify != verification::token_wise) {
-    throw error("speculative_params.leniency applies to token-wise verification only");
+    throw parameter_error("speculative_params.leniency", " applies to token-wise verification only");
   }
   if (s.eos && !in_vocabulary(*s.eos, vocab)) {
-    throw error(fmt::format("speculative_params.eos = {} is out of range for a vocabulary of {} tokens",
-                            *s.eos, vocab));
+    throw parameter_error("speculative_params.eos",
+                          fmt::format(" = {} is out of range for a vocabulary of {} tokens", *s.eos, vocab));
   }
 }
 
