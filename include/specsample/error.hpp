@@ -25,7 +25,7 @@ class error : public std::runtime_error {
 /// got 0", so a program that sets the field from an option of its own can name the option instead.
 class parameter_error final : public error {
  public:
-  parameter_error(std::string_view field, std::string_view reason)
+  explicit parameter_error(std::string_view field, std::string_view reason)
       : error(std::string(field).append(reason)), field_size_(field.size()), size_(field.size() + reason.size()) {}
   /// The parameter, as the library names it ("speculative_params.sampling.top_p", say).
   [[nodiscard]] std::string_view field() const noexcept { return std::string_view(what(), field_size_); }
