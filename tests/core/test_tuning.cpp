@@ -473,6 +473,11 @@ TEST_CASE("the draft temperature scan finds the ratio at which a sharpened draft
   CHECK_THROWS_WITH(scan_draft_temperature(draft, t, std::span<const std::vector<token>>(prompts), params,
                                            std::span<const double>(bad), rng, 20),
                     Contains("ratio 0 must be finite and > 0"));
+  const std::vector<double> huge{1.0, 1e300};  // finite as a double, not as the draft's float temperature
+  CHECK_THROWS_WITH(scan_draft_temperature(draft, t, std::span<const std::vector<token>>(prompts), params,
+                                           std::span<const double>(huge), rng, 20),
+                    "scan_draft_temperature: ratio 1e+300 × the temperature 1 = 1e+300, the draft's temperature, is "
+                    "not finite as a float");
   CHECK_THROWS_WITH(scan_draft_temperature(draft, t, std::span<const std::vector<token>>(), params,
                                            std::span<const double>(ratios), rng, 20),
                     Contains("no prompts"));

@@ -540,6 +540,11 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   if (tokens == 0) throw error("scan_draft_temperature: tokens must be >= 1 (the positions the means are over)");
   for (const double r : ratios) {
     if (!(r > 0.0) || !std::isfinite(r)) throw error(fmt::format("scan_draft_temperature: ratio {} must be finite and > 0", r));
+    if (!std::isfinite(static_cast<float>(t * r))) {  // (the draft's temperature is a float)
+      throw error(fmt::format("scan_draft_temperature: ratio {} × the temperature {} = {:g}, the draft's temperature, "
+                              "is not finite as a float",
+                              r, t, t * r));
+    }
   }
   detail::check_distinct(draft, target, "scan_draft_temperature: ",
                          "each scores the text from an empty context, one after the other");
