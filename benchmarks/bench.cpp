@@ -93,11 +93,19 @@ std::vector<sweep_best> read_sweep_best(const fs::path& path) {
     // The parsed document must outlive the loop: a range-for over a member of the temporary
     // json::parse(...) iterates a destroyed object (it found no temperatures at all).
     const json sweep = json::parse(text);
-    const bool block = specsample::verification_from_name(sweep.at("config").value("verify", std::string("tokenwise"))) ==
-                       specsample::verification::block;
+    const std::string rule = sweep.at("config").value("verify", std::string("tokenwise"));
+    const auto verify = specsample::verification_from_name(rule);
+    if (!verify) {
+      throw specsample::error(fmt::format("{}: config.verify is '{}', not tokenwise or block", path.string(), rule));
+    }
+    const bool block = *verify == specsample::verification::block;
     std::vector<sweep_best> b;
     for (const auto& e : sweep.at("per_temperature")) {
       const double t = e.at("temperature").get<double>();
+      if (!(t >= 0.0) || !std::isfinite(t)) {  // (JSON has no NaN; a huge exponent parses as infinity)
+        throw specsample::error(fmt::format("{}: a temperature of {} in per_temperature, not finite and >= 0",
+                                            path.string(), t));
+      }
       const json& k = e.at("best_k_measured");  // (get<std::size_t> would wrap -1 to 2^64 - 1)
       if (!k.is_number_unsigned() || k.get<std::uint64_t>() == 0 || k.get<std::uint64_t>() > specsample::max_draft_length) {
         throw specsample::error(fmt::format("{}: best_k_measured at temperature {} is {}, not a draft length (1..{})",
