@@ -100,18 +100,27 @@ std::vector<sweep_best> read_sweep_best(const fs::path& path) {
     }
     const bool block = *verify == specsample::verification::block;
     std::vector<sweep_best> b;
-    for (const auto& e : sweep.at("per_temperature")) {
-      const double t = e.at("temperature").get<double>();
-      if (!(t >= 0.0) || !std::isfinite(t)) {  // (JSON has no NaN; a huge exponent parses as infinity)
-        throw specsample::error(fmt::format("{}: a temperature of {} in per_temperature, not finite and >= 0",
-                                            path.string(), t));
+    const json& cells = sweep.at("per_temperature");
+    if (!cells.is_array()) throw specsample::error(fmt::format("{}: per_temperature is not an array", path.string()));
+    for (const auto& e : cells) {
+      const double t = e.at("temperature").get<double>();  // (JSON holds no NaN, and nlohmann refuses 1e999)
+      if (!(t >= 0.0)) {
+        throw specsample::error(fmt::format("{}: temperature {} in per_temperature must be >= 0", path.string(), t));
+      }
+      if (std::any_of(b.begin(), b.end(), [&](const sweep_best& seen) { return seen.temperature == t; })) {
+        throw specsample::error(fmt::format("{}: temperature {} appears twice in per_temperature", path.string(), t));
       }
       const json& k = e.at("best_k_measured");  // (get<std::size_t> would wrap -1 to 2^64 - 1)
       if (!k.is_number_unsigned() || k.get<std::uint64_t>() == 0 || k.get<std::uint64_t>() > specsample::max_draft_length) {
         throw specsample::error(fmt::format("{}: best_k_measured at temperature {} is {}, not a draft length (1..{})",
                                             path.string(), t, k.dump(), specsample::max_draft_length));
       }
-      b.push_back({t, k.get<std::size_t>(), e.at("speedup").get<double>(), block && t > 0.0});
+      const double speedup = e.at("speedup").get<double>();
+      if (!(speedup > 0.0)) {
+        throw specsample::error(fmt::format("{}: speedup at temperature {} must be > 0, got {}", path.string(), t,
+                                            speedup));
+      }
+      b.push_back({t, k.get<std::size_t>(), speedup, block && t > 0.0});
     }
     return b;
   } catch (const json::exception& e) {

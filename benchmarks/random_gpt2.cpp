@@ -22,10 +22,12 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <numbers>
 #include <optional>
@@ -240,9 +242,15 @@ void check_fits(const cli& c, const std::vector<tensor_plan>& plan) {
   }
   fs::path where = fs::absolute(*c.out);
   while (!fs::exists(where) && where.has_parent_path() && where != where.parent_path()) where = where.parent_path();
+  // Where nothing can be written (a read-only file system), that is the reason, not the free space.
+  if (::access(where.c_str(), W_OK | X_OK) != 0) {
+    throw specsample::error(fmt::format("--out {}: cannot write there: {} ({})", c.out->string(),
+                                        std::strerror(errno), where.string()));
+  }
   std::error_code ec;
   const fs::space_info space = fs::space(where, ec);
-  // (A file system of no capacity, /proc or /sys, holds no files: check_output_directory says why.)
+  // A capacity of 0 is a size the file system does not report (ramfs, /proc, some FUSE mounts):
+  // unknown, not full.
   if (!ec && space.capacity > 0 && bytes > static_cast<double>(space.available)) {
     throw specsample::error(fmt::format("--shape {}: the checkpoint would be {:.3g} GB of {}, more than the {:.3g} GB "
                                         "free at {}",

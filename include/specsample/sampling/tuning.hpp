@@ -525,7 +525,8 @@ struct draft_temperature_scan {
 /// one generation per prompt plus one call of each model per prompt; the models hold each
 /// scored text afterwards. A prompt that leaves the models' contexts less room than `tokens` is
 /// followed by fewer tokens. Throws `specsample::error` at temperature 0 (both models greedy: no
-/// ratio matters), for no prompts or no ratios, a ratio that is not finite and > 0, the same model
+/// ratio matters), for no prompts or no ratios, a ratio that is not finite and > 0 (or whose product
+/// with the temperature, the draft's, is not finite as a float), the same model
 /// object as draft and target, or when a prompt alone does not fit either model.
 template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng>
 [[nodiscard]] draft_temperature_scan scan_draft_temperature(Draft& draft, Target& target,
