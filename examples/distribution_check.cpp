@@ -41,8 +41,8 @@ constexpr const char* usage =
 #include <fmt/format.h>
 
 #include <cerrno>
-#include <chrono>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
@@ -51,6 +51,7 @@ constexpr const char* usage =
 #include <memory>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
