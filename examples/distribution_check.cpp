@@ -11,9 +11,10 @@
 // verdict looks like.
 constexpr const char* usage =
     "usage: distribution_check [--vocab V] [--similarity S] [--length L] [-k K] [--temperature T]\n"
-    "                          [--top-k N] [--top-p P] [--min-p M] [--verify tokenwise|block]\n"
-    "                          [--samples N] [--seed S] [--broken]\n"
+    "                          [--top-k N] [--top-p P] [--min-p M] [--draft-temperature T]\n"
+    "                          [--p-min P] [--verify tokenwise|block] [--samples N] [--seed S] [--broken]\n"
     "       distribution_check --target DIR --draft DIR --prompt TEXT [--eos ID|none] [--threads N]\n"
+    "                          [--matmul P] [--draft-matmul P] [--kernels L] [--weights W] [--kv C]\n"
     "                          [the options above but --vocab and --similarity]\n"
     "  --vocab V, --similarity S   the toy pair: V tokens (default 4), a draft this close to the target\n"
     "                              (0: unrelated, 1: the same; default 0.4)\n"
@@ -21,11 +22,16 @@ constexpr const char* usage =
     "  --eos ID|none               where a sequence stops (default: the target's config.json, as\n"
     "                              specsample-generate stops)\n"
     "  --threads N                 kernel threads, shared by both models (default 0: all cores)\n"
+    "  --matmul P, --kernels L,    both models as specsample-generate runs them (see its --help);\n"
+    "  --weights W, --kv C         --matmul bf16 checks the target multiplied in BF16, a model of its own\n"
+    "  --draft-matmul P            the draft's matmuls in P instead (f32, bf16 or int8)\n"
     "  --length L                  tokens per sequence, 1 to 64 (default 4)\n"
     "  -k K                        draft length (default 3)\n"
     "  --temperature T             the warping (default 1; 0 is greedy, one sequence); a large\n"
     "  --top-k N, --top-p P,       vocabulary needs a top-k\n"
     "  --min-p M\n"
+    "  --draft-temperature T       the draft samples at T with the same filters (default: --temperature)\n"
+    "  --p-min P                   stop drafting a round when the draft's top probability is below P\n"
     "  --verify tokenwise|block    the verification rule (default tokenwise)\n"
     "  --samples N, --seed S       speculative samples drawn (default 100000), their seed (default 1)\n"
     "  --broken                    a verifier that resamples from p instead of the residual, to see a\n"
@@ -131,55 +137,70 @@ T number(std::string_view flag, std::string_view text) {
   return value;
 }
 
-// Loads two GPT-2 checkpoints with the same tokenizer on one pool of `threads` kernel threads and
-// checks them after `prompt_text`, stopping at the target's EOS (config.json's, or `eos`: an id or
-// "none") as generation does.
+// Two GPT-2 checkpoints with the same tokenizer, checked after `prompt`, loaded as `model` says
+// (both; `draft_matmul`: the draft's matmuls instead) on one pool of `threads` kernel threads,
+// stopping at the target's EOS (config.json's, or `eos`: an id or "none") as generation does.
+struct checkpoints {
+  std::filesystem::path target, draft;
+  std::string prompt;
+  std::optional<std::string_view> eos;
+  std::size_t threads = 0;
+  specsample::gpt2::options model;
+  std::optional<specsample::gpt2::matmul_precision> draft_matmul;
+};
+
 template <class Verifier>
-bool check_checkpoints(const std::filesystem::path& target_dir, const std::filesystem::path& draft_dir,
-                       const std::string& prompt_text, std::size_t threads, std::optional<std::string_view> eos,
-                       specsample::speculative_params params, std::size_t samples, std::uint64_t seed,
-                       Verifier verifier) {
-  const auto tok = specsample::bpe_tokenizer::load(target_dir);
-  if (const auto diff = specsample::vocabulary_difference(specsample::bpe_tokenizer::load(draft_dir), tok)) {
+bool check_checkpoints(const checkpoints& c, specsample::speculative_params params, std::size_t samples,
+                       std::uint64_t seed, Verifier verifier) {
+  const auto tok = specsample::bpe_tokenizer::load(c.target);
+  if (const auto diff = specsample::vocabulary_difference(specsample::bpe_tokenizer::load(c.draft), tok)) {
     throw specsample::error(fmt::format("the draft ({}) and target ({}) tokenizers differ: {}; speculative sampling "
                                         "needs identical vocabularies",
-                                        draft_dir.string(), target_dir.string(), *diff));
+                                        c.draft.string(), c.target.string(), *diff));
   }
   std::optional<specsample::token> eos_id;  // --eos, before the models load
-  if (eos && *eos != "none") {
-    eos_id = number<specsample::token>("--eos", *eos);
+  if (c.eos && *c.eos != "none") {
+    eos_id = number<specsample::token>("--eos", *c.eos);
     if (!specsample::in_vocabulary(*eos_id, tok.vocab_size())) {
       throw specsample::error(
-          fmt::format("--eos {} is not a token of the target's vocabulary of {}", *eos, tok.vocab_size()));
+          fmt::format("--eos {} is not a token of the target's vocabulary of {}", *c.eos, tok.vocab_size()));
     }
   }
-  const std::vector<specsample::token> prompt = tok.encode(prompt_text);
+  const std::vector<specsample::token> prompt = tok.encode(c.prompt);
   if (prompt.empty()) throw specsample::error("--prompt encodes to no tokens");
-  specsample::gpt2::options opts;
-  opts.pool = std::make_shared<specsample::gpt2::thread_pool>(threads);
-  auto target = specsample::gpt2::model::load(target_dir, opts);
-  auto draft = specsample::gpt2::model::load(draft_dir, opts);
+  auto opts = c.model;
+  opts.pool = std::make_shared<specsample::gpt2::thread_pool>(c.threads);
+  const auto draft_opts = c.draft_matmul ? specsample::gpt2::with_matmul_precision(opts, *c.draft_matmul) : opts;
+  auto target = specsample::gpt2::model::load(c.target, opts);
+  auto draft = specsample::gpt2::model::load(c.draft, draft_opts);
   if (target.vocab_size() != tok.vocab_size()) {
-    throw specsample::error(fmt::format("{}: the model has {} tokens but its tokenizer has {}", target_dir.string(),
+    throw specsample::error(fmt::format("{}: the model has {} tokens but its tokenizer has {}", c.target.string(),
                                         target.vocab_size(), tok.vocab_size()));
   }
-  params.eos = eos ? eos_id : target.config().eos_token_id;
-  fmt::print("checkpoints: target {} ({} layers), draft {} ({} layers), vocab {}, prompt of {} tokens, EOS {}\n",
-             target_dir.string(), target.config().n_layer, draft_dir.string(), draft.config().n_layer,
-             tok.vocab_size(), prompt.size(), params.eos ? fmt::format("token {}", *params.eos) : "none");
+  params.eos = c.eos ? eos_id : target.config().eos_token_id;
+  const auto precisions = [](const specsample::gpt2::options& o) {
+    const auto j = specsample::gpt2::precision_json(o);
+    return fmt::format("matmuls {}, weights {}, KV {}", j["matmul"].get<std::string>(),
+                       j["weights"].get<std::string>(), j["kv"].get<std::string>());
+  };
+  fmt::print("checkpoints: target {} ({} layers; {}), draft {} ({} layers; {}), vocab {}, prompt of {} tokens, EOS {}\n",
+             c.target.string(), target.config().n_layer, precisions(opts), c.draft.string(), draft.config().n_layer,
+             precisions(draft_opts), tok.vocab_size(), prompt.size(),
+             params.eos ? fmt::format("token {}", *params.eos) : "none");
   return check(draft, target, prompt, params, samples, seed, 1e-3, verifier);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::size_t vocab = 4, samples = 100'000, threads = 0;
+  std::size_t vocab = 4, samples = 100'000;
   double similarity = 0.4;
   std::uint64_t seed = 1;
   bool broken = false;
   std::optional<std::filesystem::path> target_dir, draft_dir;
   std::optional<std::string> prompt;
-  std::optional<std::string_view> eos;
+  checkpoints pair;  // the rest of --target's options
+  std::optional<float> draft_temperature;
   std::vector<std::string_view> toy_flags, checkpoint_flags;  // given, of one pair's options only
   specsample::speculative_params params;
   params.max_new_tokens = 4;
@@ -209,14 +230,18 @@ int main(int argc, char** argv) {
       else if (a == "--target") target_dir = directory();
       else if (a == "--draft") draft_dir = directory();
       else if (a == "--prompt") prompt = value();
-      else if (a == "--eos") eos = value();
-      else if (a == "--threads") threads = number<std::size_t>(a, value());
+      else if (a == "--eos") pair.eos = value();
+      else if (a == "--threads") pair.threads = number<std::size_t>(a, value());
+      else if (specsample::gpt2::is_option_flag(a)) specsample::gpt2::set_option(pair.model, a, value());
+      else if (a == "--draft-matmul") pair.draft_matmul = specsample::gpt2::precision_option(a, value());
       else if (a == "--length") params.max_new_tokens = number<std::size_t>(a, value());
       else if (a == "-k") params.draft_length = number<std::size_t>(a, value());
       else if (a == "--temperature") params.sampling.temperature = number<float>(a, value());
       else if (a == "--top-k") params.sampling.top_k = number<int>(a, value());
       else if (a == "--top-p") params.sampling.top_p = number<float>(a, value());
       else if (a == "--min-p") params.sampling.min_p = number<float>(a, value());
+      else if (a == "--draft-temperature") draft_temperature = number<float>(a, value());
+      else if (a == "--p-min") params.draft_min_probability = number<float>(a, value());
       else if (a == "--verify") params.verify = specsample::verification_option(a, value());
       else if (a == "--samples") samples = number<std::size_t>(a, value());
       else if (a == "--seed") seed = number<std::uint64_t>(a, value());
@@ -225,7 +250,10 @@ int main(int argc, char** argv) {
         return 2;
       }
       if (a == "--vocab" || a == "--similarity") toy_flags.push_back(a);
-      if (a == "--draft" || a == "--prompt" || a == "--eos" || a == "--threads") checkpoint_flags.push_back(a);
+      if (a == "--draft" || a == "--prompt" || a == "--eos" || a == "--threads" || a == "--draft-matmul" ||
+          specsample::gpt2::is_option_flag(a)) {
+        checkpoint_flags.push_back(a);
+      }
     }
     // Every option checked before a model loads, named as typed.
     if (!target_dir && !checkpoint_flags.empty()) {
@@ -240,9 +268,9 @@ int main(int argc, char** argv) {
     if (target_dir && !prompt) {
       throw specsample::error("--target needs --prompt TEXT, the context the sequences follow");
     }
-    if (threads > specsample::gpt2::thread_pool::max_threads) {
+    if (pair.threads > specsample::gpt2::thread_pool::max_threads) {
       throw specsample::error(fmt::format("--threads must be at most {} (0: all cores), got {}",
-                                          specsample::gpt2::thread_pool::max_threads, threads));
+                                          specsample::gpt2::thread_pool::max_threads, pair.threads));
     }
     if (params.max_new_tokens == 0 || params.max_new_tokens > specsample::testing::max_sequence_length) {
       throw specsample::error(fmt::format("--length must be in 1..{}, got {}", specsample::testing::max_sequence_length,
@@ -251,6 +279,7 @@ int main(int argc, char** argv) {
     if (broken && params.verify != specsample::verification::token_wise) {
       throw specsample::error("--broken replaces the token-wise verifier: drop --verify block");
     }
+    if (draft_temperature) params = params.with_draft_temperature(*draft_temperature);  // the target's filters
     try {
       specsample::validate(params, std::numeric_limits<std::size_t>::max());
     } catch (const specsample::parameter_error& e) {  // the library names its fields; this names the flags
@@ -259,7 +288,9 @@ int main(int argc, char** argv) {
           {"speculative_params.sampling.temperature", "--temperature"},
           {"speculative_params.sampling.top_k", "--top-k"},
           {"speculative_params.sampling.top_p", "--top-p"},
-          {"speculative_params.sampling.min_p", "--min-p"}};
+          {"speculative_params.sampling.min_p", "--min-p"},
+          {"speculative_params.draft_min_probability", "--p-min"},
+          {"speculative_params.draft_sampling.temperature", "--draft-temperature"}};
       for (const auto& [field, flag] : set_by) {
         if (e.field() == field) throw specsample::error(fmt::format("{}{}", flag, e.reason()));
       }
@@ -271,11 +302,17 @@ int main(int argc, char** argv) {
     if (w.top_p < 1.0f) filters += fmt::format(", top-p {}", w.top_p);
     if (w.min_p > 0.0f) filters += fmt::format(", min-p {}", w.min_p);
     const std::string_view rule = broken ? "BROKEN (resamples from p)" : specsample::verification_name(params.verify);
-    fmt::print("K = {}, T = {}{}, {} tokens, verifier: {}\n", params.draft_length, w.temperature, filters,
+    std::string drafting;
+    if (draft_temperature) drafting += fmt::format(", draft at T = {}", *draft_temperature);
+    if (params.draft_min_probability > 0.0f) drafting += fmt::format(", p-min {}", params.draft_min_probability);
+    fmt::print("K = {}, T = {}{}{}, {} tokens, verifier: {}\n", params.draft_length, w.temperature, filters, drafting,
                params.max_new_tokens, rule);
     const auto run = [&](auto verifier) {
       if (target_dir) {
-        return check_checkpoints(*target_dir, *draft_dir, *prompt, threads, eos, params, samples, seed, verifier);
+        pair.target = *target_dir;
+        pair.draft = *draft_dir;
+        pair.prompt = *prompt;
+        return check_checkpoints(pair, params, samples, seed, verifier);
       }
       auto target = specsample::toy::markov::random(vocab, 1, seed, 0.8f);
       auto draft = specsample::toy::markov::similar_to(target, similarity, seed + 1, 0.8f);
