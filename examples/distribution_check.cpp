@@ -12,9 +12,10 @@
 constexpr const char* usage =
     "usage: distribution_check [--vocab V] [--similarity S] [--length L] [-k K] [--temperature T]\n"
     "                          [--top-k N] [--top-p P] [--min-p M] [--draft-temperature T]\n"
-    "                          [--p-min P] [--verify tokenwise|block] [--samples N] [--seed S] [--broken]\n"
+    "                          [--p-min P] [--adaptive] [--verify tokenwise|block] [--samples N]\n"
+    "                          [--seed S] [--broken]\n"
     "       distribution_check --target DIR --draft DIR --prompt TEXT [--eos ID|none] [--threads N]\n"
-    "                          [--matmul P] [--draft-matmul P] [--kernels L] [--weights W] [--kv C]\n"
+    "                          [--kernels LEVEL] [--weights F] [--kv F] [--matmul P] [--draft-matmul P]\n"
     "                          [the options above but --vocab and --similarity]\n"
     "  --vocab V, --similarity S   the toy pair: V tokens (default 4), a draft this close to the target\n"
     "                              (0: unrelated, 1: the same; default 0.4)\n"
@@ -22,8 +23,10 @@ constexpr const char* usage =
     "  --eos ID|none               where a sequence stops (default: the target's config.json, as\n"
     "                              specsample-generate stops)\n"
     "  --threads N                 kernel threads, shared by both models (default 0: all cores)\n"
-    "  --matmul P, --kernels L,    both models as specsample-generate runs them (see its --help);\n"
-    "  --weights W, --kv C         --matmul bf16 checks the target multiplied in BF16, a model of its own\n"
+    "  --kernels LEVEL             both models as specsample-generate loads them: LEVEL best, avx512,\n"
+    "  --weights F, --kv F         avx2 or generic; --weights f32|f16|bf16; --kv f32|f16; --matmul\n"
+    "  --matmul P                  f32|bf16|int8 (bf16: the target checked is the one multiplying in\n"
+    "                              BF16, the model you then sample from)\n"
     "  --draft-matmul P            the draft's matmuls in P instead (f32, bf16 or int8)\n"
     "  --length L                  tokens per sequence, 1 to 64 (default 4)\n"
     "  -k K                        draft length (default 3)\n"
@@ -31,7 +34,10 @@ constexpr const char* usage =
     "  --top-k N, --top-p P,       vocabulary needs a top-k\n"
     "  --min-p M\n"
     "  --draft-temperature T       the draft samples at T with the same filters (default: --temperature)\n"
-    "  --p-min P                   stop drafting a round when the draft's top probability is below P\n"
+    "  --p-min P                   stop drafting a round when the draft's top probability (at its own\n"
+    "                              temperature) is below P\n"
+    "  --adaptive                  adapt K between rounds (+2 after a full acceptance, -1 after a\n"
+    "                              rejection)\n"
     "  --verify tokenwise|block    the verification rule (default tokenwise)\n"
     "  --samples N, --seed S       speculative samples drawn (default 100000), their seed (default 1)\n"
     "  --broken                    a verifier that resamples from p instead of the residual, to see a\n"
@@ -46,6 +52,7 @@ constexpr const char* usage =
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -140,9 +147,10 @@ T number(std::string_view flag, std::string_view text) {
 // Two GPT-2 checkpoints with the same tokenizer, checked after `prompt`, loaded as `model` says
 // (both; `draft_matmul`: the draft's matmuls instead) on one pool of `threads` kernel threads,
 // stopping at the target's EOS (config.json's, or `eos`: an id or "none") as generation does.
+// The command line fills it; `target` set means the check is of checkpoints, and needs the rest.
 struct checkpoints {
-  std::filesystem::path target, draft;
-  std::string prompt;
+  std::optional<std::filesystem::path> target, draft;
+  std::optional<std::string> prompt;
   std::optional<std::string_view> eos;
   std::size_t threads = 0;
   specsample::gpt2::options model;
@@ -152,11 +160,13 @@ struct checkpoints {
 template <class Verifier>
 bool check_checkpoints(const checkpoints& c, specsample::speculative_params params, std::size_t samples,
                        std::uint64_t seed, Verifier verifier) {
-  const auto tok = specsample::bpe_tokenizer::load(c.target);
-  if (const auto diff = specsample::vocabulary_difference(specsample::bpe_tokenizer::load(c.draft), tok)) {
+  const std::filesystem::path& target_dir = c.target.value();
+  const std::filesystem::path& draft_dir = c.draft.value();
+  const auto tok = specsample::bpe_tokenizer::load(target_dir);
+  if (const auto diff = specsample::vocabulary_difference(specsample::bpe_tokenizer::load(draft_dir), tok)) {
     throw specsample::error(fmt::format("the draft ({}) and target ({}) tokenizers differ: {}; speculative sampling "
                                         "needs identical vocabularies",
-                                        c.draft.string(), c.target.string(), *diff));
+                                        draft_dir.string(), target_dir.string(), *diff));
   }
   std::optional<specsample::token> eos_id;  // --eos, before the models load
   if (c.eos && *c.eos != "none") {
@@ -166,26 +176,27 @@ bool check_checkpoints(const checkpoints& c, specsample::speculative_params para
           fmt::format("--eos {} is not a token of the target's vocabulary of {}", *c.eos, tok.vocab_size()));
     }
   }
-  const std::vector<specsample::token> prompt = tok.encode(c.prompt);
+  const std::vector<specsample::token> prompt = tok.encode(c.prompt.value());
   if (prompt.empty()) throw specsample::error("--prompt encodes to no tokens");
   auto opts = c.model;
   opts.pool = std::make_shared<specsample::gpt2::thread_pool>(c.threads);
   const auto draft_opts = c.draft_matmul ? specsample::gpt2::with_matmul_precision(opts, *c.draft_matmul) : opts;
-  auto target = specsample::gpt2::model::load(c.target, opts);
-  auto draft = specsample::gpt2::model::load(c.draft, draft_opts);
+  auto target = specsample::gpt2::model::load(target_dir, opts);
+  auto draft = specsample::gpt2::model::load(draft_dir, draft_opts);
   if (target.vocab_size() != tok.vocab_size()) {
-    throw specsample::error(fmt::format("{}: the model has {} tokens but its tokenizer has {}", c.target.string(),
+    throw specsample::error(fmt::format("{}: the model has {} tokens but its tokenizer has {}", target_dir.string(),
                                         target.vocab_size(), tok.vocab_size()));
   }
   params.eos = c.eos ? eos_id : target.config().eos_token_id;
-  const auto precisions = [](const specsample::gpt2::options& o) {
-    const auto j = specsample::gpt2::precision_json(o);
-    return fmt::format("matmuls {}, weights {}, KV {}", j["matmul"].get<std::string>(),
-                       j["weights"].get<std::string>(), j["kv"].get<std::string>());
+  const auto described = [](const std::filesystem::path& dir, const specsample::gpt2::model& m) {
+    std::string matmuls = specsample::gpt2::precision_name(m.matmul_precision());
+    for (char& ch : matmuls) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    return fmt::format("{} ({} layers; weights {}, matmuls {}, KV {}, kernels {})", dir.string(), m.config().n_layer,
+                       specsample::gpt2::format_name(m.weights().output_embedding().format()), matmuls,
+                       specsample::gpt2::format_name(m.kv_storage()), specsample::isa_name(m.kernels()));
   };
-  fmt::print("checkpoints: target {} ({} layers; {}), draft {} ({} layers; {}), vocab {}, prompt of {} tokens, EOS {}\n",
-             c.target.string(), target.config().n_layer, precisions(opts), c.draft.string(), draft.config().n_layer,
-             precisions(draft_opts), tok.vocab_size(), prompt.size(),
+  fmt::print("checkpoints: target {}, draft {}, vocab {}, prompt of {} tokens, EOS {}\n", described(target_dir, target),
+             described(draft_dir, draft), tok.vocab_size(), prompt.size(),
              params.eos ? fmt::format("token {}", *params.eos) : "none");
   return check(draft, target, prompt, params, samples, seed, 1e-3, verifier);
 }
@@ -197,9 +208,7 @@ int main(int argc, char** argv) {
   double similarity = 0.4;
   std::uint64_t seed = 1;
   bool broken = false;
-  std::optional<std::filesystem::path> target_dir, draft_dir;
-  std::optional<std::string> prompt;
-  checkpoints pair;  // the rest of --target's options
+  checkpoints pair;
   std::optional<float> draft_temperature;
   std::vector<std::string_view> toy_flags, checkpoint_flags;  // given, of one pair's options only
   specsample::speculative_params params;
@@ -227,9 +236,9 @@ int main(int argc, char** argv) {
       };
       if (a == "--vocab") vocab = number<std::size_t>(a, value());
       else if (a == "--similarity") similarity = number<double>(a, value());
-      else if (a == "--target") target_dir = directory();
-      else if (a == "--draft") draft_dir = directory();
-      else if (a == "--prompt") prompt = value();
+      else if (a == "--target") pair.target = directory();
+      else if (a == "--draft") pair.draft = directory();
+      else if (a == "--prompt") pair.prompt = value();
       else if (a == "--eos") pair.eos = value();
       else if (a == "--threads") pair.threads = number<std::size_t>(a, value());
       else if (specsample::gpt2::is_option_flag(a)) specsample::gpt2::set_option(pair.model, a, value());
@@ -240,7 +249,14 @@ int main(int argc, char** argv) {
       else if (a == "--top-k") params.sampling.top_k = number<int>(a, value());
       else if (a == "--top-p") params.sampling.top_p = number<float>(a, value());
       else if (a == "--min-p") params.sampling.min_p = number<float>(a, value());
-      else if (a == "--draft-temperature") draft_temperature = number<float>(a, value());
+      else if (a == "--draft-temperature") {
+        const std::string_view t = value();
+        if (t == "auto") {
+          throw specsample::error("--draft-temperature auto is specsample-generate's scan: give the temperature it chose");
+        }
+        draft_temperature = number<float>(a, t);
+      }
+      else if (a == "--adaptive") params.adaptive_draft_length = true;
       else if (a == "--p-min") params.draft_min_probability = number<float>(a, value());
       else if (a == "--verify") params.verify = specsample::verification_option(a, value());
       else if (a == "--samples") samples = number<std::size_t>(a, value());
@@ -256,16 +272,16 @@ int main(int argc, char** argv) {
       }
     }
     // Every option checked before a model loads, named as typed.
-    if (!target_dir && !checkpoint_flags.empty()) {
+    if (!pair.target && !checkpoint_flags.empty()) {
       throw specsample::error(fmt::format("{} checks checkpoints: it needs --target DIR", checkpoint_flags.front()));
     }
-    if (target_dir && !toy_flags.empty()) {
+    if (pair.target && !toy_flags.empty()) {
       throw specsample::error(fmt::format("{} describes the toy pair: drop it with --target", toy_flags.front()));
     }
-    if (target_dir && !draft_dir) {
+    if (pair.target && !pair.draft) {
       throw specsample::error("--target needs --draft DIR, a checkpoint with its tokenizer");
     }
-    if (target_dir && !prompt) {
+    if (pair.target && !pair.prompt) {
       throw specsample::error("--target needs --prompt TEXT, the context the sequences follow");
     }
     if (pair.threads > specsample::gpt2::thread_pool::max_threads) {
@@ -305,15 +321,11 @@ int main(int argc, char** argv) {
     std::string drafting;
     if (draft_temperature) drafting += fmt::format(", draft at T = {}", *draft_temperature);
     if (params.draft_min_probability > 0.0f) drafting += fmt::format(", p-min {}", params.draft_min_probability);
+    if (params.adaptive_draft_length) drafting += ", adaptive K";
     fmt::print("K = {}, T = {}{}{}, {} tokens, verifier: {}\n", params.draft_length, w.temperature, filters, drafting,
                params.max_new_tokens, rule);
     const auto run = [&](auto verifier) {
-      if (target_dir) {
-        pair.target = *target_dir;
-        pair.draft = *draft_dir;
-        pair.prompt = *prompt;
-        return check_checkpoints(pair, params, samples, seed, verifier);
-      }
+      if (pair.target) return check_checkpoints(pair, params, samples, seed, verifier);
       auto target = specsample::toy::markov::random(vocab, 1, seed, 0.8f);
       auto draft = specsample::toy::markov::similar_to(target, similarity, seed + 1, 0.8f);
       fmt::print("toy pair: vocab {}, draft similarity {}\n", vocab, similarity);
