@@ -14,12 +14,16 @@ constexpr const char* usage =
     "                          [--top-k N] [--top-p P] [--min-p M] [--draft-temperature T]\n"
     "                          [--p-min P] [--adaptive] [--verify tokenwise|block] [--samples N]\n"
     "                          [--seed S] [--broken]\n"
-    "       distribution_check --target DIR --draft DIR --prompt TEXT [--eos ID|none] [--threads N]\n"
+    "       distribution_check --target DIR --draft DIR|ngram --prompt TEXT [--eos ID|none] [--threads N]\n"
     "                          [--kernels LEVEL] [--weights F] [--kv F] [--matmul P] [--draft-matmul P]\n"
+    "                          [--prompt-lookup N]\n"
     "                          [the options above but --vocab and --similarity]\n"
     "  --vocab V, --similarity S   the toy pair: V tokens (default 4), a draft this close to the target\n"
     "                              (0: unrelated, 1: the same; default 0.4)\n"
-    "  --target DIR, --draft DIR   two GPT-2 checkpoints with the same tokenizer, checked after --prompt\n"
+    "  --target DIR, --draft DIR   two GPT-2 checkpoints with the same tokenizer, checked after --prompt;\n"
+    "                              --draft ngram drafts by prompt lookup (no draft model)\n"
+    "  --prompt-lookup N           draft by prompt lookup first (suffixes of N to max(N, 4) tokens), the\n"
+    "                              draft model where it finds none\n"
     "  --eos ID|none               where a sequence stops (default: the target's config.json, as\n"
     "                              specsample-generate stops)\n"
     "  --threads N                 kernel threads, shared by both models (default 0: all cores)\n"
@@ -45,13 +49,17 @@ constexpr const char* usage =
     "The verdict goes to stdout, the expected time of the samples to stderr. Exit status: 0 PASS,\n"
     "1 FAIL, 2 an error.\n";
 
+#include <specsample/drafters/fallback.hpp>
+#include <specsample/drafters/ngram.hpp>
 #include <specsample/gpt2.hpp>
+#include <specsample/sampling/drafter.hpp>
 #include <specsample/specsample.hpp>
 #include <specsample/testing/distribution.hpp>
 #include <specsample/tokenizer.hpp>
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <charconv>
@@ -147,7 +155,10 @@ T number(std::string_view flag, std::string_view text) {
 // Two GPT-2 checkpoints with the same tokenizer, checked after `prompt`, loaded as `model` says
 // (both; `draft_matmul`: the draft's matmuls instead) on one pool of `threads` kernel threads,
 // stopping at the target's EOS (config.json's, or `eos`: an id or "none") as generation does.
-// The command line fills it; `target` set means the check is of checkpoints, and needs the rest.
+// `draft` "ngram" drafts by prompt lookup alone, and `prompt_lookup` > 0 by prompt lookup first
+// (suffixes of prompt_lookup to max(prompt_lookup, 4) tokens), the draft model where it finds
+// nothing, as specsample-generate does. The command line fills it; `target` set means the check
+// is of checkpoints, and needs the rest.
 struct checkpoints {
   std::optional<std::filesystem::path> target, draft;
   std::optional<std::string> prompt;
@@ -155,6 +166,9 @@ struct checkpoints {
   std::size_t threads = 0;
   specsample::gpt2::options model;
   std::optional<specsample::gpt2::matmul_precision> draft_matmul;
+  std::size_t prompt_lookup = 0;
+
+  [[nodiscard]] bool ngram() const { return draft == "ngram"; }
 };
 
 template <class Verifier>
@@ -163,10 +177,12 @@ bool check_checkpoints(const checkpoints& c, specsample::speculative_params para
   const std::filesystem::path& target_dir = c.target.value();
   const std::filesystem::path& draft_dir = c.draft.value();
   const auto tok = specsample::bpe_tokenizer::load(target_dir);
-  if (const auto diff = specsample::vocabulary_difference(specsample::bpe_tokenizer::load(draft_dir), tok)) {
-    throw specsample::error(fmt::format("the draft ({}) and target ({}) tokenizers differ: {}; speculative sampling "
-                                        "needs identical vocabularies",
-                                        draft_dir.string(), target_dir.string(), *diff));
+  if (!c.ngram()) {
+    if (const auto diff = specsample::vocabulary_difference(specsample::bpe_tokenizer::load(draft_dir), tok)) {
+      throw specsample::error(fmt::format("the draft ({}) and target ({}) tokenizers differ: {}; speculative sampling "
+                                          "needs identical vocabularies",
+                                          draft_dir.string(), target_dir.string(), *diff));
+    }
   }
   std::optional<specsample::token> eos_id;  // --eos, before the models load
   if (c.eos && *c.eos != "none") {
@@ -180,12 +196,15 @@ bool check_checkpoints(const checkpoints& c, specsample::speculative_params para
   if (prompt.empty()) throw specsample::error("--prompt encodes to no tokens");
   auto opts = c.model;
   opts.pool = std::make_shared<specsample::gpt2::thread_pool>(c.threads);
-  const auto draft_opts = c.draft_matmul ? specsample::gpt2::with_matmul_precision(opts, *c.draft_matmul) : opts;
   auto target = specsample::gpt2::model::load(target_dir, opts);
-  auto draft = specsample::gpt2::model::load(draft_dir, draft_opts);
   if (target.vocab_size() != tok.vocab_size()) {
     throw specsample::error(fmt::format("{}: the model has {} tokens but its tokenizer has {}", target_dir.string(),
                                         target.vocab_size(), tok.vocab_size()));
+  }
+  std::optional<specsample::gpt2::model> draft;
+  if (!c.ngram()) {
+    draft.emplace(specsample::gpt2::model::load(
+        draft_dir, c.draft_matmul ? specsample::gpt2::with_matmul_precision(opts, *c.draft_matmul) : opts));
   }
   params.eos = c.eos ? eos_id : target.config().eos_token_id;
   const auto described = [](const std::filesystem::path& dir, const specsample::gpt2::model& m) {
@@ -195,10 +214,21 @@ bool check_checkpoints(const checkpoints& c, specsample::speculative_params para
                        specsample::gpt2::format_name(m.weights().output_embedding().format()), matmuls,
                        specsample::gpt2::format_name(m.kv_storage()), specsample::isa_name(m.kernels()));
   };
+  const std::size_t min_n = std::max<std::size_t>(1, c.prompt_lookup), max_n = std::max<std::size_t>(4, min_n);
+  specsample::drafters::ngram lookup(target.vocab_size(), max_n, min_n);
+  const std::string lookup_text = fmt::format("prompt lookup of {} to {} tokens", min_n, max_n);
+  const std::string drafting = c.ngram()                ? lookup_text
+                               : c.prompt_lookup > 0 ? fmt::format("{}, else {}", lookup_text, described(draft_dir, *draft))
+                                                     : described(draft_dir, *draft);
   fmt::print("checkpoints: target {}, draft {}, vocab {}, prompt of {} tokens, EOS {}\n", described(target_dir, target),
-             described(draft_dir, draft), tok.vocab_size(), prompt.size(),
-             params.eos ? fmt::format("token {}", *params.eos) : "none");
-  return check(draft, target, prompt, params, samples, seed, 1e-3, verifier);
+             drafting, tok.vocab_size(), prompt.size(), params.eos ? fmt::format("token {}", *params.eos) : "none");
+  if (c.ngram()) return check(lookup, target, prompt, params, samples, seed, 1e-3, verifier);
+  if (c.prompt_lookup > 0) {
+    specsample::drafters::fallback first_lookup(
+        lookup, specsample::model_drafter(*draft, params.draft_warping(), params.draft_min_probability));
+    return check(first_lookup, target, prompt, params, samples, seed, 1e-3, verifier);
+  }
+  return check(*draft, target, prompt, params, samples, seed, 1e-3, verifier);
 }
 
 }  // namespace
@@ -243,6 +273,10 @@ int main(int argc, char** argv) {
       else if (a == "--threads") pair.threads = number<std::size_t>(a, value());
       else if (specsample::gpt2::is_option_flag(a)) specsample::gpt2::set_option(pair.model, a, value());
       else if (a == "--draft-matmul") pair.draft_matmul = specsample::gpt2::precision_option(a, value());
+      else if (a == "--prompt-lookup") {
+        pair.prompt_lookup = number<std::size_t>(a, value());
+        if (pair.prompt_lookup == 0) throw specsample::error("--prompt-lookup expects the shortest suffix to look up, >= 1");
+      }
       else if (a == "--length") params.max_new_tokens = number<std::size_t>(a, value());
       else if (a == "-k") params.draft_length = number<std::size_t>(a, value());
       else if (a == "--temperature") params.sampling.temperature = number<float>(a, value());
@@ -267,7 +301,7 @@ int main(int argc, char** argv) {
       }
       if (a == "--vocab" || a == "--similarity") toy_flags.push_back(a);
       if (a == "--draft" || a == "--prompt" || a == "--eos" || a == "--threads" || a == "--draft-matmul" ||
-          specsample::gpt2::is_option_flag(a)) {
+          a == "--prompt-lookup" || specsample::gpt2::is_option_flag(a)) {
         checkpoint_flags.push_back(a);
       }
     }
@@ -283,6 +317,17 @@ int main(int argc, char** argv) {
     }
     if (pair.target && !pair.prompt) {
       throw specsample::error("--target needs --prompt TEXT, the context the sequences follow");
+    }
+    if (pair.ngram()) {
+      if (pair.prompt_lookup > 0) {
+        throw specsample::error("--prompt-lookup falls back to a draft model; --draft ngram drafts by prompt lookup alone");
+      }
+      const std::pair<bool, std::string_view> model_settings[] = {{pair.draft_matmul.has_value(), "--draft-matmul"},
+                                                                  {draft_temperature.has_value(), "--draft-temperature"},
+                                                                  {params.draft_min_probability != 0.0f, "--p-min"}};
+      for (const auto& [given, flag] : model_settings) {
+        if (given) throw specsample::error(fmt::format("{} sets a draft model; --draft ngram has none", flag));
+      }
     }
     if (pair.threads > specsample::gpt2::thread_pool::max_threads) {
       throw specsample::error(fmt::format("--threads must be at most {} (0: all cores), got {}",
