@@ -27,10 +27,10 @@ constexpr const char* usage =
     "  --eos ID|none               where a sequence stops (default: the target's config.json, as\n"
     "                              specsample-generate stops)\n"
     "  --threads N                 kernel threads, shared by both models (default 0: all cores)\n"
-    "  --kernels LEVEL             both models as specsample-generate loads them: LEVEL best, avx512,\n"
-    "  --weights F, --kv F         avx2 or generic; --weights f32|f16|bf16; --kv f32|f16; --matmul\n"
-    "  --matmul P                  f32|bf16|int8 (bf16: the target checked is the one multiplying in\n"
-    "                              BF16, the model you then sample from)\n"
+    "  --kernels LEVEL             best, avx512, avx2 or generic  } both models, as specsample-generate\n"
+    "  --weights F                 f32, f16 or bf16               } loads them (--matmul bf16: the target\n"
+    "  --kv F                      f32 or f16                     } checked is the one multiplying in BF16,\n"
+    "  --matmul P                  f32, bf16 or int8              } the model you then sample from)\n"
     "  --draft-matmul P            the draft's matmuls in P instead (f32, bf16 or int8)\n"
     "  --length L                  tokens per sequence, 1 to 64 (default 4)\n"
     "  -k K                        draft length (default 3)\n"
@@ -214,20 +214,29 @@ bool check_checkpoints(const checkpoints& c, specsample::speculative_params para
                        specsample::gpt2::format_name(m.weights().output_embedding().format()), matmuls,
                        specsample::gpt2::format_name(m.kv_storage()), specsample::isa_name(m.kernels()));
   };
-  const std::size_t min_n = std::max<std::size_t>(1, c.prompt_lookup), max_n = std::max<std::size_t>(4, min_n);
-  specsample::drafters::ngram lookup(target.vocab_size(), max_n, min_n);
-  const std::string lookup_text = fmt::format("prompt lookup of {} to {} tokens", min_n, max_n);
-  const std::string drafting = c.ngram()                ? lookup_text
-                               : c.prompt_lookup > 0 ? fmt::format("{}, else {}", lookup_text, described(draft_dir, *draft))
-                                                     : described(draft_dir, *draft);
-  fmt::print("checkpoints: target {}, draft {}, vocab {}, prompt of {} tokens, EOS {}\n", described(target_dir, target),
-             drafting, tok.vocab_size(), prompt.size(), params.eos ? fmt::format("token {}", *params.eos) : "none");
-  if (c.ngram()) return check(lookup, target, prompt, params, samples, seed, 1e-3, verifier);
-  if (c.prompt_lookup > 0) {
+  const auto print = [&](const std::string& drafting) {
+    fmt::print("checkpoints: target {}, draft {}, vocab {}, prompt of {} tokens, EOS {}\n",
+               described(target_dir, target), drafting, tok.vocab_size(), prompt.size(),
+               params.eos ? fmt::format("token {}", *params.eos) : "none");
+  };
+  if (c.ngram() || c.prompt_lookup > 0) {  // suffixes of min_n to max_n tokens, as specsample-generate looks up
+    const std::size_t min_n = std::max<std::size_t>(1, c.prompt_lookup), max_n = std::max<std::size_t>(4, min_n);
+    specsample::drafters::ngram lookup(target.vocab_size(), max_n, min_n);
+    const std::string lookup_text = fmt::format("prompt lookup of {} to {} tokens", min_n, max_n);
+    if (c.ngram()) {
+      print(lookup_text);
+      return check(lookup, target, prompt, params, samples, seed, 1e-3, verifier);
+    }
+    print(fmt::format("{}, else {}", lookup_text, described(draft_dir, *draft)));
     specsample::drafters::fallback first_lookup(
         lookup, specsample::model_drafter(*draft, params.draft_warping(), params.draft_min_probability));
-    return check(first_lookup, target, prompt, params, samples, seed, 1e-3, verifier);
+    const bool ok = check(first_lookup, target, prompt, params, samples, seed, 1e-3, verifier);
+    // (a check whose rounds all came from one drafter tested only that one)
+    fmt::print("drafting rounds: {} by prompt lookup, {} by the draft model\n", first_lookup.first_rounds(),
+               first_lookup.second_rounds());
+    return ok;
   }
+  print(described(draft_dir, *draft));
   return check(*draft, target, prompt, params, samples, seed, 1e-3, verifier);
 }
 
@@ -240,7 +249,7 @@ int main(int argc, char** argv) {
   bool broken = false;
   checkpoints pair;
   std::optional<float> draft_temperature;
-  std::vector<std::string_view> toy_flags, checkpoint_flags;  // given, of one pair's options only
+  std::vector<std::string_view> given;  // the options, as typed
   specsample::speculative_params params;
   params.max_new_tokens = 4;
   params.draft_length = 3;
@@ -299,18 +308,23 @@ int main(int argc, char** argv) {
         fmt::print(stderr, "distribution_check: error: unknown argument {}\n{}", a, usage);
         return 2;
       }
-      if (a == "--vocab" || a == "--similarity") toy_flags.push_back(a);
-      if (a == "--draft" || a == "--prompt" || a == "--eos" || a == "--threads" || a == "--draft-matmul" ||
-          a == "--prompt-lookup" || specsample::gpt2::is_option_flag(a)) {
-        checkpoint_flags.push_back(a);
-      }
+      given.push_back(a);
     }
     // Every option checked before a model loads, named as typed.
-    if (!pair.target && !checkpoint_flags.empty()) {
-      throw specsample::error(fmt::format("{} checks checkpoints: it needs --target DIR", checkpoint_flags.front()));
+    const auto first_given = [&](auto of) -> std::optional<std::string_view> {
+      const auto it = std::find_if(given.begin(), given.end(), of);
+      return it == given.end() ? std::nullopt : std::optional<std::string_view>(*it);
+    };
+    const auto checkpoint_option = [](std::string_view f) {
+      return f == "--draft" || f == "--prompt" || f == "--eos" || f == "--threads" || f == "--draft-matmul" ||
+             f == "--prompt-lookup" || specsample::gpt2::is_option_flag(f);
+    };
+    if (const auto f = first_given(checkpoint_option); f && !pair.target) {
+      throw specsample::error(fmt::format("{} checks checkpoints: it needs --target DIR", *f));
     }
-    if (pair.target && !toy_flags.empty()) {
-      throw specsample::error(fmt::format("{} describes the toy pair: drop it with --target", toy_flags.front()));
+    const auto toy_option = [](std::string_view f) { return f == "--vocab" || f == "--similarity"; };
+    if (const auto f = first_given(toy_option); f && pair.target) {
+      throw specsample::error(fmt::format("{} describes the toy pair: drop it with --target", *f));
     }
     if (pair.target && !pair.draft) {
       throw specsample::error("--target needs --draft DIR, a checkpoint with its tokenizer");
@@ -322,11 +336,14 @@ int main(int argc, char** argv) {
       if (pair.prompt_lookup > 0) {
         throw specsample::error("--prompt-lookup falls back to a draft model; --draft ngram drafts by prompt lookup alone");
       }
-      const std::pair<bool, std::string_view> model_settings[] = {{pair.draft_matmul.has_value(), "--draft-matmul"},
-                                                                  {draft_temperature.has_value(), "--draft-temperature"},
-                                                                  {params.draft_min_probability != 0.0f, "--p-min"}};
-      for (const auto& [given, flag] : model_settings) {
-        if (given) throw specsample::error(fmt::format("{} sets a draft model; --draft ngram has none", flag));
+      static constexpr std::pair<std::string_view, std::string_view> model_settings[] = {
+          {"--draft-matmul", "sets a draft model's matmuls"},
+          {"--draft-temperature", "warps a draft model's logits"},
+          {"--p-min", "stops drafting on a draft model's top probability"}};
+      for (const auto& [flag, does] : model_settings) {
+        if (std::find(given.begin(), given.end(), flag) != given.end()) {
+          throw specsample::error(fmt::format("{} {}; --draft ngram has none", flag, does));
+        }
       }
     }
     if (pair.threads > specsample::gpt2::thread_pool::max_threads) {
