@@ -14,9 +14,9 @@ constexpr const char* usage =
     "                          [--top-k N] [--top-p P] [--min-p M] [--draft-temperature T]\n"
     "                          [--p-min P] [--adaptive] [--verify tokenwise|block] [--samples N]\n"
     "                          [--seed S] [--broken]\n"
-    "       distribution_check --target DIR --draft DIR|ngram --prompt TEXT [--eos ID|none] [--threads N]\n"
-    "                          [--kernels LEVEL] [--weights F] [--kv F] [--matmul P] [--draft-matmul P]\n"
-    "                          [--prompt-lookup N]\n"
+    "       distribution_check --target DIR --draft DIR|ngram --prompt TEXT [--eos ID|none]\n"
+    "                          [--threads N] [--kernels LEVEL] [--weights F] [--kv F] [--matmul P]\n"
+    "                          [--draft-matmul P] [--prompt-lookup N]\n"
     "                          [the options above but --vocab and --similarity]\n"
     "  --vocab V, --similarity S   the toy pair: V tokens (default 4), a draft this close to the target\n"
     "                              (0: unrelated, 1: the same; default 0.4)\n"
@@ -27,10 +27,10 @@ constexpr const char* usage =
     "  --eos ID|none               where a sequence stops (default: the target's config.json, as\n"
     "                              specsample-generate stops)\n"
     "  --threads N                 kernel threads, shared by both models (default 0: all cores)\n"
-    "  --kernels LEVEL             best, avx512, avx2 or generic  } both models, as specsample-generate\n"
-    "  --weights F                 f32, f16 or bf16               } loads them (--matmul bf16: the target\n"
-    "  --kv F                      f32 or f16                     } checked is the one multiplying in BF16,\n"
-    "  --matmul P                  f32, bf16 or int8              } the model you then sample from)\n"
+    "  --kernels LEVEL             best, avx512, avx2 or generic  } both models, as\n"
+    "  --weights F                 f32, f16 or bf16               } specsample-generate loads them\n"
+    "  --kv F                      f32 or f16                     } (--matmul bf16: the target checked\n"
+    "  --matmul P                  f32, bf16 or int8              } multiplies in BF16, as you sample)\n"
     "  --draft-matmul P            the draft's matmuls in P instead (f32, bf16 or int8)\n"
     "  --length L                  tokens per sequence, 1 to 64 (default 4)\n"
     "  -k K                        draft length (default 3)\n"
@@ -113,6 +113,13 @@ bool check(Draft& draft, Target& target, std::span<const specsample::token> prom
                each * static_cast<double>(samples));
   }
   std::mt19937_64 rng(seed);
+  // A drafter of two (prompt lookup, else a draft model) counts whose drafts each round took.
+  constexpr bool two_drafters = requires { draft.first_rounds() + draft.second_rounds(); };
+  std::size_t first_rounds = 0, second_rounds = 0;
+  if constexpr (two_drafters) {
+    first_rounds = draft.first_rounds();
+    second_rounds = draft.second_rounds();
+  }
   const auto fit = specsample::testing::speculative_fit(draft, target, prompt, params, samples, rng, verifier);
   fmt::print("samples: {}, sequence length: {}, bins: {} (sequences of expected count >= 5, and one of the rest)\n",
              samples, params.max_new_tokens, fit.bins);
@@ -122,6 +129,10 @@ bool check(Draft& draft, Target& target, std::span<const specsample::token> prom
   fmt::print("verdict: {} (alpha = {})\n",
              ok ? "PASS, consistent with the target's exact distribution" : "FAIL, not the target's distribution",
              alpha);
+  if constexpr (two_drafters) {  // (a check whose rounds all came from one drafter tested only that one)
+    fmt::print("drafting rounds of the samples: {} by prompt lookup, {} by the draft model\n",
+               draft.first_rounds() - first_rounds, draft.second_rounds() - second_rounds);
+  }
   if (ok && fit.dof == 0) {  // (every sampler that emits nothing impossible passes)
     fmt::print("note: one sequence has positive probability, so the check shows only that every sample is it "
                "(a broken verifier passes too); a higher --temperature or --top-k tests the distribution\n");
@@ -230,11 +241,7 @@ bool check_checkpoints(const checkpoints& c, specsample::speculative_params para
     print(fmt::format("{}, else {}", lookup_text, described(draft_dir, *draft)));
     specsample::drafters::fallback first_lookup(
         lookup, specsample::model_drafter(*draft, params.draft_warping(), params.draft_min_probability));
-    const bool ok = check(first_lookup, target, prompt, params, samples, seed, 1e-3, verifier);
-    // (a check whose rounds all came from one drafter tested only that one)
-    fmt::print("drafting rounds: {} by prompt lookup, {} by the draft model\n", first_lookup.first_rounds(),
-               first_lookup.second_rounds());
-    return ok;
+    return check(first_lookup, target, prompt, params, samples, seed, 1e-3, verifier);
   }
   print(described(draft_dir, *draft));
   return check(*draft, target, prompt, params, samples, seed, 1e-3, verifier);
@@ -340,9 +347,9 @@ int main(int argc, char** argv) {
           {"--draft-matmul", "sets a draft model's matmuls"},
           {"--draft-temperature", "warps a draft model's logits"},
           {"--p-min", "stops drafting on a draft model's top probability"}};
-      for (const auto& [flag, does] : model_settings) {
-        if (std::find(given.begin(), given.end(), flag) != given.end()) {
-          throw specsample::error(fmt::format("{} {}; --draft ngram has none", flag, does));
+      for (const std::string_view f : given) {  // the first typed
+        for (const auto& [flag, does] : model_settings) {
+          if (f == flag) throw specsample::error(fmt::format("{} {}; --draft ngram has none", flag, does));
         }
       }
     }

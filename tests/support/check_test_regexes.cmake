@@ -1,16 +1,39 @@
-# Fails when a test's PASS_REGULAR_EXPRESSION or FAIL_REGULAR_EXPRESSION holds more than one regular
-# expression. CMake reads a ';' in those properties as a list separator, and ctest passes a test when
-# any one of the list's expressions matches: "2 layers; weights BF16 pairs ... verdict: PASS" became
-# "2 layers" or "weights BF16 pairs ... verdict: PASS", and the first matched a FAIL verdict too. A
-# ';' the expression means is written "\;".
-#   cmake -DCTEST=<ctest> -DBUILD_DIR=<build directory> -P check_test_regexes.cmake
-execute_process(COMMAND "${CTEST}" --show-only=json-v1 WORKING_DIRECTORY "${BUILD_DIR}"
+# Fails when a test's PASS_, FAIL_ or SKIP_REGULAR_EXPRESSION holds more than one regular
+# expression. CMake reads a ';' in those properties as a list separator, and ctest passes a test
+# when any one of the list's expressions matches: "2 layers; weights BF16 pairs ... verdict: PASS"
+# became "2 layers" or "weights BF16 pairs ... verdict: PASS", and the first matched a FAIL verdict
+# too. A ';' the expression means is written "\;".
+#   cmake -DCTEST=<ctest> -DBUILD_DIR=<build directory> [-DCONFIG=<configuration>] -P check_test_regexes.cmake
+# The test lists are read from a copy of the build's CTestTestfile.cmake files: ctest, even with
+# --show-only, rewrites Testing/Temporary/LastTest.log where it runs, which would empty the log of
+# the ctest run this check is part of.
+set(scratch "${BUILD_DIR}/test_regexes_check")
+file(REMOVE_RECURSE "${scratch}")
+function(copy_test_list dir)  # dir: relative to BUILD_DIR, "" or ending in "/"; then its subdirs()
+  set(list "${BUILD_DIR}/${dir}CTestTestfile.cmake")
+  configure_file("${list}" "${scratch}/${dir}CTestTestfile.cmake" COPYONLY)
+  file(STRINGS "${list}" subdirs REGEX "^subdirs\\(")
+  foreach(line IN LISTS subdirs)
+    string(REGEX REPLACE "^subdirs\\(\"?([^\")]*)\"?\\)$" "\\1" sub "${line}")
+    copy_test_list("${dir}${sub}/")
+  endforeach()
+endfunction()
+copy_test_list("")
+set(config_args "")
+if(CONFIG)
+  set(config_args -C "${CONFIG}")
+endif()
+execute_process(COMMAND "${CTEST}" --show-only=json-v1 ${config_args} WORKING_DIRECTORY "${scratch}"
                 OUTPUT_VARIABLE json RESULT_VARIABLE rc)
+file(REMOVE_RECURSE "${scratch}")
 if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "ctest --show-only=json-v1 failed in ${BUILD_DIR}")
+  message(FATAL_ERROR "ctest --show-only=json-v1 failed on the test lists of ${BUILD_DIR}")
 endif()
 string(JSON tests GET "${json}" tests)
 string(JSON n LENGTH "${tests}")
+if(n EQUAL 0)
+  message(FATAL_ERROR "ctest listed no tests in ${BUILD_DIR}: nothing to check")
+endif()
 set(split "")
 set(checked 0)
 math(EXPR last "${n} - 1")
@@ -22,10 +45,13 @@ foreach(i RANGE ${last})
     continue()
   endif()
   string(JSON np LENGTH "${properties}")
+  if(np EQUAL 0)
+    continue()
+  endif()
   math(EXPR plast "${np} - 1")
   foreach(k RANGE ${plast})
     string(JSON property GET "${properties}" ${k} name)
-    if(property MATCHES "^(PASS|FAIL)_REGULAR_EXPRESSION$")
+    if(property MATCHES "^(PASS|FAIL|SKIP)_REGULAR_EXPRESSION$")
       math(EXPR checked "${checked} + 1")
       string(JSON type TYPE "${properties}" ${k} value)
       set(count 1)
@@ -38,6 +64,9 @@ foreach(i RANGE ${last})
     endif()
   endforeach()
 endforeach()
+if(checked EQUAL 0)
+  message(FATAL_ERROR "none of the ${n} tests has an expected-output expression: the test lists are not what this check reads")
+endif()
 if(split)
   message(FATAL_ERROR "test regular expressions split at a ';' (write \\; for a literal one):${split}")
 endif()
