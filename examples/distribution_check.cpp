@@ -343,13 +343,13 @@ int main(int argc, char** argv) {
       if (pair.prompt_lookup > 0) {
         throw specsample::error("--prompt-lookup falls back to a draft model; --draft ngram drafts by prompt lookup alone");
       }
-      static constexpr std::pair<std::string_view, std::string_view> model_settings[] = {
-          {"--draft-matmul", "sets a draft model's matmuls"},
+      static constexpr std::pair<std::string_view, std::string_view> model_settings[] = {  // generate's order
           {"--draft-temperature", "warps a draft model's logits"},
-          {"--p-min", "stops drafting on a draft model's top probability"}};
-      for (const std::string_view f : given) {  // the first typed
-        for (const auto& [flag, does] : model_settings) {
-          if (f == flag) throw specsample::error(fmt::format("{} {}; --draft ngram has none", flag, does));
+          {"--p-min", "stops drafting on a draft model's top probability"},
+          {"--draft-matmul", "sets a draft model's matmuls"}};
+      for (const auto& [flag, does] : model_settings) {
+        if (std::find(given.begin(), given.end(), flag) != given.end()) {
+          throw specsample::error(fmt::format("{} {}; --draft ngram has none", flag, does));
         }
       }
     }

@@ -7,14 +7,17 @@
 # The test lists are read from a copy of the build's CTestTestfile.cmake files: ctest, even with
 # --show-only, rewrites Testing/Temporary/LastTest.log where it runs, which would empty the log of
 # the ctest run this check is part of.
-set(scratch "${BUILD_DIR}/test_regexes_check")
-file(REMOVE_RECURSE "${scratch}")
+string(RANDOM LENGTH 12 run)  # (two runs of this check on one build at once each get their own)
+set(scratch "${BUILD_DIR}/test_regexes_check-${run}")
 function(copy_test_list dir)  # dir: relative to BUILD_DIR, "" or ending in "/"; then its subdirs()
   set(list "${BUILD_DIR}/${dir}CTestTestfile.cmake")
   configure_file("${list}" "${scratch}/${dir}CTestTestfile.cmake" COPYONLY)
   file(STRINGS "${list}" subdirs REGEX "^subdirs\\(")
   foreach(line IN LISTS subdirs)
     string(REGEX REPLACE "^subdirs\\(\"?([^\")]*)\"?\\)$" "\\1" sub "${line}")
+    if(IS_ABSOLUTE "${sub}")  # a binary directory outside the build tree: not one of this project's
+      message(FATAL_ERROR "${list}: subdirs(${sub}) lies outside ${BUILD_DIR}; this check reads the build tree's only")
+    endif()
     copy_test_list("${dir}${sub}/")
   endforeach()
 endfunction()
