@@ -1608,9 +1608,8 @@ int run(int argc, char** argv) {
 
   fmt::print(stderr, "specsample-bench: loading {} and {}\n", target_dir.string(), draft_dir.string());
   const auto tok = specsample::bpe_tokenizer::load(target_dir);
-  if (const auto diff = specsample::vocabulary_difference(specsample::bpe_tokenizer::load(draft_dir), tok)) {
-    throw specsample::error(fmt::format("the draft and target tokenizers differ: {}", *diff));
-  }
+  specsample::check_same_vocabulary(specsample::bpe_tokenizer::load(draft_dir), tok, draft_dir.string(),
+                                    target_dir.string());
   specsample::gpt2::options opts = c.model;
   opts.pool = std::make_shared<specsample::gpt2::thread_pool>(c.threads);  // shared by the two models
   opts.batch_capacity = std::max<std::size_t>(16, c.k_max + 2);

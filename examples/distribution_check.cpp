@@ -189,11 +189,8 @@ bool check_checkpoints(const checkpoints& c, specsample::speculative_params para
   const std::filesystem::path& draft_dir = c.draft.value();
   const auto tok = specsample::bpe_tokenizer::load(target_dir);
   if (!c.ngram()) {
-    if (const auto diff = specsample::vocabulary_difference(specsample::bpe_tokenizer::load(draft_dir), tok)) {
-      throw specsample::error(fmt::format("the draft ({}) and target ({}) tokenizers differ: {}; speculative sampling "
-                                          "needs identical vocabularies",
-                                          draft_dir.string(), target_dir.string(), *diff));
-    }
+    specsample::check_same_vocabulary(specsample::bpe_tokenizer::load(draft_dir), tok, draft_dir.string(),
+                                      target_dir.string());
   }
   std::optional<specsample::token> eos_id;  // --eos, before the models load
   if (c.eos && *c.eos != "none") {

@@ -535,12 +535,7 @@ int run(int argc, char** argv) {
   }
   std::vector<specsample::gpt2::model> drafts;
   for (const auto& dir : candidates) {
-    const auto draft_tok = specsample::bpe_tokenizer::load(dir);
-    if (const auto diff = specsample::vocabulary_difference(draft_tok, tok)) {
-      throw specsample::error(fmt::format("the draft ({}) and target ({}) tokenizers differ: {}; speculative "
-                                          "sampling needs identical vocabularies",
-                                          dir.string(), target_dir.string(), *diff));
-    }
+    specsample::check_same_vocabulary(specsample::bpe_tokenizer::load(dir), tok, dir.string(), target_dir.string());
     drafts.push_back(specsample::gpt2::model::load(
         dir, c.draft_matmul ? specsample::gpt2::with_matmul_precision(opts, *c.draft_matmul) : opts));
   }

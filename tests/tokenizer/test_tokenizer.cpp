@@ -440,6 +440,10 @@ TEST_CASE("draft and target tokenizers compare equal only with identical vocab a
   CHECK_FALSE(specsample::same_vocabulary(draft, gpt2()));
   CHECK(specsample::vocabulary_difference(draft, gpt2()).value() ==
         "vocab sizes differ: 4096 vs 50257");
+  CHECK_NOTHROW(specsample::check_same_vocabulary(draft, shakespeare(), "d", "t"));
+  CHECK_THROWS_WITH(specsample::check_same_vocabulary(draft, gpt2(), "d", "t"),
+                    "the draft (d) and target (t) tokenizers differ: vocab sizes differ: 4096 vs 50257; speculative "
+                    "sampling needs identical vocabularies");
 
   temp_dir dir;  // same tokens, one merge more (a second way to "Ġgate", after "Ġg ate")
   dir.write("vocab.json", slurp(source_dir / "models" / "shakespeare-draft" / "vocab.json"));

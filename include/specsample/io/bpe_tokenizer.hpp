@@ -746,6 +746,18 @@ class bpe_tokenizer {
   return std::nullopt;
 }
 
+/// Throws `specsample::error` unless a draft's tokenizer is the target's (`same_vocabulary`),
+/// naming both (`draft_name`, `target_name`: their checkpoints, say) and the first difference:
+/// the check a program runs before it drafts with one model for another.
+inline void check_same_vocabulary(const bpe_tokenizer& draft, const bpe_tokenizer& target, std::string_view draft_name,
+                                  std::string_view target_name) {
+  if (const auto diff = vocabulary_difference(draft, target)) {
+    throw error(fmt::format("the draft ({}) and target ({}) tokenizers differ: {}; speculative sampling needs "
+                            "identical vocabularies",
+                            draft_name, target_name, *diff));
+  }
+}
+
 /// Incremental detokenizer: feed tokens one at a time, get back the text that is complete so far.
 ///
 /// Output never ends inside a UTF-8 character that later bytes could still complete; such a
