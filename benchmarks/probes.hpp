@@ -218,6 +218,7 @@ SPECSAMPLE_TARGET_AVX512_BF16 __attribute__((noinline)) inline float stream_dot_
     for (std::size_t j = 0; j < 4; ++j) {
       if (i + probe_ahead + 16 * j < n) _mm_prefetch(reinterpret_cast<const char*>(p + i + probe_ahead + 16 * j), _MM_HINT_T0);
       w[j] = _mm512_loadu_si512(p + i + 16 * j);
+      specsample::gpt2::simd::keep_in_register(w[j]);  // as the kernels' tile does
     }
     if constexpr (Tokens == 0) {
       for (const __m512i& v : w) seen = _mm512_xor_si512(seen, v);

@@ -1338,6 +1338,13 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_pair_steps(__m512 
   }
 }
 
+/// Holds v in a register from here on. GCC 12 reloads a vector it later casts to `__m512bh` at
+/// every use instead (`vmovdqu16`): the 3-row vdpbf16ps tile loaded each weight vector three
+/// times, 12 loads per 256-byte step instead of 4, and a 3-token append of the bundled target in
+/// BF16 took longer than a 4-token one (docs/gpt2.md, "Matmul precision"). Clang loads once
+/// either way. No instruction is emitted.
+SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void keep_in_register(__m512i& v) noexcept { asm("" : "+v"(v)); }
+
 /// Column pairs [k0, k1) of an AVX-512 panel of `bf16_pairs` weights with vdpbf16ps: per 32-bit
 /// lane, acc += w[2k+1]·x[2k+1], then += w[2k]·x[2k], each rounded once (two multiply-adds per lane
 /// and instruction: twice the F32 FMA's rate on Zen 4 and later).
@@ -1350,7 +1357,10 @@ SPECSAMPLE_TARGET_AVX512_BF16 SPECSAMPLE_ALWAYS_INLINE void avx512_dot_steps(__m
     pf.step(wk);
     __m512i wv[4];
 #pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) wv[j] = _mm512_loadu_si512(wk + 32 * j);
+    for (int j = 0; j < 4; ++j) {
+      wv[j] = _mm512_loadu_si512(wk + 32 * j);
+      keep_in_register(wv[j]);
+    }
 #pragma GCC unroll 8
     for (int t = 0; t < TT; ++t) {
       const __m512i xb = _mm512_set1_epi32(load_lane(x + static_cast<std::size_t>(t) * ldx + 2 * k));
