@@ -1281,6 +1281,18 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE __m512 avx512_maskload_w(const
   }
 }
 
+/// Holds the weight vector v in a register from its load on. Without it GCC 12 reads a tile's
+/// weight vector from memory again at each multiply-add of up to 3 rows (a memory operand of each
+/// vfmadd231ps / vpdpbusd, or a `vmovdqu16` per vdpbf16ps once the vector is cast to `__m512bh`):
+/// 12 loads per step in a 3-row tile instead of 4, and a 3-token append of the bundled target in
+/// BF16 took longer than a 4-token one (docs/gpt2.md, "Matmul precision"). Clang 14 loads each
+/// vector once either way. No instruction is emitted.
+template <class V>
+SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void keep_in_register(V& v) noexcept {
+  static_assert(sizeof(V) == 64, "an AVX-512 vector");
+  asm("" : "+v"(v));
+}
+
 /// Steps [k0, k1) of an AVX-512 panel: acc[t][j] += w[k][16j..16j+15] · x[t][k]. Each step first
 /// calls pf.step(its weights) (`ahead_prefetch`, a `block_prefetch::lines_cursor` or `no_prefetch`).
 template <weight_format F, int TT, class P>
@@ -1293,7 +1305,10 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_steps(__m512 (&acc
     pf.step(wk);
     __m512 wv[4];
 #pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) wv[j] = avx512_load_w<F>(wk, static_cast<std::size_t>(16 * j));
+    for (int j = 0; j < 4; ++j) {
+      wv[j] = avx512_load_w<F>(wk, static_cast<std::size_t>(16 * j));
+      keep_in_register(wv[j]);
+    }
 #pragma GCC unroll 8
     for (int t = 0; t < TT; ++t) {
       const __m512 xb = _mm512_set1_ps(x[static_cast<std::size_t>(t) * ldx + k]);
@@ -1337,13 +1352,6 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_pair_steps(__m512 
     }
   }
 }
-
-/// Holds v in a register from here on. GCC 12 reloads a vector it later casts to `__m512bh` at
-/// every use instead (`vmovdqu16`): the 3-row vdpbf16ps tile loaded each weight vector three
-/// times, 12 loads per 256-byte step instead of 4, and a 3-token append of the bundled target in
-/// BF16 took longer than a 4-token one (docs/gpt2.md, "Matmul precision"). Clang loads once
-/// either way. No instruction is emitted.
-SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void keep_in_register(__m512i& v) noexcept { asm("" : "+v"(v)); }
 
 /// Column pairs [k0, k1) of an AVX-512 panel of `bf16_pairs` weights with vdpbf16ps: per 32-bit
 /// lane, acc += w[2k+1]·x[2k+1], then += w[2k]·x[2k], each rounded once (two multiply-adds per lane
@@ -2205,7 +2213,10 @@ SPECSAMPLE_TARGET_AVX512_VNNI SPECSAMPLE_ALWAYS_INLINE void avx512_vnni_steps(__
     pf.step(wk);
     __m512i wv[4];
 #pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) wv[j] = _mm512_loadu_si512(wk + 64 * j);
+    for (int j = 0; j < 4; ++j) {
+      wv[j] = _mm512_loadu_si512(wk + 64 * j);
+      keep_in_register(wv[j]);
+    }
 #pragma GCC unroll 8
     for (int t = 0; t < TT; ++t) {
       const __m512i xb = _mm512_set1_epi32(load_lane(x + static_cast<std::size_t>(t) * ldx + 4 * k));
