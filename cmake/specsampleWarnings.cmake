@@ -72,6 +72,20 @@ function(specsample_register_test name)
                        FAIL_REGULAR_EXPRESSION "Sanitizer|sanitizer|ERROR")
 endfunction()
 
+# specsample_output_test(name status regex program [args...]): a ctest test of a program's output
+# and of its exit status. ctest ignores the exit status of a test with PASS_REGULAR_EXPRESSION (a
+# crash after the expected output would pass), so the program runs through sh, which prints "exit
+# status N" after it: the test passes when the output matches `regex` and then ends with "exit
+# status <status>". `program` is a target or a path. An empty argument cannot pass through ARGN
+# (CMake drops it): such a test writes its own sh -c line.
+function(specsample_output_test name status regex program)
+  if(TARGET ${program})
+    set(program $<TARGET_FILE:${program}>)
+  endif()
+  add_test(NAME ${name} COMMAND sh -c "\"$0\" \"$@\"; echo \"exit status $?\"" ${program} ${ARGN})
+  set_tests_properties(${name} PROPERTIES PASS_REGULAR_EXPRESSION "(${regex}).*exit status ${status}\n$")
+endfunction()
+
 # specsample_add_allocation_test(name SOURCES...): a test executable counting every heap
 # allocation (tests/support/counting_allocator.hpp, included by one of its TUs, wraps malloc and
 # replaces the global operator new for the whole executable).
