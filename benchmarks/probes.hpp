@@ -215,6 +215,7 @@ SPECSAMPLE_TARGET_AVX512_BF16 __attribute__((noinline)) inline float stream_dot_
   std::size_t k = 0;
   for (std::size_t i = 0; i + 64 <= n; i += 64, k = (k + 1) % row_pairs) {
     __m512i w[4];
+#pragma GCC unroll 4
     for (std::size_t j = 0; j < 4; ++j) {
       if (i + probe_ahead + 16 * j < n) _mm_prefetch(reinterpret_cast<const char*>(p + i + probe_ahead + 16 * j), _MM_HINT_T0);
       w[j] = _mm512_loadu_si512(p + i + 16 * j);

@@ -72,18 +72,26 @@ function(specsample_register_test name)
                        FAIL_REGULAR_EXPRESSION "Sanitizer|sanitizer|ERROR")
 endfunction()
 
-# specsample_output_test(name status regex program [args...]): a ctest test of a program's output
-# and of its exit status. ctest ignores the exit status of a test with PASS_REGULAR_EXPRESSION (a
-# crash after the expected output would pass), so the program runs through sh, which prints "exit
-# status N" after it: the test passes when the output matches `regex` and then ends with "exit
-# status <status>". `program` is a target or a path. An empty argument cannot pass through ARGN
-# (CMake drops it): such a test writes its own sh -c line.
-function(specsample_output_test name status regex program)
+# specsample_output_test(name status regex [ENDS] program [args...]): a ctest test of a program's
+# output and of its exit status. ctest ignores the exit status of a test with
+# PASS_REGULAR_EXPRESSION (an error's status after the expected output, or a sanitizer's, would
+# pass), so the program runs through sh, which prints "exit status N" after it: the test passes when
+# the output matches `regex` and then ends with "exit status <status>" — right after what `regex`
+# matched with ENDS (the output ends there), after anything without. `program` is a target or a
+# path. An empty argument cannot pass through ARGN (CMake drops it): such a test writes its own sh
+# -c line.
+function(specsample_output_test name status regex)
+  cmake_parse_arguments(PARSE_ARGV 3 test "ENDS" "" "")
+  list(POP_FRONT test_UNPARSED_ARGUMENTS program)
   if(TARGET ${program})
     set(program $<TARGET_FILE:${program}>)
   endif()
-  add_test(NAME ${name} COMMAND sh -c "\"$0\" \"$@\"; echo \"exit status $?\"" ${program} ${ARGN})
-  set_tests_properties(${name} PROPERTIES PASS_REGULAR_EXPRESSION "(${regex}).*exit status ${status}\n$")
+  set(between ".*")
+  if(test_ENDS)
+    set(between "")
+  endif()
+  add_test(NAME ${name} COMMAND sh -c "\"$0\" \"$@\"; echo \"exit status $?\"" ${program} ${test_UNPARSED_ARGUMENTS})
+  set_tests_properties(${name} PROPERTIES PASS_REGULAR_EXPRESSION "(${regex})${between}exit status ${status}\n$")
 endfunction()
 
 # specsample_add_allocation_test(name SOURCES...): a test executable counting every heap

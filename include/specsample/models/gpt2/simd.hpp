@@ -1287,11 +1287,8 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE __m512 avx512_maskload_w(const
 /// 12 loads per step in a 3-row tile instead of 4, and a 3-token append of the bundled target in
 /// BF16 took longer than a 4-token one (docs/gpt2.md, "Matmul precision"). Clang 14 loads each
 /// vector once either way. No instruction is emitted.
-template <class V>
-SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void keep_in_register(V& v) noexcept {
-  static_assert(sizeof(V) == 64, "an AVX-512 vector");
-  asm("" : "+v"(v));
-}
+SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void keep_in_register(__m512& v) noexcept { asm("" : "+v"(v)); }
+SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void keep_in_register(__m512i& v) noexcept { asm("" : "+v"(v)); }
 
 /// Steps [k0, k1) of an AVX-512 panel: acc[t][j] += w[k][16j..16j+15] · x[t][k]. Each step first
 /// calls pf.step(its weights) (`ahead_prefetch`, a `block_prefetch::lines_cursor` or `no_prefetch`).
