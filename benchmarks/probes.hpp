@@ -242,7 +242,7 @@ SPECSAMPLE_TARGET_AVX512_BF16 __attribute__((noinline)) inline float stream_dot_
 }
 #endif
 
-/// `stream_dot_avx512<tokens>` over p[0, n) (read as BF16 pairs), for tokens 0, 1, 2, 5 or 6;
+/// `stream_dot_avx512<tokens>` over p[0, n) (read as BF16 pairs), for tokens 0 to 6;
 /// nullopt below the AVX-512 level, on a CPU without AVX512_BF16 or for another count.
 inline std::optional<float> stream_dot(specsample::isa level, int tokens, const float* p, std::size_t n) {
 #if SPECSAMPLE_X86
@@ -251,6 +251,8 @@ inline std::optional<float> stream_dot(specsample::isa level, int tokens, const 
       case 0: return stream_dot_avx512<0>(p, n);
       case 1: return stream_dot_avx512<1>(p, n);
       case 2: return stream_dot_avx512<2>(p, n);
+      case 3: return stream_dot_avx512<3>(p, n);
+      case 4: return stream_dot_avx512<4>(p, n);
       case 5: return stream_dot_avx512<5>(p, n);
       case 6: return stream_dot_avx512<6>(p, n);
       default: return std::nullopt;
