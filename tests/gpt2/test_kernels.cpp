@@ -182,8 +182,10 @@ TEST_CASE("weight_matrix::converted keeps or rounds every weight and refuses an 
     for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     REQUIRE(gpt2::format_from_name(lower) == f);
   }
+  REQUIRE(gpt2::format_from_name("Bf16") == weight_format::bf16);  // any mix of cases
   REQUIRE(!gpt2::format_from_name("f8"));
-  REQUIRE(!gpt2::format_from_name("Bf16"));
+  REQUIRE(!gpt2::format_from_name("bf1"));
+  REQUIRE(!gpt2::format_from_name("BF16 pairs"));
   std::mt19937 rng(12);
   const std::size_t rows = 130, cols = 7;
   auto v = random_vector(rows * cols, rng);

@@ -336,7 +336,11 @@ TEST_CASE("options::matmul_precision BF16 rounds weights and activations to BF16
                       "gpt2::options: kv_storage must be F32 or F16, not BF16 pairs");
   REQUIRE(gpt2::precision_from_name("bf16") == gpt2::matmul_precision::bf16);
   REQUIRE(gpt2::precision_from_name("f32") == gpt2::matmul_precision::f32);
+  REQUIRE(gpt2::precision_from_name("INT8") == gpt2::matmul_precision::int8);
   REQUIRE(!gpt2::precision_from_name("f16"));
+  REQUIRE(!gpt2::precision_from_name("int"));
+  REQUIRE(specsample::isa_from_name("AVX512") == specsample::isa::avx512);
+  REQUIRE(!specsample::isa_from_name("avx"));
   REQUIRE(gpt2::precision_name(gpt2::matmul_precision::bf16) == std::string("bf16"));
 }
 
@@ -396,10 +400,10 @@ TEST_CASE("set_option sets the options the command-line flags name, and refuses 
   gpt2::options o;
   for (const std::string_view flag : gpt2::option_flags) REQUIRE(gpt2::is_option_flag(flag));
   REQUIRE(!gpt2::is_option_flag("--threads"));
-  gpt2::set_option(o, "--kernels", "avx2");
+  gpt2::set_option(o, "--kernels", "AVX2");  // (names in either case)
   gpt2::set_option(o, "--weights", "BF16");
   gpt2::set_option(o, "--kv", "f16");
-  gpt2::set_option(o, "--matmul", "bf16");
+  gpt2::set_option(o, "--matmul", "Bf16");
   REQUIRE(o.kernels == specsample::isa::avx2);
   REQUIRE(o.weight_storage == gpt2::weight_format::bf16);
   REQUIRE(o.kv_storage == gpt2::weight_format::f16);

@@ -78,10 +78,18 @@ enum class isa : std::uint8_t {
   return "?";
 }
 
-/// The level `isa_name` calls `name` ("best", "avx512", "avx2", "generic"), or nothing.
+/// Whether a and b are the same string, ASCII letters compared in either case: how the names of
+/// kernel levels, weight formats and matmul precisions are read ("AVX2", "bf16", "F16").
+[[nodiscard]] constexpr bool equal_ignoring_case(std::string_view a, std::string_view b) noexcept {
+  const auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; };
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [&](char x, char y) { return lower(x) == lower(y); });
+}
+
+/// The level `isa_name` calls `name` ("best", "avx512", "avx2", "generic", in either case), or
+/// nothing.
 [[nodiscard]] constexpr std::optional<isa> isa_from_name(std::string_view name) noexcept {
   for (const isa i : {isa::best, isa::avx512, isa::avx2, isa::generic}) {
-    if (name == isa_name(i)) return i;
+    if (equal_ignoring_case(name, isa_name(i))) return i;
   }
   return std::nullopt;
 }

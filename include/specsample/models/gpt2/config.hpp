@@ -40,11 +40,11 @@ enum class matmul_precision : std::uint8_t {
   return p == matmul_precision::bf16 ? "bf16" : p == matmul_precision::int8 ? "int8" : "f32";
 }
 
-/// The precision named "f32", "bf16" or "int8"; nullopt for anything else.
+/// The precision named "f32", "bf16" or "int8" (in either case); nullopt for anything else.
 [[nodiscard]] constexpr std::optional<matmul_precision> precision_from_name(std::string_view name) noexcept {
-  if (name == "f32") return matmul_precision::f32;
-  if (name == "bf16") return matmul_precision::bf16;
-  if (name == "int8") return matmul_precision::int8;
+  for (const matmul_precision p : {matmul_precision::f32, matmul_precision::bf16, matmul_precision::int8}) {
+    if (specsample::equal_ignoring_case(name, precision_name(p))) return p;
+  }
   return std::nullopt;
 }
 

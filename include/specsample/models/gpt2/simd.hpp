@@ -119,12 +119,12 @@ using weight_t = std::conditional_t<F == weight_format::f32, float,
   return "?";
 }
 
-/// The format named "f32", "f16" or "bf16" (either case); nullopt for anything else (`bf16_pairs`
-/// and `i8_quads` are not storages one asks for: see `matmul_precision`).
+/// The format named "f32", "f16" or "bf16" (in either case); nullopt for anything else
+/// (`bf16_pairs` and `i8_quads` are not storages one asks for: see `matmul_precision`).
 [[nodiscard]] constexpr std::optional<weight_format> format_from_name(std::string_view name) noexcept {
-  if (name == "f32" || name == "F32") return weight_format::f32;
-  if (name == "f16" || name == "F16") return weight_format::f16;
-  if (name == "bf16" || name == "BF16") return weight_format::bf16;
+  for (const weight_format f : {weight_format::f32, weight_format::f16, weight_format::bf16}) {
+    if (specsample::equal_ignoring_case(name, format_name(f))) return f;
+  }
   return std::nullopt;
 }
 
