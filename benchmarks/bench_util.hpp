@@ -2,6 +2,7 @@
 // Command-line and machine helpers shared by the benchmark programs (bench.cpp, leniency.cpp).
 
 #include <specsample/error.hpp>
+#include <specsample/io/number.hpp>
 
 #include <fmt/format.h>
 
@@ -37,20 +38,11 @@ inline std::filesystem::path path_argument(std::string_view flag, std::string_vi
 
 template <class T>
 T parse_number(std::string_view flag, std::string_view text) {
-  T value{};
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec == std::errc::result_out_of_range && end == text.data() + text.size()) {
-    if constexpr (std::is_floating_point_v<T>) {  // too large, or too small but not 0
-      usage_error(fmt::format("{} expects a number of magnitude {} to {}, or 0, got '{}'", flag,
-                              std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), text));
-    }
-    usage_error(fmt::format("{} expects a number from {} to {}, got '{}'", flag, std::numeric_limits<T>::lowest(),
-                            std::numeric_limits<T>::max(), text));
+  try {
+    return specsample::io::parse_number<T>(flag, text);
+  } catch (const specsample::error& e) {
+    usage_error(e.what());
   }
-  if (ec != std::errc{} || end != text.data() + text.size()) {
-    usage_error(fmt::format("{} expects a number, got '{}'", flag, text));
-  }
-  return value;
 }
 
 /// A comma-separated list of numbers, e.g. "0,0.7,1"; at least one.

@@ -52,6 +52,7 @@ constexpr const char* usage =
 #include <specsample/drafters/fallback.hpp>
 #include <specsample/drafters/ngram.hpp>
 #include <specsample/gpt2.hpp>
+#include <specsample/io/number.hpp>
 #include <specsample/sampling/drafter.hpp>
 #include <specsample/specsample.hpp>
 #include <specsample/testing/distribution.hpp>
@@ -140,28 +141,6 @@ bool check(Draft& draft, Target& target, std::span<const specsample::token> prom
   return ok;
 }
 
-// `text`, the value of `flag`, as a T; a value that is not a T or one out of T's range (a negative
-// count, --top-k 1e10) is refused, naming the flag.
-template <class T>
-T number(std::string_view flag, std::string_view text) {
-  T value{};
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec == std::errc::result_out_of_range && end == text.data() + text.size()) {
-    if constexpr (std::is_floating_point_v<T>) {  // too large, or too small but not 0
-      throw specsample::error(fmt::format("{} expects a number of magnitude {} to {}, or 0, got '{}'", flag,
-                                          std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), text));
-    } else {
-      throw specsample::error(fmt::format("{} expects a number from {} to {}, got '{}'", flag,
-                                          std::numeric_limits<T>::lowest(), std::numeric_limits<T>::max(), text));
-    }
-  }
-  if (ec != std::errc{} || end != text.data() + text.size()) {
-    throw specsample::error(fmt::format(
-        "{} expects {}, got '{}'", flag,
-        std::is_floating_point_v<T> ? "a number" : std::is_signed_v<T> ? "an integer" : "an integer >= 0", text));
-  }
-  return value;
-}
 
 // Two GPT-2 checkpoints with the same tokenizer, checked after `prompt`, loaded as `model` says
 // (both; `draft_matmul`: the draft's matmuls instead) on one pool of `threads` kernel threads,
@@ -194,7 +173,7 @@ bool check_checkpoints(const checkpoints& c, specsample::speculative_params para
   }
   std::optional<specsample::token> eos_id;  // --eos, before the models load
   if (c.eos && *c.eos != "none") {
-    eos_id = number<specsample::token>("--eos", *c.eos);
+    eos_id = specsample::io::parse_number<specsample::token>("--eos", *c.eos);
     if (!specsample::in_vocabulary(*eos_id, tok.vocab_size())) {
       throw specsample::error(
           fmt::format("--eos {} is not a token of the target's vocabulary of {}", *c.eos, tok.vocab_size()));
@@ -277,37 +256,37 @@ int main(int argc, char** argv) {
         if (dir.empty()) throw specsample::error(fmt::format("{} needs a directory, got an empty string", a));
         return std::filesystem::path(dir);
       };
-      if (a == "--vocab") vocab = number<std::size_t>(a, value());
-      else if (a == "--similarity") similarity = number<double>(a, value());
+      if (a == "--vocab") vocab = specsample::io::parse_number<std::size_t>(a, value());
+      else if (a == "--similarity") similarity = specsample::io::parse_number<double>(a, value());
       else if (a == "--target") pair.target = directory();
       else if (a == "--draft") pair.draft = directory();
       else if (a == "--prompt") pair.prompt = value();
       else if (a == "--eos") pair.eos = value();
-      else if (a == "--threads") pair.threads = number<std::size_t>(a, value());
+      else if (a == "--threads") pair.threads = specsample::io::parse_number<std::size_t>(a, value());
       else if (specsample::gpt2::is_option_flag(a)) specsample::gpt2::set_option(pair.model, a, value());
       else if (a == "--draft-matmul") pair.draft_matmul = specsample::gpt2::precision_option(a, value());
       else if (a == "--prompt-lookup") {
-        pair.prompt_lookup = number<std::size_t>(a, value());
+        pair.prompt_lookup = specsample::io::parse_number<std::size_t>(a, value());
         if (pair.prompt_lookup == 0) throw specsample::error("--prompt-lookup expects the shortest suffix to look up, >= 1");
       }
-      else if (a == "--length") params.max_new_tokens = number<std::size_t>(a, value());
-      else if (a == "-k") params.draft_length = number<std::size_t>(a, value());
-      else if (a == "--temperature") params.sampling.temperature = number<float>(a, value());
-      else if (a == "--top-k") params.sampling.top_k = number<int>(a, value());
-      else if (a == "--top-p") params.sampling.top_p = number<float>(a, value());
-      else if (a == "--min-p") params.sampling.min_p = number<float>(a, value());
+      else if (a == "--length") params.max_new_tokens = specsample::io::parse_number<std::size_t>(a, value());
+      else if (a == "-k") params.draft_length = specsample::io::parse_number<std::size_t>(a, value());
+      else if (a == "--temperature") params.sampling.temperature = specsample::io::parse_number<float>(a, value());
+      else if (a == "--top-k") params.sampling.top_k = specsample::io::parse_number<int>(a, value());
+      else if (a == "--top-p") params.sampling.top_p = specsample::io::parse_number<float>(a, value());
+      else if (a == "--min-p") params.sampling.min_p = specsample::io::parse_number<float>(a, value());
       else if (a == "--draft-temperature") {
         const std::string_view t = value();
         if (t == "auto") {
           throw specsample::error("--draft-temperature auto is specsample-generate's scan: give the temperature it chose");
         }
-        draft_temperature = number<float>(a, t);
+        draft_temperature = specsample::io::parse_number<float>(a, t);
       }
       else if (a == "--adaptive") params.adaptive_draft_length = true;
-      else if (a == "--p-min") params.draft_min_probability = number<float>(a, value());
+      else if (a == "--p-min") params.draft_min_probability = specsample::io::parse_number<float>(a, value());
       else if (a == "--verify") params.verify = specsample::verification_option(a, value());
-      else if (a == "--samples") samples = number<std::size_t>(a, value());
-      else if (a == "--seed") seed = number<std::uint64_t>(a, value());
+      else if (a == "--samples") samples = specsample::io::parse_number<std::size_t>(a, value());
+      else if (a == "--seed") seed = specsample::io::parse_number<std::uint64_t>(a, value());
       else {
         fmt::print(stderr, "distribution_check: error: unknown argument {}\n{}", a, usage);
         return 2;

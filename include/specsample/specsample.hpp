@@ -1,9 +1,10 @@
 #pragma once
 /// @file specsample.hpp
-/// Umbrella header: everything specsample provides for generation. Two headers stand apart, included
+/// Umbrella header: everything specsample provides for generation. Three headers stand apart, included
 /// on their own: the statistical test kit <specsample/testing/distribution.hpp>
-/// (`testing::speculative_fit`, `testing::chi_square_test`, ...) and the prompt-file reader
-/// <specsample/io/prompt_list.hpp>.
+/// (`testing::speculative_fit`, `testing::chi_square_test`, ...), and for command-line programs the
+/// prompt-file reader <specsample/io/prompt_list.hpp> and the number parser
+/// <specsample/io/number.hpp> (`io::parse_number`).
 
 #include <specsample/concepts.hpp>
 #include <specsample/error.hpp>

@@ -1,0 +1,46 @@
+#pragma once
+/// @file number.hpp
+/// A number given on a command line, read whole or refused naming its flag (the parser of
+/// specsample-generate, specsample-bench, specsample-leniency, specsample-random-gpt2 and
+/// distribution_check).
+
+#include <specsample/error.hpp>
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <limits>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+
+namespace specsample::io {
+
+/// `text`, the value of `flag`, as a T (an integer or floating-point type), read with
+/// std::from_chars: the whole text, in T's range. Throws `specsample::error` naming the flag
+/// otherwise: "--samples expects an integer >= 0, got '-5'", "--top-k expects a number from
+/// -2147483648 to 2147483647, got '99999999999'", "--temperature expects a number of magnitude
+/// 1.1754944e-38 to 3.4028235e+38, or 0, got '1e-50'".
+template <class T>
+[[nodiscard]] T parse_number(std::string_view flag, std::string_view text) {
+  static_assert(std::is_arithmetic_v<T> && !std::is_same_v<T, bool>, "a number type");
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec == std::errc::result_out_of_range && end == text.data() + text.size()) {
+    if constexpr (std::is_floating_point_v<T>) {  // too large, or too small but not 0
+      throw error(fmt::format("{} expects a number of magnitude {} to {}, or 0, got '{}'", flag,
+                              std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), text));
+    } else {
+      throw error(fmt::format("{} expects a number from {} to {}, got '{}'", flag, std::numeric_limits<T>::lowest(),
+                              std::numeric_limits<T>::max(), text));
+    }
+  }
+  if (ec != std::errc{} || end != text.data() + text.size()) {
+    throw error(fmt::format("{} expects {}, got '{}'", flag,
+                            std::is_floating_point_v<T> ? "a number" : std::is_signed_v<T> ? "an integer" : "an integer >= 0",
+                            text));
+  }
+  return value;
+}
+
+}  // namespace specsample::io

@@ -1,0 +1,31 @@
+#include <specsample/io/number.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+using specsample::io::parse_number;
+
+TEST_CASE("parse_number reads a whole number in its type's range, or names the flag", "[io][number]") {
+  REQUIRE(parse_number<std::size_t>("-n", "128") == 128);
+  REQUIRE(parse_number<int>("--top-k", "-3") == -3);
+  REQUIRE(parse_number<double>("--temperature", "0.7") == 0.7);
+  REQUIRE(parse_number<float>("--temperature", "0") == 0.0f);
+  REQUIRE(parse_number<std::uint64_t>("--seed", "18446744073709551615") == 18446744073709551615u);
+  // Not a number of the type, or not all of the text.
+  REQUIRE_THROWS_WITH(parse_number<std::size_t>("--samples", "-5"), "--samples expects an integer >= 0, got '-5'");
+  REQUIRE_THROWS_WITH(parse_number<int>("--top-k", "3.5"), "--top-k expects an integer, got '3.5'");
+  REQUIRE_THROWS_WITH(parse_number<double>("--leniency", ""), "--leniency expects a number, got ''");
+  REQUIRE_THROWS_WITH(parse_number<std::size_t>("-n", "12 "), "-n expects an integer >= 0, got '12 '");
+  REQUIRE_THROWS_WITH(parse_number<double>("--top-p", "0x1p-3"), "--top-p expects a number, got '0x1p-3'");
+  // Out of range: the range said.
+  REQUIRE_THROWS_WITH(parse_number<int>("--top-k", "99999999999"),
+                      "--top-k expects a number from -2147483648 to 2147483647, got '99999999999'");
+  REQUIRE_THROWS_WITH(parse_number<std::uint64_t>("--seed", "99999999999999999999"),
+                      "--seed expects a number from 0 to 18446744073709551615, got '99999999999999999999'");
+  REQUIRE_THROWS_WITH(parse_number<float>("--temperature", "1e-50"),
+                      "--temperature expects a number of magnitude 1.1754944e-38 to 3.4028235e+38, or 0, got '1e-50'");
+  REQUIRE_THROWS_WITH(parse_number<float>("--temperature", "1e39"),
+                      "--temperature expects a number of magnitude 1.1754944e-38 to 3.4028235e+38, or 0, got '1e39'");
+}
