@@ -87,7 +87,13 @@ struct sweep_best {
   bool block = false;  // the sweep ran with --verify block (a sweep.json without the field did not)
 };
 
-std::vector<sweep_best> read_sweep_best(const fs::path& path) {
+// A sweep.json's best K per temperature, and the configuration it ran (its "config" object).
+struct sweep_file {
+  json config;
+  std::vector<sweep_best> best;
+};
+
+sweep_file read_sweep_best(const fs::path& path) {
   const std::string text = specsample::io::read_file(path);
   try {  // malformed JSON and a JSON without the fields read below alike
     // The parsed document must outlive the loop: a range-for over a member of the temporary
@@ -122,7 +128,7 @@ std::vector<sweep_best> read_sweep_best(const fs::path& path) {
       }
       b.push_back({t, k.get<std::size_t>(), speedup, block && t > 0.0});
     }
-    return b;
+    return {sweep.at("config"), b};
   } catch (const json::exception& e) {
     throw specsample::error(fmt::format("{}: not a specsample-bench sweep.json: {}", path.string(), e.what()));
   }
@@ -206,7 +212,8 @@ strategy comparison (instead of the sweep):
                         followed by its own first lines) for n-gram drafting. Writes
                         strategies.md / strategies.json to --out
   --best-k-from FILE    a sweep.json: also run token-wise (and at T > 0 block verification) at its
-                        best measured K per temperature
+                        best measured K per temperature; refused when the sweep ran other
+                        checkpoints (by directory name) or precisions than this run
   --warmup-tokens N     auto-K warm-up generation length (default 64; --quick: 16)
   --check-pairs N       auto-K: pairs of calibrate's timed check of its prediction, speculation
                         against autoregressive decoding (default 5; 0: the prediction alone)
@@ -248,6 +255,43 @@ std::string setup_note(const cli& c) {
 // The draft's options: the models' (`cli::model`), with --draft-matmul's precision.
 specsample::gpt2::options draft_options(const cli& c) {
   return c.draft_matmul ? specsample::gpt2::with_matmul_precision(c.model, *c.draft_matmul) : c.model;
+}
+
+// Refuses a --best-k-from sweep that ran other models or precisions than this run (its best K is
+// then another configuration's), naming each difference. The checkpoints are compared by their
+// directories' names (a sweep.json holds the paths of the machine that wrote it); a field the file
+// does not have (an older sweep.json) is not compared.
+void check_sweep_configuration(const fs::path& path, const json& config, const cli& c) {
+  const auto name = [](fs::path dir) {  // (the last component, a trailing '/' or not)
+    dir = dir.lexically_normal();
+    return (dir.has_filename() ? dir : dir.parent_path()).filename().string();
+  };
+  const json here = [&] {
+    json j = specsample::gpt2::precision_json(c.model);
+    j["target"] = c.target ? name(*c.target) : "shakespeare-target";
+    j["draft"] = c.draft ? name(*c.draft) : "shakespeare-draft";
+    j["draft_matmul"] = specsample::gpt2::precision_name(draft_options(c).matmul_precision);
+    j["draft_temperature_ratio"] = c.draft_temperature_ratio;
+    return j;
+  }();
+  std::string differences;
+  for (const auto& [field, value] : here.items()) {
+    if (!config.contains(field)) continue;
+    json there = config.at(field);
+    if (field == "target" || field == "draft") {
+      if (!there.is_string()) continue;
+      there = name(there.get<std::string>());
+    }
+    if (there != value) {
+      differences += fmt::format("{}{} {} (this run: {})", differences.empty() ? "" : ", ", field,
+                                 there.is_string() ? there.get<std::string>() : there.dump(),
+                                 value.is_string() ? value.get<std::string>() : value.dump());
+    }
+  }
+  if (!differences.empty()) {
+    usage_error(fmt::format("--best-k-from {}: its sweep ran {}: its best K is another configuration's", path.string(),
+                            differences));
+  }
 }
 
 // Whether a model loaded with `o` holds its matmul weights otherwise than the checkpoint stores them.
@@ -401,7 +445,11 @@ cli parse(int argc, char** argv) {
       if (set(flag)) usage_error(fmt::format("{} sets up the strategy comparison: it needs --strategies", flag));
     }
   }
-  if (c.best_k_from) c.best_k_sweep = read_sweep_best(*c.best_k_from);  // a bad file before hours of runs
+  if (c.best_k_from) {  // a bad file, or another configuration's best K, before hours of runs
+    const sweep_file sweep = read_sweep_best(*c.best_k_from);
+    check_sweep_configuration(*c.best_k_from, sweep.config, c);
+    c.best_k_sweep = sweep.best;
+  }
   if (!c.draft_temperature_scan.empty()) {
     if (c.strategies) usage_error("--draft-temperatures is a run of its own; drop --strategies");
     if (set("--verify")) usage_error("--draft-temperatures verifies nothing (it computes the expected α); drop --verify");
