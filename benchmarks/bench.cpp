@@ -87,6 +87,9 @@ struct sweep_best {
   bool block = false;  // the sweep ran with --verify block (a sweep.json without the field did not)
 };
 
+// The bundled checkpoints run without --target / --draft.
+constexpr std::string_view default_target = "shakespeare-target", default_draft = "shakespeare-draft";
+
 // A sweep.json's best K per temperature, and the configuration it ran (its "config" object).
 struct sweep_file {
   json config;
@@ -262,14 +265,14 @@ specsample::gpt2::options draft_options(const cli& c) {
 // directories' names (a sweep.json holds the paths of the machine that wrote it); a field the file
 // does not have (an older sweep.json) is not compared.
 void check_sweep_configuration(const fs::path& path, const json& config, const cli& c) {
-  const auto name = [](fs::path dir) {  // (the last component, a trailing '/' or not)
-    dir = dir.lexically_normal();
+  const auto name = [](fs::path dir) {  // (the last component: of "x/" too, and of "." as its directory's)
+    dir = fs::weakly_canonical(dir);
     return (dir.has_filename() ? dir : dir.parent_path()).filename().string();
   };
   const json here = [&] {
     json j = specsample::gpt2::precision_json(c.model);
-    j["target"] = c.target ? name(*c.target) : "shakespeare-target";
-    j["draft"] = c.draft ? name(*c.draft) : "shakespeare-draft";
+    j["target"] = c.target ? name(*c.target) : std::string(default_target);
+    j["draft"] = c.draft ? name(*c.draft) : std::string(default_draft);
     j["draft_matmul"] = specsample::gpt2::precision_name(draft_options(c).matmul_precision);
     j["draft_temperature_ratio"] = c.draft_temperature_ratio;
     return j;
@@ -280,12 +283,14 @@ void check_sweep_configuration(const fs::path& path, const json& config, const c
     json there = config.at(field);
     if (field == "target" || field == "draft") {
       if (!there.is_string()) continue;
-      there = name(there.get<std::string>());
+      const fs::path p = fs::path(there.get<std::string>()).lexically_normal();  // (another machine's: not resolved)
+      there = (p.has_filename() ? p : p.parent_path()).filename().string();
     }
-    if (there != value) {
+    if (there != value) {  // (a string against a number: the JSON of each, quotes and all)
+      const bool strings = there.is_string() && value.is_string();
       differences += fmt::format("{}{} {} (this run: {})", differences.empty() ? "" : ", ", field,
-                                 there.is_string() ? there.get<std::string>() : there.dump(),
-                                 value.is_string() ? value.get<std::string>() : value.dump());
+                                 strings ? there.get<std::string>() : there.dump(),
+                                 strings ? value.get<std::string>() : value.dump());
     }
   }
   if (!differences.empty()) {
@@ -432,6 +437,11 @@ cli parse(int argc, char** argv) {
     c.probe_reps = 3;
   }
   if (c.n == 0) usage_error("-n must be >= 1");
+  try {
+    specsample::gpt2::check_option_flags(c.model);
+  } catch (const specsample::error& e) {
+    usage_error(e.what());
+  }
   if (c.reps == 0) usage_error("--reps must be >= 1");
   if (c.k_max == 0) usage_error("--k-max must be >= 1");
   if (c.k_max > specsample::max_draft_length) {
@@ -494,7 +504,7 @@ fs::path bundled_models() {
   candidates.emplace_back(SPECSAMPLE_SOURCE_MODELS);
 #endif
   for (const auto& c : candidates) {
-    if (fs::exists(c / "shakespeare-target" / "config.json", ec)) return fs::weakly_canonical(c);
+    if (fs::exists(c / default_target / "config.json", ec)) return fs::weakly_canonical(c);
   }
   throw specsample::error("cannot find the bundled models (looked in $SPECSAMPLE_MODELS, next to the binary and "
                           "in the source tree); pass --target and --draft");
@@ -1650,8 +1660,8 @@ int run(int argc, char** argv) {
   const std::string date = utc_now();
 
   const fs::path models = (c.target && c.draft) ? fs::path() : bundled_models();
-  const fs::path target_dir = c.target.value_or(models / "shakespeare-target");
-  const fs::path draft_dir = c.draft.value_or(models / "shakespeare-draft");
+  const fs::path target_dir = c.target.value_or(models / default_target);
+  const fs::path draft_dir = c.draft.value_or(models / default_draft);
   const fs::path prompts_file = c.prompts.value_or(default_prompts());
 
   fmt::print(stderr, "specsample-bench: loading {} and {}\n", target_dir.string(), draft_dir.string());

@@ -14,12 +14,10 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <sstream>
 #include <string>
 #include <string_view>
 #include <system_error>
-#include <type_traits>
 #include <vector>
 
 #include <unistd.h>

@@ -63,7 +63,6 @@ constexpr const char* usage =
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdint>
@@ -76,8 +75,6 @@ constexpr const char* usage =
 #include <span>
 #include <string>
 #include <string_view>
-#include <system_error>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -140,7 +137,6 @@ bool check(Draft& draft, Target& target, std::span<const specsample::token> prom
   }
   return ok;
 }
-
 
 // Two GPT-2 checkpoints with the same tokenizer, checked after `prompt`, loaded as `model` says
 // (both; `draft_matmul`: the draft's matmuls instead) on one pool of `threads` kernel threads,
@@ -294,6 +290,7 @@ int main(int argc, char** argv) {
       given.push_back(a);
     }
     // Every option checked before a model loads, named as typed.
+    specsample::gpt2::check_option_flags(pair.model);
     const auto first_given = [&](auto of) -> std::optional<std::string_view> {
       const auto it = std::find_if(given.begin(), given.end(), of);
       return it == given.end() ? std::nullopt : std::optional<std::string_view>(*it);

@@ -45,7 +45,6 @@
 #include <string>
 #include <string_view>
 #include <unistd.h>
-#include <type_traits>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -258,6 +257,11 @@ cli parse(int argc, char** argv) {
     else usage_error(fmt::format("unknown argument '{}'", a));
   }
   if (c.params.max_new_tokens == 0) usage_error("-n must be >= 1 (there is nothing to generate or time)");
+  try {
+    specsample::gpt2::check_option_flags(c.model);
+  } catch (const specsample::error& e) {
+    usage_error(e.what());
+  }
   // An option the run would not read is a mistake to report, not to ignore.
   const auto typed = [&](std::string_view flag) -> std::optional<std::string_view> {  // as typed, if given
     for (const auto& [name, as_typed] : given) {

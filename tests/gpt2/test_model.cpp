@@ -408,25 +408,31 @@ TEST_CASE("set_option sets the options the command-line flags name, and refuses 
   REQUIRE(o.weight_storage == gpt2::weight_format::bf16);
   REQUIRE(o.kv_storage == gpt2::weight_format::f16);
   REQUIRE(o.matmul_precision == gpt2::matmul_precision::bf16);
-  // --weights and --matmul that contradict each other, in either order, named by their flags.
-  REQUIRE_THROWS_WITH(gpt2::set_option(o, "--matmul", "int8"),
+  gpt2::check_option_flags(o);  // BF16 weights for BF16 matmuls
+  // --weights and --matmul that contradict each other, whatever order set them, named by their
+  // flags once all are read (a repeated flag's last value counts).
+  gpt2::options p = o;
+  gpt2::set_option(p, "--weights", "F16");
+  REQUIRE_THROWS_WITH(gpt2::check_option_flags(p),
+                      "--matmul bf16 multiplies BF16 weights, but --weights asks for f16: drop it or give bf16");
+  gpt2::set_option(p, "--weights", "bf16");
+  gpt2::check_option_flags(p);
+  gpt2::set_option(p, "--matmul", "int8");
+  REQUIRE_THROWS_WITH(gpt2::check_option_flags(p),
                       "--matmul int8 quantises the checkpoint's weights itself: drop --weights bf16");
-  REQUIRE_THROWS_WITH(gpt2::set_option(o, "--weights", "f16"),
-                      "--matmul bf16 multiplies BF16 weights, but --weights asks for f16: drop it or give bf16");
-  REQUIRE(o.weight_storage == gpt2::weight_format::bf16);
-  REQUIRE(o.matmul_precision == gpt2::matmul_precision::bf16);
-  gpt2::set_option(o, "--matmul", "f32");  // F32 multiplies weights held in any format
-  REQUIRE(o.matmul_precision == gpt2::matmul_precision::f32);
-  gpt2::set_option(o, "--weights", "f16");
-  REQUIRE_THROWS_WITH(gpt2::set_option(o, "--matmul", "bf16"),
-                      "--matmul bf16 multiplies BF16 weights, but --weights asks for f16: drop it or give bf16");
+  gpt2::set_option(p, "--matmul", "f32");  // F32 multiplies weights held in any format
+  for (const char* w : {"f32", "f16", "bf16"}) {
+    gpt2::set_option(p, "--weights", w);
+    gpt2::check_option_flags(p);
+  }
   gpt2::options int8;
   gpt2::set_option(int8, "--matmul", "int8");
   REQUIRE(int8.matmul_precision == gpt2::matmul_precision::int8);
-  REQUIRE_THROWS_WITH(gpt2::set_option(int8, "--weights", "f32"),
-                      "--matmul int8 quantises the checkpoint's weights itself: drop --weights f32");
-  REQUIRE(!int8.weight_storage);
-  gpt2::set_option(o, "--weights", "bf16");
+  gpt2::check_option_flags(int8);
+  gpt2::set_option(o, "--matmul", "int8");
+  REQUIRE(o.matmul_precision == gpt2::matmul_precision::int8);
+  gpt2::set_option(o, "--matmul", "f32");
+  REQUIRE(o.matmul_precision == gpt2::matmul_precision::f32);
   REQUIRE_THROWS_WITH(gpt2::set_option(o, "--kernels", "sse"), "--kernels expects best, avx512, avx2 or generic, got 'sse'");
   REQUIRE_THROWS_WITH(gpt2::set_option(o, "--weights", "f8"), "--weights expects f32, f16 or bf16, got 'f8'");
   REQUIRE_THROWS_WITH(gpt2::set_option(o, "--kv", "bf16"), "--kv expects f32 or f16, got 'bf16'");

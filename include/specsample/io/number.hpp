@@ -23,7 +23,10 @@ namespace specsample::io {
 /// 1.1754944e-38 to 3.4028235e+38, or 0, got '1e-50'".
 template <class T>
 [[nodiscard]] T parse_number(std::string_view flag, std::string_view text) {
-  static_assert(std::is_arithmetic_v<T> && !std::is_same_v<T, bool>, "a number type");
+  static_assert(std::is_arithmetic_v<T> && !std::is_same_v<T, bool> && !std::is_same_v<T, char> &&
+                    !std::is_same_v<T, signed char> && !std::is_same_v<T, unsigned char> && !std::is_same_v<T, char8_t> &&
+                    !std::is_same_v<T, char16_t> && !std::is_same_v<T, char32_t> && !std::is_same_v<T, wchar_t>,
+                "a number type, not a character type");
   T value{};
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec == std::errc::result_out_of_range && end == text.data() + text.size()) {

@@ -139,43 +139,46 @@ inline constexpr std::array<std::string_view, 4> option_flags{"--kernels", "--we
 /// Sets the field of `o` that `flag` names (`option_flags`) from its command-line value:
 /// `--kernels best|avx512|avx2|generic`, `--weights f32|f16|bf16`, `--kv f32|f16`,
 /// `--matmul f32|bf16|int8`. Throws `specsample::error` naming the flag and what it accepts when the
-/// value is none of those, or when `flag` is not one of them; and, naming both flags whichever
-/// came first, when `--weights` and `--matmul` contradict each other (BF16 matmuls hold their
-/// weights in BF16, INT8 matmuls quantise the checkpoint's: the loader would refuse the pair,
-/// naming the options' fields, after the files are read). `o` is unchanged when it throws.
+/// value is none of those, or when `flag` is not one of them (`o` is then unchanged). Each flag
+/// sets its field alone, as a repeated flag's last value wins; `check_option_flags` checks the
+/// fields against each other once every flag is read.
 inline void set_option(options& o, std::string_view flag, std::string_view value) {
   const auto bad = [&](std::string_view accepts) {
     return error(fmt::format("{} expects {}, got '{}'", flag, accepts, value));
   };
-  options next = o;
   if (flag == "--kernels") {
     const auto level = isa_from_name(value);
     if (!level) throw bad("best, avx512, avx2 or generic");
-    next.kernels = *level;
+    o.kernels = *level;
   } else if (flag == "--weights") {
     const auto f = format_from_name(value);
     if (!f) throw bad("f32, f16 or bf16");
-    next.weight_storage = f;
+    o.weight_storage = f;
   } else if (flag == "--kv") {
     const auto f = format_from_name(value);
     if (!f || *f == weight_format::bf16) throw bad("f32 or f16");
-    next.kv_storage = *f;
+    o.kv_storage = *f;
   } else if (flag == "--matmul") {
-    next.matmul_precision = precision_option(flag, value);
+    o.matmul_precision = precision_option(flag, value);
   } else {
     throw error(fmt::format("gpt2::set_option: '{}' is not a model option flag (--kernels, --weights, --kv or --matmul)", flag));
   }
-  if (next.weight_storage && next.matmul_precision != matmul_precision::f32) {
-    std::string weights(format_name(*next.weight_storage));
-    for (char& c : weights) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));  // as typed
-    if (next.matmul_precision == matmul_precision::int8) {
-      throw error(fmt::format("--matmul int8 quantises the checkpoint's weights itself: drop --weights {}", weights));
-    }
-    if (*next.weight_storage != weight_format::bf16) {
-      throw error(fmt::format("--matmul bf16 multiplies BF16 weights, but --weights asks for {}: drop it or give bf16", weights));
-    }
+}
+
+/// Throws `specsample::error` naming both flags when the `--weights` and `--matmul` that
+/// `set_option` set contradict each other: BF16 matmuls hold their weights in BF16, INT8 matmuls
+/// quantise the checkpoint's. (The loader refuses the same pair naming the options' fields, after
+/// the files are read; a command line calls this once its flags are read, before.)
+inline void check_option_flags(const options& o) {
+  if (!o.weight_storage || o.matmul_precision == matmul_precision::f32) return;
+  std::string weights(format_name(*o.weight_storage));
+  for (char& c : weights) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));  // as the flag takes it
+  if (o.matmul_precision == matmul_precision::int8) {
+    throw error(fmt::format("--matmul int8 quantises the checkpoint's weights itself: drop --weights {}", weights));
   }
-  o = next;
+  if (*o.weight_storage != weight_format::bf16) {
+    throw error(fmt::format("--matmul bf16 multiplies BF16 weights, but --weights asks for {}: drop it or give bf16", weights));
+  }
 }
 
 /// `o` for a model that multiplies in `p` instead (a draft's precision: `--draft-matmul` of
