@@ -540,6 +540,19 @@ int run(int argc, char** argv) {
   c.params.eos = c.no_eos ? std::nullopt : c.eos ? c.eos : target.config().eos_token_id;
   const std::vector<token> prompt = tok.encode(c.prompt);
   if (prompt.empty()) throw specsample::error("the prompt encodes to no tokens");
+  {  // -n against the models' context, named as typed (the library names max_new_tokens)
+    std::size_t limit = target.config().n_positions;
+    std::string_view whose = "target";
+    for (const auto& d : drafts) {
+      if (d.config().n_positions < limit) limit = d.config().n_positions, whose = "draft";
+    }
+    const std::size_t held = prompt.size() - 1, n = c.params.max_new_tokens;  // the last token needs no position
+    if (held >= limit || n > limit - held) {
+      usage_error(fmt::format("-n {} is too many after a prompt of {} tokens: the {} model holds at most {} tokens "
+                              "(at most {} new ones here); lower -n",
+                              n, prompt.size(), whose, limit, held >= limit ? 0 : limit - held));
+    }
+  }
 
   // Several candidates or -k auto: measure each on a warm-up and keep the best predicted speedup
   // among the candidates whose check pays (all of them when none does).
