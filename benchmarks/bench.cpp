@@ -216,7 +216,7 @@ strategy comparison (instead of the sweep):
                         strategies.md / strategies.json to --out
   --best-k-from FILE    a sweep.json: also run token-wise (and at T > 0 block verification) at its
                         best measured K per temperature; refused when the sweep ran other
-                        checkpoints (by directory name) or precisions than this run
+                        checkpoints (by directory name), precisions or threads than this run
   --warmup-tokens N     auto-K warm-up generation length (default 64; --quick: 16)
   --check-pairs N       auto-K: pairs of calibrate's timed check of its prediction, speculation
                         against autoregressive decoding (default 5; 0: the prediction alone)
@@ -260,8 +260,8 @@ specsample::gpt2::options draft_options(const cli& c) {
   return c.draft_matmul ? specsample::gpt2::with_matmul_precision(c.model, *c.draft_matmul) : c.model;
 }
 
-// Refuses a --best-k-from sweep that ran other models or precisions than this run (its best K is
-// then another configuration's), naming each difference. The checkpoints are compared by their
+// Refuses a --best-k-from sweep that ran other models, precisions or thread counts than this run
+// (its best K is then another configuration's), naming each difference. The checkpoints are compared by their
 // directories' names (a sweep.json holds the paths of the machine that wrote it); a field the file
 // does not have (an older sweep.json) is not compared.
 void check_sweep_configuration(const fs::path& path, const json& config, const cli& c) {
@@ -275,6 +275,9 @@ void check_sweep_configuration(const fs::path& path, const json& config, const c
     j["draft"] = c.draft ? name(*c.draft) : std::string(default_draft);
     j["draft_matmul"] = specsample::gpt2::precision_name(draft_options(c).matmul_precision);
     j["draft_temperature_ratio"] = c.draft_temperature_ratio;
+    j["threads"] = c.threads != 0 ? c.threads  // (0: the pool's count, as its JSON records it)
+                                  : std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1,
+                                                            specsample::gpt2::thread_pool::max_threads);
     return j;
   }();
   std::string differences;
