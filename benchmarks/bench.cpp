@@ -321,12 +321,6 @@ std::string draft_weights_basis(const cli& c) {
   return weights_basis(draft_options(c), c.draft_matmul ? "--draft-matmul" : "--matmul");
 }
 
-// A prompt of `prompt` tokens and `n` >= 1 new ones fit a context of `limit` tokens: prompt + n - 1
-// <= limit, without wrapping (-n 18446744073709551615 passed as a context of prompt - 2).
-bool fits_context(std::size_t prompt, std::size_t n, std::size_t limit) {
-  return n <= limit && prompt <= limit + 1 - n;
-}
-
 // The parameters of a generation at `temperature`: -n new tokens, --verify's rule, the draft
 // sampling at --draft-temperature-ratio × `temperature`.
 specsample::speculative_params generation_params(const cli& c, double temperature) {
@@ -1287,15 +1281,13 @@ strategy_run run_strategy(const strategy& s, specsample::gpt2::model& draft, spe
       break;
     }
     case method::ngram: {
-      specsample::drafters::ngram ngram(static_cast<std::size_t>(target.vocab_size()), std::max<std::size_t>(4, s.min_n),
-                                        s.min_n);
+      auto ngram = specsample::drafters::ngram::from_shortest(static_cast<std::size_t>(target.vocab_size()), s.min_n);
       g = specsample::speculative_sample(ngram, target, prompt, params, rng);
       break;
     }
     case method::ngram_then_draft: {
       specsample::drafters::fallback lookup(
-          specsample::drafters::ngram(static_cast<std::size_t>(target.vocab_size()), std::max<std::size_t>(4, s.min_n),
-                                      s.min_n),
+          specsample::drafters::ngram::from_shortest(static_cast<std::size_t>(target.vocab_size()), s.min_n),
           specsample::model_drafter(draft, params.draft_warping()));
       g = specsample::speculative_sample(lookup, target, prompt, params, rng);
       break;
@@ -1438,7 +1430,7 @@ int run_strategies(const bench_setup& b) {
   rep.description = "each held-out prompt, a blank line, then its own first two lines again";
   for (std::size_t i = 0; i < b.prompt_text.size(); ++i) {
     auto p = b.tok.encode(repeating_prompt(b.prompt_text[i]));
-    if (!fits_context(p.size(), c.n, limit)) {
+    if (c.n > specsample::max_new_tokens_within(limit, p.size())) {
       fmt::print(stderr, "specsample-bench: repetitive prompt {} has {} tokens, too long for -n {}: skipped\n", i,
                  p.size(), c.n);
       continue;
@@ -1695,7 +1687,7 @@ int run(int argc, char** argv) {
   for (std::size_t i = 0; i < prompt_text.size(); ++i) {
     prompts.push_back(tok.encode(prompt_text[i]));
     if (prompts.back().empty()) throw specsample::error(fmt::format("prompt {} encodes to no tokens", i));
-    if (!fits_context(prompts.back().size(), c.n, limit)) {
+    if (c.n > specsample::max_new_tokens_within(limit, prompts.back().size())) {
       throw specsample::error(fmt::format("prompt {} has {} tokens: with -n {} the models need a context of more "
                                           "than their {} tokens; lower -n",
                                           i, prompts.back().size(), c.n, limit));

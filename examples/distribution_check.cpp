@@ -180,10 +180,7 @@ bool check_checkpoints(const checkpoints& c, specsample::speculative_params para
   auto opts = c.model;
   opts.pool = std::make_shared<specsample::gpt2::thread_pool>(c.threads);
   auto target = specsample::gpt2::model::load(target_dir, opts);
-  if (target.vocab_size() != tok.vocab_size()) {
-    throw specsample::error(fmt::format("{}: the model has {} tokens but its tokenizer has {}", target_dir.string(),
-                                        target.vocab_size(), tok.vocab_size()));
-  }
+  specsample::check_model_vocabulary(target.vocab_size(), tok, target_dir.string());
   std::optional<specsample::gpt2::model> draft;
   if (!c.ngram()) {
     draft.emplace(specsample::gpt2::model::load(
@@ -203,9 +200,8 @@ bool check_checkpoints(const checkpoints& c, specsample::speculative_params para
                params.eos ? fmt::format("token {}", *params.eos) : "none");
   };
   if (c.ngram() || c.prompt_lookup > 0) {  // suffixes of min_n to max_n tokens, as specsample-generate looks up
-    const std::size_t min_n = std::max<std::size_t>(1, c.prompt_lookup), max_n = std::max<std::size_t>(4, min_n);
-    specsample::drafters::ngram lookup(target.vocab_size(), max_n, min_n);
-    const std::string lookup_text = fmt::format("prompt lookup of {} to {} tokens", min_n, max_n);
+    auto lookup = specsample::drafters::ngram::from_shortest(target.vocab_size(), std::max<std::size_t>(1, c.prompt_lookup));
+    const std::string lookup_text = fmt::format("prompt lookup of {} to {} tokens", lookup.min_n(), lookup.max_n());
     if (c.ngram()) {
       print(lookup_text);
       return check(lookup, target, prompt, params, samples, seed, 1e-3, verifier);

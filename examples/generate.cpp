@@ -525,10 +525,7 @@ int run(int argc, char** argv) {
   specsample::gpt2::options opts = c.model;
   opts.pool = std::make_shared<specsample::gpt2::thread_pool>(c.threads);  // one pool for every model
   auto target = specsample::gpt2::model::load(target_dir, opts);
-  if (target.vocab_size() != tok.vocab_size()) {
-    throw specsample::error(fmt::format("{}: the model has {} tokens but its tokenizer has {}", target_dir.string(),
-                                        target.vocab_size(), tok.vocab_size()));
-  }
+  specsample::check_model_vocabulary(target.vocab_size(), tok, target_dir.string());
   std::vector<specsample::gpt2::model> drafts;
   for (const auto& dir : candidates) {
     specsample::check_same_vocabulary(specsample::bpe_tokenizer::load(dir), tok, dir.string(), target_dir.string());
@@ -546,11 +543,11 @@ int run(int argc, char** argv) {
     for (const auto& d : drafts) {
       if (d.config().n_positions < limit) limit = d.config().n_positions, whose = "draft";
     }
-    const std::size_t held = prompt.size() - 1, n = c.params.max_new_tokens;  // the last token needs no position
-    if (held >= limit || n > limit - held) {
+    const std::size_t n = c.params.max_new_tokens, fits = specsample::max_new_tokens_within(limit, prompt.size());
+    if (n > fits) {
       usage_error(fmt::format("-n {} is too many after a prompt of {} tokens: the {} model holds at most {} tokens "
                               "(at most {} new ones here); lower -n",
-                              n, prompt.size(), whose, limit, held >= limit ? 0 : limit - held));
+                              n, prompt.size(), whose, limit, fits));
     }
   }
 
@@ -559,8 +556,7 @@ int run(int argc, char** argv) {
   cli run_cli = c;
   // --prompt-lookup: lookup first, the draft model where it finds nothing (the timed check and the
   // generation both run this drafter).
-  specsample::drafters::ngram lookup(target.vocab_size(), std::max<std::size_t>(4, c.prompt_lookup),
-                                     std::max<std::size_t>(1, c.prompt_lookup));
+  auto lookup = specsample::drafters::ngram::from_shortest(target.vocab_size(), std::max<std::size_t>(1, c.prompt_lookup));
   const auto lookup_first = [&](specsample::gpt2::model& draft, const specsample::speculative_params& p) {
     return specsample::drafters::fallback(lookup, specsample::model_drafter(draft, p.draft_warping(),
                                                                             p.draft_min_probability));

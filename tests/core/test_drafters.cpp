@@ -26,6 +26,10 @@ static_assert(drafter<model_drafter<toy::markov>>);
 static_assert(!drafter<toy::markov>);
 
 TEST_CASE("the n-gram drafter proposes the continuation of the longest earlier suffix match", "[drafters][ngram]") {
+  // (from_shortest: suffixes of min_n up to the default 4, or min_n alone when longer)
+  CHECK(drafters::ngram::from_shortest(10, 2).min_n() == 2);
+  CHECK(drafters::ngram::from_shortest(10, 2).max_n() == drafters::ngram::default_max_n);
+  CHECK(drafters::ngram::from_shortest(10, 6).max_n() == 6);
   drafters::ngram d(10, 3);
   Eigen::MatrixXf q(10, 4);
   std::vector<token> out(4);

@@ -456,6 +456,9 @@ TEST_CASE("a context that cannot hold the generation is refused up front", "[loo
   const std::vector<token> prompt{0, 1, 2};
   CHECK(speculative_sample(draft, target, prompt, make_params(6, 4), rng).tokens.size() == 6);
   CHECK(target.size() <= 8);
+  CHECK(max_new_tokens_within(8, 3) == 6);  // what a program can check first
+  CHECK(max_new_tokens_within(8, 8) == 1);
+  CHECK(max_new_tokens_within(8, 9) == 0);
   CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, make_params(7, 4), rng),
                     Contains("context overflow") && Contains("at most 8"));
   toy::markov unbounded = toy::markov::random(4, 1, 2);

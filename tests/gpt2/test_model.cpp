@@ -409,6 +409,10 @@ TEST_CASE("set_option sets the options the command-line flags name, and refuses 
   REQUIRE(o.kv_storage == gpt2::weight_format::f16);
   REQUIRE(o.matmul_precision == gpt2::matmul_precision::bf16);
   gpt2::check_option_flags(o);  // BF16 weights for BF16 matmuls
+  CHECK(gpt2::storage_fits(gpt2::matmul_precision::f32, gpt2::weight_format::f16));
+  CHECK(!gpt2::storage_fits(gpt2::matmul_precision::bf16, gpt2::weight_format::f16));
+  CHECK(!gpt2::storage_fits(gpt2::matmul_precision::int8, gpt2::weight_format::bf16));
+  CHECK(gpt2::storage_fits(gpt2::matmul_precision::int8, std::nullopt));
   // --weights and --matmul that contradict each other, whatever order set them, named by their
   // flags once all are read (a repeated flag's last value counts).
   gpt2::options p = o;

@@ -444,6 +444,9 @@ TEST_CASE("draft and target tokenizers compare equal only with identical vocab a
   CHECK_THROWS_WITH(specsample::check_same_vocabulary(draft, gpt2(), "d", "t"),
                     "the draft (d) and target (t) tokenizers differ: vocab sizes differ: 4096 vs 50257; speculative "
                     "sampling needs identical vocabularies");
+  CHECK_NOTHROW(specsample::check_model_vocabulary(4096, shakespeare(), "m"));
+  CHECK_THROWS_WITH(specsample::check_model_vocabulary(4095, shakespeare(), "m"),
+                    "m: the model has 4095 tokens but its tokenizer has 4096");
 
   temp_dir dir;  // same tokens, one merge more (a second way to "Ġgate", after "Ġg ate")
   dir.write("vocab.json", slurp(source_dir / "models" / "shakespeare-draft" / "vocab.json"));

@@ -27,14 +27,27 @@ class ngram {
   /// q holds one-hot distributions (detail::writes_distributions): the loop need not check it.
   using writes_distributions = ngram;
 
-  ngram(std::size_t vocab, std::size_t max_n = 4, std::size_t min_n = 1) : vocab_(vocab), max_n_(max_n), min_n_(min_n) {
+  /// The longest suffix looked up unless asked otherwise.
+  static constexpr std::size_t default_max_n = 4;
+
+  ngram(std::size_t vocab, std::size_t max_n = default_max_n, std::size_t min_n = 1)
+      : vocab_(vocab), max_n_(max_n), min_n_(min_n) {
     if (vocab == 0) throw error("drafters::ngram: the vocabulary must not be empty");
     if (min_n == 0 || max_n < min_n) {
       throw error(fmt::format("drafters::ngram: need 1 <= min_n <= max_n, got min_n = {}, max_n = {}", min_n, max_n));
     }
   }
 
+  /// Lookup of suffixes of `min_n` tokens up to `default_max_n`, or `min_n` alone when it is
+  /// longer (the `--prompt-lookup N` of specsample-generate and distribution_check).
+  [[nodiscard]] static ngram from_shortest(std::size_t vocab, std::size_t min_n) {
+    return ngram(vocab, std::max(default_max_n, min_n), min_n);
+  }
+
   [[nodiscard]] std::size_t vocab_size() const noexcept { return vocab_; }
+  /// The shortest and the longest suffix looked up.
+  [[nodiscard]] std::size_t min_n() const noexcept { return min_n_; }
+  [[nodiscard]] std::size_t max_n() const noexcept { return max_n_; }
 
   void begin(std::span<const token>) {}
 

@@ -758,6 +758,14 @@ inline void check_same_vocabulary(const bpe_tokenizer& draft, const bpe_tokenize
   }
 }
 
+/// Throws `specsample::error` unless a model of `model_vocab` logits has the vocabulary of its
+/// tokenizer `tok`, naming `name` (its checkpoint, say) and both sizes.
+inline void check_model_vocabulary(std::size_t model_vocab, const bpe_tokenizer& tok, std::string_view name) {
+  if (model_vocab != tok.vocab_size()) {
+    throw error(fmt::format("{}: the model has {} tokens but its tokenizer has {}", name, model_vocab, tok.vocab_size()));
+  }
+}
+
 /// Incremental detokenizer: feed tokens one at a time, get back the text that is complete so far.
 ///
 /// Output never ends inside a UTF-8 character that later bytes could still complete; such a

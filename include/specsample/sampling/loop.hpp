@@ -29,6 +29,17 @@
 #include <vector>
 
 namespace specsample {
+
+/// The most new tokens (`max_new_tokens`) a model that holds at most `limit` positions can take
+/// after a prompt of `prompt` >= 1 tokens: the models hold every token but the last one emitted, so
+/// prompt + max_new_tokens - 1 <= limit; 0 when the prompt alone does not fit. What the generation
+/// entry points check (a context overflow is an error naming both numbers); a program can check it
+/// first and name its own option.
+[[nodiscard]] constexpr std::size_t max_new_tokens_within(std::size_t limit, std::size_t prompt) noexcept {
+  const std::size_t held = prompt > 0 ? prompt - 1 : 0;
+  return held > limit ? 0 : limit - held;
+}
+
 namespace detail {
 
 inline void check_prompt(std::span<const token> prompt, std::size_t vocab) {
@@ -54,11 +65,11 @@ void check_fits(const M& m, const char* role, std::size_t prompt, std::size_t ma
   if (prompt == 0 && max_new == 0) return;  // nothing is ever appended
   const std::size_t limit = max_context(m);
   if (limit == std::numeric_limits<std::size_t>::max()) return;  // unbounded
-  // needed = prompt + max_new - 1 = held + more, the 1 taken from an operand that is >= 1; the
-  // comparison below is the sum's, rearranged so it cannot wrap either.
+  // needed = prompt + max_new - 1 = held + more, the 1 taken from an operand that is >= 1, compared
+  // so that it cannot wrap either (max_new_tokens_within: limit - held, or 0).
   const std::size_t held = prompt > 0 ? prompt - 1 : max_new - 1;
   const std::size_t more = prompt > 0 ? max_new : 0;
-  if (held > limit || more > limit - held) {
+  if (held > limit || more > max_new_tokens_within(limit, held + 1)) {
     const bool wraps = more > std::numeric_limits<std::size_t>::max() - held;
     const std::string needed = wraps ? fmt::format("more than {}", std::numeric_limits<std::size_t>::max())
                                      : fmt::format("{}", held + more);

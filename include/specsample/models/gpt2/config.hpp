@@ -165,20 +165,27 @@ inline void set_option(options& o, std::string_view flag, std::string_view value
   }
 }
 
+/// Whether matmuls in `p` can multiply matmul weights held as `storage` (nullopt: as the checkpoint
+/// stores them): F32 multiplies any; BF16 holds its weights in BF16 (`storage` empty or BF16); INT8
+/// quantises the checkpoint's itself (`storage` empty). The loader and `check_option_flags` both ask.
+[[nodiscard]] constexpr bool storage_fits(matmul_precision p, std::optional<weight_format> storage) noexcept {
+  if (p == matmul_precision::bf16) return !storage || *storage == weight_format::bf16;
+  if (p == matmul_precision::int8) return !storage;
+  return true;
+}
+
 /// Throws `specsample::error` naming both flags when the `--weights` and `--matmul` that
 /// `set_option` set contradict each other: BF16 matmuls hold their weights in BF16, INT8 matmuls
 /// quantise the checkpoint's. (The loader refuses the same pair naming the options' fields, after
 /// the files are read; a command line calls this once its flags are read, before.)
 inline void check_option_flags(const options& o) {
-  if (!o.weight_storage || o.matmul_precision == matmul_precision::f32) return;
+  if (storage_fits(o.matmul_precision, o.weight_storage)) return;
   std::string weights(format_name(*o.weight_storage));
   for (char& c : weights) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));  // as the flag takes it
   if (o.matmul_precision == matmul_precision::int8) {
     throw error(fmt::format("--matmul int8 quantises the checkpoint's weights itself: drop --weights {}", weights));
   }
-  if (*o.weight_storage != weight_format::bf16) {
-    throw error(fmt::format("--matmul bf16 multiplies BF16 weights, but --weights asks for {}: drop it or give bf16", weights));
-  }
+  throw error(fmt::format("--matmul bf16 multiplies BF16 weights, but --weights asks for {}: drop it or give bf16", weights));
 }
 
 /// `o` for a model that multiplies in `p` instead (a draft's precision: `--draft-matmul` of

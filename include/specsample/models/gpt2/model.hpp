@@ -259,7 +259,7 @@ class model {
       throw error("gpt2::options: weight_storage INT8 quads is the layout of matmul_precision INT8: set that instead");
     }
     if (opts.matmul_precision == gpt2::matmul_precision::int8) {
-      if (opts.weight_storage) {
+      if (!storage_fits(opts.matmul_precision, opts.weight_storage)) {
         throw error(fmt::format("gpt2::options: matmul_precision INT8 quantises the checkpoint's weights itself, but "
                                 "weight_storage asks for {}: leave it empty",
                                 format_name(*opts.weight_storage)));
@@ -267,7 +267,7 @@ class model {
       return weight_format::i8_quads;
     }
     if (opts.matmul_precision != gpt2::matmul_precision::bf16) return opts.weight_storage;
-    if (opts.weight_storage && *opts.weight_storage != weight_format::bf16) {
+    if (!storage_fits(opts.matmul_precision, opts.weight_storage)) {
       throw error(fmt::format("gpt2::options: matmul_precision BF16 multiplies BF16 weights, but weight_storage asks for {}",
                               format_name(*opts.weight_storage)));
     }
