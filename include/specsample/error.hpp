@@ -20,7 +20,8 @@ class error : public std::runtime_error {
 };
 
 /// The `error` for a parameter out of its domain, as `validate` refuses a field of
-/// `sampling_params` or `speculative_params` (and a verifier its leniency): `what()` is `field()`
+/// `sampling_params` or `speculative_params` (a verifier its leniency, `gpt2::model` a field of its
+/// `gpt2::options`, `model_drafter` its min_probability, `calibration` a cost): `what()` is `field()`
 /// followed by `reason()`, e.g. "speculative_params.draft_length" and " must be in 1..256 (...),
 /// got 0", so a program that sets the field from an option of its own can name the option instead.
 class parameter_error final : public error {

@@ -13,6 +13,7 @@
 #include "../support/broken_verifiers.hpp"
 #include "../support/fit.hpp"
 
+#include <limits>
 #include <random>
 #include <set>
 #include <vector>
@@ -78,6 +79,12 @@ TEST_CASE("a drafter called with buffers too small for its drafts says so, writi
   CHECK_THROWS_WITH(md.propose(std::vector<token>{}, 2, q, out, rng),
                     "model_drafter::propose: the context is empty (a draft follows at least one token)");
   CHECK(md.propose(ctx, 3, q, out, rng).tokens == 3);
+  // Its min_probability is a parameter in [0, 1) (1 would stop every round before its first draft).
+  for (const float bad : {-0.1f, 1.0f, std::numeric_limits<float>::quiet_NaN()}) {
+    CHECK_THROWS_WITH(model_drafter<toy::markov>(model, sampling_params{}, bad),
+                      fmt::format("model_drafter.min_probability must be in [0, 1), got {}", bad));
+    CHECK_THROWS_AS(model_drafter<toy::markov>(model, sampling_params{}, bad), parameter_error);
+  }
 }
 
 TEST_CASE("n-gram drafting is exact on a self-repeating context", "[drafters][ngram][exactness]") {

@@ -134,6 +134,7 @@ TEST_CASE("calibration picks a longer draft for a better draft model", "[tuning]
     b = g;
     b.cost_ratio = bad;
     CHECK_THROWS_WITH(b.round_cost(), fmt::format("calibration.cost_ratio must be finite and >= 0, got {}", bad));
+    CHECK_THROWS_AS(b.round_cost(), specsample::parameter_error);
   }
   CHECK(round[0] == 1.0);
   for (std::size_t k = 1; k < 9; ++k) {

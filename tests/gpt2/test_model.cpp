@@ -24,6 +24,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -267,7 +268,7 @@ TEST_CASE("options::kv_storage F16 moves the logits by a few F16 roundings, and 
   REQUIRE(diff > 0);
   REQUIRE(diff <= 4 * 0x1p-11 * scale);
   REQUIRE_THROWS_WITH(gpt2::model::load(models_dir / "shakespeare-draft", {.kv_storage = gpt2::weight_format::bf16}),
-                      "gpt2::options: kv_storage must be F32 or F16, not BF16");
+                      "gpt2::options.kv_storage must be F32 or F16, not BF16");
 }
 
 namespace {
@@ -326,14 +327,15 @@ TEST_CASE("options::matmul_precision BF16 rounds weights and activations to BF16
   const auto draft = models_dir / "shakespeare-draft";
   REQUIRE_THROWS_WITH(gpt2::model::load(draft, {.weight_storage = gpt2::weight_format::f16,
                                                 .matmul_precision = gpt2::matmul_precision::bf16}),
-                      "gpt2::options: matmul_precision BF16 multiplies BF16 weights, but weight_storage asks for F16");
+                      "gpt2::options.weight_storage asks for F16, but matmul_precision BF16 multiplies BF16 weights: leave it "
+                      "empty or give BF16");
   REQUIRE(gpt2::model::load(draft, {.weight_storage = gpt2::weight_format::bf16,
                                     .matmul_precision = gpt2::matmul_precision::bf16})
               .matmul_precision() == gpt2::matmul_precision::bf16);
   REQUIRE_THROWS_WITH(gpt2::model::load(draft, {.weight_storage = gpt2::weight_format::bf16_pairs}),
                       Contains("weight_storage BF16 pairs is the layout of matmul_precision BF16"));
   REQUIRE_THROWS_WITH(gpt2::model::load(draft, {.kv_storage = gpt2::weight_format::bf16_pairs}),
-                      "gpt2::options: kv_storage must be F32 or F16, not BF16 pairs");
+                      "gpt2::options.kv_storage must be F32 or F16, not BF16 pairs");
   REQUIRE(gpt2::precision_from_name("bf16") == gpt2::matmul_precision::bf16);
   REQUIRE(gpt2::precision_from_name("f32") == gpt2::matmul_precision::f32);
   REQUIRE(gpt2::precision_from_name("INT8") == gpt2::matmul_precision::int8);
@@ -385,12 +387,12 @@ TEST_CASE("options::matmul_precision INT8 quantises weights per output and activ
   const auto draft = models_dir / "shakespeare-draft";
   REQUIRE_THROWS_WITH(gpt2::model::load(draft, {.weight_storage = gpt2::weight_format::f16,
                                                 .matmul_precision = gpt2::matmul_precision::int8}),
-                      "gpt2::options: matmul_precision INT8 quantises the checkpoint's weights itself, but "
-                      "weight_storage asks for F16: leave it empty");
+                      "gpt2::options.weight_storage asks for F16, but matmul_precision INT8 quantises the "
+                      "checkpoint's weights itself: leave it empty");
   REQUIRE_THROWS_WITH(gpt2::model::load(draft, {.weight_storage = gpt2::weight_format::i8_quads}),
                       Contains("weight_storage INT8 quads is the layout of matmul_precision INT8"));
   REQUIRE_THROWS_WITH(gpt2::model::load(draft, {.kv_storage = gpt2::weight_format::i8_quads}),
-                      "gpt2::options: kv_storage must be F32 or F16, not INT8 quads");
+                      "gpt2::options.kv_storage must be F32 or F16, not INT8 quads");
   REQUIRE(gpt2::precision_from_name("int8") == gpt2::matmul_precision::int8);
   REQUIRE(gpt2::precision_name(gpt2::matmul_precision::int8) == std::string("int8"));
 }
@@ -522,7 +524,7 @@ TEST_CASE("models sharing one thread pool give their own logits, called in turn 
   }
   // A thread count that contradicts the pool is refused.
   REQUIRE_THROWS_WITH(gpt2::model::load(models_dir / "shakespeare-draft", {.threads = 3, .pool = pool}),
-                      Catch::Contains("threads = 3") && Catch::Contains("pool given has 2 workers"));
+                      "gpt2::options.threads = 3 but the pool given has 2 workers; set one or the other");
   REQUIRE(gpt2::model::load(models_dir / "shakespeare-draft", {.threads = 2, .pool = pool}).threads() == 2);
   // So is one the pool cannot run (it was capped silently), before the files are read.
   REQUIRE_THROWS_WITH(gpt2::model::load(models_dir / "shakespeare-draft", {.threads = 5000}),
@@ -870,23 +872,34 @@ TEST_CASE("an option holding no value of its enumeration is refused, naming it, 
           "[gpt2][model]") {
   // An integer cast to the enumeration (a value read from a file or a wire, say) ran silently: a
   // level 7 as the best the CPU has, a weight format 9 as the checkpoint's, a matmul 5 as F32.
-  const std::vector<std::pair<gpt2::options, std::string>> cases = {
-      {{.kernels = static_cast<specsample::isa>(7)},
-       "gpt2::options: kernels must be isa::generic, avx2, avx512 or best, not isa(7)"},
-      {{.weight_storage = static_cast<gpt2::weight_format>(9)},
-       "gpt2::options: weight_storage must be empty, F32, F16 or BF16, not weight_format(9)"},
-      {{.kv_storage = static_cast<gpt2::weight_format>(9)},
-       "gpt2::options: kv_storage must be F32 or F16, not weight_format(9)"},
-      {{.matmul_precision = static_cast<gpt2::matmul_precision>(5)},
-       "gpt2::options: matmul_precision must be f32, bf16 or int8, not matmul_precision(5)"},
+  // A parameter_error: a program can tell which field of gpt2::options it names (field()).
+  const std::vector<std::tuple<gpt2::options, std::string_view, std::string>> cases = {
+      {{.kernels = static_cast<specsample::isa>(7)}, "gpt2::options.kernels",
+       "gpt2::options.kernels must be isa::generic, avx2, avx512 or best, not isa(7)"},
+      {{.weight_storage = static_cast<gpt2::weight_format>(9)}, "gpt2::options.weight_storage",
+       "gpt2::options.weight_storage must be empty, F32, F16 or BF16, not weight_format(9)"},
+      {{.kv_storage = static_cast<gpt2::weight_format>(9)}, "gpt2::options.kv_storage",
+       "gpt2::options.kv_storage must be F32 or F16, not weight_format(9)"},
+      {{.matmul_precision = static_cast<gpt2::matmul_precision>(5)}, "gpt2::options.matmul_precision",
+       "gpt2::options.matmul_precision must be f32, bf16 or int8, not matmul_precision(5)"},
       {{.weight_storage = gpt2::weight_format::i8_quads},  // (a contradiction, refused up front too)
-       "gpt2::options: weight_storage INT8 quads is the layout of matmul_precision INT8: set that instead"},
+       "gpt2::options.weight_storage",
+       "gpt2::options.weight_storage INT8 quads is the layout of matmul_precision INT8: set that instead"},
   };
   const gpt2::model m = gpt2::model::load(test_models_dir / "tiny-random-gpt2");
-  for (const auto& [opts, message] : cases) {
+  const auto field_of = [](const gpt2::options& opts) -> std::string {
+    try {
+      (void)gpt2::model::load(fs::path("/nonexistent/specsample-model"), opts);
+    } catch (const specsample::parameter_error& e) {
+      return std::string(e.field());
+    }
+    return "(no parameter_error)";
+  };
+  for (const auto& [opts, field, message] : cases) {
     INFO(message);
     REQUIRE_THROWS_WITH(gpt2::model::load(fs::path("/nonexistent/specsample-model"), opts), message);
     REQUIRE_THROWS_WITH(gpt2::model(m.config(), gpt2::weights(m.weights()), opts), message);
+    REQUIRE(field_of(opts) == field);
   }
 }
 

@@ -169,7 +169,7 @@ class model_drafter {
   model_drafter(M& model, const sampling_params& sampling, float min_probability = 0.0f)
       : model_(&model), warp_(sampling, detail::vocabulary_of(model, "draft"), "draft"), min_probability_(min_probability) {
     if (!(min_probability >= 0.0f && min_probability < 1.0f)) {
-      throw error(fmt::format("draft min_probability must be in [0, 1), got {}", min_probability));
+      throw parameter_error("model_drafter.min_probability", fmt::format(" must be in [0, 1), got {}", min_probability));
     }
   }
 

@@ -180,12 +180,13 @@ struct calibration {
   /// target calls: verify_cost[K] plus what its first draft call costs beyond cost_ratio ([0] = 1,
   /// no draft). best_k and predicted come from `best_draft_length` / `predicted_speedup` with it as
   /// their verify_cost, so that c·K + round_cost[K] = c_first + c·(K − 1) + verify_cost[K].
-  /// Throws `specsample::error` when cost_ratio or first_cost_ratio is not finite and >= 0 (a NaN
+  /// Throws `specsample::parameter_error` ("calibration.cost_ratio", say) when cost_ratio or
+  /// first_cost_ratio is not finite and >= 0 (a NaN
   /// counted as no extra cost).
   [[nodiscard]] std::vector<double> round_cost() const {
     for (const auto& [value, name] : {std::pair{cost_ratio, "cost_ratio"}, std::pair{first_cost_ratio, "first_cost_ratio"}}) {
       if (!(value >= 0.0 && std::isfinite(value))) {
-        throw error(fmt::format("calibration.{} must be finite and >= 0, got {}", name, value));
+        throw parameter_error(fmt::format("calibration.{}", name), fmt::format(" must be finite and >= 0, got {}", value));
       }
     }
     std::vector<double> r = verify_cost;

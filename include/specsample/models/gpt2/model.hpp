@@ -107,10 +107,10 @@ struct kv_cache {
     return 2 * n_layer * kernels::kv_layer_size(n_positions, n_embd, n_head) * format_bytes(format);
   }
 
-  /// `f` when a cache can hold it (F32 or F16); throws `specsample::error` otherwise.
+  /// `f` when a cache can hold it (F32 or F16); throws `specsample::parameter_error` otherwise.
   static weight_format checked_format(weight_format f) {
     if (f != weight_format::f32 && f != weight_format::f16) {
-      throw error(fmt::format("gpt2::options: kv_storage must be F32 or F16, not {}", detail::format_label(f)));
+      throw parameter_error("gpt2::options.kv_storage", fmt::format(" must be F32 or F16, not {}", detail::format_label(f)));
     }
     return f;
   }
@@ -142,8 +142,8 @@ class model {
  public:
   /// Loads `dir/config.json` and `dir/model.safetensors` (a Hugging Face GPT-2 directory).
   /// Throws `specsample::error` naming the file and the problem, or, before reading any file,
-  /// an option that holds no value of its enumeration (an integer cast to it) or contradicts
-  /// another.
+  /// `specsample::parameter_error` naming an option (`gpt2::options.kv_storage`, say) that holds no
+  /// value of its enumeration (an integer cast to it) or contradicts another.
   [[nodiscard]] static model load(const std::filesystem::path& dir, options opts = {});
 
   /// Builds a model from parameters already in memory (they must match `cfg`), converting the
@@ -245,31 +245,37 @@ class model {
   static std::optional<weight_format> storage_of(const options& opts) {
     if (opts.matmul_precision != gpt2::matmul_precision::f32 && opts.matmul_precision != gpt2::matmul_precision::bf16 &&
         opts.matmul_precision != gpt2::matmul_precision::int8) {
-      throw error(fmt::format("gpt2::options: matmul_precision must be f32, bf16 or int8, not matmul_precision({})",
-                              static_cast<int>(opts.matmul_precision)));
+      throw parameter_error("gpt2::options.matmul_precision",
+                            fmt::format(" must be f32, bf16 or int8, not matmul_precision({})",
+                                        static_cast<int>(opts.matmul_precision)));
     }
     if (opts.weight_storage && std::string_view(format_name(*opts.weight_storage)) == "?") {
-      throw error(fmt::format("gpt2::options: weight_storage must be empty, F32, F16 or BF16, not {}",
-                              detail::format_label(*opts.weight_storage)));
+      throw parameter_error("gpt2::options.weight_storage", fmt::format(" must be empty, F32, F16 or BF16, not {}",
+                                                                        detail::format_label(*opts.weight_storage)));
     }
     if (opts.weight_storage == weight_format::bf16_pairs) {
-      throw error("gpt2::options: weight_storage BF16 pairs is the layout of matmul_precision BF16: set that instead");
+      throw parameter_error("gpt2::options.weight_storage",
+                            " BF16 pairs is the layout of matmul_precision BF16: set that instead");
     }
     if (opts.weight_storage == weight_format::i8_quads) {
-      throw error("gpt2::options: weight_storage INT8 quads is the layout of matmul_precision INT8: set that instead");
+      throw parameter_error("gpt2::options.weight_storage",
+                            " INT8 quads is the layout of matmul_precision INT8: set that instead");
     }
     if (opts.matmul_precision == gpt2::matmul_precision::int8) {
       if (!storage_fits(opts.matmul_precision, opts.weight_storage)) {
-        throw error(fmt::format("gpt2::options: matmul_precision INT8 quantises the checkpoint's weights itself, but "
-                                "weight_storage asks for {}: leave it empty",
-                                format_name(*opts.weight_storage)));
+        throw parameter_error("gpt2::options.weight_storage",
+                              fmt::format(" asks for {}, but matmul_precision INT8 quantises the checkpoint's weights "
+                                          "itself: leave it empty",
+                                          format_name(*opts.weight_storage)));
       }
       return weight_format::i8_quads;
     }
     if (opts.matmul_precision != gpt2::matmul_precision::bf16) return opts.weight_storage;
     if (!storage_fits(opts.matmul_precision, opts.weight_storage)) {
-      throw error(fmt::format("gpt2::options: matmul_precision BF16 multiplies BF16 weights, but weight_storage asks for {}",
-                              format_name(*opts.weight_storage)));
+      throw parameter_error("gpt2::options.weight_storage",
+                            fmt::format(" asks for {}, but matmul_precision BF16 multiplies BF16 weights: leave it "
+                                        "empty or give BF16",
+                                        format_name(*opts.weight_storage)));
     }
     return weight_format::bf16_pairs;
   }
@@ -306,16 +312,16 @@ class model {
   static isa kernels_of(const options& opts) {
     const isa k = opts.kernels;
     if (k != isa::generic && k != isa::avx2 && k != isa::avx512 && k != isa::best) {
-      throw error(fmt::format("gpt2::options: kernels must be isa::generic, avx2, avx512 or best, not isa({})",
-                              static_cast<int>(k)));
+      throw parameter_error("gpt2::options.kernels", fmt::format(" must be isa::generic, avx2, avx512 or best, not isa({})",
+                                                                 static_cast<int>(k)));
     }
     return simd::resolve(k);
   }
   static std::shared_ptr<thread_pool> pool_of(const options& opts) {
     if (!opts.pool) return std::make_shared<thread_pool>(opts.threads);
     if (opts.threads != 0 && opts.threads != opts.pool->size()) {
-      throw error(fmt::format("gpt2::options: threads = {} but the pool given has {} workers; set one or the other",
-                              opts.threads, opts.pool->size()));
+      throw parameter_error("gpt2::options.threads", fmt::format(" = {} but the pool given has {} workers; set one or the other",
+                                                                 opts.threads, opts.pool->size()));
     }
     return opts.pool;
   }
