@@ -594,6 +594,37 @@ TEST_CASE("broken logits name the model they came from", "[loop][errors]") {
                     StartsWith("target model's logits contain NaN at token 2"));
 }
 
+TEST_CASE("an error a model's append throws names the model's role", "[loop][errors]") {
+  // Two models of one type (two GPT-2 checkpoints, say): an overflowed forward pass must say
+  // which of them failed. A parameter_error passes through as it is (its field names it).
+  struct failing_model : toy::markov {  // throws once its context would hold `at` tokens
+    failing_model(toy::markov m, std::size_t fail_at) : toy::markov(std::move(m)), at(fail_at) {}
+    std::size_t at;
+    Eigen::MatrixXf append(std::span<const token> t) {
+      if (size() + t.size() >= at) throw error("the forward pass overflowed");
+      return toy::markov::append(t);
+    }
+  };
+  const auto base = toy::markov::random(5, 1, 81);
+  const std::vector<token> prompt{0, 1};
+  std::mt19937_64 rng(1);
+  toy::markov good = base, good_target = base;
+  failing_model bad_target(base, 4), bad_draft(base, 4), alone(base, 4);
+  CHECK_THROWS_WITH(speculative_sample(good, bad_target, prompt, make_params(4, 8), rng),
+                    "target model: the forward pass overflowed");
+  CHECK_THROWS_WITH(speculative_sample(bad_draft, good_target, prompt, make_params(4, 8), rng),
+                    "draft model: the forward pass overflowed");
+  CHECK_THROWS_WITH(autoregressive_sample(alone, prompt, make_params(4, 8), rng),
+                    "target model: the forward pass overflowed");
+  struct parameter_model : toy::markov {
+    explicit parameter_model(toy::markov m) : toy::markov(std::move(m)) {}
+    Eigen::MatrixXf append(std::span<const token>) { throw parameter_error("my_model.scale", " must be > 0"); }
+  };
+  parameter_model p(base);
+  CHECK_THROWS_AS(autoregressive_sample(p, prompt, make_params(4, 8), rng), parameter_error);
+  CHECK_THROWS_WITH(autoregressive_sample(p, prompt, make_params(4, 8), rng), "my_model.scale must be > 0");
+}
+
 TEST_CASE("warping target columns as the verifier reads them decides exactly as warping them all",
           "[loop][verify]") {
   auto target = toy::markov::random(40, 2, 51);

@@ -88,16 +88,24 @@ std::size_t vocabulary_of(const M& m, const char* role) {
 // Appends t to m and hands the (V, n) logits of its last n tokens to `use` (n <= t.size()): via
 // m.append(t, n) when the model has it, else the last n columns of m.append(t). Checks first that
 // the model kept its side of the contract (shape, and size() growing by t.size()). Returns the
-// seconds spent in m.append alone (the forward pass; not the checks, not `use`).
+// seconds spent in m.append alone (the forward pass; not the checks, not `use`). A
+// `specsample::error` from the model's append (an overflowed forward pass, say) comes out with the
+// role first ("draft model: ..."): a program running two models of one type can tell which failed.
 template <class M, class F>
 double forward(M& m, std::span<const token> t, std::size_t n, std::size_t vocab, const char* role, F&& use) {
   const auto before = static_cast<std::size_t>(m.size());
   const auto t0 = clock::now();
   auto&& out = [&]() -> decltype(auto) {
-    if constexpr (has_append_last<M>) {
-      return m.append(t, n);
-    } else {
-      return m.append(t);
+    try {
+      if constexpr (has_append_last<M>) {
+        return m.append(t, n);
+      } else {
+        return m.append(t);
+      }
+    } catch (const parameter_error&) {
+      throw;  // (a parameter of the caller's, named by its field)
+    } catch (const error& e) {
+      throw error(fmt::format("{} model: {}", role, e.what()));
     }
   }();
   const double seconds = seconds_since(t0);
