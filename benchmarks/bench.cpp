@@ -1687,10 +1687,16 @@ int run(int argc, char** argv) {
   for (std::size_t i = 0; i < prompt_text.size(); ++i) {
     prompts.push_back(tok.encode(prompt_text[i]));
     if (prompts.back().empty()) throw specsample::error(fmt::format("prompt {} encodes to no tokens", i));
-    if (c.n > specsample::max_new_tokens_within(limit, prompts.back().size())) {
+    const std::size_t fits = specsample::max_new_tokens_within(limit, prompts.back().size());
+    if (fits == 0) {  // no -n helps
+      throw specsample::error(fmt::format("prompt {} has {} tokens, more than the models' context of {} tokens "
+                                          "leaves room for: shorten it to at most {} tokens or drop it",
+                                          i, prompts.back().size(), limit, limit));
+    }
+    if (c.n > fits) {
       throw specsample::error(fmt::format("prompt {} has {} tokens: with -n {} the models need a context of more "
-                                          "than their {} tokens; lower -n",
-                                          i, prompts.back().size(), c.n, limit));
+                                          "than their {} tokens; lower -n (at most {} here)",
+                                          i, prompts.back().size(), c.n, limit, fits));
     }
   }
   std::vector<double> prompt_lengths;

@@ -528,6 +528,7 @@ int run(int argc, char** argv) {
   specsample::check_model_vocabulary(target.vocab_size(), tok, target_dir.string());
   std::vector<specsample::gpt2::model> drafts;
   for (const auto& dir : candidates) {
+    if (!c.json) fmt::print(stderr, "loading {}...\n", dir.string());
     specsample::check_same_vocabulary(specsample::bpe_tokenizer::load(dir), tok, dir.string(), target_dir.string());
     drafts.push_back(specsample::gpt2::model::load(
         dir, c.draft_matmul ? specsample::gpt2::with_matmul_precision(opts, *c.draft_matmul) : opts));
@@ -539,15 +540,23 @@ int run(int argc, char** argv) {
   if (prompt.empty()) throw specsample::error("the prompt encodes to no tokens");
   {  // -n against the models' context, named as typed (the library names max_new_tokens)
     std::size_t limit = target.config().n_positions;
-    std::string_view whose = "target";
-    for (const auto& d : drafts) {
-      if (d.config().n_positions < limit) limit = d.config().n_positions, whose = "draft";
+    std::string whose = "target model";
+    for (std::size_t d = 0; d < drafts.size(); ++d) {
+      if (drafts[d].config().n_positions < limit) {
+        limit = drafts[d].config().n_positions;
+        whose = fmt::format("draft model ({})", candidates[d].string());
+      }
     }
     const std::size_t n = c.params.max_new_tokens, fits = specsample::max_new_tokens_within(limit, prompt.size());
+    if (fits == 0) {  // no -n helps (-n is >= 1): the prompt alone does not fit
+      usage_error(fmt::format("the prompt of {} tokens does not fit: the {} holds at most {} tokens, so a prompt of "
+                              "at most {} leaves room for a new one; shorten the prompt",
+                              prompt.size(), whose, limit, limit));
+    }
     if (n > fits) {
-      usage_error(fmt::format("-n {} is too many after a prompt of {} tokens: the {} model holds at most {} tokens "
-                              "(at most {} new ones here); lower -n",
-                              n, prompt.size(), whose, limit, fits));
+      usage_error(fmt::format("-n {} is too many after a prompt of {} tokens: the {} holds at most {} tokens "
+                              "(at most {} new {} here); lower -n",
+                              n, prompt.size(), whose, limit, fits, fits == 1 ? "one" : "ones"));
     }
   }
 
