@@ -105,6 +105,31 @@ TEST_CASE("n-gram drafting is exact on a self-repeating context", "[drafters][ng
   CHECK(bad.p_value < fail_threshold);
 }
 
+TEST_CASE("a custom verifier runs with a drafter as with a draft model, params.verify and leniency ignored",
+          "[drafters][verify]") {
+  // (Exactness through this overload: "n-gram drafting is exact ..." above, via speculative_fit.)
+  auto target = toy::markov::random(4, 1, 12, 0.7f);
+  auto draft_model = toy::markov::random(4, 1, 13, 0.7f);
+  const std::vector<token> prompt{0, 1, 2, 0, 1, 2, 0, 1};
+  speculative_params params;
+  params.max_new_tokens = 12;
+  params.draft_length = 3;
+  params.verify = verification::block;
+  params.leniency = 0.5;  // with block: a contradiction validate refuses, but a custom verifier ignores both
+  REQUIRE_THROWS_WITH(validate(params, 4), "speculative_params.leniency applies to token-wise verification only");
+  drafters::ngram d(4, 3);
+  std::mt19937_64 a(5), b(5);
+  const auto with_drafter = speculative_sample(d, target, prompt, params, a, no_observer{}, block_verifier{});
+  REQUIRE(with_drafter.tokens.size() == 12);
+  CHECK(with_drafter.stats.drafted > 0);
+  const auto with_model = speculative_sample(draft_model, target, prompt, params, b, no_observer{}, tokenwise_verifier{});
+  CHECK(with_model.tokens.size() == 12);
+  // The rest of params is still checked.
+  params.draft_length = 0;
+  CHECK_THROWS_WITH(speculative_sample(d, target, prompt, params, a, no_observer{}, block_verifier{}),
+                    Catch::Matchers::StartsWith("speculative_params.draft_length must be in 1.."));
+}
+
 TEST_CASE("n-gram drafting at temperature 0 equals greedy decoding and accepts repeated text", "[drafters][ngram]") {
   // A deterministic cycle 0 -> 1 -> 2 -> 0: the drafter predicts it perfectly after one period.
   Eigen::MatrixXf t = Eigen::MatrixXf::Constant(3, 4, 0.01f);

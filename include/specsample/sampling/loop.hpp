@@ -341,6 +341,14 @@ model_drafter<Draft> drafter_for(Draft& draft, const Target& target, std::span<c
   return model_drafter<Draft>(draft, params.draft_warping(), params.draft_min_probability);
 }
 
+// The parameters a custom verifier runs with: its own rule stands in for params.verify and
+// params.leniency, which are then neither checked nor read.
+inline speculative_params for_custom_verifier(speculative_params params) {
+  params.verify = verification::token_wise;
+  params.leniency = 1.0;
+  return params;
+}
+
 }  // namespace detail
 
 /// Speculative sampling: `draft` proposes up to `params.draft_length` tokens per round, `target`
@@ -360,14 +368,15 @@ model_drafter<Draft> drafter_for(Draft& draft, const Target& target, std::span<c
 ///        called with every target column warped; a verifier that, as the built-in ones, names
 ///        itself as `decides_columns` and has their `decide(drafts, q, columns, rng)` is called
 ///        through `decide`, each column warped when it first reads it. This overload ignores
-///        `params.verify` and `params.leniency`.
+///        `params.verify` and `params.leniency` (neither is checked).
 template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng,
           class Observer, class Verifier>
 generation_result speculative_sample(Draft& draft, Target& target, std::span<const token> prompt,
                                      const speculative_params& params, Rng& rng, Observer&& observer,
                                      Verifier&& verifier) {
-  auto drafter = detail::drafter_for(draft, target, prompt, params);
-  return detail::generate(drafter, target, prompt, params, rng, observer, verifier);
+  const speculative_params own = detail::for_custom_verifier(params);
+  auto drafter = detail::drafter_for(draft, target, prompt, own);
+  return detail::generate(drafter, target, prompt, own, rng, observer, verifier);
 }
 
 /// Speculative sampling with the verification rule `params.verify` (token-wise by default),
@@ -393,6 +402,17 @@ template <drafter Drafter, language_model Target, std::uniform_random_bit_genera
 generation_result speculative_sample(Drafter& drafter, Target& target, std::span<const token> prompt,
                                      const speculative_params& params, Rng& rng, Observer&& observer = {}) {
   return detail::generate_with(drafter, target, prompt, params, rng, observer);
+}
+
+/// Speculative sampling with a `drafter` and a custom `verifier`, as the model overload above
+/// takes one (`params.verify` and `params.leniency` ignored, neither checked).
+template <drafter Drafter, language_model Target, std::uniform_random_bit_generator Rng, class Observer,
+          class Verifier>
+  requires(!language_model<Drafter>)
+generation_result speculative_sample(Drafter& drafter, Target& target, std::span<const token> prompt,
+                                     const speculative_params& params, Rng& rng, Observer&& observer,
+                                     Verifier&& verifier) {
+  return detail::generate(drafter, target, prompt, detail::for_custom_verifier(params), rng, observer, verifier);
 }
 
 /// Plain autoregressive sampling from `target` with the same warping: the reference distribution

@@ -519,8 +519,11 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
                             "1..{}, got {}",
                             max_sequence_length, params.max_new_tokens));
   }
-  // The loop's own checks, before the enumeration rather than after it.
-  const std::size_t V = specsample::detail::check_generation(draft, target, prompt, params);
+  // The loop's own checks, before the enumeration rather than after it (with a verifier of the
+  // caller's, of the parameters it runs with: its rule stands in for params.verify and leniency).
+  constexpr bool own_rule = !std::is_same_v<Verifier, verifier_from_params>;
+  const std::size_t V = specsample::detail::check_generation(
+      draft, target, prompt, own_rule ? specsample::detail::for_custom_verifier(params) : params);
   const std::size_t L = params.max_new_tokens;
   const sequence_table exact = exact_sequences(target, prompt, L, params.sampling, params.eos);
   sequence_table observed(L, samples);  // room for every sample: a broken sampler's spread fails, never throws
@@ -529,10 +532,8 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
     std::vector<token> out;
     if constexpr (std::is_same_v<Verifier, verifier_from_params>) {
       out = speculative_sample(draft, target, prompt, params, rng, none).tokens;
-    } else if constexpr (language_model<Draft>) {
-      out = speculative_sample(draft, target, prompt, params, rng, none, verifier).tokens;
     } else {
-      out = specsample::detail::generate(draft, target, prompt, params, rng, none, verifier).tokens;
+      out = speculative_sample(draft, target, prompt, params, rng, none, verifier).tokens;
     }
     if (params.eos && out.size() < L) out.resize(L, static_cast<token>(V));  // (only EOS ends a run early)
     observed.add(out, 1.0);
