@@ -363,6 +363,19 @@ TEST_CASE("every kind of malformed file is rejected with a message naming file a
     ts = sample_tensors();
     ts[1].name = ts[0].name;
     REQUIRE_THROWS_WITH(io::serialize_safetensors(ts), Contains("duplicate"));
+    // A shape whose byte count wraps (2^62 x 4 F32 elements: 2^66 bytes, 0 mod 2^64) was written,
+    // and the reader refused the file.
+    const std::vector<io::tensor_data> wraps{io::make_tensor("a", {std::size_t{1} << 62, 4}, std::span<const float>{})};
+    REQUIRE_THROWS_WITH(io::serialize_safetensors(wraps),
+                        "write_safetensors: tensor 'a' of dtype F32 with shape [4611686018427387904, 4] overflows the "
+                        "byte count");
+    // JSON text is UTF-8: a name or a metadata string that is not threw nlohmann's type_error.
+    const std::vector<float> one{1.0f};
+    const std::vector<io::tensor_data> bad_name{io::make_tensor("w\xff", {1}, one)};
+    REQUIRE_THROWS_WITH(io::serialize_safetensors(bad_name), "write_safetensors: tensor name 'w\\xFF' is not UTF-8");
+    const std::vector<io::tensor_data> good{io::make_tensor("w", {1}, one)};
+    REQUIRE_THROWS_WITH(io::serialize_safetensors(good, {{"k", "\xfe"}}),
+                        "write_safetensors: metadata entry 'k' = '\\xFE' is not UTF-8");
     // write_safetensors checks before it opens the file: nothing is written.
     temp_dir dir("io-refused");
     REQUIRE_THROWS_WITH(io::write_safetensors(dir.path / "x.safetensors", ts), Contains("duplicate"));

@@ -39,6 +39,7 @@ namespace detail {
 
 using io::detail::excerpt;           // (mapped_file.hpp)
 using io::detail::utf8_char_length;  // (mapped_file.hpp)
+using io::detail::valid_utf8;        // (mapped_file.hpp)
 
 /// GPT-2's pre-tokenization pattern, as in OpenAI's encoder.py:
 ///   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
@@ -70,14 +71,6 @@ inline void append_utf8(std::string& out, std::uint32_t cp) {
   }
 }
 
-
-/// Whether `s` is valid UTF-8 (see `utf8_char_length`).
-inline bool valid_utf8(std::string_view s) noexcept {
-  for (std::size_t i = 0, len = 0; i < s.size(); i += len) {
-    if ((len = utf8_char_length(s, i)) == 0) return false;
-  }
-  return true;
-}
 
 /// Length of the longest prefix of `s` that does not end inside a UTF-8 character which later
 /// bytes could still complete. Invalid bytes count as complete (they can never become valid).

@@ -483,24 +483,35 @@ namespace detail {
 
 /// The JSON header of a safetensors file holding `tensors` (in the given order, contiguous) and
 /// `metadata`, padded with spaces so the data section starts 8-byte aligned. Throws on a
-/// duplicate or reserved name, a tensor whose bytes do not match its dtype and shape, or a header
-/// longer than readers accept (`max_header_bytes`: the file could not be read back).
+/// duplicate or reserved name, a name or metadata string that is not UTF-8 (JSON text is), a
+/// tensor whose bytes do not match its dtype and shape (or whose shape overflows a byte count), or
+/// a header longer than readers accept (`max_header_bytes`): each a file that could not be read back.
 [[nodiscard]] inline std::string safetensors_header(std::span<const tensor_data> tensors,
                                                     const std::map<std::string, std::string, std::less<>>& metadata) {
+  for (const auto& [key, value] : metadata) {
+    if (!valid_utf8(key) || !valid_utf8(value)) {
+      throw error(fmt::format("write_safetensors: metadata entry '{}' = '{}' is not UTF-8", excerpt(key), excerpt(value)));
+    }
+  }
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::size_t offset = 0;
   for (const tensor_data& t : tensors) {
+    if (!valid_utf8(t.name)) throw error(fmt::format("write_safetensors: tensor name '{}' is not UTF-8", excerpt(t.name)));
     if (t.name == "__metadata__" || header.contains(t.name)) {
       throw error(fmt::format("write_safetensors: duplicate or reserved tensor name '{}'", t.name));
     }
-    std::size_t numel = 1;
-    for (const std::size_t d : t.shape) numel *= d;
-    if (numel * dtype_size(t.dtype) != t.data.size()) {
+    std::size_t bytes = dtype_size(t.dtype);
+    for (const std::size_t d : t.shape) {
+      if (mul_overflows(bytes, d, bytes)) {
+        throw error(fmt::format("write_safetensors: tensor '{}' of dtype {} with shape {} overflows the byte count",
+                                t.name, dtype_name(t.dtype), detail::shape_string(t.shape)));
+      }
+    }
+    if (bytes != t.data.size()) {
       throw error(fmt::format(
           "write_safetensors: tensor '{}' has {} bytes but dtype {} with shape {} needs {}",
-          t.name, t.data.size(), dtype_name(t.dtype), detail::shape_string(t.shape),
-          numel * dtype_size(t.dtype)));
+          t.name, t.data.size(), dtype_name(t.dtype), detail::shape_string(t.shape), bytes));
     }
     header[t.name] = {{"dtype", std::string(dtype_name(t.dtype))},
                       {"shape", t.shape},
@@ -521,8 +532,8 @@ namespace detail {
 
 /// Serializes tensors (in the given order, contiguous) and optional metadata to safetensors bytes.
 /// The header is padded with spaces so the data section starts 8-byte aligned. Throws
-/// `specsample::error` on duplicate names, a tensor whose bytes do not match its dtype and shape,
-/// or a header longer than readers accept.
+/// `specsample::error` on duplicate names, a name or metadata string that is not UTF-8, a tensor
+/// whose bytes do not match its dtype and shape, or a header longer than readers accept.
 [[nodiscard]] inline std::vector<std::byte> serialize_safetensors(
     std::span<const tensor_data> tensors,
     const std::map<std::string, std::string, std::less<>>& metadata = {}) {
@@ -546,8 +557,8 @@ namespace detail {
 /// needs no second buffer). The bytes go to `path` + ".tmp", renamed to `path` once all are
 /// written and the file closed: a failed write (a full disk) leaves any earlier file at `path` as
 /// it was and removes its temporary. Throws `specsample::error` on I/O failure, and, before any
-/// file is opened, on duplicate names, a tensor whose bytes do not match its dtype and shape, or
-/// a header longer than readers accept.
+/// file is opened, on duplicate names, a name or metadata string that is not UTF-8, a tensor whose
+/// bytes do not match its dtype and shape, or a header longer than readers accept.
 inline void write_safetensors(const std::filesystem::path& path,
                               std::span<const tensor_data> tensors,
                               const std::map<std::string, std::string, std::less<>>& metadata = {}) {
