@@ -73,6 +73,13 @@ TEST_CASE("the performance model matches its closed form", "[tuning]") {
   for (const double c : {-1.0, std::nan(""), HUGE_VAL}) {
     CHECK_THROWS_WITH(predicted_speedup(0.6, c, 4), Contains("cost ratio c must be finite and >= 0"));
   }
+  // Costs measured up to K = 3 say nothing of K = 4..8: refused, not taken as free (best K was 6).
+  const std::vector<double> short_verify(verify.begin(), verify.begin() + 4);
+  CHECK_THROWS_WITH(predicted_speedup(a, 0.075, 4, short_verify),
+                    "predicted_speedup: verify_cost holds the costs of K = 0..3, not of K = 4");
+  CHECK_THROWS_WITH(best_draft_length(a, 0.075, 8, short_verify),
+                    "predicted_speedup: verify_cost holds the costs of K = 0..3, not of K = 4");
+  CHECK(best_draft_length(a, 0.075, 3, short_verify) == best_draft_length(a, 0.075, 3, verify));
   verify[4] = 0.0;
   CHECK_THROWS_WITH(predicted_speedup(a, 0.075, 4, verify), Contains("verification cost v[4]"));
   // best_draft_length checks its inputs even when there is no choice to make (k_max = 1).

@@ -70,10 +70,15 @@ inline void check_model_draft_length(std::size_t k, const char* who) {
 /// (c·K + v[K]), where v[K] = time of a (K+1)-token target call / time of a 1-token call (the
 /// classic formula takes v = 1: "verifying K+1 positions costs one forward pass", true when a
 /// forward pass is bound by reading the weights, not on a CPU whose batched matmul is
-/// compute-bound).
+/// compute-bound). An empty `verify_cost` is the classic formula; one that does not reach K
+/// (its size <= K) is an error, not a free verification.
 [[nodiscard]] inline double predicted_speedup(std::span<const double> acceptance, double c, std::size_t k,
                                               std::span<const double> verify_cost) {
-  const double v = k < verify_cost.size() ? verify_cost[k] : 1.0;
+  if (!verify_cost.empty() && k >= verify_cost.size()) {
+    throw error(fmt::format("predicted_speedup: verify_cost holds the costs of K = 0..{}, not of K = {}",
+                            verify_cost.size() - 1, k));
+  }
+  const double v = verify_cost.empty() ? 1.0 : verify_cost[k];
   if (!(c >= 0.0 && c < std::numeric_limits<double>::infinity())) {
     throw error(fmt::format("predicted_speedup: the cost ratio c must be finite and >= 0, got {}", c));
   }
@@ -97,8 +102,9 @@ inline void check_model_draft_length(std::size_t k, const char* who) {
 }
 
 /// The K in [1, k_max] with the highest predicted speedup (the smaller K on ties); with
-/// `verify_cost` (indexed by K, see above) the cost of the batched target call is included.
-/// Throws `specsample::error` for k_max = 0 and for any input `predicted_speedup` refuses.
+/// `verify_cost` (indexed by K, see above; it must reach k_max) the cost of the batched target
+/// call is included. Throws `specsample::error` for k_max = 0 and for any input
+/// `predicted_speedup` refuses.
 [[nodiscard]] inline std::size_t best_draft_length(std::span<const double> acceptance, double c, std::size_t k_max,
                                                    std::span<const double> verify_cost = {}) {
   if (k_max == 0) throw error("best_draft_length: k_max must be >= 1");
