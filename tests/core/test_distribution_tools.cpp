@@ -133,6 +133,11 @@ TEST_CASE("sequence tables add values per sequence and refuse another length", "
                                   bad));
   }
   CHECK(t[std::vector<token>{1, 2}] == 3.0);  // (unchanged)
+  // A sum that overflows is refused (it stored +inf, which chi_square_test refused later as "not a count").
+  t.add(std::vector<token>{2, 2}, 1e308);
+  CHECK_THROWS_WITH(t.add(std::vector<token>{2, 2}, 1e308),
+                    fmt::format("sequence_table: a sequence's value {} plus {} overflows a double", 1e308, 1e308));
+  CHECK(t[std::vector<token>{2, 2}] == 1e308);
   CHECK_THROWS_WITH(testing::sequence_table(0), Contains("length must be in 1..64"));
   testing::sequence_table two(1, 2);  // at most two entries
   two.add(std::vector<token>{5}, 1.0);
@@ -336,4 +341,16 @@ TEST_CASE("the chi-square survival function matches known quantiles", "[testing]
   CHECK(testing::detail::gamma_q(0.5, 3.841458820694124 / 2) == Approx(0.05).epsilon(1e-6));   // dof 1
   CHECK(testing::detail::gamma_q(5.0, 23.209251158954356 / 2) == Approx(0.01).epsilon(1e-6));  // dof 10
   CHECK(testing::detail::gamma_q(50.0, 149.44925277903887 / 2) == Approx(0.001).epsilon(1e-5));  // dof 100
+  // Huge dof (a table of 10^8 cells): the Wilson-Hilferty approximation, whose error falls as
+  // 1/dof, is the reference. A fixed cap on the iterations gave 0.58 for ~0.5 at dof = 10^8.
+  for (const double dof : {1e6, 1e8, 1e9}) {
+    for (const double z : {-2.0, 0.0, 1.0, 3.0}) {  // X2 = dof + z·sqrt(2 dof)
+      const double x2 = dof + z * std::sqrt(2.0 * dof);
+      const double h = 2.0 / (9.0 * dof);
+      const double w = (std::cbrt(x2 / dof) - 1.0 + h) / std::sqrt(h);
+      const double wilson_hilferty = 0.5 * std::erfc(w / std::sqrt(2.0));
+      INFO("dof " << dof << ", z " << z);
+      CHECK(testing::detail::gamma_q(dof / 2, x2 / 2) == Approx(wilson_hilferty).margin(1e-4));
+    }
+  }
 }

@@ -82,6 +82,9 @@ class sequence_table {
       values_.erase(it);
       throw error(fmt::format("sequence_table: more than {} sequences of {} tokens", max_entries_, length_));
     }
+    if (it->second + value > std::numeric_limits<double>::max()) {  // (the entry as it was)
+      throw error(fmt::format("sequence_table: a sequence's value {} plus {} overflows a double", it->second, value));
+    }
     it->second += value;
   }
   /// The entries, (sequence, value), in no particular order.
@@ -179,10 +182,19 @@ void enumerate(M& model, logit_warper& warp, const Eigen::VectorXf& dist, std::v
 inline double gamma_q(double a, double x) {
   if (x <= 0.0) return 1.0;
   const double log_prefix = -x + a * std::log(x) - std::lgamma(a);
+  // Near x = a both the series and the continued fraction need O(sqrt(a)) terms (the series'
+  // terms fall like exp(-n^2 / 2a)): a fixed cap of 10 000 stopped them early from a ~ 10^6 on
+  // (dof 10^8 at X2 = dof gave 0.58 for ~0.5). Not converged within the cap is an error.
+  const double cap = 1000.0 + 100.0 * std::sqrt(a);
+  const auto not_converged = [&] {
+    return error(fmt::format("chi_square_test: the p-value of {} degrees of freedom at X2 = {} did not converge",
+                             2.0 * a, 2.0 * x));
+  };
   if (x < a + 1.0) {  // series for P, then Q = 1 - P
     double term = 1.0 / a;
     double sum = term;
-    for (int n = 1; n < 10000; ++n) {
+    for (double n = 1.0;; n += 1.0) {
+      if (n > cap) throw not_converged();
       term *= x / (a + n);
       sum += term;
       if (std::fabs(term) < std::fabs(sum) * 1e-15) break;
@@ -195,7 +207,8 @@ inline double gamma_q(double a, double x) {
   double c = 1.0 / tiny;
   double d = 1.0 / b;
   double h = d;
-  for (int i = 1; i < 10000; ++i) {
+  for (double i = 1.0;; i += 1.0) {
+    if (i > cap) throw not_converged();
     const double an = -i * (i - a);
     b += 2.0;
     d = an * d + b;
