@@ -9,7 +9,10 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <string_view>
 #include <system_error>
 #include <type_traits>
@@ -19,8 +22,9 @@ namespace specsample::io {
 /// `text`, the value of `flag`, as a T (an integer or floating-point type), read with
 /// std::from_chars: the whole text, in T's range. Throws `specsample::error` naming the flag
 /// otherwise: "--samples expects an integer >= 0, got '-5'", "--top-k expects a number from
-/// -2147483648 to 2147483647, got '99999999999'", "--temperature expects a number of magnitude
-/// 1.1754944e-38 to 3.4028235e+38, or 0, got '1e-50'".
+/// -2147483648 to 2147483647, got '99999999999'", "--temperature expects a number of magnitude at
+/// most 3.4028235e+38, got '1e39'", "--temperature expects a number that is 0 or of magnitude at
+/// least 1e-45, got '1e-50'". (What a flag's domain is beyond T's range is the caller's to check.)
 template <class T>
 [[nodiscard]] T parse_number(std::string_view flag, std::string_view text) {
   static_assert(std::is_arithmetic_v<T> && !std::is_same_v<T, bool> && !std::is_same_v<T, char> &&
@@ -30,9 +34,13 @@ template <class T>
   T value{};
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec == std::errc::result_out_of_range && end == text.data() + text.size()) {
-    if constexpr (std::is_floating_point_v<T>) {  // too large, or too small but not 0
-      throw error(fmt::format("{} expects a number of magnitude {} to {}, or 0, got '{}'", flag,
-                              std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), text));
+    if constexpr (std::is_floating_point_v<T>) {  // too large, or too small but not 0: which, from its value
+      if (std::fabs(std::strtold(std::string(text).c_str(), nullptr)) >= 1.0L) {
+        throw error(fmt::format("{} expects a number of magnitude at most {}, got '{}'", flag,
+                                std::numeric_limits<T>::max(), text));
+      }
+      throw error(fmt::format("{} expects a number that is 0 or of magnitude at least {}, got '{}'", flag,
+                              std::numeric_limits<T>::denorm_min(), text));
     } else {
       throw error(fmt::format("{} expects a number from {} to {}, got '{}'", flag, std::numeric_limits<T>::lowest(),
                               std::numeric_limits<T>::max(), text));
