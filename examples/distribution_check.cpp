@@ -326,6 +326,12 @@ int main(int argc, char** argv) {
       throw specsample::error(fmt::format("--threads must be at most {} (0: all cores), got {}",
                                           specsample::gpt2::thread_pool::max_threads, pair.threads));
     }
+    // The toy pair's and the test's own numbers, named as flags (the library names its functions).
+    if (vocab < 2) throw specsample::error(fmt::format("--vocab must be >= 2 (one token passes any sampler), got {}", vocab));
+    if (!(similarity >= 0.0 && similarity <= 1.0)) {
+      throw specsample::error(fmt::format("--similarity must be in [0, 1], got {}", similarity));
+    }
+    if (samples == 0) throw specsample::error("--samples must be >= 1");
     if (params.max_new_tokens == 0 || params.max_new_tokens > specsample::testing::max_sequence_length) {
       throw specsample::error(fmt::format("--length must be in 1..{}, got {}", specsample::testing::max_sequence_length,
                                           params.max_new_tokens));

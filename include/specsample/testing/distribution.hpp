@@ -132,7 +132,8 @@ void append_and_warp(M& model, std::span<const token> t, logit_warper& warp, Eig
 
 // Adds a sequence the enumeration found (each one new) to `out`, refusing one beyond the cap with
 // what keeps the sequences of a model of `vocab` tokens few: the largest top-k whose k^L sequences
-// fit, or where only k = 1 would, the longest length that k = 2 allows.
+// fit, or where only k = 1 would, the longest length that k = 2 allows (with a top-k of 2 where the
+// vocabulary is larger).
 inline void add_enumerated(sequence_table& out, std::span<const token> sequence, double p, Eigen::Index vocab) {
   if (out.size() >= max_sequences) {
     const std::size_t length = out.length();
@@ -146,7 +147,8 @@ inline void add_enumerated(sequence_table& out, std::span<const token> sequence,
         max_sequences, length,
         k >= 2 ? fmt::format("a top-k of at most {} keeps them few ({}^{} at most), whatever the vocabulary of {}", k,
                              k, length, vocab)
-               : fmt::format("a top-k of 2 keeps them few at a length of at most {} (2^{})", longest, longest)));
+           : vocab > 2 ? fmt::format("a top-k of 2 keeps them few at a length of at most {} (2^{})", longest, longest)
+                       : fmt::format("a length of at most {} keeps them few (2^{})", longest, longest)));
   }
   out.add(sequence, p);
 }
