@@ -15,6 +15,7 @@
 
 #include "bench_util.hpp"
 
+#include <specsample/io/bpe_tokenizer.hpp>
 #include <specsample/io/safetensors.hpp>
 #include <specsample/models/gpt2/config.hpp>
 
@@ -171,7 +172,7 @@ cli parse(int argc, char** argv) {
   cfg.n_positions = c.positions;
   cfg.vocab_size = c.vocab;
   cfg.n_inner = 4 * c.s.n_embd;
-  cfg.validate(fmt::format("--shape {}", c.shape_name));
+  cfg.validate(fmt::format("--shape {} --positions {} --vocab {}", c.shape_name, c.positions, c.vocab));
   return c;
 }
 
@@ -242,6 +243,9 @@ void check_fits(const cli& c, const std::vector<tensor_plan>& plan) {
   }
   fs::path where = fs::absolute(*c.out);
   while (!fs::exists(where) && where.has_parent_path() && where != where.parent_path()) where = where.parent_path();
+  if (fs::exists(where) && !fs::is_directory(where)) {
+    throw specsample::error(fmt::format("--out {}: {} is a file, not a directory", c.out->string(), where.string()));
+  }
   // Where nothing can be written (a read-only file system), that is the reason, not the free space.
   if (::access(where.c_str(), W_OK | X_OK) != 0) {
     throw specsample::error(fmt::format("--out {}: cannot write there: {} ({})", c.out->string(),
@@ -274,6 +278,10 @@ int run(int argc, char** argv) {
         throw specsample::error(fmt::format("--tokenizer {}: no {} there", c.tokenizer.string(), name));
       }
     }
+    // ... and GPT-2's vocabulary, which the checkpoint's vocab_size is (another tokenizer was copied
+    // as it was: a checkpoint no program could load).
+    specsample::check_model_vocabulary(V, specsample::bpe_tokenizer::load(c.tokenizer),
+                                       fmt::format("--tokenizer {}", c.tokenizer.string()));
   }
   specsample_bench::check_output_directory(*c.out, "--out");
 
