@@ -613,11 +613,14 @@ TEST_CASE("loading rejects a malformed vocab.json naming the file and the proble
       {"{\"a\": [0]}", {"id of token \"a\" is an array", "expected an integer"}},
       {"{\"a\": 0, \"b\": 0}", {"duplicate id 0", "\"a\" and \"b\""}},
       {"{\"a\": 0, \"a\": 1}", {"token \"a\" appears twice", "vocab.json"}},
-      {"{\"a\": 0, \"b\": 2}", {"id 2 of token \"b\"", "contiguous"}},
-      {"{\"a\": -1}", {"id -1", "contiguous"}},
+      // An id outside 0..n-1 leaves one inside without a token: both named (a vocab.json missing
+      // "a" = 97 blamed the last token, <|endoftext|>, for its id n).
+      {"{\"a\": 0, \"b\": 2}", {"vocab.json: ids must be contiguous 0..n-1 for n = 2 tokens", "but no token has id 1 and token \"b\" has id 2"}},
+      {"{\"a\": 2, \"b\": 1, \"c\": 3}", {"for n = 3 tokens", "but no token has id 0 and token \"c\" has id 3"}},
+      {"{\"a\": -1}", {"no token has id 0 and token \"a\" has id -1", "contiguous"}},
       {"{\"a\": 18446744073709551615}", {"id 18446744073709551615 of token \"a\"", "out of range"}},
       // Keys and lines are quoted in part: a wrong file can hold megabytes in one.
-      {"{\"" + std::string(100000, 'k') + "\": 1}", {"id 1 of token \"kkkk", "... (100000 bytes)"}},
+      {"{\"" + std::string(100000, 'k') + "\": 1}", {"token \"kkkk", "... (100000 bytes)\" has id 1"}},
       {"{\"" + std::string(100000, 'k'), {"missing closing quote", "kkkk'; expected string literal"}},  // unterminated
       {"1." + std::string(100000, '0'), {"expected a JSON object", "got 1.000"}},
       {"{\"a\": 0}", {"missing the byte symbol \"Ā\" for byte 0x00", "all 256 byte symbols"}},

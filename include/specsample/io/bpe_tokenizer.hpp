@@ -582,12 +582,12 @@ class bpe_tokenizer {
     }
     spellings_.assign(n, std::string{});
     std::vector<bool> seen(n, false);
-    for (auto& [spelling, id] : entries) {
+    std::size_t outside = n;  // the first entry whose id is outside 0..n-1 (n: none)
+    for (std::size_t i = 0; i < n; ++i) {
+      auto& [spelling, id] = entries[i];
       if (id < 0 || static_cast<std::uint64_t>(id) >= n) {
-        throw error(
-            fmt::format("{}: id {} of token \"{}\" is outside 0..{}: ids must be contiguous "
-                        "0..n-1 for n = {} tokens",
-                        file, id, detail::excerpt(spelling), n - 1, n));
+        if (outside == n) outside = i;
+        continue;  // (named below with the id it leaves out)
       }
       const auto k = static_cast<std::size_t>(id);
       if (seen[k]) {
@@ -598,6 +598,12 @@ class bpe_tokenizer {
         throw error(fmt::format("{}: id {} has an empty token string", file, id));
       seen[k] = true;
       spellings_[k] = std::move(spelling);
+    }
+    if (outside != n) {  // n ids, none twice, one outside 0..n-1: one inside is missing
+      const auto missing = static_cast<std::size_t>(std::find(seen.begin(), seen.end(), false) - seen.begin());
+      throw error(fmt::format("{}: ids must be contiguous 0..n-1 for n = {} tokens, but no token has id {} and token "
+                              "\"{}\" has id {}",
+                              file, n, missing, detail::excerpt(entries[outside].first), entries[outside].second));
     }
     ids_.reserve(n);
     bytes_.resize(n);
