@@ -131,7 +131,17 @@ sweep_file read_sweep_best(const fs::path& path) {
       }
       b.push_back({t, k.get<std::size_t>(), speedup, block && t > 0.0});
     }
-    return {sweep.at("config"), b};
+    // A sweep of no temperature holds no best K (each temperature would fall back to K = 4, silently).
+    if (b.empty()) throw specsample::error(fmt::format("{}: per_temperature is empty: no best K", path.string()));
+    const json& config = sweep.at("config");
+    if (!config.is_object()) throw specsample::error(fmt::format("{}: config is not an object", path.string()));
+    for (const char* field : {"target", "draft"}) {  // (compared by directory name: a string)
+      if (config.contains(field) && !config.at(field).is_string()) {
+        throw specsample::error(fmt::format("{}: config.{} is {}, not a checkpoint directory", path.string(), field,
+                                            config.at(field).dump()));
+      }
+    }
+    return {config, b};
   } catch (const json::exception& e) {
     throw specsample::error(fmt::format("{}: not a specsample-bench sweep.json: {}", path.string(), e.what()));
   }
@@ -284,8 +294,7 @@ void check_sweep_configuration(const fs::path& path, const json& config, const c
   for (const auto& [field, value] : here.items()) {
     if (!config.contains(field)) continue;
     json there = config.at(field);
-    if (field == "target" || field == "draft") {
-      if (!there.is_string()) continue;
+    if (field == "target" || field == "draft") {  // (strings: read_sweep_best)
       const fs::path p = fs::path(there.get<std::string>()).lexically_normal();  // (another machine's: not resolved)
       there = (p.has_filename() ? p : p.parent_path()).filename().string();
     }
