@@ -90,8 +90,11 @@ T parse_number(std::string_view flag, std::string_view text) {
 }
 
 constexpr std::string_view help = R"(usage: specsample-generate [options]
-  --target DIR          target checkpoint (config.json, model.safetensors, vocab.json, merges.txt)
-  --draft DIR           draft checkpoint with the same tokenizer; "ngram" for prompt-lookup drafting
+  --target DIR          target checkpoint (config.json, model.safetensors, vocab.json, merges.txt);
+                        default: the bundled models/shakespeare-target ($SPECSAMPLE_MODELS, next
+                        to the binary, or the source tree)
+  --draft DIR           draft checkpoint with the same tokenizer (default: the bundled
+                        models/shakespeare-draft); "ngram" for prompt-lookup drafting
                         (no model); DIR1,DIR2,... to measure each and keep the best predicted
                         at -k (each at its best K with -k auto) among those whose timed check
                         pays, checked in order of prediction until one does (none: the best
@@ -538,15 +541,21 @@ int run(int argc, char** argv) {
   c.params.eos = c.no_eos ? std::nullopt : c.eos ? c.eos : target.config().eos_token_id;
   const std::vector<token> prompt = tok.encode(c.prompt);
   if (prompt.empty()) throw specsample::error("the prompt encodes to no tokens");
-  {  // -n against the models' context, named as typed (the library names max_new_tokens)
-    std::size_t limit = target.config().n_positions;
-    std::string whose = "target model";
-    for (std::size_t d = 0; d < drafts.size(); ++d) {
-      if (drafts[d].config().n_positions < limit) {
-        limit = drafts[d].config().n_positions;
-        whose = fmt::format("draft model ({})", candidates[d].string());
-      }
+  // The models' context: the smallest of them, and whose it is.
+  std::size_t limit = target.config().n_positions;
+  std::string whose = "target model";
+  for (std::size_t d = 0; d < drafts.size(); ++d) {
+    if (drafts[d].config().n_positions < limit) {
+      limit = drafts[d].config().n_positions;
+      whose = fmt::format("draft model ({})", candidates[d].string());
     }
+  }
+  if (c.prompt_lookup > limit) {  // a suffix that long never recurs: lookup would run and draft nothing
+    usage_error(fmt::format("--prompt-lookup {} is longer than the {}'s context of {} tokens: no suffix that long can "
+                            "recur",
+                            c.prompt_lookup, whose, limit));
+  }
+  {  // -n against the models' context, named as typed (the library names max_new_tokens)
     const std::size_t n = c.params.max_new_tokens, fits = specsample::max_new_tokens_within(limit, prompt.size());
     if (fits == 0) {  // no -n helps (-n is >= 1): the prompt alone does not fit
       usage_error(fmt::format("the prompt of {} tokens does not fit: the {} holds at most {} tokens, so a prompt of "
@@ -584,6 +593,11 @@ int run(int argc, char** argv) {
       if (warmup.back().empty()) {
         throw specsample::error(fmt::format("{}: prompt {} encodes to no tokens", c.calibration_prompts->string(),
                                             warmup.size()));
+      }
+      if (warmup.back().size() > limit) {  // (calibrate's refusal would name neither the file nor the prompt)
+        throw specsample::error(fmt::format("{}: prompt {} has {} tokens, more than the {} holds ({})",
+                                            c.calibration_prompts->string(), warmup.size(), warmup.back().size(), whose,
+                                            limit));
       }
     }
   }
