@@ -133,8 +133,7 @@ sweep_file read_sweep_best(const fs::path& path) {
     }
     // A sweep of no temperature holds no best K (each temperature would fall back to K = 4, silently).
     if (b.empty()) throw specsample::error(fmt::format("{}: per_temperature is empty: no best K", path.string()));
-    const json& config = sweep.at("config");
-    if (!config.is_object()) throw specsample::error(fmt::format("{}: config is not an object", path.string()));
+    const json& config = sweep.at("config");  // (an object: value() above throws otherwise)
     for (const char* field : {"target", "draft"}) {  // (compared by directory name: a string)
       if (config.contains(field) && !config.at(field).is_string()) {
         throw specsample::error(fmt::format("{}: config.{} is {}, not a checkpoint directory", path.string(), field,

@@ -328,6 +328,10 @@ int main(int argc, char** argv) {
     }
     // The toy pair's and the test's own numbers, named as flags (the library names its functions).
     if (vocab < 2) throw specsample::error(fmt::format("--vocab must be >= 2 (one token passes any sampler), got {}", vocab));
+    if (vocab > 8191) {  // the toy pair's bigram table: vocab × (vocab + 1) floats, at most 2^26
+      throw specsample::error(fmt::format("--vocab must be at most 8191 (the toy pair's table holds at most 2^26 "
+                                          "entries), got {}", vocab));
+    }
     if (!(similarity >= 0.0 && similarity <= 1.0)) {
       throw specsample::error(fmt::format("--similarity must be in [0, 1], got {}", similarity));
     }

@@ -596,7 +596,8 @@ TEST_CASE("broken logits name the model they came from", "[loop][errors]") {
 
 TEST_CASE("an error a model's append throws names the model's role", "[loop][errors]") {
   // Two models of one type (two GPT-2 checkpoints, say): an overflowed forward pass must say
-  // which of them failed. A parameter_error passes through as it is (its field names it).
+  // which of them failed. An error of a derived type passes through as it is (a parameter_error's
+  // field names it; a model's own type is caught as such).
   struct failing_model : toy::markov {  // throws once its context would hold `at` tokens
     failing_model(toy::markov m, std::size_t fail_at) : toy::markov(std::move(m)), at(fail_at) {}
     std::size_t at;
@@ -623,6 +624,17 @@ TEST_CASE("an error a model's append throws names the model's role", "[loop][err
   parameter_model p(base);
   CHECK_THROWS_AS(autoregressive_sample(p, prompt, make_params(4, 8), rng), parameter_error);
   CHECK_THROWS_WITH(autoregressive_sample(p, prompt, make_params(4, 8), rng), "my_model.scale must be > 0");
+  // So does an error of the model's own type: a handler of that type still catches it.
+  struct model_error : error {
+    using error::error;
+  };
+  struct own_error_model : toy::markov {
+    explicit own_error_model(toy::markov m) : toy::markov(std::move(m)) {}
+    Eigen::MatrixXf append(std::span<const token>) { throw model_error("out of memory on the device"); }
+  };
+  own_error_model own(base);
+  CHECK_THROWS_AS(autoregressive_sample(own, prompt, make_params(4, 8), rng), model_error);
+  CHECK_THROWS_WITH(autoregressive_sample(own, prompt, make_params(4, 8), rng), "out of memory on the device");
 }
 
 TEST_CASE("warping target columns as the verifier reads them decides exactly as warping them all",

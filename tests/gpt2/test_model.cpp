@@ -528,9 +528,12 @@ TEST_CASE("models sharing one thread pool give their own logits, called in turn 
   REQUIRE(gpt2::model::load(models_dir / "shakespeare-draft", {.threads = 2, .pool = pool}).threads() == 2);
   // So is one the pool cannot run (it was capped silently), before the files are read.
   REQUIRE_THROWS_WITH(gpt2::model::load(models_dir / "shakespeare-draft", {.threads = 5000}),
-                      "thread_pool: 5000 threads requested; at most 1024");
+                      "gpt2::options.threads = 5000 is more than thread_pool::max_threads = 1024");
+  REQUIRE_THROWS_AS(gpt2::model::load(models_dir / "shakespeare-draft", {.threads = 5000}), specsample::parameter_error);
+  REQUIRE_THROWS_AS(gpt2::model::load(models_dir / "shakespeare-draft", {.threads = 3, .pool = pool}),
+                    specsample::parameter_error);
   REQUIRE_THROWS_WITH(gpt2::model::load(models_dir / "no-such-model", {.threads = 5000}),
-                      "thread_pool: 5000 threads requested; at most 1024");
+                      "gpt2::options.threads = 5000 is more than thread_pool::max_threads = 1024");
 }
 
 TEST_CASE("the fallback kernels (generic, AVX2) reproduce the reference logits and are "

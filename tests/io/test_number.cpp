@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <string>
 
 using specsample::io::parse_number;
 
@@ -26,12 +27,21 @@ TEST_CASE("parse_number reads a whole number in its type's range, or names the f
   REQUIRE_THROWS_WITH(parse_number<std::uint64_t>("--seed", "99999999999999999999"),
                       "--seed expects a number from 0 to 18446744073709551615, got '99999999999999999999'");
   REQUIRE_THROWS_WITH(parse_number<float>("--temperature", "1e-50"),
-                      "--temperature expects a number that is 0 or of magnitude at least 1e-45, got '1e-50'");
+                      "--temperature expects a number that is 0 or rounds to a magnitude of at least 1e-45, got '1e-50'");
   REQUIRE_THROWS_WITH(parse_number<float>("--temperature", "1e39"),
                       "--temperature expects a number of magnitude at most 3.4028235e+38, got '1e39'");
   REQUIRE_THROWS_WITH(parse_number<double>("--leniency", "-1e309"),
                       "--leniency expects a number of magnitude at most 1.7976931348623157e+308, got '-1e309'");
   REQUIRE_THROWS_WITH(parse_number<double>("--leniency", "1e-400"),
-                      "--leniency expects a number that is 0 or of magnitude at least 5e-324, got '1e-400'");
+                      "--leniency expects a number that is 0 or rounds to a magnitude of at least 5e-324, got '1e-400'");
   REQUIRE(parse_number<float>("--temperature", "1e-45") == std::numeric_limits<float>::denorm_min());
+  REQUIRE(parse_number<float>("--temperature", "8e-46") == std::numeric_limits<float>::denorm_min());  // (rounds up)
+  // Which end, also beyond a long double's range (the text read by its exponent or its digits).
+  REQUIRE_THROWS_WITH(parse_number<double>("--x", "1e-5000"),
+                      "--x expects a number that is 0 or rounds to a magnitude of at least 5e-324, got '1e-5000'");
+  REQUIRE_THROWS_WITH(parse_number<double>("--x", "-1E+5000"),
+                      "--x expects a number of magnitude at most 1.7976931348623157e+308, got '-1E+5000'");
+  const std::string huge = "1" + std::string(5000, '0'), tiny = "0." + std::string(5000, '0') + "1";
+  REQUIRE_THROWS_WITH(parse_number<double>("--x", huge), Catch::Matchers::StartsWith("--x expects a number of magnitude at most"));
+  REQUIRE_THROWS_WITH(parse_number<double>("--x", tiny), Catch::Matchers::StartsWith("--x expects a number that is 0"));
 }

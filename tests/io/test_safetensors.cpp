@@ -369,6 +369,14 @@ TEST_CASE("every kind of malformed file is rejected with a message naming file a
     REQUIRE_THROWS_WITH(io::serialize_safetensors(wraps),
                         "write_safetensors: tensor 'a' of dtype F32 with shape [4611686018427387904, 4] overflows the "
                         "byte count");
+    // ... counted as the reader counts: [2^62, 2, 0] holds no element, written and read back.
+    const std::vector<io::tensor_data> empty{io::make_tensor("e", {std::size_t{1} << 62, 2, 0}, std::span<const float>{})};
+    const std::vector<std::byte> bytes = io::serialize_safetensors(empty);
+    temp_dir empty_dir("io-empty-shape");
+    io::write_safetensors(empty_dir.path / "e.safetensors", empty);
+    const auto back = io::safetensors_file::open(empty_dir.path / "e.safetensors");
+    REQUIRE(back.at("e").shape == std::vector<std::size_t>{std::size_t{1} << 62, 2, 0});
+    REQUIRE(bytes.size() == fs::file_size(empty_dir.path / "e.safetensors"));
     // JSON text is UTF-8: a name or a metadata string that is not threw nlohmann's type_error.
     const std::vector<float> one{1.0f};
     const std::vector<io::tensor_data> bad_name{io::make_tensor("w\xff", {1}, one)};

@@ -10,21 +10,37 @@
 
 #include <charconv>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
-#include <string>
 #include <string_view>
 #include <system_error>
 #include <type_traits>
 
 namespace specsample::io {
 
+namespace detail {
+
+// Whether `text`, a decimal number std::from_chars reads whole, is at least 1 in magnitude: read
+// as a long double (std::from_chars, whatever the C locale's decimal point), or, out of even its
+// range, by the sign of its exponent ("1e-5000": below 1; "1e5000", a thousand-digit integer: not).
+[[nodiscard]] inline bool magnitude_at_least_1(std::string_view text) {
+  long double v = 0.0L;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec == std::errc{}) return std::fabs(v) >= 1.0L;
+  const std::size_t e = text.find_first_of("eE");
+  if (e != std::string_view::npos) return e + 1 == text.size() || text[e + 1] != '-';
+  const std::string_view digits = text.substr(text.find_first_not_of("+-"));
+  return !digits.empty() && digits.front() != '0' && digits.front() != '.';
+}
+
+}  // namespace detail
+
 /// `text`, the value of `flag`, as a T (an integer or floating-point type), read with
 /// std::from_chars: the whole text, in T's range. Throws `specsample::error` naming the flag
 /// otherwise: "--samples expects an integer >= 0, got '-5'", "--top-k expects a number from
 /// -2147483648 to 2147483647, got '99999999999'", "--temperature expects a number of magnitude at
-/// most 3.4028235e+38, got '1e39'", "--temperature expects a number that is 0 or of magnitude at
-/// least 1e-45, got '1e-50'". (What a flag's domain is beyond T's range is the caller's to check.)
+/// most 3.4028235e+38, got '1e39'", "--temperature expects a number that is 0 or rounds to a
+/// magnitude of at least 1e-45, got '1e-50'". (What a flag's domain is beyond T's range is the
+/// caller's to check.)
 template <class T>
 [[nodiscard]] T parse_number(std::string_view flag, std::string_view text) {
   static_assert(std::is_arithmetic_v<T> && !std::is_same_v<T, bool> && !std::is_same_v<T, char> &&
@@ -34,12 +50,12 @@ template <class T>
   T value{};
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec == std::errc::result_out_of_range && end == text.data() + text.size()) {
-    if constexpr (std::is_floating_point_v<T>) {  // too large, or too small but not 0: which, from its value
-      if (std::fabs(std::strtold(std::string(text).c_str(), nullptr)) >= 1.0L) {
+    if constexpr (std::is_floating_point_v<T>) {  // too large, or too small but not 0
+      if (detail::magnitude_at_least_1(text)) {
         throw error(fmt::format("{} expects a number of magnitude at most {}, got '{}'", flag,
                                 std::numeric_limits<T>::max(), text));
       }
-      throw error(fmt::format("{} expects a number that is 0 or of magnitude at least {}, got '{}'", flag,
+      throw error(fmt::format("{} expects a number that is 0 or rounds to a magnitude of at least {}, got '{}'", flag,
                               std::numeric_limits<T>::denorm_min(), text));
     } else {
       throw error(fmt::format("{} expects a number from {} to {}, got '{}'", flag, std::numeric_limits<T>::lowest(),

@@ -501,12 +501,13 @@ namespace detail {
     if (t.name == "__metadata__" || header.contains(t.name)) {
       throw error(fmt::format("write_safetensors: duplicate or reserved tensor name '{}'", t.name));
     }
-    std::size_t bytes = dtype_size(t.dtype);
-    for (const std::size_t d : t.shape) {
-      if (mul_overflows(bytes, d, bytes)) {
-        throw error(fmt::format("write_safetensors: tensor '{}' of dtype {} with shape {} overflows the byte count",
-                                t.name, dtype_name(t.dtype), detail::shape_string(t.shape)));
-      }
+    // Counted as the reader counts (elements, then bytes): a shape one accepts, so does the other.
+    std::size_t numel = 1, bytes = 0;
+    bool overflows = false;
+    for (const std::size_t d : t.shape) overflows = overflows || mul_overflows(numel, d, numel);
+    if (overflows || mul_overflows(numel, dtype_size(t.dtype), bytes)) {
+      throw error(fmt::format("write_safetensors: tensor '{}' of dtype {} with shape {} overflows the byte count",
+                              t.name, dtype_name(t.dtype), detail::shape_string(t.shape)));
     }
     if (bytes != t.data.size()) {
       throw error(fmt::format(

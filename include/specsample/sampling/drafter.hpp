@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <typeinfo>
 #include <type_traits>
 #include <vector>
 
@@ -88,9 +89,10 @@ std::size_t vocabulary_of(const M& m, const char* role) {
 // Appends t to m and hands the (V, n) logits of its last n tokens to `use` (n <= t.size()): via
 // m.append(t, n) when the model has it, else the last n columns of m.append(t). Checks first that
 // the model kept its side of the contract (shape, and size() growing by t.size()). Returns the
-// seconds spent in m.append alone (the forward pass; not the checks, not `use`). A
+// seconds spent in m.append alone (the forward pass; not the checks, not `use`). A plain
 // `specsample::error` from the model's append (an overflowed forward pass, say) comes out with the
 // role first ("draft model: ..."): a program running two models of one type can tell which failed.
+// An error of a derived type (parameter_error, a model's own) passes unchanged.
 template <class M, class F>
 double forward(M& m, std::span<const token> t, std::size_t n, std::size_t vocab, const char* role, F&& use) {
   const auto before = static_cast<std::size_t>(m.size());
@@ -102,9 +104,10 @@ double forward(M& m, std::span<const token> t, std::size_t n, std::size_t vocab,
       } else {
         return m.append(t);
       }
-    } catch (const parameter_error&) {
-      throw;  // (a parameter of the caller's, named by its field)
     } catch (const error& e) {
+      // A plain error gets the role; one of a type of its own (a parameter_error, a model's own
+      // kind) passes as it is, so that a handler of that type still catches it.
+      if (typeid(e) != typeid(error)) throw;
       throw error(fmt::format("{} model: {}", role, e.what()));
     }
   }();

@@ -67,8 +67,8 @@ class sequence_table {
   }
   /// Adds `value` (a probability or a count: finite and >= 0) to the entry of `sequence` (of
   /// exactly `length()` tokens).
-  /// @throws error on another length, a value that is not finite and >= 0, or a new entry beyond
-  /// the table's `max_entries`.
+  /// @throws error on another length, a value that is not finite and >= 0, a new entry beyond
+  /// the table's `max_entries`, or a sum past the largest double (the entry is left as it was).
   void add(std::span<const token> sequence, double value) {
     if (sequence.size() != length_) {
       throw error(fmt::format("sequence_table: expected {} tokens, got {}", length_, sequence.size()));

@@ -318,6 +318,10 @@ class model {
     return simd::resolve(k);
   }
   static std::shared_ptr<thread_pool> pool_of(const options& opts) {
+    if (opts.threads > thread_pool::max_threads) {  // (thread_pool's own refusal would not name the field)
+      throw parameter_error("gpt2::options.threads", fmt::format(" = {} is more than thread_pool::max_threads = {}",
+                                                                 opts.threads, thread_pool::max_threads));
+    }
     if (!opts.pool) return std::make_shared<thread_pool>(opts.threads);
     if (opts.threads != 0 && opts.threads != opts.pool->size()) {
       throw parameter_error("gpt2::options.threads", fmt::format(" = {} but the pool given has {} workers; set one or the other",
