@@ -134,6 +134,19 @@ TEST_CASE("calibration picks a longer draft for a better draft model", "[tuning]
                     "cost_ratios: reps must be >= 1 (every ratio is a median over reps rounds)");  // (all NaN)
   CHECK_THROWS_WITH(detail::cost_ratios(good, target, std::span<const token>(), 8),
                     "cost_ratios: the context must hold at least one token");
+  {  // A model failing in a timed call is named by its role, as in the sampling loops.
+    struct failing_markov : toy::markov {  // fails from its second append on (the first: the prefill)
+      explicit failing_markov(toy::markov m) : toy::markov(std::move(m)) {}
+      std::size_t appends = 0;
+      Eigen::MatrixXf append(std::span<const token> t) {
+        if (++appends > 1) throw error("the forward pass overflowed");
+        return toy::markov::append(t);
+      }
+    };
+    failing_markov bad_target(target), bad_draft(good);
+    CHECK_THROWS_WITH(detail::cost_ratios(good, bad_target, prompt, 8), "target model: the forward pass overflowed");
+    CHECK_THROWS_WITH(detail::cost_ratios(bad_draft, target, prompt, 8), "draft model: the forward pass overflowed");
+  }
   for (const double bad : {std::nan(""), -1.0, std::numeric_limits<double>::infinity()}) {  // (a NaN read as 0)
     calibration b = g;
     b.first_cost_ratio = bad;

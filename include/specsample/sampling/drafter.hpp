@@ -86,31 +86,36 @@ std::size_t vocabulary_of(const M& m, const char* role) {
   return static_cast<std::size_t>(v);
 }
 
+// call(), with a plain `specsample::error` it throws given the model's role first ("draft model:
+// ..."): a program running two models of one type can tell which failed. An error of a derived
+// type (a parameter_error, a model's own kind) passes unchanged, so a handler of that type still
+// catches it.
+template <class Call>
+decltype(auto) naming_role(const char* role, Call&& call) {
+  try {
+    return call();
+  } catch (const error& e) {
+    if (typeid(e) != typeid(error)) throw;
+    throw error(fmt::format("{} model: {}", role, e.what()));
+  }
+}
+
 // Appends t to m and hands the (V, n) logits of its last n tokens to `use` (n <= t.size()): via
 // m.append(t, n) when the model has it, else the last n columns of m.append(t). Checks first that
 // the model kept its side of the contract (shape, and size() growing by t.size()). Returns the
-// seconds spent in m.append alone (the forward pass; not the checks, not `use`). A plain
-// `specsample::error` from the model's append (an overflowed forward pass, say) comes out with the
-// role first ("draft model: ..."): a program running two models of one type can tell which failed.
-// An error of a derived type (parameter_error, a model's own) passes unchanged.
+// seconds spent in m.append alone (the forward pass; not the checks, not `use`). The append's
+// errors name the role (`naming_role`: an overflowed forward pass, say).
 template <class M, class F>
 double forward(M& m, std::span<const token> t, std::size_t n, std::size_t vocab, const char* role, F&& use) {
   const auto before = static_cast<std::size_t>(m.size());
   const auto t0 = clock::now();
-  auto&& out = [&]() -> decltype(auto) {
-    try {
-      if constexpr (has_append_last<M>) {
-        return m.append(t, n);
-      } else {
-        return m.append(t);
-      }
-    } catch (const error& e) {
-      // A plain error gets the role; one of a type of its own (a parameter_error, a model's own
-      // kind) passes as it is, so that a handler of that type still catches it.
-      if (typeid(e) != typeid(error)) throw;
-      throw error(fmt::format("{} model: {}", role, e.what()));
+  auto&& out = naming_role(role, [&]() -> decltype(auto) {
+    if constexpr (has_append_last<M>) {
+      return m.append(t, n);
+    } else {
+      return m.append(t);
     }
-  }();
+  });
   const double seconds = seconds_since(t0);
   const auto after = static_cast<std::size_t>(m.size());
   if (after != before + t.size()) {

@@ -277,10 +277,10 @@ calibration cost_ratios(Draft& draft, Target& target, std::span<const token> con
   detail::prefill(target, context, static_cast<std::size_t>(target.vocab_size()), "target");
   const std::size_t k_fit = widest_verification(target, context.size(), k_max);
   const std::vector<std::size_t> ks = verify_timing_lengths(k_fit);
-  const auto timed = [&](auto& m, std::size_t n) {
+  const auto timed = [&](auto& m, std::size_t n, const char* role) {
     const std::vector<token> batch(n, context.back());
     const auto t0 = std::chrono::steady_clock::now();
-    (void)m.append(batch);
+    (void)detail::naming_role(role, [&]() -> decltype(auto) { return m.append(batch); });
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     m.truncate(keep);
     return s;
@@ -288,13 +288,13 @@ calibration cost_ratios(Draft& draft, Target& target, std::span<const token> con
   std::vector<double> c, first;                      // c, c_first
   std::vector<std::vector<double>> ratio(ks.size());  // [i]: (ks[i]+1)-token / 1-token call
   for (std::size_t r = 0; r < reps; ++r) {
-    (void)timed(target, 1);
-    const double t1 = std::max(timed(target, 1), 1e-9);  // (a toy model's call can round to 0 s)
-    first.push_back(timed(draft, 1) / t1);
-    c.push_back(timed(draft, 1) / t1);
+    (void)timed(target, 1, "target");
+    const double t1 = std::max(timed(target, 1, "target"), 1e-9);  // (a toy model's call can round to 0 s)
+    first.push_back(timed(draft, 1, "draft") / t1);
+    c.push_back(timed(draft, 1, "draft") / t1);
     for (std::size_t i = 0; i < ks.size(); ++i) {
-      (void)timed(draft, 1);
-      ratio[i].push_back(timed(target, ks[i] + 1) / t1);
+      (void)timed(draft, 1, "draft");
+      ratio[i].push_back(timed(target, ks[i] + 1, "target") / t1);
     }
   }
   calibration m;
