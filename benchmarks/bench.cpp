@@ -274,19 +274,17 @@ specsample::gpt2::options draft_options(const cli& c) {
 // directories' names (a sweep.json holds the paths of the machine that wrote it); a field the file
 // does not have (an older sweep.json) is not compared.
 void check_sweep_configuration(const fs::path& path, const json& config, const cli& c) {
-  const auto name = [](fs::path dir) {  // (the last component: of "x/" too, and of "." as its directory's)
-    dir = fs::weakly_canonical(dir);
-    return (dir.has_filename() ? dir : dir.parent_path()).filename().string();
+  const auto last_component = [](const fs::path& p) {  // (of "x/" too)
+    return (p.has_filename() ? p : p.parent_path()).filename().string();
   };
+  const auto name = [&](const fs::path& dir) { return last_component(fs::weakly_canonical(dir)); };  // ("." too)
   const json here = [&] {
     json j = specsample::gpt2::precision_json(c.model);
     j["target"] = c.target ? name(*c.target) : std::string(default_target);
     j["draft"] = c.draft ? name(*c.draft) : std::string(default_draft);
     j["draft_matmul"] = specsample::gpt2::precision_name(draft_options(c).matmul_precision);
     j["draft_temperature_ratio"] = c.draft_temperature_ratio;
-    j["threads"] = c.threads != 0 ? c.threads  // (0: the pool's count, as its JSON records it)
-                                  : std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1,
-                                                            specsample::gpt2::thread_pool::max_threads);
+    j["threads"] = specsample::gpt2::thread_pool::resolved_threads(c.threads);  // (as the pool's JSON records it)
     return j;
   }();
   std::string differences;
@@ -294,8 +292,7 @@ void check_sweep_configuration(const fs::path& path, const json& config, const c
     if (!config.contains(field)) continue;
     json there = config.at(field);
     if (field == "target" || field == "draft") {  // (strings: read_sweep_best)
-      const fs::path p = fs::path(there.get<std::string>()).lexically_normal();  // (another machine's: not resolved)
-      there = (p.has_filename() ? p : p.parent_path()).filename().string();
+      there = last_component(fs::path(there.get<std::string>()).lexically_normal());  // (another machine's: not resolved)
     }
     if (there != value) {  // (a string against a number: the JSON of each, quotes and all)
       const bool strings = there.is_string() && value.is_string();

@@ -61,6 +61,7 @@ constexpr const char* usage =
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -328,9 +329,15 @@ int main(int argc, char** argv) {
     }
     // The toy pair's and the test's own numbers, named as flags (the library names its functions).
     if (vocab < 2) throw specsample::error(fmt::format("--vocab must be >= 2 (one token passes any sampler), got {}", vocab));
-    if (vocab > 8191) {  // the toy pair's bigram table: vocab × (vocab + 1) floats, at most 2^26
-      throw specsample::error(fmt::format("--vocab must be at most 8191 (the toy pair's table holds at most 2^26 "
-                                          "entries), got {}", vocab));
+    constexpr std::size_t table = specsample::toy::markov::max_table_entries;
+    constexpr std::size_t max_vocab = [] {  // the toy pair's order-1 table: vocab × (vocab + 1) entries
+      std::size_t v = 1;
+      while ((v + 1) * (v + 2) <= table) ++v;
+      return v;
+    }();
+    if (vocab > max_vocab) {
+      throw specsample::error(fmt::format("--vocab must be at most {} (the toy pair's table holds at most 2^{} "
+                                          "entries), got {}", max_vocab, std::countr_zero(table), vocab));
     }
     if (!(similarity >= 0.0 && similarity <= 1.0)) {
       throw specsample::error(fmt::format("--similarity must be in [0, 1], got {}", similarity));

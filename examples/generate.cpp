@@ -542,11 +542,11 @@ int run(int argc, char** argv) {
   const std::vector<token> prompt = tok.encode(c.prompt);
   if (prompt.empty()) throw specsample::error("the prompt encodes to no tokens");
   // The models' context: the smallest of them, and whose it is.
-  std::size_t limit = target.config().n_positions;
+  std::size_t limit = target.max_size();
   std::string whose = "target model";
   for (std::size_t d = 0; d < drafts.size(); ++d) {
-    if (drafts[d].config().n_positions < limit) {
-      limit = drafts[d].config().n_positions;
+    if (drafts[d].max_size() < limit) {
+      limit = drafts[d].max_size();
       whose = fmt::format("draft model ({})", candidates[d].string());
     }
   }

@@ -66,10 +66,10 @@ void check_fits(const M& m, const char* role, std::size_t prompt, std::size_t ma
   const std::size_t limit = max_context(m);
   if (limit == std::numeric_limits<std::size_t>::max()) return;  // unbounded
   // needed = prompt + max_new - 1 = held + more, the 1 taken from an operand that is >= 1, compared
-  // so that it cannot wrap either (max_new_tokens_within: limit - held, or 0).
+  // so that it cannot wrap either (held <= limit first: max_new_tokens_within's limit - held).
   const std::size_t held = prompt > 0 ? prompt - 1 : max_new - 1;
   const std::size_t more = prompt > 0 ? max_new : 0;
-  if (held > limit || more > max_new_tokens_within(limit, held + 1)) {
+  if (held > limit || more > limit - held) {
     const bool wraps = more > std::numeric_limits<std::size_t>::max() - held;
     const std::string needed = wraps ? fmt::format("more than {}", std::numeric_limits<std::size_t>::max())
                                      : fmt::format("{}", held + more);

@@ -60,6 +60,12 @@ class thread_pool {
   /// How long an idle worker spins before it sleeps.
   static constexpr std::chrono::microseconds default_spin{50};
 
+  /// The workers a pool asked for `threads` has: `threads`, or for 0 the hardware concurrency
+  /// (1 to `max_threads`).
+  [[nodiscard]] static std::size_t resolved_threads(std::size_t threads) noexcept {
+    return threads != 0 ? threads : std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, max_threads);
+  }
+
   /// `threads` workers in total including the calling thread; 0 = hardware concurrency (at most
   /// `max_threads`). Throws `error` for more than `max_threads`.
   explicit thread_pool(std::size_t threads, std::chrono::microseconds spin = default_spin)
@@ -67,9 +73,7 @@ class thread_pool {
     if (threads > max_threads) {
       throw error(fmt::format("thread_pool: {} threads requested; at most {}", threads, max_threads));
     }
-    if (threads == 0) {
-      threads = std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, max_threads);
-    }
+    threads = resolved_threads(threads);
     workers_.reserve(threads - 1);
     try {
       for (std::size_t id = 1; id < threads; ++id) workers_.emplace_back([this] { run(); });

@@ -44,6 +44,9 @@ class markov {
     log_table_ = table_.array().log().matrix();
   }
 
+  /// The most entries a transition table holds (vocab × (vocab + 1)^order): larger ones are refused.
+  static constexpr std::size_t max_table_entries = std::size_t{1} << 26;
+
   /// Random transitions: each column ~ Dirichlet(concentration) (small = peaked).
   static markov random(std::size_t vocab, std::size_t order, std::uint64_t seed, float concentration = 1.0f) {
     std::mt19937_64 rng(seed);
@@ -115,7 +118,7 @@ class markov {
   // Contexts of the (V, states) table; it holds at most 2^26 floats (256 MB; 512 MB with the log
   // table), which also keeps every token id an int32 and no product of sizes wrapping.
   static std::size_t state_count(std::size_t vocab, std::size_t order) {
-    constexpr std::size_t max_cells = std::size_t{1} << 26;
+    constexpr std::size_t max_cells = max_table_entries;
     const auto too_large = [&] {
       return error(fmt::format("toy::markov: vocab {} with order {} needs a table too large to store densely "
                                "(more than {} entries)",
