@@ -634,7 +634,6 @@ class bpe_tokenizer {
     io::detail::for_each_line(data, [&](std::size_t line_no, std::string_view line) {
       if (line_no == 1 && line.starts_with("\xEF\xBB\xBF")) line.remove_prefix(3);  // a UTF-8 BOM, as in vocab.json
       if (line_no == 1 && line.starts_with("#version")) return;
-      if (line.empty()) return;
       std::vector<std::string_view> fields;
       std::size_t k = 0;
       while (k < line.size()) {
@@ -643,6 +642,7 @@ class bpe_tokenizer {
         while (k < line.size() && line[k] != ' ' && line[k] != '\t') ++k;
         if (k > start) fields.push_back(line.substr(start, k - start));
       }
+      if (fields.empty()) return;  // an empty line, or one of blanks only (no merge in encoder.py's split() either)
       if (fields.size() != 2) {
         throw error(
             fmt::format("{}:{}: expected two symbols separated by a space, found {} in \"{}\"",
@@ -734,8 +734,8 @@ class bpe_tokenizer {
   for (std::size_t k = 0; k < a.vocab_size(); ++k) {
     const auto id = static_cast<token>(k);
     if (a.id_to_token(id) != b.id_to_token(id)) {
-      return fmt::format("token {} differs: \"{}\" vs \"{}\"", id, a.id_to_token(id),
-                         b.id_to_token(id));
+      return fmt::format("token {} differs: \"{}\" vs \"{}\"", id, detail::excerpt(a.id_to_token(id)),
+                         detail::excerpt(b.id_to_token(id)));
     }
   }
   if (a.merge_count() != b.merge_count()) {

@@ -61,7 +61,9 @@ class sequence_table {
   /// Sequences held.
   [[nodiscard]] std::size_t size() const noexcept { return values_.size(); }
   /// The value of `sequence`, 0 when not held.
+  /// @throws error when `sequence` does not have `length()` tokens (as `add` does).
   [[nodiscard]] double operator[](std::span<const token> sequence) const {
+    check_length_of(sequence);
     const auto it = values_.find(std::vector<token>(sequence.begin(), sequence.end()));
     return it == values_.end() ? 0.0 : it->second;
   }
@@ -70,9 +72,7 @@ class sequence_table {
   /// @throws error on another length, a value that is not finite and >= 0, a new entry beyond
   /// the table's `max_entries`, or a sum past the largest double (the entry is left as it was).
   void add(std::span<const token> sequence, double value) {
-    if (sequence.size() != length_) {
-      throw error(fmt::format("sequence_table: expected {} tokens, got {}", length_, sequence.size()));
-    }
+    check_length_of(sequence);
     if (!(value >= 0.0 && value <= std::numeric_limits<double>::max())) {
       throw error(fmt::format("sequence_table: a value must be finite and >= 0 (a probability or a count), got {}",
                               value));
@@ -92,6 +92,11 @@ class sequence_table {
   [[nodiscard]] auto end() const noexcept { return values_.end(); }
 
  private:
+  void check_length_of(std::span<const token> sequence) const {
+    if (sequence.size() != length_) {
+      throw error(fmt::format("sequence_table: expected {} tokens, got {}", length_, sequence.size()));
+    }
+  }
   struct hash {
     std::size_t operator()(const std::vector<token>& s) const noexcept {
       std::uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a over the ids
@@ -155,13 +160,18 @@ inline void add_enumerated(sequence_table& out, std::span<const token> sequence,
 
 // Depth-first over the continuations of `prefix` with positive probability (`dist`: the warped
 // distribution after it), adding each complete sequence to `out`; with `eos`, a sequence ends at
-// its first EOS, the rest filled with `absent`.
+// its first EOS, the rest filled with `absent`. A continuation's probability is its warped value
+// over the column's sum in double: what the samplers draw (`sample_categorical`: the float
+// weights over their double sum), and a table that sums to 1 within double rounding at any length
+// (a float column's sum is 1 only within its rounding, ~6e-8, which 19 positions compound past
+// `chi_square_test`'s 1e-6).
 template <language_model M>
 void enumerate(M& model, logit_warper& warp, const Eigen::VectorXf& dist, std::vector<token>& prefix,
                std::size_t length, double prob, std::optional<token> eos, token absent, sequence_table& out) {
   Eigen::VectorXf next(dist.size());
+  const double total = dist.cast<double>().sum();  // positive and finite: the warper's check
   for (Eigen::Index x = 0; x < dist.size(); ++x) {
-    const double px = prob * static_cast<double>(dist(x));
+    const double px = prob * (static_cast<double>(dist(x)) / total);
     if (px == 0.0) continue;
     const auto t = static_cast<token>(x);
     prefix.push_back(t);
@@ -183,6 +193,7 @@ void enumerate(M& model, logit_warper& warp, const Eigen::VectorXf& dist, std::v
 // Regularised upper incomplete gamma Q(a, x) (Numerical Recipes gser / gcf).
 inline double gamma_q(double a, double x) {
   if (x <= 0.0) return 1.0;
+  if (std::isinf(x)) return 0.0;  // an overflowed X2 (a cell of tiny expected count): the fractions below give NaN
   const double log_prefix = -x + a * std::log(x) - std::lgamma(a);
   // Near x = a both the series and the continued fraction need O(sqrt(a)) terms (the series'
   // terms fall like exp(-n^2 / 2a)): a fixed cap of 10 000 stopped them early from a ~ 10^6 on
@@ -484,10 +495,11 @@ inline fit_result chi_square_test(const sequence_table& observed, const sequence
   }
   std::vector<std::pair<double, double>> outcomes;
   outcomes.reserve(expected.size());
-  double impossible = 0.0;
+  double impossible = 0.0;  // the counts of sequences `expected` does not hold at a positive probability
   for (const auto& [sequence, o] : observed) {
     if (!detail::is_count(o)) throw error(fmt::format("chi_square_test: observed count {} is not a count", o));
-    impossible += o;  // less the counts of possible sequences, below
+    // Summed directly: the total less the possible ones' counts rounds once counts pass 2^53.
+    if (!(expected[sequence] > 0.0)) impossible += o;
   }
   // In lexicographic order, the dense table's: the same sums, the same smallest bin on a tie.
   std::vector<std::pair<const std::vector<token>*, double>> entries;
@@ -499,9 +511,7 @@ inline fit_result chi_square_test(const sequence_table& observed, const sequence
       throw error(fmt::format("chi_square_test: expected probability {} is not a probability", p));
     }
     if (p == 0.0) continue;  // as a sequence not held: its samples are impossible
-    const double o = observed[*sequence];
-    impossible -= o;
-    outcomes.emplace_back(o, p);
+    outcomes.emplace_back(observed[*sequence], p);
   }
   return detail::pearson(outcomes, impossible, min_expected);
 }
