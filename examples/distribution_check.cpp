@@ -103,11 +103,20 @@ template <class Draft, class Target, class Verifier>
 bool check(Draft& draft, Target& target, std::span<const specsample::token> prompt,
            const specsample::speculative_params& params, std::size_t samples, std::uint64_t seed, double alpha,
            Verifier verifier) {
-  {  // What the samples will take (each a generation: a large model's take long), ten timed first, on stderr.
+  {  // What the samples will take (each a generation: a large model's take long), on stderr: one
+     // untimed (the first call's allocations and cold caches made a toy pair's estimate ~12x the
+     // run), then at least ten timed, and quick ones for at least 50 ms.
     std::mt19937_64 probe(~seed);
+    (void)specsample::speculative_sample(draft, target, prompt, params, probe);
     const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < 10; ++i) (void)specsample::speculative_sample(draft, target, prompt, params, probe);
-    const double each = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 10.0;
+    std::size_t timed = 0;
+    double elapsed = 0.0;
+    do {
+      (void)specsample::speculative_sample(draft, target, prompt, params, probe);
+      ++timed;
+      elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    } while (timed < 10 || (elapsed < 0.05 && timed < 100000));
+    const double each = elapsed / static_cast<double>(timed);
     fmt::print(stderr, "drawing {} samples, ~{:.3g} ms each: ~{:.3g} s\n", samples, 1e3 * each,
                each * static_cast<double>(samples));
   }
