@@ -1815,10 +1815,13 @@ int run(int argc, char** argv) {
   const cost_result& costs = before_quieter ? costs_before : costs_after;
   const char* costs_name = before_quieter ? "before" : "after";
 
-  // A model's weight bytes: its model.safetensors' size, or with --weights that size with the
-  // matmul weights' bytes as stored replaced by their bytes as held.
+  // A model's weight bytes: the size of its model.safetensors (of its shards, for a sharded
+  // checkpoint), or with --weights that size with the matmul weights' bytes as stored replaced by
+  // their bytes as held.
   const auto weight_bytes = [&](const fs::path& dir, const specsample::gpt2::model& m, bool held) {
-    const auto file = static_cast<std::size_t>(fs::file_size(dir / "model.safetensors"));
+    std::size_t file = 0;
+    const auto checkpoint = specsample::io::safetensors_checkpoint::open(specsample::gpt2::checkpoint_weights(dir));
+    for (const auto& f : checkpoint.files()) file += static_cast<std::size_t>(fs::file_size(f.path()));
     if (!held) return file;
     const auto stored = specsample::gpt2::model::load(dir, {.threads = 1});
     return file - stored.weights().matmul_bytes() + m.weights().matmul_bytes();

@@ -90,9 +90,9 @@ T parse_number(std::string_view flag, std::string_view text) {
 }
 
 constexpr std::string_view help = R"(usage: specsample-generate [options]
-  --target DIR          target checkpoint (config.json, model.safetensors, vocab.json, merges.txt);
-                        default: the bundled models/shakespeare-target ($SPECSAMPLE_MODELS, next
-                        to the binary, or the source tree)
+  --target DIR          target checkpoint (config.json, model.safetensors or its shards,
+                        vocab.json, merges.txt); default: the bundled models/shakespeare-target
+                        ($SPECSAMPLE_MODELS, next to the binary, or the source tree)
   --draft DIR           draft checkpoint with the same tokenizer (default: the bundled
                         models/shakespeare-draft); "ngram" for prompt-lookup drafting
                         (no model); DIR1,DIR2,... to measure each and keep the best predicted

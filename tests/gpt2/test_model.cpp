@@ -978,6 +978,102 @@ TEST_CASE("bad tokens and context overflow throw before touching the state", "[g
   REQUIRE(again == first);
 }
 
+TEST_CASE("a sharded checkpoint (model.safetensors.index.json and its shards) loads as the single file does",
+          "[gpt2][model]") {
+  using Catch::Contains;
+  const fs::path src = test_models_dir / "tiny-random-gpt2";
+  temp_dir tmp("gpt2-shards");
+  const fs::path dir = tmp.path;
+  fs::copy_file(src / "config.json", dir / "config.json");
+  // The tensors split over two shards as transformers' save_pretrained writes them: block 0 and
+  // the embeddings in the first, the rest in the second, each named in the index's weight_map.
+  std::vector<io::tensor_data> first, second;
+  nlohmann::json map = nlohmann::json::object();
+  const std::string one = "model-00001-of-00002.safetensors", two = "model-00002-of-00002.safetensors";
+  {
+    const auto f = io::safetensors_file::open(src / "model.safetensors");
+    for (const io::tensor_view& v : f.tensors()) {
+      const bool early = v.name.find("h.0.") != std::string::npos || v.name.find("wte") != std::string::npos ||
+                         v.name.find("wpe") != std::string::npos;
+      (early ? first : second).push_back(io::to_tensor_data(v));
+      map[v.name] = early ? one : two;
+    }
+  }
+  REQUIRE(!first.empty());
+  REQUIRE(!second.empty());
+  io::write_safetensors(dir / one, first, {{"format", "pt"}});
+  io::write_safetensors(dir / two, second, {{"format", "pt"}});
+  const fs::path index = dir / "model.safetensors.index.json";
+  const auto write_index = [&](const nlohmann::json& m) {
+    write_text(index, nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", m}}.dump());
+  };
+  write_index(map);
+  REQUIRE(gpt2::checkpoint_weights(dir) == index);
+  gpt2::model single = gpt2::model::load(src, {.threads = 1});
+  gpt2::model sharded = gpt2::model::load(dir, {.threads = 1});
+  const std::vector<token> tokens{1, 5, 9, 2, 7};
+  REQUIRE(bitwise_equal(Eigen::MatrixXf(single.append(tokens)), Eigen::MatrixXf(sharded.append(tokens))));
+  const auto checkpoint = io::safetensors_checkpoint::open(index);
+  REQUIRE(checkpoint.files().size() == 2);
+  REQUIRE(checkpoint.tensors().size() == first.size() + second.size());
+  REQUIRE(checkpoint.path_of(*checkpoint.find("h.1.mlp.c_fc.weight")) == dir / two);
+  // A tensor's problem names the shard that holds it.
+  {
+    auto bad = second;
+    for (auto& t : bad) {
+      if (t.name.find("h.1.mlp.c_fc.weight") != std::string::npos) {
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        std::memcpy(t.data.data() + 4 * 37, &nan, 4);
+      }
+    }
+    io::write_safetensors(dir / two, bad);
+    REQUIRE_THAT(load_error(dir), Contains((dir / two).string() + ": tensor 'h.1.mlp.c_fc.weight' holds nan"));
+    io::write_safetensors(dir / two, second);
+  }
+  // The index checked against the shards, and shards named by a file name beside it.
+  auto moved = map;
+  moved["h.1.mlp.c_fc.weight"] = one;
+  write_index(moved);
+  REQUIRE_THAT(load_error(dir), Contains(index.string() + ": tensor \"h.1.mlp.c_fc.weight\" is mapped to " +
+                                         (dir / one).string() + ", which does not hold it"));
+  auto twice = first;
+  twice.push_back(second.front());
+  io::write_safetensors(dir / one, twice);
+  write_index(map);
+  REQUIRE_THAT(load_error(dir), Contains(index.string() + ": tensor \"" + second.front().name + "\" is in both " +
+                                         (dir / one).string() + " and " + (dir / two).string()));
+  io::write_safetensors(dir / one, first);
+  for (const std::string& bad : std::vector<std::string>{"../" + one, "/tmp/x.safetensors", "", ".."}) {
+    auto elsewhere = map;
+    elsewhere["h.1.mlp.c_fc.weight"] = bad;
+    write_index(elsewhere);
+    REQUIRE_THAT(load_error(dir), Contains("shards are named by a file name in the index's directory"));
+  }
+  auto numbered = map;
+  numbered["h.1.mlp.c_fc.weight"] = 2;
+  write_index(numbered);
+  REQUIRE_THAT(load_error(dir), Contains("the shard of tensor \"h.1.mlp.c_fc.weight\" is number, expected a file name"));
+  write_index(nlohmann::json::object());
+  REQUIRE_THAT(load_error(dir), Contains(index.string() + ": the weight_map names no tensor"));
+  write_text(index, "[1, 2]");
+  REQUIRE_THAT(load_error(dir), Contains("expected a JSON object with a \"weight_map\" object"));
+  write_index(map);
+  fs::remove(dir / two);
+  REQUIRE_THAT(load_error(dir), Contains((dir / two).string() + ": file not found"));
+  // Neither file: model.safetensors is not found, and a PyTorch pickle is named with its conversion.
+  fs::remove(index);
+  REQUIRE_THAT(load_error(dir), Contains((dir / "model.safetensors").string() +
+                                         ": file not found (nor model.safetensors.index.json, a sharded checkpoint's "
+                                         "index)"));
+  write_text(dir / "pytorch_model.bin", "not read");
+  REQUIRE_THAT(load_error(dir), Contains("pytorch_model.bin, a PyTorch pickle, which specsample does not read: convert "
+                                         "it with transformers"));
+  // model.safetensors wins when both are there (as transformers prefers the single file).
+  fs::copy_file(src / "model.safetensors", dir / "model.safetensors");
+  write_index(moved);  // (broken: not read)
+  REQUIRE(load_error(dir).empty());
+}
+
 TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and shapes",
           "[gpt2][model][errors]") {
   using Catch::Contains;

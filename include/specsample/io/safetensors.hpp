@@ -340,6 +340,113 @@ class safetensors_file {
   detail::parsed_header header_;
 };
 
+/// The safetensors files of one checkpoint, read as one: a single file, or the shards a
+/// `*.safetensors.index.json` lists. transformers' `save_pretrained` splits a checkpoint larger
+/// than its `max_shard_size` (5 GB by default) into `model-0000i-of-0000n.safetensors` beside a
+/// `model.safetensors.index.json` whose "weight_map" names each tensor's shard: a fine-tuned
+/// gpt2-xl in F32 (6.2 GB) is two. Every shard is mapped and validated, and the index checked
+/// against them (each tensor it names in the shard it names, no tensor in two shards, shards named
+/// by a file name in the index's directory), before a tensor is read. Move-only; views stay valid.
+class safetensors_checkpoint {
+ public:
+  /// One file as a checkpoint.
+  explicit safetensors_checkpoint(safetensors_file file) : path_(file.path()) {
+    files_.push_back(std::move(file));
+    index_tensors();
+  }
+
+  /// Opens `path`: a safetensors file, or (a name ending in ".index.json") a shard index and the
+  /// shards it names. Throws `specsample::error` naming the file and the problem.
+  [[nodiscard]] static safetensors_checkpoint open(const std::filesystem::path& path) {
+    const std::string name = path.filename().string();
+    if (!name.ends_with(".index.json")) return safetensors_checkpoint(safetensors_file::open(path));
+    const std::string label = path.string();
+    const nlohmann::json j = detail::parse_json_strict(read_file(path), label, "shard index");
+    const auto map = j.is_object() ? j.find("weight_map") : j.end();
+    if (map == j.end() || !map->is_object()) {
+      throw error(fmt::format("{}: expected a JSON object with a \"weight_map\" object (tensor name -> shard file)",
+                              label));
+    }
+    safetensors_checkpoint c;
+    c.path_ = path;
+    std::vector<std::pair<std::string, std::size_t>> listed;  // (tensor, index into files_)
+    std::map<std::string, std::size_t, std::less<>> shard_of_name;
+    for (const auto& [tensor, shard] : map->items()) {
+      if (!shard.is_string()) {
+        throw error(fmt::format("{}: the shard of tensor \"{}\" is {}, expected a file name", label, detail::excerpt(tensor),
+                                shard.type_name()));
+      }
+      const std::string file = shard.get<std::string>();
+      if (file.empty() || file == "." || file == ".." || file.find_first_of("/\\") != std::string::npos) {
+        throw error(fmt::format("{}: the shard of tensor \"{}\" is \"{}\": shards are named by a file name in "
+                                "the index's directory",
+                                label, detail::excerpt(tensor), detail::excerpt(file)));
+      }
+      auto it = shard_of_name.find(file);
+      if (it == shard_of_name.end()) {
+        it = shard_of_name.emplace(file, c.files_.size()).first;
+        c.files_.push_back(safetensors_file::open(path.parent_path() / file));
+      }
+      listed.emplace_back(tensor, it->second);
+    }
+    if (c.files_.empty()) throw error(fmt::format("{}: the weight_map names no tensor", label));
+    c.index_tensors();
+    for (const auto& [tensor, shard] : listed) {
+      if (c.files_[shard].find(tensor) == nullptr) {
+        throw error(fmt::format("{}: tensor \"{}\" is mapped to {}, which does not hold it", label, detail::excerpt(tensor),
+                                c.files_[shard].path().string()));
+      }
+    }
+    return c;
+  }
+
+  /// The file, or the shard index, the checkpoint was opened from.
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
+  /// The files: the one, or the shards in the order the index first names them.
+  [[nodiscard]] std::span<const safetensors_file> files() const noexcept { return files_; }
+  /// Every tensor of every file, sorted by name.
+  [[nodiscard]] std::span<const tensor_view* const> tensors() const noexcept { return tensors_; }
+  /// The tensor called `name`, or nullptr.
+  [[nodiscard]] const tensor_view* find(std::string_view name) const noexcept {
+    const auto it = std::lower_bound(tensors_.begin(), tensors_.end(), name,
+                                     [](const tensor_view* t, std::string_view n) { return std::string_view(t->name) < n; });
+    return it != tensors_.end() && (*it)->name == name ? *it : nullptr;
+  }
+  /// Whether a tensor called `name` exists.
+  [[nodiscard]] bool contains(std::string_view name) const noexcept { return find(name) != nullptr; }
+  /// The path of the file holding `t` (a view from `find` or `tensors`).
+  [[nodiscard]] const std::filesystem::path& path_of(const tensor_view& t) const noexcept {
+    const std::less<const tensor_view*> before;  // (a total order over pointers into different arrays)
+    for (const safetensors_file& f : files_) {
+      const auto ts = f.tensors();
+      if (!before(&t, ts.data()) && before(&t, ts.data() + ts.size())) return f.path();
+    }
+    return path_;
+  }
+
+ private:
+  safetensors_checkpoint() = default;
+
+  // Every file's tensors in one sorted list; a name in two files is refused.
+  void index_tensors() {
+    tensors_.clear();
+    for (const safetensors_file& f : files_) {
+      for (const tensor_view& t : f.tensors()) tensors_.push_back(&t);
+    }
+    std::sort(tensors_.begin(), tensors_.end(), [](const tensor_view* a, const tensor_view* b) { return a->name < b->name; });
+    for (std::size_t i = 1; i < tensors_.size(); ++i) {
+      if (tensors_[i]->name == tensors_[i - 1]->name) {
+        throw error(fmt::format("{}: tensor \"{}\" is in both {} and {}", path_.string(), detail::excerpt(tensors_[i]->name),
+                                path_of(*tensors_[i - 1]).string(), path_of(*tensors_[i]).string()));
+      }
+    }
+  }
+
+  std::filesystem::path path_;
+  std::vector<safetensors_file> files_;
+  std::vector<const tensor_view*> tensors_;
+};
+
 /// Converts a F32/F16/BF16 tensor to float into `out` (`out.size()` must equal `t.numel()`).
 /// Unaligned data is fine. Throws `specsample::error` for other dtypes or a size mismatch.
 inline void to_float(const tensor_view& t, std::span<float> out) {

@@ -130,6 +130,26 @@ struct kv_cache {
   }
 };
 
+/// The weights of the Hugging Face GPT-2 directory `dir`: `dir/model.safetensors`, or, when there
+/// is none, the shard index `dir/model.safetensors.index.json` (transformers' save_pretrained splits
+/// a checkpoint above 5 GB: a fine-tuned gpt2-xl in F32; `io::safetensors_checkpoint` reads them as
+/// one). Throws `specsample::error` when neither is there ("file not found"), saying how to convert
+/// a `pytorch_model.bin` (a PyTorch pickle, which this library does not read) when the directory
+/// holds one instead.
+[[nodiscard]] inline std::filesystem::path checkpoint_weights(const std::filesystem::path& dir) {
+  const std::filesystem::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
+  std::error_code ec;
+  if (std::filesystem::exists(single, ec)) return single;  // (what is wrong with it, its reader says)
+  if (std::filesystem::exists(index, ec)) return index;
+  const bool pickle = std::filesystem::exists(dir / "pytorch_model.bin", ec);
+  throw error(fmt::format("{}: file not found (nor {}, a sharded checkpoint's index){}", single.string(),
+                          index.filename().string(),
+                          pickle ? "; the directory holds pytorch_model.bin, a PyTorch pickle, which specsample does "
+                                   "not read: convert it with transformers, AutoModelForCausalLM.from_pretrained(dir)"
+                                   ".save_pretrained(dir, safe_serialization=True)"
+                                 : ""));
+}
+
 /// A GPT-2 model with a KV cache on CPU.
 ///
 /// Storage: weights live in their checkpoint precision or in `options::weight_storage`
@@ -140,8 +160,9 @@ struct kv_cache {
 /// identical whether it is appended alone or in a batch, and for every thread count.
 class model {
  public:
-  /// Loads `dir/config.json` and `dir/model.safetensors` (a Hugging Face GPT-2 directory).
-  /// Throws `specsample::error` naming the file and the problem, or, before reading any file,
+  /// Loads `dir/config.json` and `dir/model.safetensors` (a Hugging Face GPT-2 directory), or
+  /// the shards `dir/model.safetensors.index.json` lists when there is no model.safetensors
+  /// (`checkpoint_weights`). Throws `specsample::error` naming the file and the problem, or, before reading any file,
   /// `specsample::parameter_error` naming an option (`gpt2::options.kv_storage`, say) that holds no
   /// value of its enumeration (an integer cast to it) or contradicts another.
   [[nodiscard]] static model load(const std::filesystem::path& dir, options opts = {});
@@ -360,12 +381,11 @@ class model {
 
 SPECSAMPLE_GPT2_MODEL model model::load(const std::filesystem::path& dir, options opts) {
   const std::filesystem::path config_path = dir / "config.json";
-  const std::filesystem::path weights_path = dir / "model.safetensors";
   const std::optional<weight_format> storage = storage_of(checked(opts));  // first: before any file or thread
   opts.pool = pool_of(opts);
   opts.threads = 0;
   gpt2::config cfg = gpt2::config::load(config_path);
-  const io::safetensors_file file = io::safetensors_file::open(weights_path);
+  const io::safetensors_checkpoint file = io::safetensors_checkpoint::open(checkpoint_weights(dir));
   gpt2::weights w = gpt2::weights::load(file, cfg, config_path.string(), storage);
   return model(cfg, std::move(w), opts);
 }

@@ -1,7 +1,8 @@
 #pragma once
 /// @file weights.hpp
-/// GPT-2 parameters in memory and their loader from a Hugging Face `model.safetensors` (F32, F16
-/// or BF16; with or without the `transformer.` prefix).
+/// GPT-2 parameters in memory and their loader from a Hugging Face `model.safetensors`, or the
+/// shards a `model.safetensors.index.json` lists (F32, F16 or BF16; with or without the
+/// `transformer.` prefix).
 ///
 /// Storage: the big matrices (the four matmul weights of every block and wte / lm_head) are
 /// `weight_matrix`es kept in the checkpoint's precision — F16 stays F16 and BF16 stays BF16 (2
@@ -403,7 +404,7 @@ struct weights {
   /// (`weight_matrix::converted`, one matrix at a time: `options::weight_storage`).
   /// Every shape is validated before anything is allocated. Throws `specsample::error` naming
   /// the file, the tensor, and the expected and actual shape (or the value out of range).
-  [[nodiscard]] static weights load(const io::safetensors_file& file, const config& cfg,
+  [[nodiscard]] static weights load(const io::safetensors_checkpoint& file, const config& cfg,
                                     const std::string& config_name = "config.json",
                                     std::optional<weight_format> storage = {});
 
@@ -489,7 +490,7 @@ template <class U>
 /// Looks tensors up with the checkpoint's prefix and checks dtype and shape.
 class tensor_loader {
  public:
-  tensor_loader(const io::safetensors_file& file, const config& cfg, std::string config_name,
+  tensor_loader(const io::safetensors_checkpoint& file, const config& cfg, std::string config_name,
                 std::optional<weight_format> storage)
       : file_(file), cfg_(cfg), config_name_(std::move(config_name)), storage_(storage) {
     if (file.contains("transformer.wte.weight")) {
@@ -512,13 +513,13 @@ class tensor_loader {
     }
     if (!io::is_floating(t->dtype)) {
       throw error(fmt::format("{}: tensor '{}' has dtype {}, expected F32, F16 or BF16",
-                              file_.path().string(), key, io::dtype_name(t->dtype)));
+                              file_.path_of(*t).string(), key, io::dtype_name(t->dtype)));
     }
     if (t->shape != shape) {
       throw error(fmt::format("{}: tensor '{}' has shape {}, expected {} (from {}: n_layer={}, "
                               "n_head={}, n_embd={}, n_positions={}, vocab_size={}, n_inner={}); "
                               "the config does not match the tensors",
-                              file_.path().string(), key, io::detail::shape_string(t->shape),
+                              file_.path_of(*t).string(), key, io::detail::shape_string(t->shape),
                               io::detail::shape_string(shape), config_name_, cfg_.n_layer,
                               cfg_.n_head, cfg_.n_embd, cfg_.n_positions, cfg_.vocab_size,
                               cfg_.n_inner));
@@ -578,7 +579,7 @@ class tensor_loader {
       *m.dst = packed.converted(held, std::move(storage));
     } catch (const error& e) {
       throw error(fmt::format("{}: tensor '{}' ({} x {} as output x input channels), options::{}: {}",
-                              file_.path().string(), t.name, m.rows, m.cols,
+                              file_.path_of(t).string(), t.name, m.rows, m.cols,
                               held == weight_format::bf16_pairs ? "matmul_precision BF16"
                               : held == weight_format::i8_quads ? "matmul_precision INT8"
                                                                 : "weight_storage",
@@ -589,7 +590,8 @@ class tensor_loader {
   /// Throws if the file has blocks beyond n_layer (the config disagrees with the tensors).
   void check_no_extra_layers() const {
     const std::string h = prefix_ + "h.";
-    for (const io::tensor_view& t : file_.tensors()) {
+    for (const io::tensor_view* tp : file_.tensors()) {
+      const io::tensor_view& t = *tp;
       if (t.name.rfind(h, 0) != 0) continue;
       std::size_t layer = 0;
       std::size_t i = h.size();
@@ -602,12 +604,12 @@ class tensor_loader {
       if (digits && layer >= cfg_.n_layer) {
         throw error(fmt::format("{}: tensor '{}' belongs to block {} but {} says n_layer = {}; "
                                 "the config does not match the tensors",
-                                file_.path().string(), t.name, layer, config_name_, cfg_.n_layer));
+                                file_.path_of(t).string(), t.name, layer, config_name_, cfg_.n_layer));
       }
     }
   }
 
-  [[nodiscard]] const io::safetensors_file& file() const noexcept { return file_; }
+  [[nodiscard]] const io::safetensors_checkpoint& file() const noexcept { return file_; }
 
  private:
   // Every value of `t` finite: a NaN or an infinity in a checkpoint (a corrupt file, a diverged
@@ -620,7 +622,7 @@ class tensor_loader {
     float value = 0.0f;
     convert_floats(t, i, 1, &value);
     throw error(fmt::format("{}: tensor '{}' holds {} at element {}: a corrupt or diverged checkpoint",
-                            file_.path().string(), t.name, value, i));
+                            file_.path_of(t).string(), t.name, value, i));
   }
 
   const io::tensor_view& view(const matrix_spec& m) const {
@@ -631,7 +633,7 @@ class tensor_loader {
                                : (d == io::dtype::bf16 ? weight_format::bf16 : weight_format::f32);
   }
 
-  const io::safetensors_file& file_;
+  const io::safetensors_checkpoint& file_;
   const config& cfg_;
   std::string config_name_;
   std::optional<weight_format> storage_;
@@ -640,7 +642,7 @@ class tensor_loader {
 
 }  // namespace detail
 
-inline weights weights::load(const io::safetensors_file& file, const config& cfg,
+inline weights weights::load(const io::safetensors_checkpoint& file, const config& cfg,
                              const std::string& config_name, std::optional<weight_format> storage) {
   const detail::tensor_loader ld(file, cfg, config_name, storage);
   const std::size_t C = cfg.n_embd, V = cfg.vocab_size, P = cfg.n_positions, I = cfg.n_inner;
@@ -684,7 +686,7 @@ inline weights weights::load(const io::safetensors_file& file, const config& cfg
       throw error(fmt::format("{}: {} ties the output projection to wte (tie_word_embeddings true or absent), but "
                               "'lm_head.weight' ({}) differs from '{}' ({}): set \"tie_word_embeddings\": false to "
                               "compute the logits with it, or remove it",
-                              file.path().string(), config_name, io::dtype_name(head.dtype), wte.name,
+                              file.path_of(head).string(), config_name, io::dtype_name(head.dtype), wte.name,
                               io::dtype_name(wte.dtype)));
     }
   }
