@@ -1820,7 +1820,7 @@ int run(int argc, char** argv) {
   // their bytes as held.
   const auto weight_bytes = [&](const fs::path& dir, const specsample::gpt2::model& m, bool held) {
     std::size_t file = 0;
-    const auto checkpoint = specsample::io::safetensors_checkpoint::open(specsample::gpt2::checkpoint_weights(dir));
+    const auto checkpoint = specsample::io::safetensors_checkpoint::open(specsample::gpt2::weights_file(dir));
     for (const auto& f : checkpoint.files()) file += static_cast<std::size_t>(fs::file_size(f.path()));
     if (!held) return file;
     const auto stored = specsample::gpt2::model::load(dir, {.threads = 1});
@@ -2298,9 +2298,11 @@ int run(int argc, char** argv) {
     }
     j["bandwidth"] = {
         {"probe", pj},
-        {"note", any_held ? "weight bytes = model.safetensors file size with the matmul weights' bytes as held "
-                            "(--weights, --matmul, --draft-matmul) instead of as stored"
-                                : "weight bytes = model.safetensors file size (a proxy for the bytes a decode step reads)"},
+        {"note", any_held ? "weight bytes = model.safetensors file size (its shards' for a sharded checkpoint) with "
+                            "the matmul weights' bytes as held (--weights, --matmul, --draft-matmul) instead of as "
+                            "stored"
+                                : "weight bytes = model.safetensors file size (its shards' for a sharded checkpoint; a proxy for the "
+                                  "bytes a decode step reads)"},
         {"target", bandwidth_json(target_bw)},
         {"draft", bandwidth_json(draft_bw)}};
     if (scaling5) {

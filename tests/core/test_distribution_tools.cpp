@@ -93,8 +93,8 @@ TEST_CASE("exact_sequences sums to 1 within double rounding: each position's col
           "[testing]") {
   // A warped float column sums to 1 only within its rounding (~6e-8); multiplied over 19 positions
   // the table's total passed chi_square_test's 1e-6 and speculative_fit refused the library's own
-  // table (76 of 2000 two-token unigram models). The samplers draw the float weights over their
-  // double sum: so does the table, in every sequence.
+  // table (76 of 2000 two-token unigram models). The autoregressive sampler draws the float
+  // weights over their double sum: so does the table, in every sequence.
   std::size_t off = 0;
   for (std::uint64_t seed = 0; seed < 200; ++seed) {
     auto m = toy::markov::random(2, 0, seed);
@@ -253,6 +253,19 @@ TEST_CASE("the exactness tools refuse sizes they cannot enumerate or test", "[te
                                   "be in 1..64, got {}",
                                   length));
   }
+}
+
+TEST_CASE("total_variation is half the L1 distance, and refuses what is not a distribution of one shape",
+          "[testing]") {
+  using Catch::Matchers::Contains;
+  const xt::xarray<double> a = {0.5, 0.3, 0.2}, b = {0.2, 0.3, 0.5};
+  CHECK(testing::total_variation(a, b) == Approx(0.3));
+  CHECK(testing::total_variation(a, a) == 0.0);
+  CHECK_THROWS_WITH(testing::total_variation(a, xt::xarray<double>{0.5, 0.5}), "total_variation: shapes differ");
+  CHECK_THROWS_WITH(testing::total_variation(a, xt::xarray<double>{0.5, std::nan(""), 0.5}),
+                    Contains("value nan at cell 1 is not a probability"));
+  CHECK_THROWS_WITH(testing::total_variation(xt::xarray<double>{1.2, -0.2, 0.0}, a),
+                    Contains("value -0.2 at cell 1 is not a probability"));
 }
 
 TEST_CASE("the chi-square test accepts a fair sample and rejects a biased one", "[testing]") {

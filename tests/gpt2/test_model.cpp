@@ -1008,7 +1008,7 @@ TEST_CASE("a sharded checkpoint (model.safetensors.index.json and its shards) lo
     write_text(index, nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", m}}.dump());
   };
   write_index(map);
-  REQUIRE(gpt2::checkpoint_weights(dir) == index);
+  REQUIRE(gpt2::weights_file(dir) == index);
   gpt2::model single = gpt2::model::load(src, {.threads = 1});
   gpt2::model sharded = gpt2::model::load(dir, {.threads = 1});
   const std::vector<token> tokens{1, 5, 9, 2, 7};
@@ -1017,6 +1017,7 @@ TEST_CASE("a sharded checkpoint (model.safetensors.index.json and its shards) lo
   REQUIRE(checkpoint.files().size() == 2);
   REQUIRE(checkpoint.tensors().size() == first.size() + second.size());
   REQUIRE(checkpoint.path_of(*checkpoint.find("h.1.mlp.c_fc.weight")) == dir / two);
+  REQUIRE(checkpoint.path_of(*checkpoint.find("wte.weight")) == dir / one);
   // A tensor's problem names the shard that holds it.
   {
     auto bad = second;
@@ -1034,16 +1035,16 @@ TEST_CASE("a sharded checkpoint (model.safetensors.index.json and its shards) lo
   auto moved = map;
   moved["h.1.mlp.c_fc.weight"] = one;
   write_index(moved);
-  REQUIRE_THAT(load_error(dir), Contains(index.string() + ": tensor \"h.1.mlp.c_fc.weight\" is mapped to " +
+  REQUIRE_THAT(load_error(dir), Contains(index.string() + ": tensor 'h.1.mlp.c_fc.weight' is mapped to " +
                                          (dir / one).string() + ", which does not hold it"));
   auto twice = first;
   twice.push_back(second.front());
   io::write_safetensors(dir / one, twice);
   write_index(map);
-  REQUIRE_THAT(load_error(dir), Contains(index.string() + ": tensor \"" + second.front().name + "\" is in both " +
+  REQUIRE_THAT(load_error(dir), Contains(index.string() + ": tensor '" + second.front().name + "' is in both " +
                                          (dir / one).string() + " and " + (dir / two).string()));
   io::write_safetensors(dir / one, first);
-  for (const std::string& bad : std::vector<std::string>{"../" + one, "/tmp/x.safetensors", "", ".."}) {
+  for (const std::string& bad : std::vector<std::string>{"../" + one, "/tmp/x.safetensors", "", "..", one + '\0' + "junk"}) {
     auto elsewhere = map;
     elsewhere["h.1.mlp.c_fc.weight"] = bad;
     write_index(elsewhere);
@@ -1052,25 +1053,38 @@ TEST_CASE("a sharded checkpoint (model.safetensors.index.json and its shards) lo
   auto numbered = map;
   numbered["h.1.mlp.c_fc.weight"] = 2;
   write_index(numbered);
-  REQUIRE_THAT(load_error(dir), Contains("the shard of tensor \"h.1.mlp.c_fc.weight\" is number, expected a file name"));
+  REQUIRE_THAT(load_error(dir), Contains("the shard of tensor 'h.1.mlp.c_fc.weight' is number, expected a file name"));
+  auto itself = map;
+  itself["h.1.mlp.c_fc.weight"] = index.filename().string();
+  write_index(itself);
+  REQUIRE_THAT(load_error(dir), Contains(index.string() + ": the shard of tensor 'h.1.mlp.c_fc.weight' is the index itself"));
   write_index(nlohmann::json::object());
   REQUIRE_THAT(load_error(dir), Contains(index.string() + ": the weight_map names no tensor"));
   write_text(index, "[1, 2]");
   REQUIRE_THAT(load_error(dir), Contains("expected a JSON object with a \"weight_map\" object"));
   write_index(map);
   fs::remove(dir / two);
-  REQUIRE_THAT(load_error(dir), Contains((dir / two).string() + ": file not found"));
+  REQUIRE_THAT(load_error(dir), Contains(index.string() + ": the shard of tensor '" + second.front().name + "': " +
+                                         (dir / two).string() + ": file not found"));
   // Neither file: model.safetensors is not found, and a PyTorch pickle is named with its conversion.
   fs::remove(index);
   REQUIRE_THAT(load_error(dir), Contains((dir / "model.safetensors").string() +
                                          ": file not found (nor model.safetensors.index.json, a sharded checkpoint's "
                                          "index)"));
   write_text(dir / "pytorch_model.bin", "not read");
-  REQUIRE_THAT(load_error(dir), Contains("pytorch_model.bin, a PyTorch pickle, which specsample does not read: convert "
-                                         "it with transformers"));
-  // model.safetensors wins when both are there (as transformers prefers the single file).
+  REQUIRE_THAT(load_error(dir), Contains("holds a PyTorch pickle (pytorch_model.bin), which specsample does not read: "
+                                         "convert it with transformers"));
+  // model.safetensors wins when both are there (as transformers prefers the single file), unless
+  // it is not a regular file, which transformers passes over too.
+  fs::create_directory(dir / "model.safetensors");
+  io::write_safetensors(dir / two, second);
+  write_index(map);
+  REQUIRE(gpt2::weights_file(dir) == index);
+  REQUIRE(load_error(dir).empty());
+  fs::remove(dir / "model.safetensors");
   fs::copy_file(src / "model.safetensors", dir / "model.safetensors");
   write_index(moved);  // (broken: not read)
+  REQUIRE(gpt2::weights_file(dir) == dir / "model.safetensors");
   REQUIRE(load_error(dir).empty());
 }
 

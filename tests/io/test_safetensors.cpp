@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <unistd.h>
@@ -167,6 +169,21 @@ TEST_CASE("a written file reads back every dtype, shape and the metadata", "[io]
   io::safetensors_file other = std::move(moved);
   REQUIRE(other.at("a.f32").data.data() == before);
   REQUIRE(io::to_float_vector(other.at("a.f32")) == expected);
+
+  // One file as a checkpoint (the sharded form: tests/gpt2, "a sharded checkpoint"): the same
+  // tensors in the same order, each from that file, and views valid across a move.
+  io::safetensors_checkpoint one(std::move(other));
+  REQUIRE(one.path() == path);
+  REQUIRE(one.files().size() == 1);
+  REQUIRE(one.tensors().size() == 7);
+  REQUIRE(std::is_sorted(one.tensors().begin(), one.tensors().end(),
+                         [](const io::tensor_view* x, const io::tensor_view* y) { return x->name < y->name; }));
+  REQUIRE(one.find("zzz") == nullptr);
+  const io::safetensors_checkpoint moved_one = std::move(one);
+  REQUIRE(moved_one.find("a.f32")->data.data() == before);
+  REQUIRE(moved_one.path_of(*moved_one.find("a.f32")) == path);
+  REQUIRE(io::safetensors_checkpoint::open(path).contains("b.f16"));
+  static_assert(!std::is_copy_constructible_v<io::safetensors_checkpoint>);
 }
 
 TEST_CASE("f16 and bf16 conversions are exact, including subnormals, infinities and nan",

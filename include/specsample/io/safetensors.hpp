@@ -354,6 +354,10 @@ class safetensors_checkpoint {
     files_.push_back(std::move(file));
     index_tensors();
   }
+  safetensors_checkpoint(safetensors_checkpoint&&) noexcept = default;
+  safetensors_checkpoint& operator=(safetensors_checkpoint&&) noexcept = default;
+  safetensors_checkpoint(const safetensors_checkpoint&) = delete;  // (tensors() points into files_)
+  safetensors_checkpoint& operator=(const safetensors_checkpoint&) = delete;
 
   /// Opens `path`: a safetensors file, or (a name ending in ".index.json") a shard index and the
   /// shards it names. Throws `specsample::error` naming the file and the problem.
@@ -373,19 +377,25 @@ class safetensors_checkpoint {
     std::map<std::string, std::size_t, std::less<>> shard_of_name;
     for (const auto& [tensor, shard] : map->items()) {
       if (!shard.is_string()) {
-        throw error(fmt::format("{}: the shard of tensor \"{}\" is {}, expected a file name", label, detail::excerpt(tensor),
+        throw error(fmt::format("{}: the shard of tensor '{}' is {}, expected a file name", label, detail::excerpt(tensor),
                                 shard.type_name()));
       }
       const std::string file = shard.get<std::string>();
-      if (file.empty() || file == "." || file == ".." || file.find_first_of("/\\") != std::string::npos) {
-        throw error(fmt::format("{}: the shard of tensor \"{}\" is \"{}\": shards are named by a file name in "
+      const bool control = std::any_of(file.begin(), file.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x20U; });
+      if (file.empty() || file == "." || file == ".." || control || file.find_first_of("/\\") != std::string::npos) {
+        throw error(fmt::format("{}: the shard of tensor '{}' is \"{}\": shards are named by a file name in "
                                 "the index's directory",
                                 label, detail::excerpt(tensor), detail::excerpt(file)));
       }
+      if (file == name) throw error(fmt::format("{}: the shard of tensor '{}' is the index itself", label, detail::excerpt(tensor)));
       auto it = shard_of_name.find(file);
       if (it == shard_of_name.end()) {
         it = shard_of_name.emplace(file, c.files_.size()).first;
-        c.files_.push_back(safetensors_file::open(path.parent_path() / file));
+        try {
+          c.files_.push_back(safetensors_file::open(path.parent_path() / file));
+        } catch (const error& e) {  // the shard's own message, and where it was named
+          throw error(fmt::format("{}: the shard of tensor '{}': {}", label, detail::excerpt(tensor), e.what()));
+        }
       }
       listed.emplace_back(tensor, it->second);
     }
@@ -393,7 +403,7 @@ class safetensors_checkpoint {
     c.index_tensors();
     for (const auto& [tensor, shard] : listed) {
       if (c.files_[shard].find(tensor) == nullptr) {
-        throw error(fmt::format("{}: tensor \"{}\" is mapped to {}, which does not hold it", label, detail::excerpt(tensor),
+        throw error(fmt::format("{}: tensor '{}' is mapped to {}, which does not hold it", label, detail::excerpt(tensor),
                                 c.files_[shard].path().string()));
       }
     }
@@ -402,7 +412,8 @@ class safetensors_checkpoint {
 
   /// The file, or the shard index, the checkpoint was opened from.
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
-  /// The files: the one, or the shards in the order the index first names them.
+  /// The files: the one, or the shards in the order of their first tensor in the index's
+  /// weight_map (by tensor name: transformers' order of the shards).
   [[nodiscard]] std::span<const safetensors_file> files() const noexcept { return files_; }
   /// Every tensor of every file, sorted by name.
   [[nodiscard]] std::span<const tensor_view* const> tensors() const noexcept { return tensors_; }
@@ -427,16 +438,18 @@ class safetensors_checkpoint {
  private:
   safetensors_checkpoint() = default;
 
-  // Every file's tensors in one sorted list; a name in two files is refused.
+  // Every file's tensors in one sorted list; a name in two files is refused, naming them in the
+  // order of files_ (a stable sort of the files' tensors taken in that order).
   void index_tensors() {
     tensors_.clear();
     for (const safetensors_file& f : files_) {
       for (const tensor_view& t : f.tensors()) tensors_.push_back(&t);
     }
-    std::sort(tensors_.begin(), tensors_.end(), [](const tensor_view* a, const tensor_view* b) { return a->name < b->name; });
+    std::stable_sort(tensors_.begin(), tensors_.end(),
+                     [](const tensor_view* a, const tensor_view* b) { return a->name < b->name; });
     for (std::size_t i = 1; i < tensors_.size(); ++i) {
       if (tensors_[i]->name == tensors_[i - 1]->name) {
-        throw error(fmt::format("{}: tensor \"{}\" is in both {} and {}", path_.string(), detail::excerpt(tensors_[i]->name),
+        throw error(fmt::format("{}: tensor '{}' is in both {} and {}", path_.string(), detail::excerpt(tensors_[i]->name),
                                 path_of(*tensors_[i - 1]).string(), path_of(*tensors_[i]).string()));
       }
     }

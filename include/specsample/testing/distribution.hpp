@@ -7,6 +7,7 @@
 #include <specsample/error.hpp>
 #include <specsample/sampling/loop.hpp>
 #include <specsample/sampling/params.hpp>
+#include <specsample/sampling/random.hpp>
 #include <specsample/sampling/verify.hpp>
 #include <specsample/sampling/warp.hpp>
 
@@ -158,18 +159,25 @@ inline void add_enumerated(sequence_table& out, std::span<const token> sequence,
   out.add(sequence, p);
 }
 
+// The total the samplers draw a warped column's token against (`sample_categorical`: u times the
+// float weights' double sum, summed by `specsample::detail::sum_blocks`), to the same bits. (A
+// function of its own: its 8 KiB of block sums leave the stack before `enumerate` recurses.)
+inline double sampler_total(const Eigen::VectorXf& dist) {
+  specsample::detail::float_weights weights{dist.data()};
+  return specsample::detail::sum_blocks(weights, static_cast<std::size_t>(dist.size())).total;
+}
+
 // Depth-first over the continuations of `prefix` with positive probability (`dist`: the warped
 // distribution after it), adding each complete sequence to `out`; with `eos`, a sequence ends at
 // its first EOS, the rest filled with `absent`. A continuation's probability is its warped value
-// over the column's sum in double: what the samplers draw (`sample_categorical`: the float
-// weights over their double sum), and a table that sums to 1 within double rounding at any length
-// (a float column's sum is 1 only within its rounding, ~6e-8, which 19 positions compound past
-// `chi_square_test`'s 1e-6).
+// over the column's total as the autoregressive sampler draws it (`sampler_total`), so a table
+// sums to 1 within double rounding at any length (a float column's sum is 1 only within its
+// rounding, ~6e-8, which 19 positions compounded past `chi_square_test`'s 1e-6).
 template <language_model M>
 void enumerate(M& model, logit_warper& warp, const Eigen::VectorXf& dist, std::vector<token>& prefix,
                std::size_t length, double prob, std::optional<token> eos, token absent, sequence_table& out) {
   Eigen::VectorXf next(dist.size());
-  const double total = dist.cast<double>().sum();  // positive and finite: the warper's check
+  const double total = sampler_total(dist);  // positive and finite: the warper's check
   for (Eigen::Index x = 0; x < dist.size(); ++x) {
     const double px = prob * (static_cast<double>(dist(x)) / total);
     if (px == 0.0) continue;
@@ -567,10 +575,19 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
 }
 
 /// The total variation distance between two distributions of the same shape.
+/// @throws error on shapes that differ, or a value that is not finite and >= 0 (naming it and its
+/// cell: a NaN made the distance NaN, which compares false with any bound).
 inline double total_variation(const xt::xarray<double>& a, const xt::xarray<double>& b) {
   if (a.shape() != b.shape()) throw error("total_variation: shapes differ");
   double tv = 0.0;
-  for (std::size_t i = 0; i < a.size(); ++i) tv += std::fabs(a.flat(i) - b.flat(i));
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    for (const double x : {a.flat(i), b.flat(i)}) {
+      if (!(x >= 0.0) || !std::isfinite(x)) {
+        throw error(fmt::format("total_variation: value {} at cell {} is not a probability", x, i));
+      }
+    }
+    tv += std::fabs(a.flat(i) - b.flat(i));
+  }
   return 0.5 * tv;
 }
 

@@ -130,21 +130,25 @@ struct kv_cache {
   }
 };
 
-/// The weights of the Hugging Face GPT-2 directory `dir`: `dir/model.safetensors`, or, when there
-/// is none, the shard index `dir/model.safetensors.index.json` (transformers' save_pretrained splits
-/// a checkpoint above 5 GB: a fine-tuned gpt2-xl in F32; `io::safetensors_checkpoint` reads them as
-/// one). Throws `specsample::error` when neither is there ("file not found"), saying how to convert
-/// a `pytorch_model.bin` (a PyTorch pickle, which this library does not read) when the directory
-/// holds one instead.
-[[nodiscard]] inline std::filesystem::path checkpoint_weights(const std::filesystem::path& dir) {
-  const std::filesystem::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
+/// The weights file of the Hugging Face GPT-2 directory `dir`: `dir/model.safetensors`, or, when
+/// that is not a regular file, the shard index `dir/model.safetensors.index.json` (transformers'
+/// save_pretrained splits a checkpoint above 5 GB: a fine-tuned gpt2-xl in F32;
+/// `io::safetensors_checkpoint` reads the shards as one), as transformers looks for them. Throws
+/// `specsample::error` when neither is there ("file not found"), saying how to convert a PyTorch
+/// pickle (`pytorch_model.bin`, or its shards' index), which this library does not read, when the
+/// directory holds one instead. (A model.safetensors that is there but unreadable, a directory
+/// say, with no index beside it, is returned: its reader names the problem.)
+[[nodiscard]] inline std::filesystem::path weights_file(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
   std::error_code ec;
-  if (std::filesystem::exists(single, ec)) return single;  // (what is wrong with it, its reader says)
-  if (std::filesystem::exists(index, ec)) return index;
-  const bool pickle = std::filesystem::exists(dir / "pytorch_model.bin", ec);
+  if (fs::is_regular_file(single, ec)) return single;
+  if (fs::exists(index, ec)) return index;
+  if (fs::exists(single, ec)) return single;
+  const bool pickle = fs::exists(dir / "pytorch_model.bin", ec) || fs::exists(dir / "pytorch_model.bin.index.json", ec);
   throw error(fmt::format("{}: file not found (nor {}, a sharded checkpoint's index){}", single.string(),
                           index.filename().string(),
-                          pickle ? "; the directory holds pytorch_model.bin, a PyTorch pickle, which specsample does "
+                          pickle ? "; the directory holds a PyTorch pickle (pytorch_model.bin), which specsample does "
                                    "not read: convert it with transformers, AutoModelForCausalLM.from_pretrained(dir)"
                                    ".save_pretrained(dir, safe_serialization=True)"
                                  : ""));
@@ -161,8 +165,8 @@ struct kv_cache {
 class model {
  public:
   /// Loads `dir/config.json` and `dir/model.safetensors` (a Hugging Face GPT-2 directory), or
-  /// the shards `dir/model.safetensors.index.json` lists when there is no model.safetensors
-  /// (`checkpoint_weights`). Throws `specsample::error` naming the file and the problem, or, before reading any file,
+  /// the shards `dir/model.safetensors.index.json` lists when model.safetensors is not a regular
+  /// file (`weights_file`). Throws `specsample::error` naming the file and the problem, or, before reading any file,
   /// `specsample::parameter_error` naming an option (`gpt2::options.kv_storage`, say) that holds no
   /// value of its enumeration (an integer cast to it) or contradicts another.
   [[nodiscard]] static model load(const std::filesystem::path& dir, options opts = {});
@@ -385,7 +389,7 @@ SPECSAMPLE_GPT2_MODEL model model::load(const std::filesystem::path& dir, option
   opts.pool = pool_of(opts);
   opts.threads = 0;
   gpt2::config cfg = gpt2::config::load(config_path);
-  const io::safetensors_checkpoint file = io::safetensors_checkpoint::open(checkpoint_weights(dir));
+  const io::safetensors_checkpoint file = io::safetensors_checkpoint::open(weights_file(dir));
   gpt2::weights w = gpt2::weights::load(file, cfg, config_path.string(), storage);
   return model(cfg, std::move(w), opts);
 }
