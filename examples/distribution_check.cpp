@@ -103,16 +103,16 @@ template <class Draft, class Target, class Verifier>
 bool check(Draft& draft, Target& target, std::span<const specsample::token> prompt,
            const specsample::speculative_params& params, std::size_t samples, std::uint64_t seed, double alpha,
            Verifier verifier) {
-  {  // What the samples will take (each a generation: a large model's take long), on stderr: one
+  {  // What the samples will take (each a generation, with `verifier`: a large model's take long), on stderr: one
      // untimed (the first call's allocations and cold caches made a toy pair's estimate ~12x the
      // run), then at least ten timed, and quick ones for at least 50 ms.
     std::mt19937_64 probe(~seed);
-    (void)specsample::speculative_sample(draft, target, prompt, params, probe);
+    (void)specsample::testing::speculative_draw(draft, target, prompt, params, probe, verifier);
     const auto start = std::chrono::steady_clock::now();
     std::size_t timed = 0;
     double elapsed = 0.0;
     do {
-      (void)specsample::speculative_sample(draft, target, prompt, params, probe);
+      (void)specsample::testing::speculative_draw(draft, target, prompt, params, probe, verifier);
       ++timed;
       elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     } while (timed < 10 || (elapsed < 0.05 && timed < 100000));

@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include "../support/broken_verifiers.hpp"
+
 #include <xtensor/xview.hpp>
 #include <xtensor/xreducer.hpp>
 
@@ -253,6 +255,27 @@ TEST_CASE("the exactness tools refuse sizes they cannot enumerate or test", "[te
                                   "be in 1..64, got {}",
                                   length));
   }
+}
+
+TEST_CASE("speculative_draw draws as speculative_sample does, with the rule params name or a verifier given",
+          "[testing]") {
+  auto target = toy::markov::random(5, 1, 11);
+  auto draft = toy::markov::random(5, 1, 12);
+  const std::vector<token> prompt{1};
+  speculative_params params;
+  params.max_new_tokens = 6;
+  params.draft_length = 3;
+  std::size_t differ = 0;  // seeds where the two rules draw differently: the verifier is used
+  for (std::uint64_t seed = 0; seed < 20; ++seed) {
+    std::mt19937_64 a(seed), b(seed), c(seed), d(seed);
+    const auto by_params = testing::speculative_draw(draft, target, prompt, params, a);
+    CHECK(by_params == speculative_sample(draft, target, prompt, params, b).tokens);
+    no_observer none;
+    const auto by_verifier = testing::speculative_draw(draft, target, prompt, params, c, test::resample_from_target{});
+    CHECK(by_verifier == speculative_sample(draft, target, prompt, params, d, none, test::resample_from_target{}).tokens);
+    differ += by_params != by_verifier ? 1 : 0;
+  }
+  CHECK(differ > 0);
 }
 
 TEST_CASE("total_variation is half the L1 distance, and refuses what is not a distribution of one shape",

@@ -528,6 +528,21 @@ inline fit_result chi_square_test(const sequence_table& observed, const sequence
 /// as `speculative_sample` without a verifier uses.
 struct verifier_from_params {};
 
+/// One speculative sample as `speculative_fit` draws it: `speculative_sample` with `verifier`, or,
+/// with the default `verifier_from_params`, the rule `params` name. Its output tokens.
+template <class Draft, language_model Target, std::uniform_random_bit_generator Rng,
+          class Verifier = verifier_from_params>
+  requires(language_model<Draft> || drafter<Draft>)
+[[nodiscard]] std::vector<token> speculative_draw(Draft& draft, Target& target, std::span<const token> prompt,
+                                                  const speculative_params& params, Rng& rng, Verifier verifier = {}) {
+  no_observer none;
+  if constexpr (std::is_same_v<Verifier, verifier_from_params>) {
+    return speculative_sample(draft, target, prompt, params, rng, none).tokens;
+  } else {
+    return speculative_sample(draft, target, prompt, params, rng, none, verifier).tokens;
+  }
+}
+
 /// The whole exactness check for one pair: enumerates the target's exact distribution over
 /// sequences of `params.max_new_tokens` tokens after `prompt` (`exact_sequences`), draws `samples`
 /// speculative samples (with `verifier`; by default the rule `params` name, lossy leniency
@@ -560,14 +575,8 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
   const std::size_t L = params.max_new_tokens;
   const sequence_table exact = exact_sequences(target, prompt, L, params.sampling, params.eos);
   sequence_table observed(L, samples);  // room for every sample: a broken sampler's spread fails, never throws
-  no_observer none;
   for (std::size_t i = 0; i < samples; ++i) {
-    std::vector<token> out;
-    if constexpr (std::is_same_v<Verifier, verifier_from_params>) {
-      out = speculative_sample(draft, target, prompt, params, rng, none).tokens;
-    } else {
-      out = speculative_sample(draft, target, prompt, params, rng, none, verifier).tokens;
-    }
+    std::vector<token> out = speculative_draw(draft, target, prompt, params, rng, verifier);
     if (params.eos && out.size() < L) out.resize(L, static_cast<token>(V));  // (only EOS ends a run early)
     observed.add(out, 1.0);
   }
