@@ -373,7 +373,6 @@ class safetensors_checkpoint {
     }
     safetensors_checkpoint c;
     c.path_ = path;
-    std::vector<std::pair<std::string, std::size_t>> listed;  // (tensor, index into files_)
     std::map<std::string, std::size_t, std::less<>> shard_of_name;
     for (const auto& [tensor, shard] : map->items()) {
       if (!shard.is_string()) {
@@ -381,13 +380,16 @@ class safetensors_checkpoint {
                                 shard.type_name()));
       }
       const std::string file = shard.get<std::string>();
-      const bool control = std::any_of(file.begin(), file.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x20U; });
+      const bool control =
+          std::any_of(file.begin(), file.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x20U; });
       if (file.empty() || file == "." || file == ".." || control || file.find_first_of("/\\") != std::string::npos) {
         throw error(fmt::format("{}: the shard of tensor '{}' is \"{}\": shards are named by a file name in "
                                 "the index's directory",
                                 label, detail::excerpt(tensor), detail::excerpt(file)));
       }
-      if (file == name) throw error(fmt::format("{}: the shard of tensor '{}' is the index itself", label, detail::excerpt(tensor)));
+      if (file == name) {
+        throw error(fmt::format("{}: the shard of tensor '{}' is the index itself", label, detail::excerpt(tensor)));
+      }
       auto it = shard_of_name.find(file);
       if (it == shard_of_name.end()) {
         it = shard_of_name.emplace(file, c.files_.size()).first;
@@ -397,16 +399,13 @@ class safetensors_checkpoint {
           throw error(fmt::format("{}: the shard of tensor '{}': {}", label, detail::excerpt(tensor), e.what()));
         }
       }
-      listed.emplace_back(tensor, it->second);
+      if (c.files_[it->second].find(tensor) == nullptr) {
+        throw error(fmt::format("{}: tensor '{}' is mapped to {}, which does not hold it", label, detail::excerpt(tensor),
+                                c.files_[it->second].path().string()));
+      }
     }
     if (c.files_.empty()) throw error(fmt::format("{}: the weight_map names no tensor", label));
     c.index_tensors();
-    for (const auto& [tensor, shard] : listed) {
-      if (c.files_[shard].find(tensor) == nullptr) {
-        throw error(fmt::format("{}: tensor '{}' is mapped to {}, which does not hold it", label, detail::excerpt(tensor),
-                                c.files_[shard].path().string()));
-      }
-    }
     return c;
   }
 
