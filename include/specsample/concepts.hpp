@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <type_traits>
 
 namespace specsample {
 
@@ -35,9 +36,17 @@ concept has_context_size = requires(const M& cm) {
   { cm.size() } -> std::convertible_to<std::size_t>;
 };
 
+// Logits an `append` may return: convertible to Eigen::MatrixXf and, when they are an Eigen type
+// (one with a `Scalar`), of float: Eigen declares a conversion from a double matrix that fails only
+// when instantiated, so `convertible_to` alone would accept Eigen::MatrixXd.
+template <class R>
+concept float_logits = std::convertible_to<R, Eigen::MatrixXf> &&
+                       (!requires { typename std::remove_cvref_t<R>::Scalar; } ||
+                        std::same_as<typename std::remove_cvref_t<R>::Scalar, float>);
+
 template <class M>
 concept has_append = requires(M& m, std::span<const token> t) {
-  { m.append(t) } -> std::convertible_to<Eigen::MatrixXf>;
+  { m.append(t) } -> float_logits;
 };
 
 template <class M>
@@ -50,7 +59,7 @@ concept has_max_size = requires(const M& cm) {
 
 template <class M>
 concept has_append_last = requires(M& m, std::span<const token> t, std::size_t n) {
-  { m.append(t, n) } -> std::convertible_to<Eigen::MatrixXf>;
+  { m.append(t, n) } -> float_logits;
 };
 
 }  // namespace detail
@@ -61,8 +70,8 @@ concept has_append_last = requires(M& m, std::span<const token> t, std::size_t n
 /// `std::span<const token> t` and `std::size_t n`:
 ///  1. `cm.vocab_size()` returns the vocabulary size V (convertible to `std::size_t`);
 ///  2. `cm.size()` returns the number of tokens currently in the context;
-///  3. `m.append(t)` appends `t` to the context and returns logits convertible to
-///     `Eigen::MatrixXf` of shape (V, t.size()): column j holds the next-token logits after
+///  3. `m.append(t)` appends `t` to the context and returns float logits (convertible to
+///     `Eigen::MatrixXf`; an Eigen type of `float`) of shape (V, t.size()): column j holds the next-token logits after
 ///     `t[0..j]` given the earlier context (log-probabilities up to a constant per column;
 ///     -inf is a zero probability);
 ///  4. `m.truncate(n)` keeps the first `n` tokens of the context (n <= size()).
@@ -89,15 +98,21 @@ template <class M>
 
 }  // namespace specsample
 
-/// Checks `language_model` requirement by requirement with one readable message each; used by
-/// every entry point that takes a model.
-#define SPECSAMPLE_CHECK_MODEL(M, role)                                                          \
+/// Checks `language_model` requirement by requirement with one readable message each (a const
+/// model first: its non-const members would read as missing); used by the fallback overloads of
+/// `speculative_sample` and `autoregressive_sample` (sampling/loop.hpp).
+#define SPECSAMPLE_CHECK_MODEL(M_, role)                                                         \
+  static_assert(!::std::is_const_v<M_>, role " must be a non-const model: append and truncate "     \
+                                           "change its context");                                \
+  SPECSAMPLE_CHECK_MODEL_MEMBERS(::std::remove_const_t<M_>, role)
+
+#define SPECSAMPLE_CHECK_MODEL_MEMBERS(M, role)                                                  \
   static_assert(::specsample::detail::has_vocab_size<M>,                                         \
                 role " must provide `vocab_size() const` returning the vocabulary size");        \
   static_assert(::specsample::detail::has_context_size<M>,                                       \
                 role " must provide `size() const` returning the number of tokens in context"); \
   static_assert(::specsample::detail::has_append<M>,                                             \
-                role " must provide append(span<const token>) returning vocab x n logits "      \
-                     "convertible to Eigen::MatrixXf");                                         \
+                role " must provide append(span<const token>) returning vocab x n float logits " \
+                     "(convertible to Eigen::MatrixXf; an Eigen type of float, not double)");   \
   static_assert(::specsample::detail::has_truncate<M>,                                           \
                 role " must provide truncate(size_t) keeping the first n tokens of context")

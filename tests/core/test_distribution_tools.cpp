@@ -278,6 +278,35 @@ TEST_CASE("speculative_draw draws as speculative_sample does, with the rule para
   CHECK(differ > 0);
 }
 
+namespace {
+// Token-wise verification that counts its rounds (the loop calls a derived verifier's operator()).
+struct round_counting_verifier : tokenwise_verifier {
+  std::size_t calls = 0;
+  template <class Q, class P, class Rng>
+  verify_result operator()(std::span<const token> drafts, const Q& q, const P& p, Rng& rng) {
+    ++calls;
+    return tokenwise_verifier::operator()(drafts, q, p, rng);
+  }
+};
+}  // namespace
+
+TEST_CASE("speculative_fit uses the verifier given in place for every sample, as speculative_sample does",
+          "[testing]") {
+  auto target = toy::markov::random(3, 1, 11);
+  auto draft = toy::markov::random(3, 1, 12);
+  const std::vector<token> prompt{1};
+  speculative_params params;
+  params.max_new_tokens = 2;
+  params.draft_length = 1;
+  round_counting_verifier verifier;
+  std::mt19937_64 rng(3);
+  (void)testing::speculative_fit(draft, target, prompt, params, 100, rng, verifier);
+  CHECK(verifier.calls >= 100);  // at least one round per sample, each counted by this object (copies were)
+  round_counting_verifier other;
+  (void)testing::speculative_draw(draft, target, prompt, params, rng, other);
+  CHECK(other.calls >= 1);
+}
+
 TEST_CASE("total_variation is half the L1 distance, and refuses what is not a distribution of one shape",
           "[testing]") {
   using Catch::Matchers::Contains;

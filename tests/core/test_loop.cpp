@@ -1,4 +1,5 @@
 #include <specsample/specsample.hpp>
+#include <specsample/testing/distribution.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -311,6 +312,28 @@ TEST_CASE("a model that breaks its contract is reported, not trusted", "[loop][e
   fixed_logits_model masked{Eigen::VectorXf::Constant(4, -std::numeric_limits<float>::infinity())};
   masked.logits(1) = 0.0f;
   CHECK(autoregressive_sample(masked, prompt, make_params(3, 1), rng).tokens == std::vector<token>{1, 1, 1});
+}
+
+TEST_CASE("a model whose truncate keeps other than n tokens is named, as target, as draft and when enumerated",
+          "[loop][errors]") {
+  struct keeps_everything : toy::markov {  // truncate does nothing
+    explicit keeps_everything(toy::markov m) : toy::markov(std::move(m)) {}
+    void truncate(std::size_t) {}
+  };
+  using Catch::Matchers::Contains;
+  auto target = toy::markov::random(4, 1, 21);
+  auto draft = toy::markov::similar_to(target, 0.5, 22);
+  const std::vector<token> prompt{1};
+  const auto params = make_params(30, 4);  // (rejections early in a round: the draft holds tokens to drop)
+  std::mt19937_64 rng(5);
+  keeps_everything bad_target(target), bad_draft(draft), enumerated(target);
+  CHECK_THROWS_WITH(speculative_sample(draft, bad_target, prompt, params, rng),
+                    Contains("target model reports size() = ") && Contains(" after truncate(") &&
+                        Contains("truncate(n) must keep exactly the first n tokens of the context"));
+  CHECK_THROWS_WITH(speculative_sample(bad_draft, target, prompt, params, rng),
+                    Contains("draft model reports size() = ") && Contains(" after truncate("));
+  CHECK_THROWS_WITH(testing::exact_sequences(enumerated, prompt, 3, {}),
+                    Contains("enumerated model reports size() = 3 after truncate(2)"));
 }
 
 TEST_CASE("a model with append(t, n) is asked only for the logits the loop reads", "[loop]") {

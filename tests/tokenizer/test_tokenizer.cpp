@@ -605,7 +605,11 @@ TEST_CASE(
 TEST_CASE("loading reports a missing directory or file with its path", "[tokenizer][errors]") {
   temp_dir dir;
   CHECK_THROWS_WITH(bpe_tokenizer::load(dir.path / "nope"),
-                    Catch::Contains("vocab.json: file not found"));
+                    Catch::Contains((dir.path / "nope").string() + ": no such directory; expected a tokenizer directory"));
+  dir.write("plain", "x");
+  CHECK_THROWS_WITH(bpe_tokenizer::load(dir.path / "plain"),
+                    Catch::Contains((dir.path / "plain").string() + ": not a directory; expected a tokenizer directory"));
+  CHECK_THROWS_WITH(bpe_tokenizer::load(dir.path), Catch::Contains("vocab.json: file not found"));
   dir.write("vocab.json", small_vocab_json({}));
   check_load_error(dir, (dir.path / "merges.txt").string(), "file not found");
 }

@@ -258,12 +258,15 @@ class vocab_reader : public nlohmann::json_sax<nlohmann::json> {
 /// result of a merge (for GPT-2 and the bundled Shakespeare models: just `<|endoftext|>`).
 /// `encode` splits the text on their literal spelling first. All member functions are const and
 /// thread-safe, so one instance serves every thread; a copy duplicates the tables (the GPT-2
-/// tokenizer's: ~9 MB), so pass it by reference.
+/// tokenizer's: ~9 MB), so pass it by reference. A moved-from tokenizer is valid but
+/// unspecified, as a moved-from standard container: assign to it or destroy it.
 class bpe_tokenizer {
  public:
   /// Loads `dir/vocab.json` and `dir/merges.txt`.
-  /// @throws error naming the file (and line) when a file is missing or malformed.
+  /// @throws error naming the directory when it is none, else the file (and line) when a file is
+  /// missing or malformed.
   [[nodiscard]] static bpe_tokenizer load(const std::filesystem::path& dir) {
+    io::require_directory(dir, "a tokenizer directory (vocab.json, merges.txt)");
     return load(dir / "vocab.json", dir / "merges.txt");
   }
 

@@ -25,6 +25,19 @@
 
 namespace specsample::io {
 
+/// Throws `specsample::error` unless `dir` is a directory (a symbolic link to one included):
+/// "<dir>: no such directory" or "<dir>: not a directory", then what was expected there
+/// (`expected`, e.g. "a Hugging Face GPT-2 directory"), before a file in it is looked for.
+inline void require_directory(const std::filesystem::path& dir, std::string_view expected) {
+  struct ::stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    const int e = errno;
+    throw error(fmt::format("{}: {}; expected {}", dir.string(),
+                            e == ENOENT ? std::string("no such directory") : std::string(std::strerror(e)), expected));
+  }
+  if (!S_ISDIR(st.st_mode)) throw error(fmt::format("{}: not a directory; expected {}", dir.string(), expected));
+}
+
 namespace detail {
 
 /// An open file descriptor, closed at scope exit.

@@ -30,6 +30,22 @@ struct proposal {
   double forward_seconds = 0.0;    ///< wall time inside those calls (the model's `append` only)
 };
 
+namespace detail {
+// Each requirement of `drafter` (beside `has_vocab_size`) as its own concept, so that a type that
+// misses one is told which (SPECSAMPLE_CHECK_DRAFTER).
+template <class D>
+concept has_begin = requires(D& d, std::span<const token> ctx) { d.begin(ctx); };
+
+template <class D>
+concept has_propose = requires(D& d, std::span<const token> ctx, std::size_t k, Eigen::Ref<Eigen::MatrixXf> q,
+                               std::span<token> out, std::mt19937_64& rng) {
+  { d.propose(ctx, k, q, out, rng) } -> std::same_as<proposal>;
+};
+
+template <class D>
+concept has_sync = requires(D& d, std::span<const token> ctx) { d.sync(ctx); };
+}  // namespace detail
+
 /// A source of draft tokens for `speculative_sample`.
 ///
 /// A type `D` models `drafter` when, for `D& d`, `const D& cd`, the context
@@ -51,13 +67,17 @@ struct proposal {
 /// Optionally, `cd.max_size()` returns the longest context the drafter's model accepts; the loops
 /// then check up front that the prompt and `max_new_tokens` fit it (`max_context`).
 template <class D>
-concept drafter = requires(D& d, const D& cd, std::span<const token> ctx, std::size_t k, Eigen::Ref<Eigen::MatrixXf> q,
-                           std::span<token> out, std::mt19937_64& rng) {
-  { cd.vocab_size() } -> std::convertible_to<std::size_t>;
-  d.begin(ctx);
-  { d.propose(ctx, k, q, out, rng) } -> std::same_as<proposal>;
-  d.sync(ctx);
-};
+concept drafter = detail::has_vocab_size<D> && detail::has_begin<D> && detail::has_propose<D> && detail::has_sync<D>;
+
+namespace detail {
+// Whether D means to be a drafter (it has `begin`, `sync` or a `propose` taking the drafter's
+// arguments, whatever it returns), so a type that is neither a drafter nor a model is diagnosed
+// against the requirements it was written for.
+template <class D>
+concept drafter_like = has_begin<D> || has_sync<D> ||
+                       requires(D& d, std::span<const token> ctx, std::size_t k, Eigen::Ref<Eigen::MatrixXf> q,
+                                std::span<token> out, std::mt19937_64& rng) { d.propose(ctx, k, q, out, rng); };
+}  // namespace detail
 
 namespace detail {
 
@@ -163,10 +183,24 @@ inline void check_propose_buffers(const char* drafter, std::size_t k, Eigen::Ind
   }
 }
 
+// m.truncate(n), checked: the model must then hold exactly n tokens. (A truncate that kept more
+// would surface later as a size() the loop does not expect, blamed on another cause.) A plain
+// `error` it throws names the role, as `forward`'s do.
+template <class M>
+void truncate_to(M& m, std::size_t n, const char* role) {
+  naming_role(role, [&] { m.truncate(n); });
+  const auto held = static_cast<std::size_t>(m.size());
+  if (held != n) {
+    throw error(fmt::format("{} model reports size() = {} after truncate({}); truncate(n) must keep exactly the first n "
+                            "tokens of the context",
+                            role, held, n));
+  }
+}
+
 // Resets `m` to hold all of ctx but its last token.
 template <class M>
 void prefill(M& m, std::span<const token> ctx, std::size_t vocab, const char* role) {
-  m.truncate(0);
+  truncate_to(m, 0, role);
   if (ctx.size() > 1) forward(m, ctx.first(ctx.size() - 1), 0, vocab, role, [](const auto&) {});
 }
 
@@ -219,7 +253,7 @@ class model_drafter {
   }
 
   void sync(std::span<const token> ctx) {
-    if (static_cast<std::size_t>(model_->size()) > ctx.size() - 1) model_->truncate(ctx.size() - 1);
+    if (static_cast<std::size_t>(model_->size()) > ctx.size() - 1) detail::truncate_to(*model_, ctx.size() - 1, "draft");
   }
 
  private:
@@ -229,3 +263,24 @@ class model_drafter {
 };
 
 }  // namespace specsample
+
+/// Checks `drafter` requirement by requirement with one readable message each (a const drafter
+/// first), as SPECSAMPLE_CHECK_MODEL does for models; used by `speculative_sample`'s fallback
+/// overload (sampling/loop.hpp) for a type that means to be a drafter (`detail::drafter_like`).
+#define SPECSAMPLE_CHECK_DRAFTER(D_, role)                                                              \
+  static_assert(!::std::is_const_v<D_>, role " must be a non-const drafter: begin, propose and sync "   \
+                                            "change its state");                                        \
+  SPECSAMPLE_CHECK_DRAFTER_MEMBERS(::std::remove_const_t<D_>, role)
+
+#define SPECSAMPLE_CHECK_DRAFTER_MEMBERS(D, role)                                                       \
+  static_assert(::specsample::detail::has_vocab_size<D>,                                                \
+                role " (a drafter) must provide `vocab_size() const` returning the vocabulary size");   \
+  static_assert(::specsample::detail::has_begin<D>,                                                     \
+                role " (a drafter) must provide begin(span<const token> ctx), called with the prompt"); \
+  static_assert(::specsample::detail::has_propose<D>,                                                   \
+                role " (a drafter) must provide propose(span<const token> ctx, size_t k, "              \
+                     "Eigen::Ref<Eigen::MatrixXf> q, span<token> out, Rng& rng) returning "             \
+                     "specsample::proposal, for any uniform random bit generator Rng");                 \
+  static_assert(::specsample::detail::has_sync<D>,                                                      \
+                role " (a drafter) must provide sync(span<const token> ctx), told the context after "   \
+                     "each round")

@@ -298,7 +298,7 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
     result.tokens.insert(result.tokens.end(), ctx.begin() + static_cast<std::ptrdiff_t>(len), ctx.end());
 
     // Restore the invariant: every model holds a prefix of ctx, the target all but the last token.
-    target.truncate(ctx.size() - 1);
+    truncate_to(target, ctx.size() - 1, "target");
     if constexpr (has_draft) drafter.sync(std::span<const token>(ctx));
     // Adaptive draft length (transformers' heuristic): +2 after a fully accepted round, -1 after a
     // rejection. It depends only on past rounds, so sampling stays exact.
@@ -432,14 +432,39 @@ generation_result autoregressive_sample(Target& target, std::span<const token> p
   return autoregressive_sample(target, prompt, params, rng, no_observer{});
 }
 
-/// Readable diagnostics for a type that is not a `language_model`: one static_assert per missing
-/// requirement instead of a page of unsatisfied constraints.
+#define SPECSAMPLE_CHECK_RNG(Rng)                                                                  \
+  static_assert(::std::uniform_random_bit_generator<::std::remove_reference_t<Rng>>,                \
+                "Rng must be a non-const uniform random bit generator (std::uniform_random_bit_"     \
+                "generator), e.g. std::mt19937_64")
+
+/// Readable diagnostics for arguments that match no overload above: a draft that is neither a
+/// `language_model` nor a `drafter` (checked against the drafter's requirements when it has any
+/// of its members, else the model's), a target that is no `language_model`, or an Rng that is no
+/// uniform random bit generator — one static_assert per missing requirement instead of a page of
+/// unsatisfied constraints.
 template <class Draft, class Target, class Rng, class... Rest>
-  requires((!language_model<Draft> && !drafter<Draft>) || !language_model<Target>)
+  requires((!language_model<Draft> && !drafter<Draft>) || !language_model<Target> ||
+           !std::uniform_random_bit_generator<Rng>)
 generation_result speculative_sample(Draft&, Target&, std::span<const token>, const speculative_params&, Rng&,
                                      Rest&&...) {
-  SPECSAMPLE_CHECK_MODEL(Draft, "Draft");
+  if constexpr (!language_model<Draft> && !drafter<Draft>) {
+    if constexpr (detail::drafter_like<std::remove_const_t<Draft>>) {
+      SPECSAMPLE_CHECK_DRAFTER(Draft, "Draft");
+    } else {
+      SPECSAMPLE_CHECK_MODEL(Draft, "Draft");
+    }
+  }
   SPECSAMPLE_CHECK_MODEL(Target, "Target");
+  SPECSAMPLE_CHECK_RNG(Rng);
+  return {};
+}
+
+/// Readable diagnostics for `autoregressive_sample`'s arguments, as for `speculative_sample`'s.
+template <class Target, class Rng, class... Rest>
+  requires(!language_model<Target> || !std::uniform_random_bit_generator<Rng>)
+generation_result autoregressive_sample(Target&, std::span<const token>, const speculative_params&, Rng&, Rest&&...) {
+  SPECSAMPLE_CHECK_MODEL(Target, "Target");
+  SPECSAMPLE_CHECK_RNG(Rng);
   return {};
 }
 

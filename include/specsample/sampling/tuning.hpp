@@ -282,7 +282,7 @@ calibration cost_ratios(Draft& draft, Target& target, std::span<const token> con
     const auto t0 = std::chrono::steady_clock::now();
     (void)detail::naming_role(role, [&]() -> decltype(auto) { return m.append(batch); });
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    m.truncate(keep);
+    detail::truncate_to(m, keep, role);
     return s;
   };
   std::vector<double> c, first;                      // c, c_first
@@ -577,8 +577,8 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
     // its last out.tokens.size() columns (from prompt.size() - 1 on).
     const auto input = std::span<const token>(text).first(text.size() - 1);
     const std::size_t generated = out.tokens.size();
-    target.truncate(0);
-    draft.truncate(0);
+    detail::truncate_to(target, 0, "target");
+    detail::truncate_to(draft, 0, "draft");
     Eigen::MatrixXf lp, lq;  // (V, generated): the last columns, checked like the loops check theirs
     (void)detail::forward(target, input, generated, vocab, "target", [&](const auto& l) { lp = l; });
     (void)detail::forward(draft, input, generated, vocab, "draft", [&](const auto& l) { lq = l; });

@@ -192,7 +192,7 @@ void enumerate(M& model, logit_warper& warp, const Eigen::VectorXf& dist, std::v
     } else {
       append_and_warp(model, std::span<const token>(&t, 1), warp, next);
       enumerate(model, warp, next, prefix, length, px, eos, absent, out);
-      model.truncate(model.size() - 1);
+      specsample::detail::truncate_to(model, static_cast<std::size_t>(model.size()) - 1, "enumerated");
     }
     prefix.pop_back();
   }
@@ -275,7 +275,7 @@ template <language_model M>
   specsample::detail::check_prompt(prompt, v);
   specsample::detail::check_fits(model, "enumerated", prompt.size(), length);
   logit_warper warp(sampling, v, "enumerated");
-  model.truncate(0);
+  specsample::detail::truncate_to(model, 0, "enumerated");
   Eigen::VectorXf first(static_cast<Eigen::Index>(v));
   detail::append_and_warp(model, prompt, warp, first);
   std::vector<token> prefix;
@@ -528,15 +528,16 @@ inline fit_result chi_square_test(const sequence_table& observed, const sequence
 /// as `speculative_sample` without a verifier uses.
 struct verifier_from_params {};
 
-/// One speculative sample as `speculative_fit` draws it: `speculative_sample` with `verifier`, or,
-/// with the default `verifier_from_params`, the rule `params` name. Its output tokens.
+/// One speculative sample as `speculative_fit` draws it: `speculative_sample` with `verifier` (used
+/// in place, as `speculative_sample` uses it), or, with the default `verifier_from_params`, the
+/// rule `params` name. Its output tokens.
 template <class Draft, language_model Target, std::uniform_random_bit_generator Rng,
           class Verifier = verifier_from_params>
   requires(language_model<Draft> || drafter<Draft>)
 [[nodiscard]] std::vector<token> speculative_draw(Draft& draft, Target& target, std::span<const token> prompt,
-                                                  const speculative_params& params, Rng& rng, Verifier verifier = {}) {
+                                                  const speculative_params& params, Rng& rng, Verifier&& verifier = {}) {
   no_observer none;
-  if constexpr (std::is_same_v<Verifier, verifier_from_params>) {
+  if constexpr (std::is_same_v<std::remove_cvref_t<Verifier>, verifier_from_params>) {
     return speculative_sample(draft, target, prompt, params, rng, none).tokens;
   } else {
     return speculative_sample(draft, target, prompt, params, rng, none, verifier).tokens;
@@ -546,7 +547,8 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
 /// The whole exactness check for one pair: enumerates the target's exact distribution over
 /// sequences of `params.max_new_tokens` tokens after `prompt` (`exact_sequences`), draws `samples`
 /// speculative samples (with `verifier`; by default the rule `params` name, lossy leniency
-/// included) and tests them against it (`chi_square_test`). `draft` is a model or any `drafter`
+/// included; a verifier given is used in place for every sample, not copied, so state it keeps
+/// persists across them) and tests them against it (`chi_square_test`). `draft` is a model or any `drafter`
 /// (n-gram, a `model_drafter` with early stopping, ...). With `params.eos` set, generation stops
 /// right after the first EOS, so both sides hold sequences cut there, every position after the EOS
 /// holding the "absent" marker V: a sampler that emitted a token after an EOS lands on a sequence
@@ -560,7 +562,7 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
   requires(language_model<Draft> || drafter<Draft>)
 [[nodiscard]] fit_result speculative_fit(Draft& draft, Target& target, std::span<const token> prompt,
                                          const speculative_params& params, std::size_t samples, Rng& rng,
-                                         Verifier verifier = {}) {
+                                         Verifier&& verifier = {}) {
   if (samples == 0) throw error("speculative_fit: samples must be >= 1");
   if (params.max_new_tokens == 0 || params.max_new_tokens > max_sequence_length) {
     throw error(fmt::format("speculative_fit: params.max_new_tokens (the length of the sequences tested) must be in "
@@ -569,7 +571,7 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
   }
   // The loop's own checks, before the enumeration rather than after it (with a verifier of the
   // caller's, of the parameters it runs with: its rule stands in for params.verify and leniency).
-  constexpr bool own_rule = !std::is_same_v<Verifier, verifier_from_params>;
+  constexpr bool own_rule = !std::is_same_v<std::remove_cvref_t<Verifier>, verifier_from_params>;
   const std::size_t V = specsample::detail::check_generation(
       draft, target, prompt, own_rule ? specsample::detail::for_custom_verifier(params) : params);
   const std::size_t L = params.max_new_tokens;
