@@ -494,6 +494,28 @@ TEST_CASE("append(tokens, n) returns the last n columns of append(tokens), bitwi
   }
 }
 
+TEST_CASE("a moved-from model is empty and says so, and the model moved to continues its context",
+          "[gpt2][model]") {
+  gpt2::model a = gpt2::model::load(models_dir / "shakespeare-draft", {.threads = 1});
+  gpt2::model ref = gpt2::model::load(models_dir / "shakespeare-draft", {.threads = 1});
+  std::vector<token> tokens(12);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<token>((i * 397 + 11) % 4096);
+  const Eigen::MatrixXf want = ref.append(tokens);
+  (void)a.append(std::span<const token>(tokens).first(7));
+  gpt2::model b = std::move(a);
+  REQUIRE(b.size() == 7);
+  REQUIRE(bitwise_equal(b.append(std::span<const token>(tokens).subspan(7)), want.rightCols(5)));
+  // (What a moved-from object holds is up to its class: this one is empty, and refuses to run.)
+  REQUIRE(a.size() == 0);  // NOLINT(bugprone-use-after-move)
+  REQUIRE(a.threads() == 0);
+  REQUIRE_THROWS_WITH(a.append(tokens), "gpt2::model: append on a moved-from model (it holds no weights); assign one to it");
+  a = std::move(b);  // move-assigned: as good as the model it came from
+  REQUIRE(a.size() == 12);
+  REQUIRE(b.size() == 0);  // NOLINT(bugprone-use-after-move)
+  a.truncate(7);
+  REQUIRE(bitwise_equal(a.append(std::span<const token>(tokens).subspan(7)), want.rightCols(5)));
+}
+
 TEST_CASE("models sharing one thread pool give their own logits, called in turn or from two threads",
           "[gpt2][model][threads]") {
   // min_parallel_work = 1: every op of both models goes through the shared pool.
@@ -1454,6 +1476,9 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
     REQUIRE(load_error(dir).empty());  // the same key in two objects is fine
   }
   SECTION("missing files, and paths that are not regular files") {
+    REQUIRE_THAT(load_error(dir / "nope"), Contains((dir / "nope").string() + ": no such directory; expected a Hugging "
+                                                                              "Face GPT-2 directory"));
+    REQUIRE_THAT(load_error(cfg), Contains(cfg.string() + ": not a directory; expected a Hugging Face GPT-2 directory"));
     fs::remove(cfg);
     REQUIRE_THAT(load_error(dir), Contains(cfg.string()) && Contains("file not found"));
     fs::create_directory(cfg);

@@ -6,9 +6,12 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <limits>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -161,4 +164,66 @@ TEST_CASE("a thread pool shared by three callers, with nested loops and sleeping
     }
   }
   REQUIRE(all_ok);
+}
+
+namespace {
+// Whether chunk 1 of a two-chunk loop runs beside chunk 0 on a worker: chunk 0 (the caller's)
+// waits up to 10 s for it to start. A pool whose workers no longer take tasks runs chunk 1 after
+// chunk 0, on the caller, once the wait has timed out.
+bool runs_chunks_side_by_side(thread_pool& pool) {
+  std::atomic<bool> second_started{false};
+  bool seen = false;
+  pool.parallel_for(2, [&](std::size_t, std::size_t, std::size_t chunk) {
+    if (chunk == 1) {
+      second_started.store(true);
+      return;
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!second_started.load() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    seen = second_started.load();
+  });
+  return seen;
+}
+}  // namespace
+
+TEST_CASE("an exception a chunk throws reaches the caller, and the pool stays whole", "[gpt2][thread_pool]") {
+  thread_pool pool(2);
+  REQUIRE(runs_chunks_side_by_side(pool));
+  for (std::size_t thrower : {std::size_t{0}, std::size_t{1}}) {  // the caller's chunk, a worker's
+    INFO("chunk " << thrower << " throws");
+    std::atomic<int> ran{0};
+    REQUIRE_THROWS_WITH(pool.parallel_for(2,
+                                          [&](std::size_t, std::size_t, std::size_t chunk) {
+                                            ran.fetch_add(1);
+                                            if (chunk == thrower) throw std::runtime_error("chunk failed");
+                                          }),
+                        "chunk failed");
+    REQUIRE(ran.load() >= 1);
+    REQUIRE(runs_chunks_side_by_side(pool));  // its workers take tasks again
+  }
+  // Every chunk of a larger loop throwing: one exception, the others' dropped.
+  thread_pool four(4);
+  REQUIRE_THROWS_WITH(four.parallel_for(100, [](std::size_t b, std::size_t, std::size_t) {
+    throw std::runtime_error("at " + std::to_string(b));
+  }),
+                      Catch::Matchers::StartsWith("at "));
+  std::vector<int> hits(100, 0);
+  four.parallel_for(hits.size(), [&](std::size_t b, std::size_t e, std::size_t) {
+    for (std::size_t i = b; i < e; ++i) ++hits[i];
+  });
+  REQUIRE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
+}
+
+TEST_CASE("a thread pool's spin is clamped to [0, max_spin]: never sleeping, or at once", "[gpt2][thread_pool]") {
+  // microseconds::max() added to the clock's now overflowed (UBSan's report in the sanitized
+  // build) into a deadline in the past.
+  for (const auto spin : {std::chrono::microseconds::max(), std::chrono::microseconds(-5)}) {
+    thread_pool pool(2, spin);
+    for (int round = 0; round < 50; ++round) {
+      std::atomic<int> hits{0};
+      pool.parallel_for(8, [&](std::size_t b, std::size_t e, std::size_t) { hits.fetch_add(static_cast<int>(e - b)); });
+      REQUIRE(hits.load() == 8);
+      if (round % 10 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
 }

@@ -5,6 +5,7 @@
 
 #include <specsample/concepts.hpp>
 #include <specsample/error.hpp>
+#include <specsample/io/mapped_file.hpp>
 #include <specsample/io/safetensors.hpp>
 #include <specsample/models/gpt2/config.hpp>
 #include <specsample/models/gpt2/kernels.hpp>
@@ -93,13 +94,28 @@ struct kv_cache {
 
   /// Allocates room for `n_positions` positions of every layer, zeroed: slots past the length
   /// that a vector kernel loads (and discards) are never indeterminate. Throws
-  /// `specsample::error` for a `format` other than F32 and F16.
-  kv_cache(std::size_t n_layer, std::size_t n_head, std::size_t n_positions, std::size_t n_embd,
-           weight_format format)
-      : format(checked_format(format)),
-        n_layer(n_layer),
+  /// `specsample::error` for a `f` other than F32 and F16. (Parameters named apart from the
+  /// members: a consumer's -Wshadow.)
+  kv_cache(std::size_t layers, std::size_t n_head, std::size_t n_positions, std::size_t n_embd, weight_format f)
+      : format(checked_format(f)),
+        n_layer(layers),
         layer_size(kernels::kv_layer_size(n_positions, n_embd, n_head)),
-        data(total_bytes(n_layer, n_head, n_positions, n_embd, format)) {}
+        data(total_bytes(layers, n_head, n_positions, n_embd, f)) {}
+  /// A moved-from cache is empty: no data, length 0.
+  kv_cache(kv_cache&& o) noexcept
+      : format(o.format), n_layer(o.n_layer), layer_size(o.layer_size), data(std::move(o.data)),
+        length(std::exchange(o.length, 0)) {}
+  kv_cache& operator=(kv_cache&& o) noexcept {
+    format = o.format;
+    n_layer = o.n_layer;
+    layer_size = o.layer_size;
+    data = std::move(o.data);
+    length = std::exchange(o.length, 0);
+    return *this;
+  }
+  kv_cache(const kv_cache&) = delete;
+  kv_cache& operator=(const kv_cache&) = delete;
+  ~kv_cache() = default;
 
   /// Bytes of keys and values a cache of these dimensions holds.
   [[nodiscard]] static std::size_t total_bytes(std::size_t n_layer, std::size_t n_head, std::size_t n_positions,
@@ -166,7 +182,8 @@ class model {
  public:
   /// Loads `dir/config.json` and `dir/model.safetensors` (a Hugging Face GPT-2 directory), or
   /// the shards `dir/model.safetensors.index.json` lists when model.safetensors is not a regular
-  /// file (`weights_file`). Throws `specsample::error` naming the file and the problem, or, before reading any file,
+  /// file (`weights_file`). Throws `specsample::error` naming the directory when it is none, else the
+  /// file and the problem, or, before reading any file,
   /// `specsample::parameter_error` naming an option (`gpt2::options.kv_storage`, say) that holds no
   /// value of its enumeration (an integer cast to it) or contradicts another.
   [[nodiscard]] static model load(const std::filesystem::path& dir, options opts = {});
@@ -177,6 +194,8 @@ class model {
   /// cache does not fit in memory.
   model(const gpt2::config& cfg, gpt2::weights w, options opts = {});
 
+  /// Moves: a moved-from model holds no weights and an empty context (size() 0, threads() 0); its
+  /// `append` throws `specsample::error` saying so. Assign a model to it to use it again.
   model(model&&) noexcept = default;
   model& operator=(model&&) noexcept = default;
   model(const model&) = delete;
@@ -205,8 +224,8 @@ class model {
   [[nodiscard]] std::size_t size() const noexcept { return cache_.length; }
   /// Longest context: n_positions.
   [[nodiscard]] std::size_t max_size() const noexcept { return cfg_.n_positions; }
-  /// Worker threads used by the kernels (the caller included).
-  [[nodiscard]] std::size_t threads() const noexcept { return pool_->size(); }
+  /// Worker threads used by the kernels (the caller included); 0 for a moved-from model.
+  [[nodiscard]] std::size_t threads() const noexcept { return pool_ != nullptr ? pool_->size() : 0; }
   /// The kernel instruction set in use (`options::kernels` capped at `simd::detected()`: what the
   /// CPU supports and the build compiles).
   [[nodiscard]] isa kernels() const noexcept { return isa_; }
@@ -388,6 +407,7 @@ SPECSAMPLE_GPT2_MODEL model model::load(const std::filesystem::path& dir, option
   const std::optional<weight_format> storage = storage_of(checked(opts));  // first: before any file or thread
   opts.pool = pool_of(opts);
   opts.threads = 0;
+  io::require_directory(dir, "a Hugging Face GPT-2 directory (config.json, model.safetensors)");
   gpt2::config cfg = gpt2::config::load(config_path);
   const io::safetensors_checkpoint file = io::safetensors_checkpoint::open(weights_file(dir));
   gpt2::weights w = gpt2::weights::load(file, cfg, config_path.string(), storage);
@@ -452,6 +472,7 @@ SPECSAMPLE_GPT2_MODEL model::model(const gpt2::config& cfg, gpt2::weights w, opt
 }
 
 SPECSAMPLE_GPT2_MODEL Eigen::Map<const Eigen::MatrixXf> model::append(std::span<const token> tokens, std::size_t logits) {
+  if (pool_ == nullptr) throw error("gpt2::model: append on a moved-from model (it holds no weights); assign one to it");
   const std::size_t T = tokens.size();
   const std::size_t V = cfg_.vocab_size, C = cfg_.n_embd, P = cfg_.n_positions;
   const std::size_t NH = cfg_.n_head;

@@ -28,6 +28,7 @@
 #include <memory>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -59,6 +60,10 @@ class thread_pool {
  public:
   /// How long an idle worker spins before it sleeps.
   static constexpr std::chrono::microseconds default_spin{50};
+  /// The longest spin a pool keeps: a longer one (`microseconds::max()` for "never sleep") is
+  /// this, a day; a negative one is 0. (Added to the clock's now, a spin near the maximum would
+  /// overflow into a deadline in the past: no spin at all.)
+  static constexpr std::chrono::microseconds max_spin{std::chrono::hours(24)};
 
   /// The workers a pool asked for `threads` has: `threads`, or for 0 the hardware concurrency
   /// (1 to `max_threads`).
@@ -67,9 +72,10 @@ class thread_pool {
   }
 
   /// `threads` workers in total including the calling thread; 0 = hardware concurrency (at most
-  /// `max_threads`). Throws `error` for more than `max_threads`.
+  /// `max_threads`); idle workers spin for `spin` (clamped to [0, `max_spin`]), then sleep.
+  /// Throws `error` for more than `max_threads`.
   explicit thread_pool(std::size_t threads, std::chrono::microseconds spin = default_spin)
-      : spin_(spin) {
+      : spin_(std::clamp(spin, std::chrono::microseconds{0}, max_spin)) {
     if (threads > max_threads) {
       throw error(fmt::format("thread_pool: {} threads requested; at most {}", threads, max_threads));
     }
@@ -96,9 +102,11 @@ class thread_pool {
   [[nodiscard]] std::size_t size() const noexcept { return workers_.size() + 1; }
 
   /// Calls `f(begin, end, chunk)` on disjoint contiguous chunks covering [0, n), w = min(size(),
-  /// n) chunks, chunk c = [n·c/w, n·(c+1)/w), and returns when all are done. `f` must not throw.
-  /// Thread-safe: while the workers run one call, any other call (from another thread, or from
-  /// inside a chunk) runs all its chunks on its calling thread.
+  /// n) chunks, chunk c = [n·c/w, n·(c+1)/w), and returns when all are done. If a chunk throws,
+  /// the chunks not started yet are skipped, and the first exception is rethrown on the calling
+  /// thread once no chunk runs any more (the pool stays whole). Thread-safe: while the workers run
+  /// one call, any other call (from another thread, or from inside a chunk) runs all its chunks
+  /// on its calling thread.
   template <class F>
   void parallel_for(std::size_t n, F&& f) {
     const std::size_t w = std::min(size(), n);
@@ -115,12 +123,13 @@ class thread_pool {
       (*static_cast<fn_t*>(ctx))(b, e, id);
     };
     n_ = n;
+    failed_.store(false, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
     const std::uint32_t gen = generation_.load(std::memory_order_relaxed) + 1;
     ticket_.store(make_ticket(gen, w, 1), std::memory_order_release);
     generation_.store(gen, std::memory_order_seq_cst);
     if (sleepers_.load(std::memory_order_seq_cst) != 0) generation_.notify_all();
-    f(std::size_t{0}, n / w, std::size_t{0});
+    run_chunk(0, n / w, 0);
     while (claim_and_run(gen)) {
     }
     for (unsigned spins = 0; done_.load(std::memory_order_acquire) != w - 1; ++spins) {
@@ -131,6 +140,7 @@ class thread_pool {
       }
     }
     busy_.store(false, std::memory_order_release);
+    if (failed_.load(std::memory_order_acquire)) std::rethrow_exception(std::exchange(error_, nullptr));
   }
 
  private:
@@ -156,10 +166,21 @@ class thread_pool {
       if (static_cast<std::uint32_t>(t >> 32) != gen || next >= chunks) return false;
       if (ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel,
                                         std::memory_order_acquire)) {
-        call_(ctx_, n_ * next / chunks, n_ * (next + 1) / chunks, next);
+        run_chunk(n_ * next / chunks, n_ * (next + 1) / chunks, next);
         done_.fetch_add(1, std::memory_order_release);
         return true;
       }
+    }
+  }
+
+  // Runs a chunk of the current task unless one has thrown; the first exception is kept for the
+  // caller (written before failed_ is published, read by the caller after every chunk is done).
+  void run_chunk(std::size_t b, std::size_t e, std::size_t id) noexcept {
+    if (failed_.load(std::memory_order_relaxed)) return;
+    try {
+      call_(ctx_, b, e, id);
+    } catch (...) {
+      if (!failed_.exchange(true, std::memory_order_acq_rel)) error_ = std::current_exception();
     }
   }
 
@@ -194,6 +215,8 @@ class thread_pool {
   alignas(64) std::atomic<std::size_t> done_{0};
   alignas(64) std::atomic<int> sleepers_{0};
   std::atomic<bool> busy_{false};  // a parallel_for holds the workers
+  std::atomic<bool> failed_{false};  // a chunk of the current task threw: error_ holds it
+  std::exception_ptr error_;
   // The task (written by the caller only while no other thread reads it).
   alignas(64) std::size_t n_ = 0;
   void* ctx_ = nullptr;
