@@ -36,13 +36,14 @@ concept has_context_size = requires(const M& cm) {
   { cm.size() } -> std::convertible_to<std::size_t>;
 };
 
-// Logits an `append` may return: convertible to Eigen::MatrixXf and, when they are an Eigen type
-// (one with a `Scalar`), of float: Eigen declares a conversion from a double matrix that fails only
-// when instantiated, so `convertible_to` alone would accept Eigen::MatrixXd.
-template <class R>
+// Logits an `append` may return: convertible to Eigen::MatrixXf and, when they are an Eigen type,
+// a matrix (or matrix expression) of float: Eigen declares conversions from a double matrix and
+// from an array that fail only when instantiated, so `convertible_to` alone would accept
+// Eigen::MatrixXd and Eigen::ArrayXXf.
+template <class R, class T = std::remove_cvref_t<R>>
 concept float_logits = std::convertible_to<R, Eigen::MatrixXf> &&
-                       (!requires { typename std::remove_cvref_t<R>::Scalar; } ||
-                        std::same_as<typename std::remove_cvref_t<R>::Scalar, float>);
+                       (!std::is_base_of_v<Eigen::EigenBase<T>, T> ||
+                        (std::is_base_of_v<Eigen::MatrixBase<T>, T> && std::same_as<typename T::Scalar, float>));
 
 template <class M>
 concept has_append = requires(M& m, std::span<const token> t) {
@@ -71,7 +72,7 @@ concept has_append_last = requires(M& m, std::span<const token> t, std::size_t n
 ///  1. `cm.vocab_size()` returns the vocabulary size V (convertible to `std::size_t`);
 ///  2. `cm.size()` returns the number of tokens currently in the context;
 ///  3. `m.append(t)` appends `t` to the context and returns float logits (convertible to
-///     `Eigen::MatrixXf`; an Eigen type of `float`) of shape (V, t.size()): column j holds the next-token logits after
+///     `Eigen::MatrixXf`; if an Eigen type, a matrix of `float`) of shape (V, t.size()): column j holds the next-token logits after
 ///     `t[0..j]` given the earlier context (log-probabilities up to a constant per column;
 ///     -inf is a zero probability);
 ///  4. `m.truncate(n)` keeps the first `n` tokens of the context (n <= size()).
@@ -113,6 +114,7 @@ template <class M>
                 role " must provide `size() const` returning the number of tokens in context"); \
   static_assert(::specsample::detail::has_append<M>,                                             \
                 role " must provide append(span<const token>) returning vocab x n float logits " \
-                     "(convertible to Eigen::MatrixXf; an Eigen type of float, not double)");   \
+                     "(convertible to Eigen::MatrixXf; an Eigen matrix of float, not of double, "  \
+                     "not an array)");                                                            \
   static_assert(::specsample::detail::has_truncate<M>,                                           \
                 role " must provide truncate(size_t) keeping the first n tokens of context")

@@ -36,6 +36,14 @@ struct double_logits_model : model {
   }
 };
 
+// The same, its logits an Eigen array: convertible to Eigen::MatrixXf by declaration only.
+struct array_logits_model : model {
+  Eigen::ArrayXXf append(std::span<const token> t) {
+    context.insert(context.end(), t.begin(), t.end());
+    return Eigen::ArrayXXf::Zero(4, static_cast<Eigen::Index>(t.size()));
+  }
+};
+
 // A model without size().
 struct sizeless_model {
   [[nodiscard]] std::size_t vocab_size() const { return 4; }
@@ -121,6 +129,9 @@ int main() {
 #elif SPECSAMPLE_COMPILE_ERROR_CASE == 7  // a const random generator
   const std::mt19937_64 fixed(1);
   (void)specsample::autoregressive_sample(target, prompt, params, fixed);
+#elif SPECSAMPLE_COMPILE_ERROR_CASE == 8  // a target whose logits are an Eigen array
+  array_logits_model bad;
+  (void)specsample::speculative_sample(draft, bad, prompt, params, rng);
 #endif
   (void)draft;
   (void)target;

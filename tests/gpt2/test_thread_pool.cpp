@@ -201,6 +201,25 @@ TEST_CASE("an exception a chunk throws reaches the caller, and the pool stays wh
     REQUIRE(ran.load() >= 1);
     REQUIRE(runs_chunks_side_by_side(pool));  // its workers take tasks again
   }
+  // Two callers sharing the pool, each loop throwing: each gets its own exception (the first
+  // taken it before the pool was released; the other ran its chunks on its own thread).
+  std::atomic<int> wrong{0};
+  const auto caller = [&](const std::string& name) {
+    for (int i = 0; i < 2000; ++i) {
+      try {
+        pool.parallel_for(2, [&](std::size_t, std::size_t, std::size_t chunk) {
+          if (chunk == 0) throw std::runtime_error(name);
+        });
+        wrong.fetch_add(1);
+      } catch (const std::runtime_error& e) {
+        if (e.what() != name) wrong.fetch_add(1);
+      }
+    }
+  };
+  std::thread other(caller, "other");
+  caller("this");
+  other.join();
+  REQUIRE(wrong.load() == 0);
   // Every chunk of a larger loop throwing: one exception, the others' dropped.
   thread_pool four(4);
   REQUIRE_THROWS_WITH(four.parallel_for(100, [](std::size_t b, std::size_t, std::size_t) {

@@ -609,6 +609,8 @@ TEST_CASE("loading reports a missing directory or file with its path", "[tokeniz
   dir.write("plain", "x");
   CHECK_THROWS_WITH(bpe_tokenizer::load(dir.path / "plain"),
                     Catch::Contains((dir.path / "plain").string() + ": not a directory; expected a tokenizer directory"));
+  CHECK_THROWS_WITH(bpe_tokenizer::load(dir.path / "plain" / "sub"),  // (a file on the way: ENOTDIR)
+                    Catch::Contains((dir.path / "plain" / "sub").string() + ": not a directory; expected a tokenizer"));
   CHECK_THROWS_WITH(bpe_tokenizer::load(dir.path), Catch::Contains("vocab.json: file not found"));
   dir.write("vocab.json", small_vocab_json({}));
   check_load_error(dir, (dir.path / "merges.txt").string(), "file not found");

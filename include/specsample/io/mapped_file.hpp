@@ -30,12 +30,14 @@ namespace specsample::io {
 /// (`expected`, e.g. "a Hugging Face GPT-2 directory"), before a file in it is looked for.
 inline void require_directory(const std::filesystem::path& dir, std::string_view expected) {
   struct ::stat st {};
-  if (::stat(dir.c_str(), &st) != 0) {
-    const int e = errno;
-    throw error(fmt::format("{}: {}; expected {}", dir.string(),
+  const bool found = ::stat(dir.c_str(), &st) == 0;
+  const int e = found ? 0 : errno;
+  const std::string shown = dir.empty() ? std::string("(an empty path)") : dir.string();
+  if (!found && e != ENOTDIR) {
+    throw error(fmt::format("{}: {}; expected {}", shown,
                             e == ENOENT ? std::string("no such directory") : std::string(std::strerror(e)), expected));
   }
-  if (!S_ISDIR(st.st_mode)) throw error(fmt::format("{}: not a directory; expected {}", dir.string(), expected));
+  if (!found || !S_ISDIR(st.st_mode)) throw error(fmt::format("{}: not a directory; expected {}", shown, expected));
 }
 
 namespace detail {

@@ -548,7 +548,7 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
 /// sequences of `params.max_new_tokens` tokens after `prompt` (`exact_sequences`), draws `samples`
 /// speculative samples (with `verifier`; by default the rule `params` name, lossy leniency
 /// included; a verifier given is used in place for every sample, not copied, so state it keeps
-/// persists across them) and tests them against it (`chi_square_test`). `draft` is a model or any `drafter`
+/// persists across them, and a const one needs a const operator()) and tests them against it (`chi_square_test`). `draft` is a model or any `drafter`
 /// (n-gram, a `model_drafter` with early stopping, ...). With `params.eos` set, generation stops
 /// right after the first EOS, so both sides hold sequences cut there, every position after the EOS
 /// holding the "absent" marker V: a sampler that emitted a token after an EOS lands on a sequence

@@ -106,6 +106,7 @@ struct kv_cache {
       : format(o.format), n_layer(o.n_layer), layer_size(o.layer_size), data(std::move(o.data)),
         length(std::exchange(o.length, 0)) {}
   kv_cache& operator=(kv_cache&& o) noexcept {
+    if (this == &o) return *this;
     format = o.format;
     n_layer = o.n_layer;
     layer_size = o.layer_size;
@@ -195,7 +196,9 @@ class model {
   model(const gpt2::config& cfg, gpt2::weights w, options opts = {});
 
   /// Moves: a moved-from model holds no weights and an empty context (size() 0, threads() 0); its
-  /// `append` throws `specsample::error` saying so. Assign a model to it to use it again.
+  /// `append` throws `specsample::error` saying so. Only `truncate(0)`, assignment and destruction
+  /// are meaningful then (`config()` and the like still describe the model it was; `weights()`
+  /// holds no data): assign a model to it to use it again.
   model(model&&) noexcept = default;
   model& operator=(model&&) noexcept = default;
   model(const model&) = delete;
@@ -405,7 +408,7 @@ class model {
 SPECSAMPLE_GPT2_MODEL model model::load(const std::filesystem::path& dir, options opts) {
   const std::filesystem::path config_path = dir / "config.json";
   const std::optional<weight_format> storage = storage_of(checked(opts));  // first: before any file or thread
-  opts.pool = pool_of(opts);
+  opts.pool = pool_of(opts);  // (checks options.threads: an option's error comes before a file's)
   opts.threads = 0;
   io::require_directory(dir, "a Hugging Face GPT-2 directory (config.json, model.safetensors)");
   gpt2::config cfg = gpt2::config::load(config_path);

@@ -103,7 +103,7 @@ class thread_pool {
 
   /// Calls `f(begin, end, chunk)` on disjoint contiguous chunks covering [0, n), w = min(size(),
   /// n) chunks, chunk c = [n·c/w, n·(c+1)/w), and returns when all are done. If a chunk throws,
-  /// the chunks not started yet are skipped, and the first exception is rethrown on the calling
+  /// chunks not started yet may be skipped, and the first exception is rethrown on the calling
   /// thread once no chunk runs any more (the pool stays whole). Thread-safe: while the workers run
   /// one call, any other call (from another thread, or from inside a chunk) runs all its chunks
   /// on its calling thread.
@@ -139,8 +139,11 @@ class thread_pool {
         std::this_thread::yield();  // a worker holding a chunk was descheduled
       }
     }
+    // The exception is taken before the pool is released: another caller may take it at once and
+    // reset failed_ and error_ for its own task.
+    std::exception_ptr failure = failed_.load(std::memory_order_relaxed) ? std::exchange(error_, nullptr) : nullptr;
     busy_.store(false, std::memory_order_release);
-    if (failed_.load(std::memory_order_acquire)) std::rethrow_exception(std::exchange(error_, nullptr));
+    if (failure) std::rethrow_exception(std::move(failure));
   }
 
  private:
@@ -174,7 +177,8 @@ class thread_pool {
   }
 
   // Runs a chunk of the current task unless one has thrown; the first exception is kept for the
-  // caller (written before failed_ is published, read by the caller after every chunk is done).
+  // caller (error_ is written by the thread that set failed_ first, before its done_ increment,
+  // and read by the caller after every chunk is done: done_'s release / acquire orders them).
   void run_chunk(std::size_t b, std::size_t e, std::size_t id) noexcept {
     if (failed_.load(std::memory_order_relaxed)) return;
     try {
