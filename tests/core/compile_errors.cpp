@@ -44,6 +44,28 @@ struct array_logits_model : model {
   }
 };
 
+// The same, its logits of a class derived from Eigen::MatrixXd.
+struct double_matrix : Eigen::MatrixXd {
+  using Eigen::MatrixXd::MatrixXd;
+};
+struct derived_double_logits_model : model {
+  double_matrix append(std::span<const token> t) {
+    context.insert(context.end(), t.begin(), t.end());
+    return double_matrix(Eigen::MatrixXd::Zero(4, static_cast<Eigen::Index>(t.size())));
+  }
+};
+
+// A model whose logits are a class derived from Eigen::MatrixXf: fine.
+struct float_matrix : Eigen::MatrixXf {
+  using Eigen::MatrixXf::MatrixXf;
+};
+struct derived_float_logits_model : model {
+  float_matrix append(std::span<const token> t) {
+    context.insert(context.end(), t.begin(), t.end());
+    return float_matrix(Eigen::MatrixXf::Zero(4, static_cast<Eigen::Index>(t.size())));
+  }
+};
+
 // A model without size().
 struct sizeless_model {
   [[nodiscard]] std::size_t vocab_size() const { return 4; }
@@ -107,6 +129,8 @@ int main() {
   (void)specsample::speculative_sample(d, target, prompt, params, rng);
   (void)specsample::speculative_sample(lookup, target, prompt, params, rng);
   (void)specsample::autoregressive_sample(target, prompt, params, rng);
+  derived_float_logits_model derived;
+  (void)specsample::speculative_sample(draft, derived, prompt, params, rng);
 #elif SPECSAMPLE_COMPILE_ERROR_CASE == 1  // a drafter without sync
   syncless_drafter d;
   (void)specsample::speculative_sample(d, target, prompt, params, rng);
@@ -131,6 +155,9 @@ int main() {
   (void)specsample::autoregressive_sample(target, prompt, params, fixed);
 #elif SPECSAMPLE_COMPILE_ERROR_CASE == 8  // a target whose logits are an Eigen array
   array_logits_model bad;
+  (void)specsample::speculative_sample(draft, bad, prompt, params, rng);
+#elif SPECSAMPLE_COMPILE_ERROR_CASE == 9  // a target whose logits derive from Eigen::MatrixXd
+  derived_double_logits_model bad;
   (void)specsample::speculative_sample(draft, bad, prompt, params, rng);
 #endif
   (void)draft;
