@@ -36,25 +36,22 @@ concept has_context_size = requires(const M& cm) {
   { cm.size() } -> std::convertible_to<std::size_t>;
 };
 
-// The Eigen type an object is, or derives from (declared only: for deduction in the concepts below).
+// The Eigen type (or array) an object is, or derives from (declared only: for deduction below).
 template <class D>
 D eigen_type_of(const Eigen::EigenBase<D>&);
 template <class D>
-D dense_type_of(const Eigen::DenseBase<D>&);
-template <class D>
-D matrix_type_of(const Eigen::MatrixBase<D>&);
+D array_type_of(const Eigen::ArrayBase<D>&);
 
 // Logits an `append` may return: convertible to Eigen::MatrixXf and, when they are (or derive from)
-// an Eigen type, one of float scalars that is, if dense, a matrix rather than an array: Eigen
-// declares conversions from a double matrix and from an array that fail only when instantiated,
-// so `convertible_to` alone would accept Eigen::MatrixXd and Eigen::ArrayXXf. (Sparse and
-// triangular float types convert, and pass.)
+// an Eigen type, of float scalars and no array: Eigen declares conversions from a double matrix
+// and from an array that fail only when instantiated, so `convertible_to` alone would accept
+// Eigen::MatrixXd and Eigen::ArrayXXf. (Sparse and triangular float types convert, and pass.)
 template <class R, class T = std::remove_cvref_t<R>>
 concept float_logits =
     std::convertible_to<R, Eigen::MatrixXf> &&
     (!requires(const T& v) { eigen_type_of(v); } ||
      (requires(const T& v) { requires std::same_as<typename decltype(eigen_type_of(v))::Scalar, float>; } &&
-      (!requires(const T& v) { dense_type_of(v); } || requires(const T& v) { matrix_type_of(v); })));
+      !requires(const T& v) { array_type_of(v); }));
 
 template <class M>
 concept has_append = requires(M& m, std::span<const token> t) {

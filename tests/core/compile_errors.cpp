@@ -16,54 +16,27 @@ namespace {
 
 using specsample::token;
 
-// A model: V = 4, uniform logits, a token list for a context.
-struct model {
+// A model: V = 4, uniform logits of type Logits, a token list for a context.
+template <class Logits = Eigen::MatrixXf>
+struct logits_model {
   std::vector<token> context;
   [[nodiscard]] std::size_t vocab_size() const { return 4; }
   [[nodiscard]] std::size_t size() const { return context.size(); }
-  Eigen::MatrixXf append(std::span<const token> t) {
+  Logits append(std::span<const token> t) {
     context.insert(context.end(), t.begin(), t.end());
-    return Eigen::MatrixXf::Zero(4, static_cast<Eigen::Index>(t.size()));
+    return Logits(Logits::Zero(4, static_cast<Eigen::Index>(t.size())));
   }
   void truncate(std::size_t n) { context.resize(n); }
 };
+using model = logits_model<>;
 
-// The same, its logits in double: convertible to Eigen::MatrixXf by declaration only.
-struct double_logits_model : model {
-  Eigen::MatrixXd append(std::span<const token> t) {
-    context.insert(context.end(), t.begin(), t.end());
-    return Eigen::MatrixXd::Zero(4, static_cast<Eigen::Index>(t.size()));
-  }
-};
-
-// The same, its logits an Eigen array: convertible to Eigen::MatrixXf by declaration only.
-struct array_logits_model : model {
-  Eigen::ArrayXXf append(std::span<const token> t) {
-    context.insert(context.end(), t.begin(), t.end());
-    return Eigen::ArrayXXf::Zero(4, static_cast<Eigen::Index>(t.size()));
-  }
-};
-
-// The same, its logits of a class derived from Eigen::MatrixXd.
-struct double_matrix : Eigen::MatrixXd {
-  using Eigen::MatrixXd::MatrixXd;
-};
-struct derived_double_logits_model : model {
-  double_matrix append(std::span<const token> t) {
-    context.insert(context.end(), t.begin(), t.end());
-    return double_matrix(Eigen::MatrixXd::Zero(4, static_cast<Eigen::Index>(t.size())));
-  }
-};
-
-// A model whose logits are a class derived from Eigen::MatrixXf: fine.
+// Classes derived from Eigen matrices (of float: fine; of double: convertible to Eigen::MatrixXf by
+// declaration only, as Eigen::MatrixXd and Eigen::ArrayXXf are).
 struct float_matrix : Eigen::MatrixXf {
   using Eigen::MatrixXf::MatrixXf;
 };
-struct derived_float_logits_model : model {
-  float_matrix append(std::span<const token> t) {
-    context.insert(context.end(), t.begin(), t.end());
-    return float_matrix(Eigen::MatrixXf::Zero(4, static_cast<Eigen::Index>(t.size())));
-  }
+struct double_matrix : Eigen::MatrixXd {
+  using Eigen::MatrixXd::MatrixXd;
 };
 
 // A model without size().
@@ -80,19 +53,7 @@ struct untruncatable_model {
   Eigen::MatrixXf append(std::span<const token> t) { return Eigen::MatrixXf::Zero(4, static_cast<Eigen::Index>(t.size())); }
 };
 
-// A drafter: proposes nothing.
-struct drafter {
-  [[nodiscard]] std::size_t vocab_size() const { return 4; }
-  void begin(std::span<const token>) {}
-  template <class Rng>
-  specsample::proposal propose(std::span<const token>, std::size_t, Eigen::Ref<Eigen::MatrixXf>, std::span<token>,
-                               Rng&) {
-    return {};
-  }
-  void sync(std::span<const token>) {}
-};
-
-// A drafter without sync.
+// A drafter without sync: proposes nothing.
 struct syncless_drafter {
   [[nodiscard]] std::size_t vocab_size() const { return 4; }
   void begin(std::span<const token>) {}
@@ -103,15 +64,17 @@ struct syncless_drafter {
   }
 };
 
+// A drafter.
+struct drafter : syncless_drafter {
+  void sync(std::span<const token>) {}
+};
+
 // A drafter whose propose returns a count instead of a proposal.
-struct counting_drafter {
-  [[nodiscard]] std::size_t vocab_size() const { return 4; }
-  void begin(std::span<const token>) {}
+struct counting_drafter : drafter {
   template <class Rng>
   std::size_t propose(std::span<const token>, std::size_t, Eigen::Ref<Eigen::MatrixXf>, std::span<token>, Rng&) {
     return 0;
   }
-  void sync(std::span<const token>) {}
 };
 
 }  // namespace
@@ -129,7 +92,7 @@ int main() {
   (void)specsample::speculative_sample(d, target, prompt, params, rng);
   (void)specsample::speculative_sample(lookup, target, prompt, params, rng);
   (void)specsample::autoregressive_sample(target, prompt, params, rng);
-  derived_float_logits_model derived;
+  logits_model<float_matrix> derived;
   (void)specsample::speculative_sample(draft, derived, prompt, params, rng);
 #elif SPECSAMPLE_COMPILE_ERROR_CASE == 1  // a drafter without sync
   syncless_drafter d;
@@ -142,7 +105,7 @@ int main() {
   untruncatable_model bad;
   (void)specsample::speculative_sample(lookup, bad, prompt, params, rng);
 #elif SPECSAMPLE_COMPILE_ERROR_CASE == 4  // a target whose logits are double
-  double_logits_model bad;
+  logits_model<Eigen::MatrixXd> bad;
   (void)specsample::speculative_sample(draft, bad, prompt, params, rng);
 #elif SPECSAMPLE_COMPILE_ERROR_CASE == 5  // autoregressive sampling from a model without size()
   sizeless_model bad;
@@ -154,10 +117,10 @@ int main() {
   const std::mt19937_64 fixed(1);
   (void)specsample::autoregressive_sample(target, prompt, params, fixed);
 #elif SPECSAMPLE_COMPILE_ERROR_CASE == 8  // a target whose logits are an Eigen array
-  array_logits_model bad;
+  logits_model<Eigen::ArrayXXf> bad;
   (void)specsample::speculative_sample(draft, bad, prompt, params, rng);
 #elif SPECSAMPLE_COMPILE_ERROR_CASE == 9  // a target whose logits derive from Eigen::MatrixXd
-  derived_double_logits_model bad;
+  logits_model<double_matrix> bad;
   (void)specsample::speculative_sample(draft, bad, prompt, params, rng);
 #endif
   (void)draft;

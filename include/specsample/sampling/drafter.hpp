@@ -19,6 +19,7 @@
 #include <span>
 #include <typeinfo>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace specsample {
@@ -36,11 +37,15 @@ namespace detail {
 template <class D>
 concept has_begin = requires(D& d, std::span<const token> ctx) { d.begin(ctx); };
 
+// What D's propose(ctx, k, q, out, rng) returns (ill-formed without such a member).
 template <class D>
-concept has_propose = requires(D& d, std::span<const token> ctx, std::size_t k, Eigen::Ref<Eigen::MatrixXf> q,
-                               std::span<token> out, std::mt19937_64& rng) {
-  { d.propose(ctx, k, q, out, rng) } -> std::same_as<proposal>;
-};
+using propose_result = decltype(std::declval<D&>().propose(std::declval<std::span<const token>>(), std::size_t{},
+                                                           std::declval<Eigen::Ref<Eigen::MatrixXf>>(),
+                                                           std::declval<std::span<token>>(),
+                                                           std::declval<std::mt19937_64&>()));
+
+template <class D>
+concept has_propose = std::same_as<propose_result<D>, proposal>;
 
 template <class D>
 concept has_sync = requires(D& d, std::span<const token> ctx) { d.sync(ctx); };
@@ -74,9 +79,7 @@ namespace detail {
 // arguments, whatever it returns), so a type that is neither a drafter nor a model is diagnosed
 // against the requirements it was written for.
 template <class D>
-concept drafter_like = has_begin<D> || has_sync<D> ||
-                       requires(D& d, std::span<const token> ctx, std::size_t k, Eigen::Ref<Eigen::MatrixXf> q,
-                                std::span<token> out, std::mt19937_64& rng) { d.propose(ctx, k, q, out, rng); };
+concept drafter_like = has_begin<D> || has_sync<D> || requires { typename propose_result<D>; };
 }  // namespace detail
 
 namespace detail {
