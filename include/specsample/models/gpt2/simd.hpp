@@ -695,7 +695,7 @@ struct prefetch_stream {
   template <int N>
   [[gnu::always_inline]] void take() noexcept {
 #pragma GCC unroll 4
-    for (int i = 0; i < N; ++i) {
+    for (std::size_t i = 0; i < N; ++i) {
       const std::uintptr_t at = advance();
       if (at == 0) return;
       prefetch_line<prefetch_into::l2>(at);
@@ -874,7 +874,7 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256 avx2_load_w(const void* w
 /// Steps [k0, k1) of an AVX2 tile: acc[r][j] += w[k][8j..8j+7] · x[r][k]. Each step first
 /// calls `pf.step(wk)`, wk its weights (a prefetch: `no_prefetch`, `ahead_prefetch` or
 /// `block_prefetch::cursor`).
-template <weight_format F, int W, int R, class P>
+template <weight_format F, std::size_t W, std::size_t R, class P>
 SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_steps(__m256 (&acc)[R][W], const void* w,
                                                             const float* x, std::size_t ldx,
                                                             std::size_t k0, std::size_t k1, P& pf) {
@@ -886,22 +886,22 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_steps(__m256 (&acc)[R]
     if constexpr (R <= 2) {  // the rows' broadcasts first, then one weight vector at a time
       __m256 xb[R];
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) xb[r] = _mm256_broadcast_ss(x + static_cast<std::size_t>(r) * ldx + k);
+      for (std::size_t r = 0; r < R; ++r) xb[r] = _mm256_broadcast_ss(x + static_cast<std::size_t>(r) * ldx + k);
 #pragma GCC unroll 8
-      for (int j = 0; j < W; ++j) {
+      for (std::size_t j = 0; j < W; ++j) {
         const __m256 wv = avx2_load_w<F>(wk, static_cast<std::size_t>(8 * j));
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) acc[r][j] = _mm256_fmadd_ps(wv, xb[r], acc[r][j]);
+        for (std::size_t r = 0; r < R; ++r) acc[r][j] = _mm256_fmadd_ps(wv, xb[r], acc[r][j]);
       }
     } else {  // the weight vectors first, then one row's broadcast at a time (R·W + W + 1 registers)
       __m256 wv[W];
 #pragma GCC unroll 8
-      for (int j = 0; j < W; ++j) wv[j] = avx2_load_w<F>(wk, static_cast<std::size_t>(8 * j));
+      for (std::size_t j = 0; j < W; ++j) wv[j] = avx2_load_w<F>(wk, static_cast<std::size_t>(8 * j));
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
+      for (std::size_t r = 0; r < R; ++r) {
         const __m256 xb = _mm256_broadcast_ss(x + static_cast<std::size_t>(r) * ldx + k);
 #pragma GCC unroll 8
-        for (int j = 0; j < W; ++j) acc[r][j] = _mm256_fmadd_ps(wv[j], xb, acc[r][j]);
+        for (std::size_t j = 0; j < W; ++j) acc[r][j] = _mm256_fmadd_ps(wv[j], xb, acc[r][j]);
       }
     }
   }
@@ -927,7 +927,7 @@ SPECSAMPLE_ALWAYS_INLINE int load_lane(const void* p) noexcept {
 /// Column pairs [k0, k1) of an AVX2 tile of `bf16_pairs` weights, vdpbf16ps's sums with F32 FMAs:
 /// acc[r][j] += w[2k+1]·x[r][2k+1], then += w[2k]·x[r][2k] (products of two BF16 values are exact
 /// in F32, so each FMA rounds once, as vdpbf16ps does).
-template <int W, int R, class P>
+template <std::size_t W, std::size_t R, class P>
 SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_pair_steps(__m256 (&acc)[R][W], const std::uint16_t* w,
                                                                  const std::uint16_t* x, std::size_t ldx,
                                                                  std::size_t k0, std::size_t k1, P& pf) {
@@ -936,17 +936,17 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_pair_steps(__m256 (&ac
     pf.step(wk);
     __m256 xo[R], xe[R];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
+    for (std::size_t r = 0; r < R; ++r) {
       const __m256i pr = _mm256_set1_epi32(load_lane(x + static_cast<std::size_t>(r) * ldx + 2 * k));
       xo[r] = avx2_odd(pr);
       xe[r] = avx2_even(pr);
     }
 #pragma GCC unroll 8
-    for (int j = 0; j < W; ++j) {
+    for (std::size_t j = 0; j < W; ++j) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk + 16 * j));
       const __m256 wo = avx2_odd(v), we = avx2_even(v);
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
+      for (std::size_t r = 0; r < R; ++r) {
         acc[r][j] = _mm256_fmadd_ps(wo, xo[r], acc[r][j]);
         acc[r][j] = _mm256_fmadd_ps(we, xe[r], acc[r][j]);
       }
@@ -957,7 +957,7 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_pair_steps(__m256 (&ac
 /// Quads [k0, k1) of an AVX2 INT8 tile (its weights at w, the k-th quad of a panel at w + 4·64·k):
 /// vpmaddwd on the even and the odd bytes of each lane (the
 /// operands zero-extended, the weights sign-extended to 16 bits: exact), the two sums added.
-template <int W, int R, class P>
+template <std::size_t W, std::size_t R, class P>
 SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_i8_steps(__m256i (&acc)[R][W], const std::int8_t* w,
                                                                 const std::uint8_t* x, std::size_t ldx,
                                                                 std::size_t k0, std::size_t k1, P& pf) {
@@ -967,17 +967,17 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_i8_steps(__m256i (&acc
     pf.step(wk);
     __m256i xe[R], xo[R];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
+    for (std::size_t r = 0; r < R; ++r) {
       const __m256i q = _mm256_set1_epi32(load_lane(x + static_cast<std::size_t>(r) * ldx + 4 * k));
       xe[r] = _mm256_and_si256(q, even_bytes);
       xo[r] = _mm256_srli_epi16(q, 8);
     }
 #pragma GCC unroll 8
-    for (int j = 0; j < W; ++j) {
+    for (std::size_t j = 0; j < W; ++j) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk + 32 * j));
       const __m256i we = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8), wo = _mm256_srai_epi16(v, 8);
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
+      for (std::size_t r = 0; r < R; ++r) {
         acc[r][j] = _mm256_add_epi32(acc[r][j], _mm256_add_epi32(_mm256_madd_epi16(we, xe[r]), _mm256_madd_epi16(wo, xo[r])));
       }
     }
@@ -1056,7 +1056,7 @@ SPECSAMPLE_TARGET_AVX2 void avx2_store_rows(const matmul_args& a, const acc_t<F>
 }
 
 /// Steps [k0, k1) of the tile of rows [t0, t0 + R) whose weights start at w, with prefetch `pf`.
-template <weight_format F, int W, int R, class P>
+template <weight_format F, std::size_t W, std::size_t R, class P>
 SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_tile_steps(avx2_acc<F> (&acc)[R][W], const void* w, const matmul_args& a,
                                                                  std::size_t t0, std::size_t k0, std::size_t k1, P& pf) {
   if constexpr (F == weight_format::i8_quads) {
@@ -1106,7 +1106,7 @@ template <weight_format F>
 /// when k0 = 0), stored back, exactly. The first
 /// `pf.left` steps prefetch (PF lines each). (Not inlined: Clang 14 inlined the tiles into
 /// matmul_avx2 and spilled their accumulators.)
-template <weight_format F, int W, int R, int PF>
+template <weight_format F, std::size_t W, std::size_t R, int PF>
 [[gnu::noinline]] SPECSAMPLE_TARGET_AVX2 void avx2_tile(const matmul_args& a, std::size_t p, std::size_t o_off,
                                                       std::size_t t0, std::size_t k0, std::size_t k1,
                                                       acc_t<F>* acc_buf, block_prefetch& pf) {
@@ -1116,9 +1116,9 @@ template <weight_format F, int W, int R, int PF>
   const wt* w = static_cast<const wt*>(a.w) + p * steps * per * panel + o_off * per;
   avx2_acc<F> acc[R][W];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
+  for (std::size_t r = 0; r < R; ++r) {
 #pragma GCC unroll 8
-    for (int j = 0; j < W; ++j) {
+    for (std::size_t j = 0; j < W; ++j) {
       acc[r][j] = k0 == 0 ? avx2_acc_zero<F>()
                           : avx2_acc_load<F>(acc_buf + static_cast<std::size_t>(r) * panel + o_off + 8 * static_cast<std::size_t>(j));
     }
@@ -1132,9 +1132,9 @@ template <weight_format F, int W, int R, int PF>
   // (Unrolled so that acc is only ever indexed by constants: an array indexed at run time lives
   // in memory, and GCC 12 then stored all of it on every k step.)
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
+  for (std::size_t r = 0; r < R; ++r) {
 #pragma GCC unroll 8
-    for (int j = 0; j < W; ++j) {
+    for (std::size_t j = 0; j < W; ++j) {
       avx2_acc_store<F>(acc_buf + static_cast<std::size_t>(r) * panel + o_off + 8 * static_cast<std::size_t>(j), acc[r][j]);
     }
   }
@@ -1292,7 +1292,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void keep_in_register(__m512i&
 
 /// Steps [k0, k1) of an AVX-512 panel: acc[t][j] += w[k][16j..16j+15] · x[t][k]. Each step first
 /// calls pf.step(its weights) (`ahead_prefetch`, a `block_prefetch::lines_cursor` or `no_prefetch`).
-template <weight_format F, int TT, class P>
+template <weight_format F, std::size_t TT, class P>
 SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_steps(__m512 (&acc)[TT][4], const void* w,
                                                                 const float* x, std::size_t ldx,
                                                                 std::size_t k0, std::size_t k1, P& pf) {
@@ -1307,7 +1307,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_steps(__m512 (&acc
       keep_in_register(wv[j]);
     }
 #pragma GCC unroll 8
-    for (int t = 0; t < TT; ++t) {
+    for (std::size_t t = 0; t < TT; ++t) {
       const __m512 xb = _mm512_set1_ps(x[static_cast<std::size_t>(t) * ldx + k]);
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) acc[t][j] = _mm512_fmadd_ps(wv[j], xb, acc[t][j]);
@@ -1320,7 +1320,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_steps(__m512 (&acc
 /// are split once per step and held in registers: with up to 4 rows (16 accumulators, 8 operands).
 /// (The maskz forms of the shifts here and below: GCC 12 warns about the _undefined operand of the
 /// plain ones.)
-template <int TT, class P>
+template <std::size_t TT, class P>
 SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_pair_steps(__m512 (&acc)[TT][4], const std::uint16_t* w,
                                                                      const std::uint16_t* x, std::size_t ldx,
                                                                      std::size_t k0, std::size_t k1, P& pf) {
@@ -1331,7 +1331,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_pair_steps(__m512 
     pf.step(wk);
     __m512 xo[TT], xe[TT];
 #pragma GCC unroll 8
-    for (int t = 0; t < TT; ++t) {
+    for (std::size_t t = 0; t < TT; ++t) {
       const __m512i pr = _mm512_set1_epi32(load_lane(x + static_cast<std::size_t>(t) * ldx + 2 * k));
       xo[t] = _mm512_castsi512_ps(_mm512_and_si512(pr, high));
       xe[t] = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, pr, 16));
@@ -1342,7 +1342,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_pair_steps(__m512 
       const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, high));
       const __m512 we = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, v, 16));
 #pragma GCC unroll 8
-      for (int t = 0; t < TT; ++t) {
+      for (std::size_t t = 0; t < TT; ++t) {
         acc[t][j] = _mm512_fmadd_ps(wo, xo[t], acc[t][j]);
         acc[t][j] = _mm512_fmadd_ps(we, xe[t], acc[t][j]);
       }
@@ -1353,7 +1353,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_pair_steps(__m512 
 /// Column pairs [k0, k1) of an AVX-512 panel of `bf16_pairs` weights with vdpbf16ps: per 32-bit
 /// lane, acc += w[2k+1]·x[2k+1], then += w[2k]·x[2k], each rounded once (two multiply-adds per lane
 /// and instruction: twice the F32 FMA's rate on Zen 4 and later).
-template <int TT, class P>
+template <std::size_t TT, class P>
 SPECSAMPLE_TARGET_AVX512_BF16 SPECSAMPLE_ALWAYS_INLINE void avx512_dot_steps(__m512 (&acc)[TT][4], const std::uint16_t* w,
                                                                          const std::uint16_t* x, std::size_t ldx,
                                                                          std::size_t k0, std::size_t k1, P& pf) {
@@ -1367,7 +1367,7 @@ SPECSAMPLE_TARGET_AVX512_BF16 SPECSAMPLE_ALWAYS_INLINE void avx512_dot_steps(__m
       keep_in_register(wv[j]);
     }
 #pragma GCC unroll 8
-    for (int t = 0; t < TT; ++t) {
+    for (std::size_t t = 0; t < TT; ++t) {
       const __m512i xb = _mm512_set1_epi32(load_lane(x + static_cast<std::size_t>(t) * ldx + 2 * k));
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) acc[t][j] = _mm512_dpbf16_ps(acc[t][j], (__m512bh)wv[j], (__m512bh)xb);
@@ -1376,7 +1376,7 @@ SPECSAMPLE_TARGET_AVX512_BF16 SPECSAMPLE_ALWAYS_INLINE void avx512_dot_steps(__m
 }
 
 /// Stores rows [t0, t0 + TT) × the 64 outputs of panel p (+ bias) from the accumulators.
-template <int TT>
+template <std::size_t TT>
 SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_store_panel(const matmul_args& a, const __m512 (&acc)[TT][4],
                                                                       std::size_t p, std::size_t t0) {
   // (Fully unrolled, so that acc is only ever indexed by constants: Clang 14 kept an array indexed
@@ -1392,7 +1392,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_store_panel(const 
     const __m512 b = a.bias != nullptr ? _mm512_maskz_loadu_ps(m, a.bias + o0 + lo)
                                        : _mm512_setzero_ps();
 #pragma GCC unroll 8
-    for (int t = 0; t < TT; ++t) {
+    for (std::size_t t = 0; t < TT; ++t) {
       float* out = a.out + (t0 + static_cast<std::size_t>(t)) * a.ldo + o0 + lo;
       const __m512 v = a.bias != nullptr ? _mm512_add_ps(acc[t][j], b) : acc[t][j];
       _mm512_mask_storeu_ps(out, m, v);
@@ -1422,10 +1422,10 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void acc_store(void* p, __m512
 
 /// The accumulators of a tile at the start of its part: zero at the panel's first step, else as
 /// the previous block left them in part.acc.
-template <class V, int TT>
+template <class V, std::size_t TT>
 SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_resume(V (&acc)[TT][4], const panel_part& part) {
 #pragma GCC unroll 8
-  for (int t = 0; t < TT; ++t) {
+  for (std::size_t t = 0; t < TT; ++t) {
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
       if (part.k0 == 0) {
@@ -1439,12 +1439,12 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_resume(V (&acc)[TT
 
 /// Whether the part ends before the panel's last step: then its accumulators are kept in part.acc
 /// for the next block (and true is returned) instead of being stored as outputs.
-template <class V, int TT>
+template <class V, std::size_t TT>
 SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE bool avx512_suspend(const V (&acc)[TT][4], const panel_part& part,
                                                                   std::size_t steps) {
   if (part.acc == nullptr || part.k1 >= steps) return false;
 #pragma GCC unroll 8
-  for (int t = 0; t < TT; ++t) {
+  for (std::size_t t = 0; t < TT; ++t) {
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
       acc_store(static_cast<char*>(part.acc) + 64 * (4 * static_cast<std::size_t>(t) + static_cast<std::size_t>(j)), acc[t][j]);
@@ -1455,7 +1455,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE bool avx512_suspend(const V (&
 
 /// `avx512_pair_steps` (emulated BF16 pairs) or `avx512_steps` (F32, F16, BF16) of rows
 /// [t0, t0 + TT) over weights w.
-template <weight_format F, int TT, class P>
+template <weight_format F, std::size_t TT, class P>
 SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_any_steps(__m512 (&acc)[TT][4], const matmul_args& a,
                                                                     const weight_t<F>* w, std::size_t t0,
                                                                     std::size_t k0, std::size_t k1, P& pf) {
@@ -1467,7 +1467,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_any_steps(__m512 (
 }
 
 /// Rows [t0, t0 + TT) × the 64 outputs of panel p, over the steps of `part`.
-template <weight_format F, int TT>
+template <weight_format F, std::size_t TT>
 SPECSAMPLE_TARGET_AVX512 void avx512_panel(const matmul_args& a, std::size_t p, std::size_t t0,
                                           prefetch_window win, panel_part part) {
   using wt = weight_t<F>;
@@ -1495,7 +1495,7 @@ SPECSAMPLE_TARGET_AVX512 void avx512_panel(const matmul_args& a, std::size_t p, 
 }
 
 /// `avx512_panel` of `bf16_pairs` weights with vdpbf16ps (CPUs with AVX512_BF16).
-template <int TT>
+template <std::size_t TT>
 SPECSAMPLE_TARGET_AVX512_BF16 void avx512_dot_panel(const matmul_args& a, std::size_t p, std::size_t t0,
                                                    prefetch_window win, panel_part part) {
   const std::size_t steps = packed_cols(weight_format::bf16_pairs, a.K) / 2;
@@ -1826,7 +1826,7 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256i avx2_first(std::size_t n
 /// The queries share every key load; each score is still its own FMA chain. Every vector is
 /// loaded whole: the last one's lanes past `tail` lie in the same 16-key block (the cache holds
 /// whole blocks) and are computed but never stored.
-template <int NQ, int N, weight_format F>
+template <std::size_t NQ, std::size_t N, weight_format F>
 [[gnu::noinline]] SPECSAMPLE_TARGET_AVX2 prefetch_stream avx2_scores(const float* q, std::size_t ldq,
                                                              const weight_t<F>* kb, std::size_t HS,
                                                              std::size_t p0, std::size_t tail, float scale,
@@ -1834,35 +1834,35 @@ template <int NQ, int N, weight_format F>
                                                              prefetch_stream ahead) {
   const weight_t<F>* at[N];
 #pragma GCC unroll 4
-  for (int j = 0; j < N; ++j) {
+  for (std::size_t j = 0; j < N; ++j) {
     const std::size_t p = p0 + 8 * static_cast<std::size_t>(j);
     at[j] = kb + (p / key_block) * HS * key_block + p % key_block;
   }
   const __m256i last = avx2_first(tail);
   __m256 acc[NQ][N];
 #pragma GCC unroll 8
-  for (int i = 0; i < NQ; ++i) {
+  for (std::size_t i = 0; i < NQ; ++i) {
 #pragma GCC unroll 4
-    for (int j = 0; j < N; ++j) acc[i][j] = _mm256_setzero_ps();
+    for (std::size_t j = 0; j < N; ++j) acc[i][j] = _mm256_setzero_ps();
   }
   for (std::size_t d = 0; d < HS; ++d) {
     ahead.step();
     __m256 kv[N];
 #pragma GCC unroll 4
-    for (int j = 0; j < N; ++j) kv[j] = avx2_load_w<F>(at[j], d * key_block);
+    for (std::size_t j = 0; j < N; ++j) kv[j] = avx2_load_w<F>(at[j], d * key_block);
 #pragma GCC unroll 8
-    for (int i = 0; i < NQ; ++i) {
+    for (std::size_t i = 0; i < NQ; ++i) {
       const __m256 qd = _mm256_broadcast_ss(q + static_cast<std::size_t>(i) * ldq + d);
 #pragma GCC unroll 4
-      for (int j = 0; j < N; ++j) acc[i][j] = _mm256_fmadd_ps(qd, kv[j], acc[i][j]);
+      for (std::size_t j = 0; j < N; ++j) acc[i][j] = _mm256_fmadd_ps(qd, kv[j], acc[i][j]);
     }
   }
   const __m256 sc = _mm256_set1_ps(scale);
 #pragma GCC unroll 8
-  for (int i = 0; i < NQ; ++i) {
+  for (std::size_t i = 0; i < NQ; ++i) {
     float* a = att + static_cast<std::size_t>(i) * ldatt + p0;
 #pragma GCC unroll 4
-    for (int j = 0; j + 1 < N; ++j) _mm256_storeu_ps(a + 8 * j, _mm256_mul_ps(acc[i][j], sc));
+    for (std::size_t j = 0; j + 1 < N; ++j) _mm256_storeu_ps(a + 8 * j, _mm256_mul_ps(acc[i][j], sc));
     _mm256_maskstore_ps(a + 8 * (N - 1), last, _mm256_mul_ps(acc[i][N - 1], sc));
   }
   return ahead;
@@ -1872,45 +1872,45 @@ template <int NQ, int N, weight_format F>
 /// sees len0 + i positions) and N vectors of 8 channels, p in order for every query. The queries
 /// share the value loads of the first len0 positions; query i then adds its i causal-tail
 /// positions on its own (still in p order).
-template <int NQ, int N, weight_format F>
+template <std::size_t NQ, std::size_t N, weight_format F>
 [[gnu::noinline]] SPECSAMPLE_TARGET_AVX2 prefetch_stream avx2_values(const float* att, std::size_t ldatt,
                                                              const weight_t<F>* v, std::size_t len0,
                                                              std::size_t HS, std::size_t d0, float* out,
                                                              std::size_t ldo, prefetch_stream ahead) {
   __m256 o[NQ][N];
 #pragma GCC unroll 8
-  for (int i = 0; i < NQ; ++i) {
+  for (std::size_t i = 0; i < NQ; ++i) {
 #pragma GCC unroll 4
-    for (int j = 0; j < N; ++j) o[i][j] = _mm256_setzero_ps();
+    for (std::size_t j = 0; j < N; ++j) o[i][j] = _mm256_setzero_ps();
   }
   for (std::size_t p = 0; p < len0; ++p) {
     ahead.step();
     const weight_t<F>* vp = v + p * HS + d0;
     __m256 vv[N];
 #pragma GCC unroll 4
-    for (int j = 0; j < N; ++j) vv[j] = avx2_load_w<F>(vp, static_cast<std::size_t>(8 * j));
+    for (std::size_t j = 0; j < N; ++j) vv[j] = avx2_load_w<F>(vp, static_cast<std::size_t>(8 * j));
 #pragma GCC unroll 8
-    for (int i = 0; i < NQ; ++i) {
+    for (std::size_t i = 0; i < NQ; ++i) {
       const __m256 a = _mm256_set1_ps(att[static_cast<std::size_t>(i) * ldatt + p]);
 #pragma GCC unroll 4
-      for (int j = 0; j < N; ++j) o[i][j] = _mm256_fmadd_ps(a, vv[j], o[i][j]);
+      for (std::size_t j = 0; j < N; ++j) o[i][j] = _mm256_fmadd_ps(a, vv[j], o[i][j]);
     }
   }
 #pragma GCC unroll 8
-  for (int i = 1; i < NQ; ++i) {  // the causal tail: query i also sees positions len0 .. len0 + i − 1
+  for (std::size_t i = 1; i < NQ; ++i) {  // the causal tail: query i also sees positions len0 .. len0 + i − 1
     for (std::size_t p = len0; p < len0 + static_cast<std::size_t>(i); ++p) {
       const weight_t<F>* vp = v + p * HS + d0;
       const __m256 a = _mm256_set1_ps(att[static_cast<std::size_t>(i) * ldatt + p]);
 #pragma GCC unroll 4
-      for (int j = 0; j < N; ++j) {
+      for (std::size_t j = 0; j < N; ++j) {
         o[i][j] = _mm256_fmadd_ps(a, avx2_load_w<F>(vp, static_cast<std::size_t>(8 * j)), o[i][j]);
       }
     }
   }
 #pragma GCC unroll 8
-  for (int i = 0; i < NQ; ++i) {
+  for (std::size_t i = 0; i < NQ; ++i) {
 #pragma GCC unroll 4
-    for (int j = 0; j < N; ++j) _mm256_storeu_ps(out + static_cast<std::size_t>(i) * ldo + d0 + 8 * j, o[i][j]);
+    for (std::size_t j = 0; j < N; ++j) _mm256_storeu_ps(out + static_cast<std::size_t>(i) * ldo + d0 + 8 * j, o[i][j]);
   }
   return ahead;
 }
@@ -1919,7 +1919,7 @@ template <int NQ, int N, weight_format F>
 /// 8 · avx2_vectors(NQ) keys per pass over the channels, per-query softmax, values in passes of
 /// as many channels, the last HS mod 8 channels one at a time. How many queries run together
 /// changes no query's result.
-template <int NQ, weight_format F>
+template <std::size_t NQ, weight_format F>
 SPECSAMPLE_TARGET_AVX2 prefetch_stream attend_avx2(const float* q, std::size_t ldq, const weight_t<F>* kb, const weight_t<F>* v,
                                                  std::size_t len0, std::size_t HS, float scale, float* att,
                                                  std::size_t ldatt, float* out, std::size_t ldo, prefetch_stream ahead) {
@@ -1939,7 +1939,7 @@ SPECSAMPLE_TARGET_AVX2 prefetch_stream attend_avx2(const float* q, std::size_t l
         break;
     }
   }
-  for (int i = 0; i < NQ; ++i) softmax_row(isa::avx2, att + static_cast<std::size_t>(i) * ldatt, len0 + static_cast<std::size_t>(i));
+  for (std::size_t i = 0; i < NQ; ++i) softmax_row(isa::avx2, att + static_cast<std::size_t>(i) * ldatt, len0 + static_cast<std::size_t>(i));
   std::size_t d = 0;
   for (; HS - d >= step; d += step) ahead = avx2_values<NQ, V, F>(att, ldatt, v, len0, HS, d, out, ldo, ahead);
   switch ((HS - d) / 8) {  // (< V)
@@ -1953,7 +1953,7 @@ SPECSAMPLE_TARGET_AVX2 prefetch_stream attend_avx2(const float* q, std::size_t l
     default: break;
   }
   d += (HS - d) / 8 * 8;
-  for (int i = 0; i < NQ; ++i) {  // the last HS mod 8 channels, one at a time
+  for (std::size_t i = 0; i < NQ; ++i) {  // the last HS mod 8 channels, one at a time
     const float* a = att + static_cast<std::size_t>(i) * ldatt;
     for (std::size_t c = d; c < HS; ++c) {
       float o = 0;
@@ -1979,7 +1979,7 @@ SPECSAMPLE_TARGET_AVX2 prefetch_stream attend_avx2(const float* q, std::size_t l
 /// measurable: the minima of 1- and 5-token appends of the bundled target moved by −0.7 to +1.6%
 /// with no consistent sign (1000 calls each, four alternating pairs), those of the draft's 1- and
 /// 4-token appends by under 0.3% (4000 calls, three pairs).
-template <int NQ, int N, weight_format F>
+template <std::size_t NQ, std::size_t N, weight_format F>
 [[gnu::noinline]] SPECSAMPLE_TARGET_AVX512 prefetch_stream avx512_scores(const float* q, std::size_t ldq,
                                                                  const weight_t<F>* kb, std::size_t HS,
                                                                  std::size_t p0, std::size_t tail, float scale,
@@ -1990,30 +1990,30 @@ template <int NQ, int N, weight_format F>
   const __mmask16 last = avx512_first(tail);
   __m512 acc[NQ][N];
 #pragma GCC unroll 8
-  for (int i = 0; i < NQ; ++i) {
+  for (std::size_t i = 0; i < NQ; ++i) {
 #pragma GCC unroll 4
-    for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
+    for (std::size_t j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
   }
   for (std::size_t d = 0; d < HS; ++d) {
     ahead.step();
     const weight_t<F>* row = b0 + d * key_block;
     __m512 kv[N];
 #pragma GCC unroll 4
-    for (int j = 0; j + 1 < N; ++j) kv[j] = avx512_load_w<F>(row, static_cast<std::size_t>(j) * bs);
+    for (std::size_t j = 0; j + 1 < N; ++j) kv[j] = avx512_load_w<F>(row, static_cast<std::size_t>(j) * bs);
     kv[N - 1] = avx512_maskload_w<F>(row, static_cast<std::size_t>(N - 1) * bs, last);
 #pragma GCC unroll 8
-    for (int i = 0; i < NQ; ++i) {
+    for (std::size_t i = 0; i < NQ; ++i) {
       const __m512 qd = _mm512_set1_ps(q[static_cast<std::size_t>(i) * ldq + d]);
 #pragma GCC unroll 4
-      for (int j = 0; j < N; ++j) acc[i][j] = _mm512_fmadd_ps(qd, kv[j], acc[i][j]);
+      for (std::size_t j = 0; j < N; ++j) acc[i][j] = _mm512_fmadd_ps(qd, kv[j], acc[i][j]);
     }
   }
   const __m512 sc = _mm512_set1_ps(scale);
 #pragma GCC unroll 8
-  for (int i = 0; i < NQ; ++i) {
+  for (std::size_t i = 0; i < NQ; ++i) {
     float* a = att + static_cast<std::size_t>(i) * ldatt + p0;
 #pragma GCC unroll 4
-    for (int j = 0; j + 1 < N; ++j) _mm512_storeu_ps(a + 16 * j, _mm512_mul_ps(acc[i][j], sc));
+    for (std::size_t j = 0; j + 1 < N; ++j) _mm512_storeu_ps(a + 16 * j, _mm512_mul_ps(acc[i][j], sc));
     _mm512_mask_storeu_ps(a + 16 * (N - 1), last, _mm512_mul_ps(acc[i][N - 1], sc));
   }
   return ahead;
@@ -2023,7 +2023,7 @@ template <int NQ, int N, weight_format F>
 /// sees len0 + i positions) and N (1..4) vectors of channels, the last `tail` channels wide; p in
 /// order for every query. The queries share the value loads of the first len0 positions; query i
 /// then adds its i causal-tail positions on its own (still in p order).
-template <int NQ, int N, weight_format F>
+template <std::size_t NQ, std::size_t N, weight_format F>
 [[gnu::noinline]] SPECSAMPLE_TARGET_AVX512 prefetch_stream avx512_values(const float* att, std::size_t ldatt,
                                                                  const weight_t<F>* v, std::size_t len0,
                                                                  std::size_t HS, std::size_t d0, std::size_t tail,
@@ -2032,31 +2032,31 @@ template <int NQ, int N, weight_format F>
   const __mmask16 last = avx512_first(tail);
   __m512 o[NQ][N];
 #pragma GCC unroll 8
-  for (int i = 0; i < NQ; ++i) {
+  for (std::size_t i = 0; i < NQ; ++i) {
 #pragma GCC unroll 4
-    for (int j = 0; j < N; ++j) o[i][j] = _mm512_setzero_ps();
+    for (std::size_t j = 0; j < N; ++j) o[i][j] = _mm512_setzero_ps();
   }
   for (std::size_t p = 0; p < len0; ++p) {
     ahead.step();
     const weight_t<F>* vp = v + p * HS + d0;
     __m512 vv[N];
 #pragma GCC unroll 4
-    for (int j = 0; j + 1 < N; ++j) vv[j] = avx512_load_w<F>(vp, static_cast<std::size_t>(16 * j));
+    for (std::size_t j = 0; j + 1 < N; ++j) vv[j] = avx512_load_w<F>(vp, static_cast<std::size_t>(16 * j));
     vv[N - 1] = avx512_maskload_w<F>(vp, static_cast<std::size_t>(16 * (N - 1)), last);
 #pragma GCC unroll 8
-    for (int i = 0; i < NQ; ++i) {
+    for (std::size_t i = 0; i < NQ; ++i) {
       const __m512 a = _mm512_set1_ps(att[static_cast<std::size_t>(i) * ldatt + p]);
 #pragma GCC unroll 4
-      for (int j = 0; j < N; ++j) o[i][j] = _mm512_fmadd_ps(a, vv[j], o[i][j]);
+      for (std::size_t j = 0; j < N; ++j) o[i][j] = _mm512_fmadd_ps(a, vv[j], o[i][j]);
     }
   }
 #pragma GCC unroll 8
-  for (int i = 1; i < NQ; ++i) {  // the causal tail: query i also sees positions len0 .. len0 + i − 1
+  for (std::size_t i = 1; i < NQ; ++i) {  // the causal tail: query i also sees positions len0 .. len0 + i − 1
     for (std::size_t p = len0; p < len0 + static_cast<std::size_t>(i); ++p) {
       const weight_t<F>* vp = v + p * HS + d0;
       const __m512 a = _mm512_set1_ps(att[static_cast<std::size_t>(i) * ldatt + p]);
 #pragma GCC unroll 4
-      for (int j = 0; j + 1 < N; ++j) {
+      for (std::size_t j = 0; j + 1 < N; ++j) {
         o[i][j] = _mm512_fmadd_ps(a, avx512_load_w<F>(vp, static_cast<std::size_t>(16 * j)), o[i][j]);
       }
       o[i][N - 1] = _mm512_fmadd_ps(a, avx512_maskload_w<F>(vp, static_cast<std::size_t>(16 * (N - 1)), last),
@@ -2064,10 +2064,10 @@ template <int NQ, int N, weight_format F>
     }
   }
 #pragma GCC unroll 8
-  for (int i = 0; i < NQ; ++i) {
+  for (std::size_t i = 0; i < NQ; ++i) {
     float* oi = out + static_cast<std::size_t>(i) * ldo + d0;
 #pragma GCC unroll 4
-    for (int j = 0; j + 1 < N; ++j) _mm512_storeu_ps(oi + 16 * j, o[i][j]);
+    for (std::size_t j = 0; j + 1 < N; ++j) _mm512_storeu_ps(oi + 16 * j, o[i][j]);
     _mm512_mask_storeu_ps(oi + 16 * (N - 1), last, o[i][N - 1]);
   }
   return ahead;
@@ -2075,7 +2075,7 @@ template <int NQ, int N, weight_format F>
 
 /// NQ consecutive queries of one head (query i sees len0 + i positions): scores of up to 64 keys
 /// per pass over the channels, per-query softmax, values in passes of up to 64 channels.
-template <int NQ, weight_format F>
+template <std::size_t NQ, weight_format F>
 SPECSAMPLE_TARGET_AVX512 prefetch_stream attend_avx512(const float* q, std::size_t ldq, const weight_t<F>* kb, const weight_t<F>* v,
                                                      std::size_t len0, std::size_t HS, float scale, float* att,
                                                      std::size_t ldatt, float* out, std::size_t ldo,
@@ -2090,7 +2090,7 @@ SPECSAMPLE_TARGET_AVX512 prefetch_stream attend_avx512(const float* q, std::size
       default: ahead = avx512_scores<NQ, 4, F>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
     }
   }
-  for (int i = 0; i < NQ; ++i) softmax_row(isa::avx512, att + static_cast<std::size_t>(i) * ldatt, len0 + static_cast<std::size_t>(i));
+  for (std::size_t i = 0; i < NQ; ++i) softmax_row(isa::avx512, att + static_cast<std::size_t>(i) * ldatt, len0 + static_cast<std::size_t>(i));
   for (std::size_t d = 0; d < HS; d += 64) {
     const std::size_t n = std::min<std::size_t>(64, HS - d), vecs = (n + 15) / 16, tail = n - 16 * (vecs - 1);
     switch (vecs) {
@@ -2201,7 +2201,7 @@ prefetch_stream attend(isa level, const float* q, std::size_t ldq, std::size_t n
 #if SPECSAMPLE_X86
 /// Quads [k0, k1) of an AVX-512 INT8 panel with vpdpbusd: per 32-bit lane, the four products of
 /// the row's unsigned operand bytes and the output's signed weight bytes, added exactly.
-template <int TT, class P>
+template <std::size_t TT, class P>
 SPECSAMPLE_TARGET_AVX512_VNNI SPECSAMPLE_ALWAYS_INLINE void avx512_vnni_steps(__m512i (&acc)[TT][4], const std::int8_t* w,
                                                                           const std::uint8_t* x, std::size_t ldx,
                                                                           std::size_t k0, std::size_t k1, P& pf) {
@@ -2215,7 +2215,7 @@ SPECSAMPLE_TARGET_AVX512_VNNI SPECSAMPLE_ALWAYS_INLINE void avx512_vnni_steps(__
       keep_in_register(wv[j]);
     }
 #pragma GCC unroll 8
-    for (int t = 0; t < TT; ++t) {
+    for (std::size_t t = 0; t < TT; ++t) {
       const __m512i xb = _mm512_set1_epi32(load_lane(x + static_cast<std::size_t>(t) * ldx + 4 * k));
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) acc[t][j] = _mm512_dpbusd_epi32(acc[t][j], xb, wv[j]);
@@ -2225,7 +2225,7 @@ SPECSAMPLE_TARGET_AVX512_VNNI SPECSAMPLE_ALWAYS_INLINE void avx512_vnni_steps(__
 
 /// Rows [t0, t0 + TT) × the 64 outputs of INT8 panel p with vpdpbusd, and the epilogue of
 /// `i8_output` in vectors (the same operations).
-template <int TT>
+template <std::size_t TT>
 SPECSAMPLE_TARGET_AVX512_VNNI void avx512_vnni_panel(const matmul_args& a, const i8_meta& meta, std::size_t p,
                                                     std::size_t t0, prefetch_window win, panel_part part) {
   const std::size_t steps = packed_cols(weight_format::i8_quads, a.K) / 4;
@@ -2260,7 +2260,7 @@ SPECSAMPLE_TARGET_AVX512_VNNI void avx512_vnni_panel(const matmul_args& a, const
     const __m512i offset = _mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_loadu_epi32(m, meta.sum + o0 + lo), 7);
     const __m512 b = a.bias != nullptr ? _mm512_maskz_loadu_ps(m, a.bias + o0 + lo) : _mm512_setzero_ps();
 #pragma GCC unroll 8
-    for (int t = 0; t < TT; ++t) {
+    for (std::size_t t = 0; t < TT; ++t) {
       const __m512 d = _mm512_maskz_cvtepi32_ps(0xFFFF, _mm512_sub_epi32(acc[t][j], offset));
       const __m512 s = _mm512_mul_ps(scale, _mm512_set1_ps(a.xs[t0 + static_cast<std::size_t>(t)]));
       const __m512 y = a.bias != nullptr ? _mm512_fmadd_ps(d, s, b) : _mm512_mul_ps(d, s);
