@@ -328,6 +328,20 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE __mmask16 avx512_first(std::si
   return n >= 16 ? static_cast<__mmask16>(0xffffu) : static_cast<__mmask16>((1u << n) - 1u);
 }
 
+/// v rounded to the nearest integer (ties to even), no exception flags raised.
+SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE __m512 avx512_round_nearest(__m512 v) {
+  // Without optimisation GCC's avx512fintrin.h defines the roundscale intrinsics as macros that
+  // pass the mask to a builtin taking a short: -Wsign-conversion would warn in the including TU.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wsign-conversion"
+#endif
+  return _mm512_maskz_roundscale_ps(0xFFFF, v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+}
+
 // The tails of the AVX2 loops (fewer than 8 elements left) go through a buffer: no load or store
 // past the data.
 
@@ -357,9 +371,7 @@ struct avx512_exp_parts {
 };
 
 SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE avx512_exp_parts avx512_exp_reduced(__m512 x) {
-  const __m512 n = _mm512_maskz_roundscale_ps(
-      0xFFFF, _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 n = avx512_round_nearest(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)));
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
   r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
   __m512 p = _mm512_set1_ps(1.9875691500e-4f);

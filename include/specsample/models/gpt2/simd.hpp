@@ -706,6 +706,7 @@ struct prefetch_stream {
 #if SPECSAMPLE_X86
 
 using specsample::simd::avx512_first;
+using specsample::simd::avx512_round_nearest;
 
 /// How far ahead of the k-step being computed the micro-kernels prefetch their weights into L1:
 /// 16 KiB (every cache line of the step), at most half a panel (8 KiB for the drafts' 128-input
@@ -2349,8 +2350,7 @@ SPECSAMPLE_TARGET_AVX512 inline float i8_operand_row_avx512(const float* x, std:
     const __mmask16 in = i < K ? avx512_first(K - i) : __mmask16{0};
     __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, x + i), inv);
     v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);  // NaN (a NaN scaling) to 0
-    v = _mm512_maskz_roundscale_ps(0xFFFF, _mm512_maskz_min_ps(0xFFFF, _mm512_maskz_max_ps(0xFFFF, v, lo), hi),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = avx512_round_nearest(_mm512_maskz_min_ps(0xFFFF, _mm512_maskz_max_ps(0xFFFF, v, lo), hi));
     const __m128i b = _mm512_maskz_cvtepi32_epi8(0xFFFF, _mm512_add_epi32(_mm512_maskz_cvttps_epi32(0xFFFF, v), offset));
     _mm_mask_storeu_epi8(dst + i, avx512_first(ld - i), b);
   }
