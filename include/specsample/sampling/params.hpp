@@ -72,7 +72,8 @@ struct speculative_params {
   verification verify = verification::token_wise;  ///< the verification rule.
   /// Stop drafting a round early when the draft model's most probable token has probability
   /// below this (llama.cpp's p_min) under `draft_warping()`; 0 = off. In [0, 1). Exact: a
-  /// draft-side decision.
+  /// draft-side decision. Honoured by `speculative_sample(draft model, ...)`; a custom drafter
+  /// carries its own (`model_drafter`'s third argument).
   float draft_min_probability = 0.0f;
   /// Adapt the draft length between rounds (transformers' heuristic): +2 after a fully accepted
   /// round, -1 after a rejection, within [1, draft_length]. Exact: it depends on past rounds only.
