@@ -5,7 +5,8 @@
 //    the new positions: the shape a real transformer wrapper takes (see docs/models.md).
 // 2. Any callable logits(context) wrapped by specsample::toy::callable_model.
 
-#include <specsample/specsample.hpp>
+#include <specsample/sampling.hpp>
+#include <specsample/toy.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -4,7 +4,8 @@
 // from a passage of Tiny Shakespeare. The draft proposes K characters, the target checks them in
 // one call; the output is distributed exactly as sampling from the target alone.
 
-#include <specsample/specsample.hpp>
+#include <specsample/sampling.hpp>
+#include <specsample/toy.hpp>
 
 #include <fmt/format.h>
 
