@@ -887,20 +887,20 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_steps(__m256 (&acc)[R]
     if constexpr (R <= 2) {  // the rows' broadcasts first, then one weight vector at a time
       __m256 xb[R];
 #pragma GCC unroll 8
-      for (std::size_t r = 0; r < R; ++r) xb[r] = _mm256_broadcast_ss(x + static_cast<std::size_t>(r) * ldx + k);
+      for (std::size_t r = 0; r < R; ++r) xb[r] = _mm256_broadcast_ss(x + r * ldx + k);
 #pragma GCC unroll 8
       for (std::size_t j = 0; j < W; ++j) {
-        const __m256 wv = avx2_load_w<F>(wk, static_cast<std::size_t>(8 * j));
+        const __m256 wv = avx2_load_w<F>(wk, 8 * j);
 #pragma GCC unroll 8
         for (std::size_t r = 0; r < R; ++r) acc[r][j] = _mm256_fmadd_ps(wv, xb[r], acc[r][j]);
       }
     } else {  // the weight vectors first, then one row's broadcast at a time (R·W + W + 1 registers)
       __m256 wv[W];
 #pragma GCC unroll 8
-      for (std::size_t j = 0; j < W; ++j) wv[j] = avx2_load_w<F>(wk, static_cast<std::size_t>(8 * j));
+      for (std::size_t j = 0; j < W; ++j) wv[j] = avx2_load_w<F>(wk, 8 * j);
 #pragma GCC unroll 8
       for (std::size_t r = 0; r < R; ++r) {
-        const __m256 xb = _mm256_broadcast_ss(x + static_cast<std::size_t>(r) * ldx + k);
+        const __m256 xb = _mm256_broadcast_ss(x + r * ldx + k);
 #pragma GCC unroll 8
         for (std::size_t j = 0; j < W; ++j) acc[r][j] = _mm256_fmadd_ps(wv[j], xb, acc[r][j]);
       }
@@ -938,7 +938,7 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_pair_steps(__m256 (&ac
     __m256 xo[R], xe[R];
 #pragma GCC unroll 8
     for (std::size_t r = 0; r < R; ++r) {
-      const __m256i pr = _mm256_set1_epi32(load_lane(x + static_cast<std::size_t>(r) * ldx + 2 * k));
+      const __m256i pr = _mm256_set1_epi32(load_lane(x + r * ldx + 2 * k));
       xo[r] = avx2_odd(pr);
       xe[r] = avx2_even(pr);
     }
@@ -969,7 +969,7 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE void avx2_i8_steps(__m256i (&acc
     __m256i xe[R], xo[R];
 #pragma GCC unroll 8
     for (std::size_t r = 0; r < R; ++r) {
-      const __m256i q = _mm256_set1_epi32(load_lane(x + static_cast<std::size_t>(r) * ldx + 4 * k));
+      const __m256i q = _mm256_set1_epi32(load_lane(x + r * ldx + 4 * k));
       xe[r] = _mm256_and_si256(q, even_bytes);
       xo[r] = _mm256_srli_epi16(q, 8);
     }
@@ -1121,7 +1121,7 @@ template <weight_format F, std::size_t W, std::size_t R, int PF>
 #pragma GCC unroll 8
     for (std::size_t j = 0; j < W; ++j) {
       acc[r][j] = k0 == 0 ? avx2_acc_zero<F>()
-                          : avx2_acc_load<F>(acc_buf + static_cast<std::size_t>(r) * panel + o_off + 8 * static_cast<std::size_t>(j));
+                          : avx2_acc_load<F>(acc_buf + r * panel + o_off + 8 * j);
     }
   }
   const std::size_t k_pf = pf.take(k0, k1);
@@ -1136,7 +1136,7 @@ template <weight_format F, std::size_t W, std::size_t R, int PF>
   for (std::size_t r = 0; r < R; ++r) {
 #pragma GCC unroll 8
     for (std::size_t j = 0; j < W; ++j) {
-      avx2_acc_store<F>(acc_buf + static_cast<std::size_t>(r) * panel + o_off + 8 * static_cast<std::size_t>(j), acc[r][j]);
+      avx2_acc_store<F>(acc_buf + r * panel + o_off + 8 * j, acc[r][j]);
     }
   }
 }
@@ -1309,7 +1309,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_steps(__m512 (&acc
     }
 #pragma GCC unroll 8
     for (std::size_t t = 0; t < TT; ++t) {
-      const __m512 xb = _mm512_set1_ps(x[static_cast<std::size_t>(t) * ldx + k]);
+      const __m512 xb = _mm512_set1_ps(x[t * ldx + k]);
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) acc[t][j] = _mm512_fmadd_ps(wv[j], xb, acc[t][j]);
     }
@@ -1333,7 +1333,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_pair_steps(__m512 
     __m512 xo[TT], xe[TT];
 #pragma GCC unroll 8
     for (std::size_t t = 0; t < TT; ++t) {
-      const __m512i pr = _mm512_set1_epi32(load_lane(x + static_cast<std::size_t>(t) * ldx + 2 * k));
+      const __m512i pr = _mm512_set1_epi32(load_lane(x + t * ldx + 2 * k));
       xo[t] = _mm512_castsi512_ps(_mm512_and_si512(pr, high));
       xe[t] = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, pr, 16));
     }
@@ -1369,7 +1369,7 @@ SPECSAMPLE_TARGET_AVX512_BF16 SPECSAMPLE_ALWAYS_INLINE void avx512_dot_steps(__m
     }
 #pragma GCC unroll 8
     for (std::size_t t = 0; t < TT; ++t) {
-      const __m512i xb = _mm512_set1_epi32(load_lane(x + static_cast<std::size_t>(t) * ldx + 2 * k));
+      const __m512i xb = _mm512_set1_epi32(load_lane(x + t * ldx + 2 * k));
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) acc[t][j] = _mm512_dpbf16_ps(acc[t][j], (__m512bh)wv[j], (__m512bh)xb);
     }
@@ -1394,7 +1394,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_store_panel(const 
                                        : _mm512_setzero_ps();
 #pragma GCC unroll 8
     for (std::size_t t = 0; t < TT; ++t) {
-      float* out = a.out + (t0 + static_cast<std::size_t>(t)) * a.ldo + o0 + lo;
+      float* out = a.out + (t0 + t) * a.ldo + o0 + lo;
       const __m512 v = a.bias != nullptr ? _mm512_add_ps(acc[t][j], b) : acc[t][j];
       _mm512_mask_storeu_ps(out, m, v);
     }
@@ -1432,7 +1432,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_resume(V (&acc)[TT
       if (part.k0 == 0) {
         acc_zero(acc[t][j]);
       } else {
-        acc_load(acc[t][j], static_cast<const char*>(part.acc) + 64 * (4 * static_cast<std::size_t>(t) + static_cast<std::size_t>(j)));
+        acc_load(acc[t][j], static_cast<const char*>(part.acc) + 64 * (4 * t + static_cast<std::size_t>(j)));
       }
     }
   }
@@ -1448,7 +1448,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE bool avx512_suspend(const V (&
   for (std::size_t t = 0; t < TT; ++t) {
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
-      acc_store(static_cast<char*>(part.acc) + 64 * (4 * static_cast<std::size_t>(t) + static_cast<std::size_t>(j)), acc[t][j]);
+      acc_store(static_cast<char*>(part.acc) + 64 * (4 * t + static_cast<std::size_t>(j)), acc[t][j]);
     }
   }
   return true;
@@ -1836,7 +1836,7 @@ template <std::size_t NQ, std::size_t N, weight_format F>
   const weight_t<F>* at[N];
 #pragma GCC unroll 4
   for (std::size_t j = 0; j < N; ++j) {
-    const std::size_t p = p0 + 8 * static_cast<std::size_t>(j);
+    const std::size_t p = p0 + 8 * j;
     at[j] = kb + (p / key_block) * HS * key_block + p % key_block;
   }
   const __m256i last = avx2_first(tail);
@@ -1853,7 +1853,7 @@ template <std::size_t NQ, std::size_t N, weight_format F>
     for (std::size_t j = 0; j < N; ++j) kv[j] = avx2_load_w<F>(at[j], d * key_block);
 #pragma GCC unroll 8
     for (std::size_t i = 0; i < NQ; ++i) {
-      const __m256 qd = _mm256_broadcast_ss(q + static_cast<std::size_t>(i) * ldq + d);
+      const __m256 qd = _mm256_broadcast_ss(q + i * ldq + d);
 #pragma GCC unroll 4
       for (std::size_t j = 0; j < N; ++j) acc[i][j] = _mm256_fmadd_ps(qd, kv[j], acc[i][j]);
     }
@@ -1861,7 +1861,7 @@ template <std::size_t NQ, std::size_t N, weight_format F>
   const __m256 sc = _mm256_set1_ps(scale);
 #pragma GCC unroll 8
   for (std::size_t i = 0; i < NQ; ++i) {
-    float* a = att + static_cast<std::size_t>(i) * ldatt + p0;
+    float* a = att + i * ldatt + p0;
 #pragma GCC unroll 4
     for (std::size_t j = 0; j + 1 < N; ++j) _mm256_storeu_ps(a + 8 * j, _mm256_mul_ps(acc[i][j], sc));
     _mm256_maskstore_ps(a + 8 * (N - 1), last, _mm256_mul_ps(acc[i][N - 1], sc));
@@ -1889,29 +1889,29 @@ template <std::size_t NQ, std::size_t N, weight_format F>
     const weight_t<F>* vp = v + p * HS + d0;
     __m256 vv[N];
 #pragma GCC unroll 4
-    for (std::size_t j = 0; j < N; ++j) vv[j] = avx2_load_w<F>(vp, static_cast<std::size_t>(8 * j));
+    for (std::size_t j = 0; j < N; ++j) vv[j] = avx2_load_w<F>(vp, 8 * j);
 #pragma GCC unroll 8
     for (std::size_t i = 0; i < NQ; ++i) {
-      const __m256 a = _mm256_set1_ps(att[static_cast<std::size_t>(i) * ldatt + p]);
+      const __m256 a = _mm256_set1_ps(att[i * ldatt + p]);
 #pragma GCC unroll 4
       for (std::size_t j = 0; j < N; ++j) o[i][j] = _mm256_fmadd_ps(a, vv[j], o[i][j]);
     }
   }
 #pragma GCC unroll 8
   for (std::size_t i = 1; i < NQ; ++i) {  // the causal tail: query i also sees positions len0 .. len0 + i − 1
-    for (std::size_t p = len0; p < len0 + static_cast<std::size_t>(i); ++p) {
+    for (std::size_t p = len0; p < len0 + i; ++p) {
       const weight_t<F>* vp = v + p * HS + d0;
-      const __m256 a = _mm256_set1_ps(att[static_cast<std::size_t>(i) * ldatt + p]);
+      const __m256 a = _mm256_set1_ps(att[i * ldatt + p]);
 #pragma GCC unroll 4
       for (std::size_t j = 0; j < N; ++j) {
-        o[i][j] = _mm256_fmadd_ps(a, avx2_load_w<F>(vp, static_cast<std::size_t>(8 * j)), o[i][j]);
+        o[i][j] = _mm256_fmadd_ps(a, avx2_load_w<F>(vp, 8 * j), o[i][j]);
       }
     }
   }
 #pragma GCC unroll 8
   for (std::size_t i = 0; i < NQ; ++i) {
 #pragma GCC unroll 4
-    for (std::size_t j = 0; j < N; ++j) _mm256_storeu_ps(out + static_cast<std::size_t>(i) * ldo + d0 + 8 * j, o[i][j]);
+    for (std::size_t j = 0; j < N; ++j) _mm256_storeu_ps(out + i * ldo + d0 + 8 * j, o[i][j]);
   }
   return ahead;
 }
@@ -1940,7 +1940,7 @@ SPECSAMPLE_TARGET_AVX2 prefetch_stream attend_avx2(const float* q, std::size_t l
         break;
     }
   }
-  for (std::size_t i = 0; i < NQ; ++i) softmax_row(isa::avx2, att + static_cast<std::size_t>(i) * ldatt, len0 + static_cast<std::size_t>(i));
+  for (std::size_t i = 0; i < NQ; ++i) softmax_row(isa::avx2, att + i * ldatt, len0 + i);
   std::size_t d = 0;
   for (; HS - d >= step; d += step) ahead = avx2_values<NQ, V, F>(att, ldatt, v, len0, HS, d, out, ldo, ahead);
   switch ((HS - d) / 8) {  // (< V)
@@ -1955,13 +1955,13 @@ SPECSAMPLE_TARGET_AVX2 prefetch_stream attend_avx2(const float* q, std::size_t l
   }
   d += (HS - d) / 8 * 8;
   for (std::size_t i = 0; i < NQ; ++i) {  // the last HS mod 8 channels, one at a time
-    const float* a = att + static_cast<std::size_t>(i) * ldatt;
+    const float* a = att + i * ldatt;
     for (std::size_t c = d; c < HS; ++c) {
       float o = 0;
-      for (std::size_t p = 0; p < len0 + static_cast<std::size_t>(i); ++p) {
+      for (std::size_t p = 0; p < len0 + i; ++p) {
         o = std::fma(a[p], load_scalar<F>(v, p * HS + c), o);
       }
-      out[static_cast<std::size_t>(i) * ldo + c] = o;
+      out[i * ldo + c] = o;
     }
   }
   return ahead;
@@ -2000,11 +2000,11 @@ template <std::size_t NQ, std::size_t N, weight_format F>
     const weight_t<F>* row = b0 + d * key_block;
     __m512 kv[N];
 #pragma GCC unroll 4
-    for (std::size_t j = 0; j + 1 < N; ++j) kv[j] = avx512_load_w<F>(row, static_cast<std::size_t>(j) * bs);
-    kv[N - 1] = avx512_maskload_w<F>(row, static_cast<std::size_t>(N - 1) * bs, last);
+    for (std::size_t j = 0; j + 1 < N; ++j) kv[j] = avx512_load_w<F>(row, j * bs);
+    kv[N - 1] = avx512_maskload_w<F>(row, (N - 1) * bs, last);
 #pragma GCC unroll 8
     for (std::size_t i = 0; i < NQ; ++i) {
-      const __m512 qd = _mm512_set1_ps(q[static_cast<std::size_t>(i) * ldq + d]);
+      const __m512 qd = _mm512_set1_ps(q[i * ldq + d]);
 #pragma GCC unroll 4
       for (std::size_t j = 0; j < N; ++j) acc[i][j] = _mm512_fmadd_ps(qd, kv[j], acc[i][j]);
     }
@@ -2012,7 +2012,7 @@ template <std::size_t NQ, std::size_t N, weight_format F>
   const __m512 sc = _mm512_set1_ps(scale);
 #pragma GCC unroll 8
   for (std::size_t i = 0; i < NQ; ++i) {
-    float* a = att + static_cast<std::size_t>(i) * ldatt + p0;
+    float* a = att + i * ldatt + p0;
 #pragma GCC unroll 4
     for (std::size_t j = 0; j + 1 < N; ++j) _mm512_storeu_ps(a + 16 * j, _mm512_mul_ps(acc[i][j], sc));
     _mm512_mask_storeu_ps(a + 16 * (N - 1), last, _mm512_mul_ps(acc[i][N - 1], sc));
@@ -2042,31 +2042,31 @@ template <std::size_t NQ, std::size_t N, weight_format F>
     const weight_t<F>* vp = v + p * HS + d0;
     __m512 vv[N];
 #pragma GCC unroll 4
-    for (std::size_t j = 0; j + 1 < N; ++j) vv[j] = avx512_load_w<F>(vp, static_cast<std::size_t>(16 * j));
-    vv[N - 1] = avx512_maskload_w<F>(vp, static_cast<std::size_t>(16 * (N - 1)), last);
+    for (std::size_t j = 0; j + 1 < N; ++j) vv[j] = avx512_load_w<F>(vp, 16 * j);
+    vv[N - 1] = avx512_maskload_w<F>(vp, 16 * (N - 1), last);
 #pragma GCC unroll 8
     for (std::size_t i = 0; i < NQ; ++i) {
-      const __m512 a = _mm512_set1_ps(att[static_cast<std::size_t>(i) * ldatt + p]);
+      const __m512 a = _mm512_set1_ps(att[i * ldatt + p]);
 #pragma GCC unroll 4
       for (std::size_t j = 0; j < N; ++j) o[i][j] = _mm512_fmadd_ps(a, vv[j], o[i][j]);
     }
   }
 #pragma GCC unroll 8
   for (std::size_t i = 1; i < NQ; ++i) {  // the causal tail: query i also sees positions len0 .. len0 + i − 1
-    for (std::size_t p = len0; p < len0 + static_cast<std::size_t>(i); ++p) {
+    for (std::size_t p = len0; p < len0 + i; ++p) {
       const weight_t<F>* vp = v + p * HS + d0;
-      const __m512 a = _mm512_set1_ps(att[static_cast<std::size_t>(i) * ldatt + p]);
+      const __m512 a = _mm512_set1_ps(att[i * ldatt + p]);
 #pragma GCC unroll 4
       for (std::size_t j = 0; j + 1 < N; ++j) {
-        o[i][j] = _mm512_fmadd_ps(a, avx512_load_w<F>(vp, static_cast<std::size_t>(16 * j)), o[i][j]);
+        o[i][j] = _mm512_fmadd_ps(a, avx512_load_w<F>(vp, 16 * j), o[i][j]);
       }
-      o[i][N - 1] = _mm512_fmadd_ps(a, avx512_maskload_w<F>(vp, static_cast<std::size_t>(16 * (N - 1)), last),
+      o[i][N - 1] = _mm512_fmadd_ps(a, avx512_maskload_w<F>(vp, 16 * (N - 1), last),
                                     o[i][N - 1]);
     }
   }
 #pragma GCC unroll 8
   for (std::size_t i = 0; i < NQ; ++i) {
-    float* oi = out + static_cast<std::size_t>(i) * ldo + d0;
+    float* oi = out + i * ldo + d0;
 #pragma GCC unroll 4
     for (std::size_t j = 0; j + 1 < N; ++j) _mm512_storeu_ps(oi + 16 * j, o[i][j]);
     _mm512_mask_storeu_ps(oi + 16 * (N - 1), last, o[i][N - 1]);
@@ -2091,7 +2091,7 @@ SPECSAMPLE_TARGET_AVX512 prefetch_stream attend_avx512(const float* q, std::size
       default: ahead = avx512_scores<NQ, 4, F>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
     }
   }
-  for (std::size_t i = 0; i < NQ; ++i) softmax_row(isa::avx512, att + static_cast<std::size_t>(i) * ldatt, len0 + static_cast<std::size_t>(i));
+  for (std::size_t i = 0; i < NQ; ++i) softmax_row(isa::avx512, att + i * ldatt, len0 + i);
   for (std::size_t d = 0; d < HS; d += 64) {
     const std::size_t n = std::min<std::size_t>(64, HS - d), vecs = (n + 15) / 16, tail = n - 16 * (vecs - 1);
     switch (vecs) {
@@ -2217,7 +2217,7 @@ SPECSAMPLE_TARGET_AVX512_VNNI SPECSAMPLE_ALWAYS_INLINE void avx512_vnni_steps(__
     }
 #pragma GCC unroll 8
     for (std::size_t t = 0; t < TT; ++t) {
-      const __m512i xb = _mm512_set1_epi32(load_lane(x + static_cast<std::size_t>(t) * ldx + 4 * k));
+      const __m512i xb = _mm512_set1_epi32(load_lane(x + t * ldx + 4 * k));
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) acc[t][j] = _mm512_dpbusd_epi32(acc[t][j], xb, wv[j]);
     }
@@ -2263,9 +2263,9 @@ SPECSAMPLE_TARGET_AVX512_VNNI void avx512_vnni_panel(const matmul_args& a, const
 #pragma GCC unroll 8
     for (std::size_t t = 0; t < TT; ++t) {
       const __m512 d = _mm512_maskz_cvtepi32_ps(0xFFFF, _mm512_sub_epi32(acc[t][j], offset));
-      const __m512 s = _mm512_mul_ps(scale, _mm512_set1_ps(a.xs[t0 + static_cast<std::size_t>(t)]));
+      const __m512 s = _mm512_mul_ps(scale, _mm512_set1_ps(a.xs[t0 + t]));
       const __m512 y = a.bias != nullptr ? _mm512_fmadd_ps(d, s, b) : _mm512_mul_ps(d, s);
-      _mm512_mask_storeu_ps(a.out + (t0 + static_cast<std::size_t>(t)) * a.ldo + o0 + lo, m, y);
+      _mm512_mask_storeu_ps(a.out + (t0 + t) * a.ldo + o0 + lo, m, y);
     }
   }
 }
