@@ -692,7 +692,7 @@ struct prefetch_stream {
   }
 
   /// Prefetches the next N lines, as many as are left.
-  template <int N>
+  template <std::size_t N>
   [[gnu::always_inline]] void take() noexcept {
 #pragma GCC unroll 4
     for (std::size_t i = 0; i < N; ++i) {
@@ -1149,7 +1149,7 @@ inline constexpr std::size_t tile_rows = F == weight_format::bf16_pairs || F == 
 
 /// Vectors of 8 outputs a tile of r rows takes: 8 for one row, 4 for two, else 2 (8 to 12
 /// accumulators: enough independent chains of multiply-adds to keep both FMA pipes busy).
-[[nodiscard]] constexpr int tile_vectors(std::size_t r) noexcept { return r == 1 ? 8 : r == 2 ? 4 : 2; }
+[[nodiscard]] constexpr std::size_t tile_vectors(std::size_t r) noexcept { return r == 1 ? 8 : r == 2 ? 4 : 2; }
 
 /// Rows of the first tile of m rows of format F: at most `tile_rows<F>`, never 3 (a 3 × 16 tile has
 /// only 6 accumulators: 2 + 1 instead), halves of 8 to 12 rows (9: 5 + 4), 5 + 2 for 7 (not 4 + 3).
@@ -1179,8 +1179,8 @@ template <weight_format F, int PF>
 SPECSAMPLE_TARGET_AVX2 void avx2_block(const matmul_args& a, std::size_t p, std::size_t valid, std::size_t g0,
                                        std::size_t g1, std::size_t k0, std::size_t k1, acc_t<F>* acc_buf,
                                        block_prefetch& pf) {
-  const auto tiles = [&]<int R>(std::size_t t) {
-    constexpr int W = tile_vectors(R);
+  const auto tiles = [&]<std::size_t R>(std::size_t t) {
+    constexpr std::size_t W = tile_vectors(R);
     for (std::size_t o = 0; o < valid; o += 8 * W) {
       avx2_tile<F, W, R, PF>(a, p, o, t, k0, k1, acc_buf + (t - g0) * panel, pf);
     }
@@ -1232,7 +1232,7 @@ SPECSAMPLE_TARGET_AVX2 void matmul_avx2(const matmul_args& a, std::size_t p_begi
       const std::size_t g1 = std::min(a.T, g0 + block_rows);
       std::size_t tiles = 0;  // tile runs per block
       for_each_part<F>(g0, g1, [&](std::size_t, std::size_t r) {
-        const std::size_t outs = 8 * static_cast<std::size_t>(tile_vectors(r));
+        const std::size_t outs = 8 * tile_vectors(r);
         tiles += (valid + outs - 1) / outs;
       });
       const block_prefetch share = block_prefetch::per_step(row_bytes, tiles);
@@ -1532,19 +1532,19 @@ SPECSAMPLE_TARGET_AVX512_BF16 void avx512_dot_panel(const matmul_args& a, std::s
 enum class tiling : std::uint8_t { greedy, balanced };
 
 /// Tiles `row_tiles` cuts T rows into, either way: ceil(T / Max).
-template <int Max>
+template <std::size_t Max>
 [[nodiscard]] constexpr std::size_t row_tile_count(std::size_t T) noexcept {
   return (T + Max - 1) / Max;
 }
 
 /// Calls f.template operator()<TT>(t) over the row tiles of T rows cut as `How` says, t the tile's
 /// first row, in increasing t.
-template <int Max, tiling How, class Fn>
+template <std::size_t Max, tiling How, class Fn>
 SPECSAMPLE_ALWAYS_INLINE void row_tiles(std::size_t T, Fn&& f) {
   const auto run = [&](std::size_t rows, std::size_t t) {
-    [&]<int... I>(std::integer_sequence<int, I...>) {
-      ((rows == static_cast<std::size_t>(I) + 1 ? f.template operator()<I + 1>(t) : void()), ...);
-    }(std::make_integer_sequence<int, Max>{});
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((rows == I + 1 ? f.template operator()<I + 1>(t) : void()), ...);
+    }(std::make_index_sequence<Max>{});
   };
   const std::size_t tiles = row_tile_count<Max>(T);
   std::size_t t = 0;
@@ -1580,7 +1580,7 @@ inline constexpr std::size_t avx512_block_bytes = 16384;
 /// F16 weights, and for prefills of more rows, bound by the multiply-adds, 5% slower (hence the
 /// two conditions). Every output is still one accumulator summed over k in order, kept between
 /// blocks in a buffer: the same bits as a panel taken whole.
-template <int Tile, class TileFn>
+template <std::size_t Tile, class TileFn>
 SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_panels(const matmul_args& a, std::size_t p_begin,
                                                                  std::size_t p_end, std::size_t steps,
                                                                  std::size_t row_bytes, prefetch_window win,
@@ -1588,7 +1588,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_panels(const matmu
   if (!a.streamed || a.T <= static_cast<std::size_t>(Tile) || a.T > block_rows) {
     const panel_part whole{0, steps, nullptr, nullptr};
     for (std::size_t p = p_begin; p < p_end; ++p) {
-      row_tiles<Tile, tiling::greedy>(a.T, [&]<int TT>(std::size_t t) { tile.template operator()<TT>(p, t, whole); });
+      row_tiles<Tile, tiling::greedy>(a.T, [&]<std::size_t TT>(std::size_t t) { tile.template operator()<TT>(p, t, whole); });
     }
     return;
   }
@@ -1602,7 +1602,7 @@ SPECSAMPLE_TARGET_AVX512 SPECSAMPLE_ALWAYS_INLINE void avx512_panels(const matmu
     for (std::size_t k0 = 0; k0 == 0 || k0 < steps; k0 += block) {
       const std::size_t k1 = std::min(steps, k0 + block);
       block_prefetch pf = share.at(base + (p * steps + k0) * row_bytes, tiles * (k1 - k0), win);
-      row_tiles<Tile, tiling::balanced>(a.T, [&]<int TT>(std::size_t t) {
+      row_tiles<Tile, tiling::balanced>(a.T, [&]<std::size_t TT>(std::size_t t) {
         tile.template operator()<TT>(p, t, panel_part{k0, k1, &pf, acc + t * panel});
       });
     }
@@ -1614,10 +1614,10 @@ SPECSAMPLE_TARGET_AVX512 void matmul_avx512(const matmul_args& a, std::size_t p_
                                           std::size_t p_end) {
   const prefetch_window win = window<F>(a, p_end);
   // Tiles of 6 rows (24 accumulators), of 4 for emulated BF16 pairs (their split operands).
-  constexpr int tile = F == weight_format::bf16_pairs ? 4 : 6;
+  constexpr std::size_t tile = F == weight_format::bf16_pairs ? 4 : 6;
   constexpr std::size_t per = step_cols<F>;
   avx512_panels<tile>(a, p_begin, p_end, packed_cols(F, a.K) / per, per * panel * sizeof(weight_t<F>), win,
-                      [&]<int TT>(std::size_t p, std::size_t t, panel_part part) {
+                      [&]<std::size_t TT>(std::size_t p, std::size_t t, panel_part part) {
                         avx512_panel<F, TT>(a, p, t, win, part);
                       });
 }
@@ -1627,7 +1627,7 @@ SPECSAMPLE_TARGET_AVX512_BF16 inline void matmul_avx512_dot(const matmul_args& a
                                                            std::size_t p_end) {
   const prefetch_window win = window<weight_format::bf16_pairs>(a, p_end);
   avx512_panels<6>(a, p_begin, p_end, packed_cols(weight_format::bf16_pairs, a.K) / 2,
-                   2 * panel * sizeof(std::uint16_t), win, [&]<int TT>(std::size_t p, std::size_t t, panel_part part) {
+                   2 * panel * sizeof(std::uint16_t), win, [&]<std::size_t TT>(std::size_t p, std::size_t t, panel_part part) {
                      avx512_dot_panel<TT>(a, p, t, win, part);
                    });
 }
@@ -1820,7 +1820,7 @@ SPECSAMPLE_TARGET_AVX2 SPECSAMPLE_ALWAYS_INLINE __m256i avx2_first(std::size_t n
 
 /// Vectors of 8 keys (or channels) an AVX2 pass takes for a tile of nq queries: the nq × N
 /// accumulators, the N loaded vectors and a broadcast within the 16 ymm registers.
-[[nodiscard]] constexpr int avx2_vectors(std::size_t nq) noexcept { return nq == 1 ? 4 : 2; }
+[[nodiscard]] constexpr std::size_t avx2_vectors(std::size_t nq) noexcept { return nq == 1 ? 4 : 2; }
 
 /// Scores of NQ (1..6) queries against N vectors of 8 keys from key p0 (a multiple of 8), the
 /// last `tail` lanes wide: att_i[p] = scale · Σ_d q_i[d]·k_p[d], d in order (one lane per key).
@@ -1924,7 +1924,7 @@ template <std::size_t NQ, weight_format F>
 SPECSAMPLE_TARGET_AVX2 prefetch_stream attend_avx2(const float* q, std::size_t ldq, const weight_t<F>* kb, const weight_t<F>* v,
                                                  std::size_t len0, std::size_t HS, float scale, float* att,
                                                  std::size_t ldatt, float* out, std::size_t ldo, prefetch_stream ahead) {
-  constexpr int V = avx2_vectors(NQ);
+  constexpr std::size_t V = avx2_vectors(NQ);
   constexpr std::size_t step = 8 * V;
   const std::size_t len = len0 + NQ - 1;  // keys scored (the last query's); row i uses len0 + i
   for (std::size_t p0 = 0; p0 < len; p0 += step) {
@@ -2165,13 +2165,13 @@ SPECSAMPLE_ATTENTION_KERNELS prefetch_stream attend(isa level, const float* q, s
   assert(nq >= 1 && nq <= query_tile);
 #if SPECSAMPLE_X86
   if (avx512_kernels && level == isa::avx512) {
-    with_query_tile(nq, [&]<int NQ>() {
+    with_query_tile(nq, [&]<std::size_t NQ>() {
       ahead = attend_avx512<NQ, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
     });
     return ahead;
   }
   if (level == isa::avx2) {
-    with_query_tile(nq, [&]<int NQ>() {
+    with_query_tile(nq, [&]<std::size_t NQ>() {
       ahead = attend_avx2<NQ, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
     });
     return ahead;
@@ -2276,7 +2276,7 @@ SPECSAMPLE_TARGET_AVX512_VNNI inline void matmul_avx512_vnni(const matmul_args& 
   const prefetch_window win = window<weight_format::i8_quads>(a, p_end);
   const i8_meta meta = i8_meta_of(a.w, a.OC, a.K);
   avx512_panels<6>(a, p_begin, p_end, packed_cols(weight_format::i8_quads, a.K) / 4, 4 * panel, win,
-                   [&]<int TT>(std::size_t p, std::size_t t, panel_part part) {
+                   [&]<std::size_t TT>(std::size_t p, std::size_t t, panel_part part) {
                      avx512_vnni_panel<TT>(a, meta, p, t, win, part);
                    });
 }
