@@ -94,6 +94,9 @@ int main() {
   (void)specsample::autoregressive_sample(target, prompt, params, rng);
   logits_model<float_matrix> derived;
   (void)specsample::speculative_sample(draft, derived, prompt, params, rng);
+  (void)specsample::speculative_sample(draft, target, std::vector<token>{0}, params, rng);  // a temporary prompt
+  const token ids[] = {0, 1};
+  (void)specsample::autoregressive_sample(target, ids, params, rng);
 #elif SPECSAMPLE_COMPILE_ERROR_CASE == 1  // a drafter without sync
   syncless_drafter d;
   (void)specsample::speculative_sample(d, target, prompt, params, rng);
@@ -122,6 +125,15 @@ int main() {
 #elif SPECSAMPLE_COMPILE_ERROR_CASE == 9  // a target whose logits derive from Eigen::MatrixXd
   logits_model<double_matrix> bad;
   (void)specsample::speculative_sample(draft, bad, prompt, params, rng);
+#elif SPECSAMPLE_COMPILE_ERROR_CASE == 10  // a prompt of other ids than specsample::token
+  const std::vector<long> ids{0};
+  (void)specsample::speculative_sample(draft, target, ids, params, rng);
+#elif SPECSAMPLE_COMPILE_ERROR_CASE == 11  // a generator passed as a temporary
+  (void)specsample::speculative_sample(draft, target, prompt, params, std::mt19937_64(1));
+#elif SPECSAMPLE_COMPILE_ERROR_CASE == 12  // a braced list as the prompt
+  (void)specsample::speculative_sample(draft, target, {0, 1}, params, rng);
+#elif SPECSAMPLE_COMPILE_ERROR_CASE == 13  // autoregressive sampling with a generator passed as a temporary
+  (void)specsample::autoregressive_sample(target, prompt, params, std::mt19937_64(1));
 #endif
   (void)draft;
   (void)target;

@@ -296,12 +296,12 @@ TEST_CASE("a model that breaks its contract is reported, not trusted", "[loop][e
 
   fixed_logits_model nan_model{Eigen::VectorXf::Zero(4)};
   nan_model.logits(2) = std::numeric_limits<float>::quiet_NaN();
-  CHECK_THROWS_WITH(autoregressive_sample(nan_model, prompt, make_params(3, 1), rng), Contains("NaN at token 2"));
+  CHECK_THROWS_WITH(autoregressive_sample(nan_model, prompt, make_params(3, 1), rng), Contains("NaN at token id 2"));
   CHECK_THROWS_WITH(autoregressive_sample(nan_model, prompt, make_params(3, 1, 0.0f), rng), Contains("NaN"));
 
   fixed_logits_model inf_model{Eigen::VectorXf::Zero(4)};
   inf_model.logits(1) = std::numeric_limits<float>::infinity();
-  CHECK_THROWS_WITH(autoregressive_sample(inf_model, prompt, make_params(3, 1), rng), Contains("+inf at token 1"));
+  CHECK_THROWS_WITH(autoregressive_sample(inf_model, prompt, make_params(3, 1), rng), Contains("+inf at token id 1"));
   CHECK_THROWS_WITH(autoregressive_sample(inf_model, prompt, make_params(3, 1, 0.0f), rng), Contains("+inf"));
 
   fixed_logits_model dead{Eigen::VectorXf::Constant(4, -std::numeric_limits<float>::infinity())};
@@ -475,6 +475,7 @@ TEST_CASE("a context that cannot hold the generation is refused up front", "[loo
   bounded_model draft(toy::markov::random(4, 1, 2));
   std::mt19937_64 rng(1);
   using Catch::Matchers::Contains;
+  using Catch::Matchers::Equals;
   // The models hold prompt + max_new_tokens - 1 tokens at most: 3 + 6 - 1 = 8 fits, 3 + 7 - 1 does not.
   const std::vector<token> prompt{0, 1, 2};
   CHECK(speculative_sample(draft, target, prompt, make_params(6, 4), rng).tokens.size() == 6);
@@ -483,7 +484,8 @@ TEST_CASE("a context that cannot hold the generation is refused up front", "[loo
   CHECK(max_new_tokens_within(8, 8) == 1);
   CHECK(max_new_tokens_within(8, 9) == 0);
   CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, make_params(7, 4), rng),
-                    Contains("context overflow") && Contains("at most 8"));
+                    Equals("context overflow: a prompt of 3 tokens plus max_new_tokens = 7 needs a context of 9 "
+                           "tokens (the last new token is never fed to a model), but the target model holds at most 8"));
   toy::markov unbounded = toy::markov::random(4, 1, 2);
   CHECK_THROWS_WITH(speculative_sample(unbounded, target, prompt, make_params(7, 4), rng), Contains("target model"));
   // A drafter over a bounded model is held to its model's context too (it would append past it),
@@ -610,11 +612,11 @@ TEST_CASE("broken logits name the model they came from", "[loop][errors]") {
   toy::markov good = base, good_target = base;
   nan_model bad_target(base), bad_draft(base), alone(base);
   CHECK_THROWS_WITH(speculative_sample(good, bad_target, prompt, make_params(4, 2), rng),
-                    StartsWith("target model's logits contain NaN at token 2"));
+                    StartsWith("target model's logits contain NaN at token id 2"));
   CHECK_THROWS_WITH(speculative_sample(bad_draft, good_target, prompt, make_params(4, 2), rng),
-                    StartsWith("draft model's logits contain NaN at token 2"));
+                    StartsWith("draft model's logits contain NaN at token id 2"));
   CHECK_THROWS_WITH(autoregressive_sample(alone, prompt, make_params(4, 2), rng),
-                    StartsWith("target model's logits contain NaN at token 2"));
+                    StartsWith("target model's logits contain NaN at token id 2"));
 }
 
 TEST_CASE("an error a model's append throws names the model's role", "[loop][errors]") {
@@ -750,7 +752,7 @@ TEST_CASE("NaN logits are an error in every target column, read by the verifier 
       params.verify = rule;
       std::mt19937_64 rng(seed);
       CHECK_THROWS_WITH(speculative_sample(draft, target, std::vector<token>{0}, params, rng),
-                        Contains("logits contain NaN at token 0"));
+                        Contains("logits contain NaN at token id 0"));
     }
   }
 }

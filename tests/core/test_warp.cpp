@@ -77,7 +77,7 @@ TEST_CASE("a subnormal temperature is the T -> 0+ limit, not NaN", "[warp][greed
   // Broken logits are still diagnosed precisely.
   Eigen::VectorXf bad = logits;
   bad(1) = std::numeric_limits<float>::quiet_NaN();
-  CHECK_THROWS_WITH(warp(bad, tiny), Catch::Matchers::Contains("NaN at token 1"));
+  CHECK_THROWS_WITH(warp(bad, tiny), Catch::Matchers::Contains("NaN at token id 1"));
 }
 
 TEST_CASE("top-k keeps the k most probable tokens, ties to the lower id", "[warp][top_k]") {
@@ -180,9 +180,9 @@ TEST_CASE("minus-infinity logits are zero probabilities while NaN, +inf and all 
   using Catch::Matchers::Contains;
   Eigen::VectorXf bad(3);
   bad << 0.0f, std::nanf(""), 1.0f;
-  CHECK_THROWS_WITH(warp(bad, {}), Contains("NaN at token 1"));
+  CHECK_THROWS_WITH(warp(bad, {}), Contains("NaN at token id 1"));
   bad << 0.0f, 1.0f, inf;
-  CHECK_THROWS_WITH(warp(bad, {}), Contains("+inf at token 2"));
+  CHECK_THROWS_WITH(warp(bad, {}), Contains("+inf at token id 2"));
   bad << -inf, -inf, -inf;
   CHECK_THROWS_WITH(warp(bad, {}), Contains("-inf for every token"));
   logit_warper w({}, 4);

@@ -18,7 +18,9 @@
 #include <algorithm>
 #include <bitset>
 #include <chrono>
+#include <concepts>
 #include <cstddef>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <span>
@@ -74,7 +76,7 @@ void check_fits(const M& m, const char* role, std::size_t prompt, std::size_t ma
     const std::string needed = wraps ? fmt::format("more than {}", std::numeric_limits<std::size_t>::max())
                                      : fmt::format("{}", held + more);
     throw error(fmt::format("context overflow: a prompt of {} tokens plus max_new_tokens = {} needs a "
-                            "context of {} tokens, but the {} model holds at most {}",
+                            "context of {} tokens (the last new token is never fed to a model), but the {} model holds at most {}",
                             prompt, max_new, needed, role, limit));
   }
 }
@@ -465,6 +467,51 @@ template <class Target, class Rng, class... Rest>
 generation_result autoregressive_sample(Target&, std::span<const token>, const speculative_params&, Rng&, Rest&&...) {
   SPECSAMPLE_CHECK_MODEL(Target, "Target");
   SPECSAMPLE_CHECK_RNG(Rng);
+  return {};
+}
+
+namespace detail {
+template <class>
+inline constexpr bool always_false = false;
+}  // namespace detail
+
+#define SPECSAMPLE_CHECK_PROMPT_AND_RNG(Prompt, Rng)                                                 \
+  static_assert(::std::convertible_to<Prompt, ::std::span<const ::specsample::token>>,                \
+                "the prompt must convert to std::span<const specsample::token>: a std::vector, array " \
+                "or span of specsample::token (int)");                                                 \
+  static_assert(::std::is_lvalue_reference_v<Rng>,                                                    \
+                "pass the random generator as a variable: the loop draws from it and leaves it "       \
+                "advanced, which a temporary would lose")
+#define SPECSAMPLE_BRACED_PROMPT_MESSAGE                                                              \
+  "a braced list is no prompt (std::span takes none before C++26): put the ids in a "                \
+  "std::vector<specsample::token>"
+
+/// Readable diagnostics for the prompt and the generator, which the overloads above take as a
+/// span of tokens and an lvalue: a prompt of another type, a generator passed as a temporary
+/// (both otherwise a page of candidates whose first complaint is about the draft), and a braced
+/// list of ids as the prompt.
+template <class Draft, class Target, class Prompt, class Rng, class... Rest>
+  requires(!std::convertible_to<Prompt, std::span<const token>> || !std::is_lvalue_reference_v<Rng>)
+generation_result speculative_sample(Draft&, Target&, Prompt&&, const speculative_params&, Rng&&, Rest&&...) {
+  SPECSAMPLE_CHECK_PROMPT_AND_RNG(Prompt, Rng);
+  return {};
+}
+template <class Draft, class Target, class Rng, class... Rest>
+generation_result speculative_sample(Draft&, Target&, std::initializer_list<token>, const speculative_params&, Rng&&,
+                                     Rest&&...) {
+  static_assert(detail::always_false<Rng>, SPECSAMPLE_BRACED_PROMPT_MESSAGE);
+  return {};
+}
+template <class Target, class Prompt, class Rng, class... Rest>
+  requires(!std::convertible_to<Prompt, std::span<const token>> || !std::is_lvalue_reference_v<Rng>)
+generation_result autoregressive_sample(Target&, Prompt&&, const speculative_params&, Rng&&, Rest&&...) {
+  SPECSAMPLE_CHECK_PROMPT_AND_RNG(Prompt, Rng);
+  return {};
+}
+template <class Target, class Rng, class... Rest>
+generation_result autoregressive_sample(Target&, std::initializer_list<token>, const speculative_params&, Rng&&,
+                                        Rest&&...) {
+  static_assert(detail::always_false<Rng>, SPECSAMPLE_BRACED_PROMPT_MESSAGE);
   return {};
 }
 

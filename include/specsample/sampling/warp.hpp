@@ -115,9 +115,9 @@ class logit_warper {
     bool any_finite = false;
     for (Eigen::Index i = 0; i < logits.size(); ++i) {
       const float x = logits(i);
-      if (std::isnan(x)) throw error(fmt::format("{} contain NaN at token {}", whose, i));
+      if (std::isnan(x)) throw error(fmt::format("{} contain NaN at token id {}", whose, i));
       if (x == std::numeric_limits<float>::infinity()) {
-        throw error(fmt::format("{} contain +inf at token {} (only -inf, probability zero, is allowed)", whose, i));
+        throw error(fmt::format("{} contain +inf at token id {} (only -inf, probability zero, is allowed)", whose, i));
       }
       any_finite = any_finite || std::isfinite(x);
     }
