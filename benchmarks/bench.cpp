@@ -367,9 +367,9 @@ cli parse(int argc, char** argv) {
     else if (a == "--draft") c.draft = path_value();
     else if (a == "--prompts") c.prompts = path_value();
     else if (a == "--out") c.out = path_value();
-    else if (a == "-n") c.n = parse_number<std::size_t>(a, value());
-    else if (a == "--reps") c.reps = parse_number<std::size_t>(a, value());
-    else if (a == "--k-max") c.k_max = parse_number<std::size_t>(a, value());
+    else if (a == "-n") c.n = parse_number<std::size_t>(a, value(), 1);
+    else if (a == "--reps") c.reps = parse_number<std::size_t>(a, value(), 1);
+    else if (a == "--k-max") c.k_max = parse_number<std::size_t>(a, value(), 1);
     else if (a == "--threads") {
       c.threads = parse_number<std::size_t>(a, value());
       if (c.threads > specsample::gpt2::thread_pool::max_threads) {
@@ -414,13 +414,13 @@ cli parse(int argc, char** argv) {
       }
     }
     else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
-    else if (a == "--cost-samples") c.cost_samples = parse_number<std::size_t>(a, value());
+    else if (a == "--cost-samples") c.cost_samples = parse_number<std::size_t>(a, value(), 1);
     else if (a == "--max-prompts") c.max_prompts = parse_number<std::size_t>(a, value());
     else if (a == "--temperatures") c.temperatures = parse_temperatures(a, value());
     else if (a == "--repetitive-temperatures") c.repetitive_temperatures = parse_temperatures(a, value());
     else if (a == "--strategies") c.strategies = true;
     else if (a == "--best-k-from") c.best_k_from = path_value();
-    else if (a == "--warmup-tokens") c.warmup_tokens = parse_number<std::size_t>(a, value());
+    else if (a == "--warmup-tokens") c.warmup_tokens = parse_number<std::size_t>(a, value(), 1);
     else if (a == "--check-pairs") c.check_pairs = parse_number<std::size_t>(a, value());
     else if (a == "--quick") c.quick = true;
     else usage_error(fmt::format("unknown argument '{}'", a));
@@ -438,19 +438,14 @@ cli parse(int argc, char** argv) {
     if (!set("--warmup-tokens")) c.warmup_tokens = 16;
     c.probe_reps = 3;
   }
-  if (c.n == 0) usage_error("-n must be >= 1");
   try {
     specsample::gpt2::check_option_flags(c.model);
   } catch (const specsample::error& e) {
     usage_error(e.what());
   }
-  if (c.reps == 0) usage_error("--reps must be >= 1");
-  if (c.k_max == 0) usage_error("--k-max must be >= 1");
   if (c.k_max > specsample::max_draft_length) {
     usage_error(fmt::format("--k-max {} is above max_draft_length = {}", c.k_max, specsample::max_draft_length));
   }
-  if (c.cost_samples == 0) usage_error("--cost-samples must be >= 1");
-  if (c.warmup_tokens == 0) usage_error("--warmup-tokens must be >= 1");
   if (c.strategies && set("--verify")) usage_error("--strategies compares both verification rules; drop --verify");
   if (!c.strategies) {
     for (const std::string_view flag : {"--best-k-from", "--warmup-tokens", "--check-pairs", "--repetitive-temperatures"}) {

@@ -34,10 +34,10 @@ inline std::filesystem::path path_argument(std::string_view flag, std::string_vi
   return std::filesystem::path(value);
 }
 
-template <class T>
-T parse_number(std::string_view flag, std::string_view text) {
+template <class T, class... Least>  // Least: none, or the integer's least value (io::parse_number)
+T parse_number(std::string_view flag, std::string_view text, Least... least) {
   try {
-    return specsample::io::parse_number<T>(flag, text);
+    return specsample::io::parse_number<T>(flag, text, static_cast<T>(least)...);
   } catch (const specsample::error& e) {
     usage_error(e.what());
   }

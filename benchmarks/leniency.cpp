@@ -81,17 +81,17 @@ cli parse(int argc, char** argv) {
       std::exit(0);
     } else if (a == "--vocab") c.vocab = parse_number<std::size_t>(a, value());
     else if (a == "--order") c.order = parse_number<std::size_t>(a, value());
-    else if (a == "--length") c.length = parse_number<std::size_t>(a, value());
+    else if (a == "--length") c.length = parse_number<std::size_t>(a, value(), 1);
     else if (a == "--similarity") c.similarity = parse_number<double>(a, value());
-    else if (a == "-k") c.k = parse_number<std::size_t>(a, value());
+    else if (a == "-k") c.k = parse_number<std::size_t>(a, value(), 1);
     else if (a == "--samples") {
-      c.samples = parse_number<std::size_t>(a, value());
+      c.samples = parse_number<std::size_t>(a, value(), 1);
       samples_set = true;
     }
     else if (a == "--c") c.c = parse_number<double>(a, value());
-    else if (a == "--long-tokens") c.long_tokens = parse_number<std::size_t>(a, value());
+    else if (a == "--long-tokens") c.long_tokens = parse_number<std::size_t>(a, value(), 1);
     else if (a == "--long-runs") {
-      c.long_runs = parse_number<std::size_t>(a, value());
+      c.long_runs = parse_number<std::size_t>(a, value(), 1);
       runs_set = true;
     }
     else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
@@ -102,9 +102,6 @@ cli parse(int argc, char** argv) {
   if (quick) {
     if (!samples_set) c.samples = 20000;
     if (!runs_set) c.long_runs = 200;
-  }
-  if (c.samples == 0 || c.long_runs == 0 || c.long_tokens == 0 || c.length == 0 || c.k == 0) {
-    usage_error("--samples, --long-runs, --long-tokens, --length and -k must be >= 1");
   }
   if (!(c.c >= 0.0 && std::isfinite(c.c))) usage_error(fmt::format("--c must be finite and >= 0, got {}", c.c));
   // The speed runs hold each generation's tokens: a bound that keeps them in memory.

@@ -117,8 +117,28 @@ bool check(Draft& draft, Target& target, std::span<const specsample::token> prom
       elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     } while (timed < 10 || (elapsed < 0.05 && timed < 100000));
     const double each = elapsed / static_cast<double>(timed);
-    fmt::print(stderr, "drawing {} samples, ~{:.3g} ms each: ~{:.3g} s\n", samples, 1e3 * each,
-               each * static_cast<double>(samples));
+    // The exact distribution first: a target call of one token per prefix of positive
+    // probability, at most sum_{i < L} k^i of them with top-k k (V for none), the cap
+    // (testing::max_sequences) past that.
+    const std::size_t V = target.vocab_size(), L = params.max_new_tokens;
+    const int top_k = params.sampling.temperature == 0.0f ? 1 : params.sampling.top_k;
+    const double width = top_k > 0 ? std::min(static_cast<double>(top_k), static_cast<double>(V)) : static_cast<double>(V);
+    double calls = 0.0, level = 1.0;
+    for (std::size_t i = 0; i < L && calls <= static_cast<double>(specsample::testing::max_sequences); ++i, level *= width) {
+      calls += level;
+    }
+    calls = std::min(calls, static_cast<double>(specsample::testing::max_sequences));
+    target.truncate(0);
+    (void)target.append(prompt);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 10; ++i) {
+      (void)target.append(prompt.last(1));
+      target.truncate(prompt.size());
+    }
+    const double call = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 10.0;
+    fmt::print(stderr, "the target's exact distribution: at most {:.0f} calls, ~{:.3g} ms each: ~{:.3g} s; then {} "
+                       "samples, ~{:.3g} ms each: ~{:.3g} s\n",
+               calls, 1e3 * call, call * calls, samples, 1e3 * each, each * static_cast<double>(samples));
   }
   std::mt19937_64 rng(seed);
   // A drafter of two (prompt lookup, else a draft model) counts whose drafts each round took.
@@ -267,12 +287,9 @@ int main(int argc, char** argv) {
       else if (a == "--threads") pair.threads = specsample::io::parse_number<std::size_t>(a, value());
       else if (specsample::gpt2::is_option_flag(a)) specsample::gpt2::set_option(pair.model, a, value());
       else if (a == "--draft-matmul") pair.draft_matmul = specsample::gpt2::precision_option(a, value());
-      else if (a == "--prompt-lookup") {
-        pair.prompt_lookup = specsample::io::parse_number<std::size_t>(a, value());
-        if (pair.prompt_lookup == 0) throw specsample::error("--prompt-lookup expects the shortest suffix to look up, >= 1");
-      }
-      else if (a == "--length") params.max_new_tokens = specsample::io::parse_number<std::size_t>(a, value());
-      else if (a == "-k") params.draft_length = specsample::io::parse_number<std::size_t>(a, value());
+      else if (a == "--prompt-lookup") pair.prompt_lookup = specsample::io::parse_number<std::size_t>(a, value(), 1);
+      else if (a == "--length") params.max_new_tokens = specsample::io::parse_number<std::size_t>(a, value(), 1);
+      else if (a == "-k") params.draft_length = specsample::io::parse_number<std::size_t>(a, value(), 1);
       else if (a == "--temperature") params.sampling.temperature = specsample::io::parse_number<float>(a, value());
       else if (a == "--top-k") params.sampling.top_k = specsample::io::parse_number<int>(a, value());
       else if (a == "--top-p") params.sampling.top_p = specsample::io::parse_number<float>(a, value());
@@ -287,7 +304,7 @@ int main(int argc, char** argv) {
       else if (a == "--adaptive") params.adaptive_draft_length = true;
       else if (a == "--p-min") params.draft_min_probability = specsample::io::parse_number<float>(a, value());
       else if (a == "--verify") params.verify = specsample::verification_option(a, value());
-      else if (a == "--samples") samples = specsample::io::parse_number<std::size_t>(a, value());
+      else if (a == "--samples") samples = specsample::io::parse_number<std::size_t>(a, value(), 1);
       else if (a == "--seed") seed = specsample::io::parse_number<std::uint64_t>(a, value());
       else {
         fmt::print(stderr, "distribution_check: error: unknown argument {}\n{}", a, usage);
@@ -351,7 +368,6 @@ int main(int argc, char** argv) {
     if (!(similarity >= 0.0 && similarity <= 1.0)) {
       throw specsample::error(fmt::format("--similarity must be in [0, 1], got {}", similarity));
     }
-    if (samples == 0) throw specsample::error("--samples must be >= 1");
     if (params.max_new_tokens == 0 || params.max_new_tokens > specsample::testing::max_sequence_length) {
       throw specsample::error(fmt::format("--length must be in 1..{}, got {}", specsample::testing::max_sequence_length,
                                           params.max_new_tokens));

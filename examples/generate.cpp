@@ -77,13 +77,13 @@ struct cli {
 };
 
 [[noreturn]] void usage_error(const std::string& message) {
-  throw specsample::error(message + " (see the header of examples/generate.cpp or --help)");
+  throw specsample::error(message + " (see specsample-generate --help)");
 }
 
-template <class T>
-T parse_number(std::string_view flag, std::string_view text) {
+template <class T, class... Least>  // Least: none, or the integer's least value (io::parse_number)
+T parse_number(std::string_view flag, std::string_view text, Least... least) {
   try {
-    return specsample::io::parse_number<T>(flag, text);
+    return specsample::io::parse_number<T>(flag, text, static_cast<T>(least)...);
   } catch (const specsample::error& e) {
     usage_error(e.what());
   }
@@ -179,17 +179,16 @@ cli parse(int argc, char** argv) {
     } else if (a == "--target") c.target = path_value();
     else if (a == "--draft") c.draft = std::string(value());
     else if (a == "--prompt-lookup") {
-      c.prompt_lookup = parse_number<std::size_t>(a, value());
-      if (c.prompt_lookup == 0) usage_error("--prompt-lookup expects the shortest suffix to look up, >= 1");
+      c.prompt_lookup = parse_number<std::size_t>(a, value(), 1);
     }
     else if (a == "--prompt") c.prompt = value();
     else if (a == "--prompt-file") c.prompt = specsample::io::read_file(path_value());
     else if (a == "--calibration-prompts") c.calibration_prompts = path_value();
-    else if (a == "-n" || a == "--max-new-tokens") c.params.max_new_tokens = parse_number<std::size_t>(a, value());
+    else if (a == "-n" || a == "--max-new-tokens") c.params.max_new_tokens = parse_number<std::size_t>(a, value(), 1);
     else if (a == "-k" || a == "--draft-length") {
       const std::string_view v = value();
       c.auto_k = v == "auto";
-      if (!c.auto_k) c.params.draft_length = parse_number<std::size_t>(a, v);
+      if (!c.auto_k) c.params.draft_length = parse_number<std::size_t>(a, v, 1);
     } else if (a == "--p-min") c.params.draft_min_probability = parse_number<float>(a, value());
     else if (a == "--adaptive") c.params.adaptive_draft_length = true;
     else if (a == "--temperature") c.params.sampling.temperature = parse_number<float>(a, value());
@@ -252,14 +251,12 @@ cli parse(int argc, char** argv) {
       }
     } else if (a == "--leniency") c.params.leniency = parse_number<double>(a, value());
     else if (a == "--repeat") {
-      c.repeat = parse_number<std::size_t>(a, value());
-      if (c.repeat == 0) usage_error("--repeat must be >= 1");
+      c.repeat = parse_number<std::size_t>(a, value(), 1);
     } else if (a == "--stream") c.stream = true;
     else if (a == "--verbose") c.verbose = true;
     else if (a == "--json") c.json = true;
     else usage_error(fmt::format("unknown argument '{}'", a));
   }
-  if (c.params.max_new_tokens == 0) usage_error("-n must be >= 1 (there is nothing to generate or time)");
   try {
     specsample::gpt2::check_option_flags(c.model);
   } catch (const specsample::error& e) {

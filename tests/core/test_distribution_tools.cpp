@@ -255,6 +255,20 @@ TEST_CASE("the exactness tools refuse sizes they cannot enumerate or test", "[te
                                   "be in 1..64, got {}",
                                   length));
   }
+  // Too few samples to test are refused after the enumeration, before any is drawn (a verifier
+  // that counts its calls: none).
+  params.max_new_tokens = 2;
+  std::size_t verifications = 0;
+  auto counting = [&](std::span<const token> d, const Eigen::Ref<const Eigen::MatrixXf>& q,
+                      const Eigen::Ref<const Eigen::MatrixXf>& p, auto& gen) {
+    ++verifications;
+    return verify_tokenwise(d, q, p, gen);
+  };
+  CHECK_THROWS_WITH(testing::speculative_fit(draft, m, prompt, params, 2, rng, counting),
+                    Contains("2 samples are too few to test 9 possible outcomes") && Contains("it needs at least"));
+  CHECK(verifications == 0);
+  CHECK(testing::speculative_fit(draft, m, prompt, params, 2000, rng, counting).bins >= 2);
+  CHECK(verifications > 0);
 }
 
 TEST_CASE("speculative_draw draws as speculative_sample does, with the rule params name or a verifier given",

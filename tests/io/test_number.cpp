@@ -45,3 +45,17 @@ TEST_CASE("parse_number reads a whole number in its type's range, or names the f
   REQUIRE_THROWS_WITH(parse_number<double>("--x", huge), Catch::Matchers::StartsWith("--x expects a number of magnitude at most"));
   REQUIRE_THROWS_WITH(parse_number<double>("--x", tiny), Catch::Matchers::StartsWith("--x expects a number that is 0"));
 }
+
+TEST_CASE("parse_number with a least value gives one message for every value below it", "[io][number]") {
+  REQUIRE(parse_number<std::size_t>("-n", "1", 1) == 1);
+  REQUIRE(parse_number<int>("--x", "-3", -3) == -3);
+  // Below it, or no integer at all: the same sentence ("-1" too, which a size_t cannot hold).
+  REQUIRE_THROWS_WITH(parse_number<std::size_t>("-n", "0", 1), "-n expects an integer >= 1, got '0'");
+  REQUIRE_THROWS_WITH(parse_number<std::size_t>("-n", "-1", 1), "-n expects an integer >= 1, got '-1'");
+  REQUIRE_THROWS_WITH(parse_number<std::size_t>("-n", "2.5", 1), "-n expects an integer >= 1, got '2.5'");
+  REQUIRE_THROWS_WITH(parse_number<int>("--x", "-4", -3), "--x expects an integer >= -3, got '-4'");
+  REQUIRE_THROWS_WITH(parse_number<int>("--x", "-99999999999", -3), "--x expects an integer >= -3, got '-99999999999'");
+  // Above the type's range: the range from the least value.
+  REQUIRE_THROWS_WITH(parse_number<std::uint16_t>("--port", "70000", std::uint16_t{1}),
+                      "--port expects an integer from 1 to 65535, got '70000'");
+}

@@ -10,6 +10,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <concepts>
 #include <limits>
 #include <string_view>
 #include <system_error>
@@ -68,6 +69,23 @@ template <class T>
                             text));
   }
   return value;
+}
+
+/// `parse_number` of an integer that must be at least `least` (a count of 1 or more, say): one
+/// message for every text below it or no integer at all, "-n expects an integer >= 1, got '0'"
+/// (also for "-1", which an unsigned T cannot hold); "... expects an integer from 1 to 65535, got
+/// '70000'" above T's range.
+template <std::integral T>
+[[nodiscard]] T parse_number(std::string_view flag, std::string_view text, T least) {
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  const bool whole = end == text.data() + text.size();
+  if (ec == std::errc{} && whole && value >= least) return value;
+  if (ec == std::errc::result_out_of_range && whole && !text.starts_with('-')) {
+    throw error(fmt::format("{} expects an integer from {} to {}, got '{}'", flag, least, std::numeric_limits<T>::max(),
+                            text));
+  }
+  throw error(fmt::format("{} expects an integer >= {}, got '{}'", flag, least, text));
 }
 
 }  // namespace specsample::io

@@ -345,6 +345,10 @@ class sequence_histogram {
   std::size_t samples_ = 0;
 };
 
+/// The expected count below which `chi_square_test` pools an outcome with the others (Cochran's rule
+/// of thumb: every bin's expected count at least 5).
+inline constexpr double default_min_expected = 5.0;
+
 /// The outcome of a goodness-of-fit test.
 struct fit_result {
   double statistic = 0.0;      ///< Pearson's X² = Σ (O − E)² / E over the bins
@@ -374,6 +378,40 @@ inline std::size_t bins_at(const std::vector<std::pair<double, double>>& outcome
   return bins + (pooled >= m || (pooled > 0.0 && bins == 0) ? 1 : 0);
 }
 
+// Throws chi_square_test's refusal of `n` samples that are too few to test `outcomes` (two or more of
+// positive probability, (count, probability) each): no two bins reach `min_expected`, so any
+// sample would pass; the message names the samples needed.
+inline void require_two_bins(const std::vector<std::pair<double, double>>& outcomes, double n, double min_expected) {
+  if (outcomes.size() < 2 || bins_at(outcomes, n, min_expected) >= 2) return;
+  double largest = 0.0;
+  for (const auto& [o, p] : outcomes) largest = std::max(largest, p);
+  // Two bins need the largest outcome and the rest each at min_expected; the rest summed, not
+  // taken as 1 - largest (the probabilities sum to 1 only within rounding), and the count
+  // confirmed to give two bins.
+  double rest = 0.0;
+  bool skipped = false;
+  for (const auto& [o, p] : outcomes) {
+    if (p == largest && !skipped) {
+      skipped = true;
+    } else {
+      rest += p;
+    }
+  }
+  const std::string what = fmt::format("chi_square_test: {} samples are too few to test {} possible outcomes: no two "
+                                       "bins reach an expected count of {}, so any sample would pass",
+                                       n, outcomes.size(), min_expected);
+  double needed = std::ceil(min_expected / std::min(largest, rest));
+  if (!std::isfinite(needed)) {  // (a subnormal probability, or a huge min_expected: it said "inf samples")
+    throw error(fmt::format("{}; it would need more samples than a double holds: the expected count {} over {}, "
+                            "the smaller of the most likely outcome's probability and the others' together",
+                            what, min_expected, std::min(largest, rest)));
+  }
+  // Rounding can leave the pool just under min_expected there: grow n until two bins form, by a
+  // sample and by a relative step above rounding (past 2^53 a double's n + 1 is n: it hung).
+  while (bins_at(outcomes, needed, min_expected) < 2) needed = std::max(needed + 1.0, needed * (1.0 + 0x1p-40));
+  throw error(fmt::format("{}; it needs at least {} samples", what, needed));
+}
+
 // Pearson's test over the outcomes of positive probability, (observed count, probability) each,
 // the probabilities checked and summing to 1; `impossible`: samples outside them.
 inline fit_result pearson(const std::vector<std::pair<double, double>>& outcomes, double impossible,
@@ -381,11 +419,10 @@ inline fit_result pearson(const std::vector<std::pair<double, double>>& outcomes
   if (!(min_expected > 0.0) || !std::isfinite(min_expected)) {
     throw error(fmt::format("chi_square_test: min_expected must be finite and > 0, got {}", min_expected));
   }
-  double n = impossible, total = 0.0, largest = 0.0;
+  double n = impossible, total = 0.0;
   for (const auto& [o, p] : outcomes) {
     n += o;
     total += p;
-    largest = std::max(largest, p);
   }
   if (std::fabs(total - 1.0) > 1e-6) {
     throw error(fmt::format("chi_square_test: the expected probabilities sum to {}, not 1", total));
@@ -425,33 +462,7 @@ inline fit_result pearson(const std::vector<std::pair<double, double>>& outcomes
     r.p_value = 0.0;
     return r;
   }
-  if (outcomes.size() >= 2 && r.bins < 2) {
-    // Two bins need the largest outcome and the rest each at min_expected; the rest summed, not
-    // taken as 1 - largest (the probabilities sum to 1 only within rounding), and the count
-    // confirmed to give two bins.
-    double rest = 0.0;
-    bool skipped = false;
-    for (const auto& [o, p] : outcomes) {
-      if (p == largest && !skipped) {
-        skipped = true;
-      } else {
-        rest += p;
-      }
-    }
-    const std::string what = fmt::format("chi_square_test: {} samples are too few to test {} possible outcomes: no two "
-                                         "bins reach an expected count of {}, so any sample would pass",
-                                         n, outcomes.size(), min_expected);
-    double needed = std::ceil(min_expected / std::min(largest, rest));
-    if (!std::isfinite(needed)) {  // (a subnormal probability, or a huge min_expected: it said "inf samples")
-      throw error(fmt::format("{}; it would need more samples than a double holds: the expected count {} over {}, "
-                              "the smaller of the most likely outcome's probability and the others' together",
-                              what, min_expected, std::min(largest, rest)));
-    }
-    // Rounding can leave the pool just under min_expected there: grow n until two bins form, by a
-    // sample and by a relative step above rounding (past 2^53 a double's n + 1 is n: it hung).
-    while (bins_at(outcomes, needed, min_expected) < 2) needed = std::max(needed + 1.0, needed * (1.0 + 0x1p-40));
-    throw error(fmt::format("{}; it needs at least {} samples", what, needed));
-  }
+  if (r.bins < 2) require_two_bins(outcomes, n, min_expected);
   r.statistic = x2;
   r.p_value = r.dof == 0 ? 1.0 : gamma_q(0.5 * static_cast<double>(r.dof), 0.5 * x2);
   return r;
@@ -470,7 +481,7 @@ inline fit_result pearson(const std::vector<std::pair<double, double>>& outcomes
 /// few samples for two bins while the expected distribution has two or more outcomes (the test
 /// would pass whatever was observed: the message says how many samples it needs).
 inline fit_result chi_square_test(const xt::xarray<double>& observed, const xt::xarray<double>& expected,
-                                  double min_expected = 5.0) {
+                                  double min_expected = default_min_expected) {
   if (observed.shape() != expected.shape()) throw error("chi_square_test: observed and expected shapes differ");
   std::vector<std::pair<double, double>> outcomes;
   double impossible = 0.0;
@@ -496,7 +507,7 @@ inline fit_result chi_square_test(const xt::xarray<double>& observed, const xt::
 /// (`exact_sequences`), over the sequences `expected` holds; an observed sequence it does not hold
 /// has probability zero.
 inline fit_result chi_square_test(const sequence_table& observed, const sequence_table& expected,
-                                  double min_expected = 5.0) {
+                                  double min_expected = default_min_expected) {
   if (observed.length() != expected.length()) {
     throw error(fmt::format("chi_square_test: observed sequences of {} tokens, expected of {}", observed.length(),
                             expected.length()));
@@ -554,8 +565,8 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
 /// holding the "absent" marker V: a sampler that emitted a token after an EOS lands on a sequence
 /// of probability zero. Cost: a model call per prefix of positive probability (`exact_sequences`:
 /// a large model needs a top-k warping to keep them few) plus `samples` generations; the samples
-/// must be enough for the sequences' probabilities (too few to test are refused by
-/// `chi_square_test` with the number needed). `params.max_new_tokens` must be in
+/// must be enough for the sequences' probabilities (too few to test are refused, as
+/// `chi_square_test` refuses them, with the number needed, before any is drawn). `params.max_new_tokens` must be in
 /// 1..max_sequence_length.
 template <class Draft, language_model Target, std::uniform_random_bit_generator Rng,
           class Verifier = verifier_from_params>
@@ -576,6 +587,13 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
       draft, target, prompt, own_rule ? specsample::detail::for_custom_verifier(params) : params);
   const std::size_t L = params.max_new_tokens;
   const sequence_table exact = exact_sequences(target, prompt, L, params.sampling, params.eos);
+  {  // Too few samples to test are refused now, not after drawing them.
+    std::vector<std::pair<double, double>> outcomes;
+    for (const auto& [sequence, p] : exact) {
+      if (p > 0.0) outcomes.emplace_back(0.0, p);
+    }
+    detail::require_two_bins(outcomes, static_cast<double>(samples), default_min_expected);
+  }
   sequence_table observed(L, samples);  // room for every sample: a broken sampler's spread fails, never throws
   for (std::size_t i = 0; i < samples; ++i) {
     std::vector<token> out = speculative_draw(draft, target, prompt, params, rng, verifier);
