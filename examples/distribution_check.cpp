@@ -370,7 +370,7 @@ int main(int argc, char** argv) {
     if (!(similarity >= 0.0 && similarity <= 1.0)) {
       throw specsample::error(fmt::format("--similarity must be in [0, 1], got {}", similarity));
     }
-    if (params.max_new_tokens == 0 || params.max_new_tokens > specsample::testing::max_sequence_length) {
+    if (params.max_new_tokens > specsample::testing::max_sequence_length) {  // (--length is >= 1)
       throw specsample::error(fmt::format("--length must be in 1..{}, got {}", specsample::testing::max_sequence_length,
                                           params.max_new_tokens));
     }

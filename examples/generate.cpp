@@ -676,10 +676,11 @@ int run(int argc, char** argv) {
     }
     // The warm-up's length from each prompt: warmup_tokens, fewer where the context ends first.
     std::size_t fewest = warmup_tokens, most = 0;
-    for (const auto& p : warmup) {
-      const std::size_t n = std::min(warmup_tokens, specsample::max_new_tokens_within(limit, p.size()));
-      fewest = std::min(fewest, n);
-      most = std::max(most, n);
+    for (const auto& one : cal) {
+      for (const std::size_t n : one.warmup_lengths) {
+        fewest = std::min(fewest, n);
+        most = std::max(most, n);
+      }
     }
     const std::string warm_up = fewest == most ? fmt::format("{}", most) : fmt::format("{} to {}", fewest, most);
     std::FILE* out = c.json ? stderr : stdout;

@@ -417,6 +417,8 @@ TEST_CASE("a calibration times verification at a prompt with room for it", "[tun
   std::mt19937_64 rng(1);
   const calibration c = calibrate(draft, target, std::span<const std::vector<token>>(prompts), params, rng, 3, 4, 0);
   REQUIRE(c.verify_cost.size() == 4);
+  // The full first prompt left its warm-up one token (the context of 8 holds prompt + new - 1).
+  CHECK(c.warmup_lengths == std::vector<std::size_t>{1, 4, 4});
   // cost_ratios' calls, the last: per round two single tokens, then 2, 3 and 4 tokens.
   const std::vector<std::size_t> after_warmup(target.calls.end() - 15 * 5, target.calls.end());
   CHECK(std::count(after_warmup.begin(), after_warmup.end(), std::size_t{4}) == 15);  // v[3]: 4-token calls

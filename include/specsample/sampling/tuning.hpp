@@ -175,6 +175,7 @@ struct calibration {
   std::vector<double> verify_cost;  ///< [K] = (K+1)-token target call / 1-token call, K = 0..k_max (above 8
                                     ///< timed at powers of two and the largest K that fits, linear
                                     ///< between, repeated past it: `detail::cost_ratios`)
+  std::vector<std::size_t> warmup_lengths;  ///< tokens the warm-up generated from each prompt (`calibrate`)
   std::size_t best_k = 1;           ///< argmax of the predicted speedup over K in [1, k_max] (`at`: the K fixed)
   double predicted = 1.0;           ///< the predicted speedup at best_k, round_cost included
   /// Speculation at best_k timed against autoregressive decoding (`measure_speedup`), when
@@ -466,8 +467,10 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   warm.adaptive_draft_length = false;
   warm.eos.reset();  // every warm-up as long as asked: positions are what acceptance is measured on
   position_acceptance positions(k_max);
+  std::vector<std::size_t> lengths;
   for (const std::vector<token>& prompt : prompts) {
     warm.max_new_tokens = detail::warmup_length(draft, target, prompt.size(), warmup_tokens, "calibrate");
+    lengths.push_back(warm.max_new_tokens);
     (void)speculative_sample(draft, target, prompt, warm, rng, positions);
   }
   // The costs at the first prompt that leaves room for the widest verification call, else at one
@@ -478,6 +481,7 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   });
   calibration c = detail::cost_ratios(draft, target, std::span<const token>(*costed), k_max);
   c.acceptance = positions.rates();
+  c.warmup_lengths = std::move(lengths);
   const std::vector<double> round = c.round_cost();
   c.best_k = best_draft_length(c.acceptance, c.cost_ratio, k_max, round);
   c.predicted = predicted_speedup(c.acceptance, c.cost_ratio, c.best_k, round);
