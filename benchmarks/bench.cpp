@@ -1659,6 +1659,8 @@ int run(int argc, char** argv) {
   const fs::path draft_dir = c.draft.value_or(models / default_draft);
   const fs::path prompts_file = c.prompts.value_or(default_prompts());
 
+  specsample::gpt2::require_model_directory(target_dir);  // (before the tokenizer is read from it)
+  specsample::gpt2::require_model_directory(draft_dir);
   fmt::print(stderr, "specsample-bench: loading {} and {}\n", target_dir.string(), draft_dir.string());
   const auto tok = specsample::bpe_tokenizer::load(target_dir);
   specsample::check_same_vocabulary(specsample::bpe_tokenizer::load(draft_dir), tok, draft_dir.string(),

@@ -194,6 +194,8 @@ bool check_checkpoints(const checkpoints& c, specsample::speculative_params para
                        std::uint64_t seed, Verifier verifier) {
   const std::filesystem::path& target_dir = c.target.value();
   const std::filesystem::path& draft_dir = c.draft.value();
+  specsample::gpt2::require_model_directory(target_dir);  // (before the tokenizer is read from it)
+  if (!c.ngram()) specsample::gpt2::require_model_directory(draft_dir);
   const auto tok = specsample::bpe_tokenizer::load(target_dir);
   if (!c.ngram()) {
     specsample::check_same_vocabulary(specsample::bpe_tokenizer::load(draft_dir), tok, draft_dir.string(),

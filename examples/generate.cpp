@@ -529,6 +529,11 @@ int run(int argc, char** argv) {
     if (candidates.empty()) usage_error("--draft needs a directory, a comma-separated list or ngram");
   }
 
+  // Every model's path before anything loads: a draft's mistyped path, or a file given for a
+  // directory, is named as the model directory it should be (not after the target's load, nor as
+  // the tokenizer directory the target's is read as first).
+  specsample::gpt2::require_model_directory(target_dir);
+  for (const auto& dir : candidates) specsample::gpt2::require_model_directory(dir);
   const auto load_start = std::chrono::steady_clock::now();
   if (!c.json) fmt::print(stderr, "loading {}...\n", target_dir.string());
   const auto tok = specsample::bpe_tokenizer::load(target_dir);

@@ -1478,7 +1478,9 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
   SECTION("missing files, and paths that are not regular files") {
     REQUIRE_THAT(load_error(dir / "nope"), Contains((dir / "nope").string() + ": no such directory; expected a Hugging "
                                                                               "Face GPT-2 directory"));
-    REQUIRE_THAT(load_error(cfg), Contains(cfg.string() + ": not a directory; expected a Hugging Face GPT-2 directory"));
+    REQUIRE_THAT(load_error(cfg), Contains(cfg.string() + ": a file, not a directory; expected a Hugging Face GPT-2 "
+                                           "directory (config.json, model.safetensors) (the file's own directory is " +
+                                           dir.string() + ")"));
     fs::remove(cfg);
     REQUIRE_THAT(load_error(dir), Contains(cfg.string()) && Contains("file not found"));
     fs::create_directory(cfg);

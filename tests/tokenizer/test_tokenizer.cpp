@@ -608,7 +608,9 @@ TEST_CASE("loading reports a missing directory or file with its path", "[tokeniz
                     Catch::Contains((dir.path / "nope").string() + ": no such directory; expected a tokenizer directory"));
   dir.write("plain", "x");
   CHECK_THROWS_WITH(bpe_tokenizer::load(dir.path / "plain"),
-                    Catch::Contains((dir.path / "plain").string() + ": not a directory; expected a tokenizer directory"));
+                    Catch::Contains((dir.path / "plain").string() + ": a file, not a directory; expected a tokenizer "
+                                    "directory (vocab.json, merges.txt) (the file's own directory is " +
+                                    dir.path.string() + ")"));
   CHECK_THROWS_WITH(bpe_tokenizer::load(dir.path / "plain" / "sub"),  // (a file on the way: ENOTDIR)
                     Catch::Contains((dir.path / "plain" / "sub").string() + ": not a directory; expected a tokenizer"));
   CHECK_THROWS_WITH(bpe_tokenizer::load(dir.path), Catch::Contains("vocab.json: file not found"));

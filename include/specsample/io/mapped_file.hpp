@@ -26,8 +26,9 @@
 namespace specsample::io {
 
 /// Throws `specsample::error` unless `dir` is a directory (a symbolic link to one included):
-/// "<dir>: no such directory" or "<dir>: not a directory", then what was expected there
-/// (`expected`, e.g. "a Hugging Face GPT-2 directory"), before a file in it is looked for.
+/// "<dir>: no such directory", "<dir>: a file, not a directory" (with the directory holding that
+/// file) or "<dir>: not a directory", then what was expected there (`expected`, e.g. "a Hugging
+/// Face GPT-2 directory"), before a file in it is looked for.
 inline void require_directory(const std::filesystem::path& dir, std::string_view expected) {
   struct ::stat st {};
   const bool found = ::stat(dir.c_str(), &st) == 0;
@@ -36,6 +37,13 @@ inline void require_directory(const std::filesystem::path& dir, std::string_view
   if (!found && e != ENOTDIR) {
     throw error(fmt::format("{}: {}; expected {}", shown,
                             e == ENOENT ? std::string("no such directory") : std::string(std::strerror(e)), expected));
+  }
+  if (found && S_ISREG(st.st_mode)) {
+    // A file of the directory given instead of the directory (model.safetensors, vocab.json):
+    // name the directory that holds it, which is most likely what was meant.
+    const std::filesystem::path parent = dir.parent_path();
+    throw error(fmt::format("{}: a file, not a directory; expected {} (the file's own directory is {})", shown,
+                            expected, parent.empty() ? std::string(".") : parent.string()));
   }
   if (!found || !S_ISDIR(st.st_mode)) throw error(fmt::format("{}: not a directory; expected {}", shown, expected));
 }

@@ -147,6 +147,14 @@ struct kv_cache {
   }
 };
 
+/// Throws `specsample::error` unless `dir` is a directory ("…: no such directory", "…: a file, not a
+/// directory" naming the directory that holds it, …; expected "a Hugging Face GPT-2 directory
+/// (config.json, model.safetensors)"): the check `model::load` starts with, for programs that read
+/// another file of the directory first (its tokenizer) or check every path before loading any.
+inline void require_model_directory(const std::filesystem::path& dir) {
+  io::require_directory(dir, "a Hugging Face GPT-2 directory (config.json, model.safetensors)");
+}
+
 /// The weights file of the Hugging Face GPT-2 directory `dir`: `dir/model.safetensors`, or, when
 /// that is not a regular file, the shard index `dir/model.safetensors.index.json` (transformers'
 /// save_pretrained splits a checkpoint above 5 GB: a fine-tuned gpt2-xl in F32;
@@ -410,7 +418,7 @@ SPECSAMPLE_GPT2_MODEL model model::load(const std::filesystem::path& dir, option
   const std::optional<weight_format> storage = storage_of(checked(opts));  // first: before any file or thread
   opts.pool = pool_of(opts);  // (checks options.threads: an option's error comes before a file's)
   opts.threads = 0;
-  io::require_directory(dir, "a Hugging Face GPT-2 directory (config.json, model.safetensors)");
+  require_model_directory(dir);
   gpt2::config cfg = gpt2::config::load(config_path);
   const io::safetensors_checkpoint file = io::safetensors_checkpoint::open(weights_file(dir));
   gpt2::weights w = gpt2::weights::load(file, cfg, config_path.string(), storage);
