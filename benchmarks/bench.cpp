@@ -175,6 +175,7 @@ using specsample_bench::parse_number;
 using specsample_bench::usage_error;
 
 constexpr std::string_view help = R"(usage: specsample-bench [options]
+  (an option's value follows it, or joins a long option after '=': -n 64, --k-max=6)
   --target DIR          target checkpoint (default: the bundled models/shakespeare-target)
   --draft DIR           draft checkpoint (default: models/shakespeare-draft; try
                         models/shakespeare-draft-distilled)
@@ -353,8 +354,14 @@ cli parse(int argc, char** argv) {
   cli c;
   std::vector<std::string> given;
   for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
+    const specsample::io::argument arg = specsample::io::split_argument(argv[i]);  // --flag=value too
+    const std::string_view a = arg.flag;
+    bool took = false;  // whether the flag read its value (one attached with '=' must be read)
     auto value = [&]() -> std::string_view {
+      if (arg.attached) {
+        took = true;
+        return *arg.attached;
+      }
       if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", a));
       return argv[++i];
     };
@@ -424,6 +431,7 @@ cli parse(int argc, char** argv) {
     else if (a == "--check-pairs") c.check_pairs = parse_number<std::size_t>(a, value());
     else if (a == "--quick") c.quick = true;
     else usage_error(fmt::format("unknown argument '{}'", a));
+    if (arg.attached && !took) usage_error(fmt::format("{} takes no value, got '{}'", a, *arg.attached));
   }
   const auto set = [&](std::string_view flag) { return std::find(given.begin(), given.end(), flag) != given.end(); };
   // The strategy comparison pairs ~10 strategies per prompt: 4 repetitions keep the median of its

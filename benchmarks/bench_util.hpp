@@ -2,6 +2,7 @@
 // Command-line and machine helpers shared by the benchmark programs (bench.cpp, leniency.cpp).
 
 #include <specsample/error.hpp>
+#include <specsample/io/argument.hpp>
 #include <specsample/io/number.hpp>
 
 #include <fmt/format.h>

@@ -49,6 +49,7 @@ using specsample_bench::parse_number;
 using specsample_bench::usage_error;
 
 constexpr std::string_view help = R"(usage: specsample-leniency [options]
+  (an option's value follows it, or joins it after '=': --vocab 5, --vocab=5)
   --vocab V          toy vocabulary size (default 5)
   --order N          Markov order of both models (default 2)
   --length L         sequence length enumerated (default 4; V^L cells)
@@ -71,8 +72,14 @@ cli parse(int argc, char** argv) {
   cli c;
   bool quick = false, samples_set = false, runs_set = false;
   for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
+    const specsample::io::argument arg = specsample::io::split_argument(argv[i]);  // --flag=value too
+    const std::string_view a = arg.flag;
+    bool took = false;  // whether the flag read its value (one attached with '=' must be read)
     auto value = [&]() -> std::string_view {
+      if (arg.attached) {
+        took = true;
+        return *arg.attached;
+      }
       if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", a));
       return argv[++i];
     };
@@ -98,6 +105,7 @@ cli parse(int argc, char** argv) {
     else if (a == "--quick") quick = true;
     else if (a == "--leniency") c.leniency = specsample_bench::parse_list<double>(a, value());
     else usage_error(fmt::format("unknown argument '{}'", a));
+    if (arg.attached && !took) usage_error(fmt::format("{} takes no value, got '{}'", a, *arg.attached));
   }
   if (quick) {
     if (!samples_set) c.samples = 20000;

@@ -113,6 +113,7 @@ struct cli {
 
 constexpr const char* usage =
     "usage: specsample-random-gpt2 --shape NAME --out DIR [options]\n"
+    "  (an option's value follows it, or joins it after '=': --shape gpt2, --shape=gpt2)\n"
     "  Writes a GPT-2 checkpoint directory in the released layout with random weights; refuses one\n"
     "  larger than this machine's memory or than the space free at DIR before writing anything.\n"
     "  --shape NAME       gpt2, gpt2-medium, gpt2-large, gpt2-xl, or LxCxH (n_layer x n_embd x n_head)\n"
@@ -129,8 +130,14 @@ constexpr const char* usage =
 cli parse(int argc, char** argv) {
   cli c;
   for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
+    const specsample::io::argument arg = specsample::io::split_argument(argv[i]);  // --flag=value too
+    const std::string_view a = arg.flag;
+    bool took = false;  // whether the flag read its value (one attached with '=' must be read)
     const auto value = [&]() -> std::string_view {
+      if (arg.attached) {
+        took = true;
+        return *arg.attached;
+      }
       if (i + 1 >= argc) specsample_bench::usage_error(fmt::format("{} needs a value", a));
       return argv[++i];
     };
@@ -163,6 +170,9 @@ cli parse(int argc, char** argv) {
       std::exit(0);
     } else {
       specsample_bench::usage_error(fmt::format("unknown option '{}'", a));
+    }
+    if (arg.attached && !took) {
+      specsample_bench::usage_error(fmt::format("{} takes no value, got '{}'", a, *arg.attached));
     }
   }
   if (c.shape_name.empty() || !c.out) specsample_bench::usage_error("--shape and --out are required");

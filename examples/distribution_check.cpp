@@ -18,6 +18,7 @@ constexpr const char* usage =
     "                          [--threads N] [--kernels LEVEL] [--weights F] [--kv F] [--matmul P]\n"
     "                          [--draft-matmul P] [--prompt-lookup N]\n"
     "                          [the options above but --vocab and --similarity]\n"
+    "  (an option's value follows it, or joins a long option after '=': -k 3, --temperature=0.7)\n"
     "  --vocab V, --similarity S   the toy pair: V tokens (default 4), a draft this close to the target\n"
     "                              (0: unrelated, 1: the same; default 0.4)\n"
     "  --target DIR, --draft DIR   two GPT-2 checkpoints with the same tokenizer, checked after --prompt;\n"
@@ -52,6 +53,7 @@ constexpr const char* usage =
 #include <specsample/drafters/fallback.hpp>
 #include <specsample/drafters/ngram.hpp>
 #include <specsample/gpt2.hpp>
+#include <specsample/io/argument.hpp>
 #include <specsample/io/number.hpp>
 #include <specsample/sampling/drafter.hpp>
 #include <specsample/specsample.hpp>
@@ -264,8 +266,14 @@ int main(int argc, char** argv) {
   params.draft_length = 3;
   try {
     for (int i = 1; i < argc; ++i) {
-      const std::string_view a = argv[i];
+      const specsample::io::argument arg = specsample::io::split_argument(argv[i]);  // --flag=value too
+      const std::string_view a = arg.flag;
+      bool took = false;  // whether the flag read its value (one attached with '=' must be read)
+      const auto check_took = [&] {
+        if (arg.attached && !took) throw specsample::error(fmt::format("{} takes no value, got '{}'", a, *arg.attached));
+      };
       if (a == "--broken") {
+        check_took();
         broken = true;
         continue;
       }
@@ -274,6 +282,10 @@ int main(int argc, char** argv) {
         return 0;
       }
       const auto value = [&]() -> std::string_view {
+        if (arg.attached) {
+          took = true;
+          return *arg.attached;
+        }
         if (i + 1 >= argc) throw specsample::error(fmt::format("{} needs a value", a));
         return argv[++i];
       };
@@ -314,6 +326,7 @@ int main(int argc, char** argv) {
         fmt::print(stderr, "distribution_check: error: unknown argument {}\n{}", a, usage);
         return 2;
       }
+      check_took();
       given.push_back(a);
     }
     // Every option checked before a model loads, named as typed.

@@ -23,6 +23,7 @@
 
 #include <specsample/gpt2.hpp>
 #include <specsample/specsample.hpp>
+#include <specsample/io/argument.hpp>
 #include <specsample/io/number.hpp>
 #include <specsample/io/prompt_list.hpp>
 #include <specsample/tokenizer.hpp>
@@ -90,6 +91,7 @@ T parse_number(std::string_view flag, std::string_view text, Least... least) {
 }
 
 constexpr std::string_view help = R"(usage: specsample-generate [options]
+  (an option's value follows it, or joins a long option after '=': -n 64, --temperature=0.7)
   --target DIR          target checkpoint (config.json, model.safetensors or its shards,
                         vocab.json, merges.txt); default: the bundled models/shakespeare-target
                         ($SPECSAMPLE_MODELS, next to the binary, or the source tree)
@@ -162,8 +164,14 @@ cli parse(int argc, char** argv) {
   c.params.sampling.temperature = 0.0f;
   std::vector<std::pair<std::string_view, std::string_view>> given;  // (long name, as typed) of each flag
   for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
+    const specsample::io::argument arg = specsample::io::split_argument(argv[i]);  // --flag=value too
+    const std::string_view a = arg.flag;
+    bool took = false;  // whether the flag read its value (one attached with '=' must be read)
     auto value = [&]() -> std::string_view {
+      if (arg.attached) {
+        took = true;
+        return *arg.attached;
+      }
       if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", a));
       return argv[++i];
     };
@@ -257,6 +265,7 @@ cli parse(int argc, char** argv) {
     else if (a == "--verbose") c.verbose = true;
     else if (a == "--json") c.json = true;
     else usage_error(fmt::format("unknown argument '{}'", a));
+    if (arg.attached && !took) usage_error(fmt::format("{} takes no value, got '{}'", a, *arg.attached));
   }
   try {
     specsample::gpt2::check_option_flags(c.model);
