@@ -117,7 +117,8 @@ constexpr const char* usage =
     "  Writes a GPT-2 checkpoint directory in the released layout with random weights; refuses one\n"
     "  larger than this machine's memory or than the space free at DIR before writing anything.\n"
     "  --shape NAME       gpt2, gpt2-medium, gpt2-large, gpt2-xl, or LxCxH (n_layer x n_embd x n_head)\n"
-    "  --out DIR          the directory to write (created; existing files of the same names are replaced)\n"
+    "  --out DIR          the directory to write (created; existing files of the same names are replaced,\n"
+    "                     and a vocab.json and merges.txt removed when this checkpoint has no tokenizer)\n"
     "  --dtype f32|f16    the tensors' dtype (default f32, as the released model.safetensors)\n"
     "  --positions N      n_positions (default 1024)\n"
     "  --vocab N          vocab_size (default 50257)\n"
@@ -360,6 +361,21 @@ int run(int argc, char** argv) {
     std::error_code ec;
     fs::copy_file(file, *c.out / file.filename(), fs::copy_options::overwrite_existing, ec);
     if (ec) throw specsample::error(fmt::format("cannot copy {}: {}", file.string(), ec.message()));
+  }
+  // A tokenizer an earlier checkpoint left in the directory is not this one's (a program would
+  // read it beside these weights): removed, and said.
+  std::vector<std::string> removed;
+  for (const std::string_view name : {"vocab.json", "merges.txt"}) {
+    const bool written = std::any_of(tokenizer.files.begin(), tokenizer.files.end(),
+                                     [&](const fs::path& f) { return f.filename() == name; });
+    std::error_code ec;
+    if (!written && fs::remove(*c.out / name, ec)) removed.emplace_back(name);
+    if (ec) throw specsample::error(fmt::format("cannot remove the earlier {}: {}", (*c.out / name).string(), ec.message()));
+  }
+  if (!removed.empty()) {
+    fmt::print("specsample-random-gpt2: removed the {} an earlier checkpoint left in {} (this one has no tokenizer: "
+               "--tokenizer DIR gives it one)\n",
+               fmt::join(removed, " and "), c.out->string());
   }
   std::size_t bytes = 0;
   for (const io::tensor_data& t : tensors) bytes += t.data.size();
