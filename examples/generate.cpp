@@ -113,7 +113,8 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
                         temperature, --draft-temperature) is below P
   --adaptive            adapt K between rounds (+2 after a full acceptance, -1 after a rejection)
   --prompt TEXT         prompt text (default: a held-out Tiny Shakespeare line)
-  --prompt-file F       read the prompt from a file
+  --prompt-file F       read the prompt from a file ('-': standard input; ./- for a file of
+                        that name)
   -n, --max-new-tokens  tokens to generate (default 128), fewer when EOS comes first
   --eos ID              stop right after token ID (default: the target's eos_token_id in
                         config.json, <|endoftext|> for GPT-2 and the bundled models); none:
@@ -191,7 +192,10 @@ cli parse(int argc, char** argv) {
       c.prompt_lookup = parse_number<std::size_t>(a, value(), 1);
     }
     else if (a == "--prompt") c.prompt = value();
-    else if (a == "--prompt-file") c.prompt = specsample::io::read_file(path_value());
+    else if (a == "--prompt-file") {
+      const fs::path file = path_value();
+      c.prompt = file == "-" ? specsample::io::read_standard_input() : specsample::io::read_file(file);
+    }
     else if (a == "--calibration-prompts") c.calibration_prompts = path_value();
     else if (a == "-n" || a == "--max-new-tokens") c.params.max_new_tokens = parse_number<std::size_t>(a, value(), 1);
     else if (a == "-k" || a == "--draft-length") {

@@ -1,7 +1,7 @@
 #pragma once
 /// @file mapped_file.hpp
-/// A read-only POSIX memory map of a whole file (RAII, move-only), and `read_file`: the library
-/// opens every file it reads through `detail::open_regular_file`.
+/// A read-only POSIX memory map of a whole file (RAII, move-only), `read_file` and
+/// `read_standard_input`: the library opens every file it reads through `detail::open_regular_file`.
 
 #include <specsample/error.hpp>
 
@@ -153,16 +153,16 @@ class mapped_file {
 /// and reading it would only exhaust memory.
 inline constexpr std::size_t max_text_file_bytes = std::size_t{1} << 30;
 
-/// The whole of the regular file `path` as a string (read to its end: files under /proc report a
-/// size of 0); throws `specsample::error` naming the file as `detail::open_regular_file` does, on
-/// a read error, or for a file of more than `max_text_file_bytes`.
-[[nodiscard]] inline std::string read_file(const std::filesystem::path& path) {
-  detail::file_descriptor fd;
+namespace detail {
+
+/// Everything left to read from the open descriptor `fd` (to its end: files under /proc report a
+/// size of 0), `size` bytes expected; throws `specsample::error` naming `name` on a read error or
+/// past `max_text_file_bytes`.
+[[nodiscard]] inline std::string read_to_end(int fd, std::size_t size, const std::string& name) {
   const auto too_large = [&](std::size_t bytes) {
-    return error(fmt::format("{}: {} bytes or more, larger than any text file this library reads (at most {})",
-                             path.string(), bytes, max_text_file_bytes));
+    return error(fmt::format("{}: {} bytes or more, larger than any text file this library reads (at most {})", name,
+                             bytes, max_text_file_bytes));
   };
-  const std::size_t size = detail::open_regular_file(path, fd);
   if (size > max_text_file_bytes) throw too_large(size);
   std::string data(std::max<std::size_t>(size + 1, 4096), '\0');
   std::size_t n = 0;
@@ -171,18 +171,34 @@ inline constexpr std::size_t max_text_file_bytes = std::size_t{1} << 30;
       if (n > max_text_file_bytes) throw too_large(n);  // (a file that grew, or reports no size)
       data.resize(2 * data.size());
     }
-    const ::ssize_t got = ::read(fd.fd, data.data() + n, data.size() - n);
+    const ::ssize_t got = ::read(fd, data.data() + n, data.size() - n);
     if (got == 0) break;
     if (got < 0) {
       const int e = errno;
       if (e == EINTR) continue;
-      throw error(fmt::format("{}: read error: {}", path.string(), std::strerror(e)));
+      throw error(fmt::format("{}: read error: {}", name, std::strerror(e)));
     }
     n += static_cast<std::size_t>(got);
   }
   data.resize(n);
   return data;
 }
+
+}  // namespace detail
+
+/// The whole of the regular file `path` as a string (read to its end: files under /proc report a
+/// size of 0); throws `specsample::error` naming the file as `detail::open_regular_file` does, on
+/// a read error, or for a file of more than `max_text_file_bytes`.
+[[nodiscard]] inline std::string read_file(const std::filesystem::path& path) {
+  detail::file_descriptor fd;
+  const std::size_t size = detail::open_regular_file(path, fd);
+  return detail::read_to_end(fd.fd, size, path.string());
+}
+
+/// The whole of standard input, read to its end (what a command line's "-" for a file names:
+/// specsample-generate's `--prompt-file -`); throws `specsample::error` naming "standard input" on
+/// a read error or past `max_text_file_bytes` (`… < /dev/zero` ends there, not in exhausted memory).
+[[nodiscard]] inline std::string read_standard_input() { return detail::read_to_end(STDIN_FILENO, 0, "standard input"); }
 
 namespace detail {
 
