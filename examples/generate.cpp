@@ -535,6 +535,19 @@ int run(int argc, char** argv) {
           usage_error(fmt::format("--draft {}: ngram drafts alone, not in a list of draft models (./ngram for a "
                                   "directory of that name)", list));
         }
+        // The same model twice would be loaded, warmed up and reported twice: refused.
+        const auto resolved = [](const fs::path& p) {
+          std::error_code ec;  // (a path that cannot be resolved is compared as written)
+          fs::path r = fs::weakly_canonical(p, ec);
+          if (ec) r = p.lexically_normal();
+          return r.has_filename() ? r : r.parent_path();  // ("dir/" as "dir")
+        };
+        for (const fs::path& other : candidates) {
+          if (other == item) usage_error(fmt::format("--draft {}: {} is listed twice", list, item));
+          if (resolved(other) == resolved(item)) {
+            usage_error(fmt::format("--draft {}: {} and {} are the same directory", list, other.string(), item));
+          }
+        }
         candidates.emplace_back(item);
       }
       start = comma + 1;
