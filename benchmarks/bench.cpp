@@ -368,6 +368,7 @@ cli parse(int argc, char** argv) {
     const auto path_value = [&] { return specsample_bench::path_argument(a, value()); };
     given.emplace_back(a);
     if (a == "--help" || a == "-h") {
+      if (arg.attached) usage_error(fmt::format("{} takes no value, got '{}'", a, *arg.attached));
       std::fputs(help.data(), stdout);
       std::exit(0);
     } else if (a == "--target") c.target = path_value();

@@ -49,7 +49,7 @@ using specsample_bench::parse_number;
 using specsample_bench::usage_error;
 
 constexpr std::string_view help = R"(usage: specsample-leniency [options]
-  (an option's value follows it, or joins it after '=': --vocab 5, --vocab=5)
+  (an option's value follows it, or joins a long option after '=': --vocab 5, --vocab=5)
   --vocab V          toy vocabulary size (default 5)
   --order N          Markov order of both models (default 2)
   --length L         sequence length enumerated (default 4; V^L cells)
@@ -84,6 +84,7 @@ cli parse(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--help" || a == "-h") {
+      if (arg.attached) usage_error(fmt::format("{} takes no value, got '{}'", a, *arg.attached));
       std::fputs(help.data(), stdout);
       std::exit(0);
     } else if (a == "--vocab") c.vocab = parse_number<std::size_t>(a, value());

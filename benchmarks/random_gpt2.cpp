@@ -113,12 +113,13 @@ struct cli {
 
 constexpr const char* usage =
     "usage: specsample-random-gpt2 --shape NAME --out DIR [options]\n"
-    "  (an option's value follows it, or joins it after '=': --shape gpt2, --shape=gpt2)\n"
+    "  (an option's value follows it, or joins a long option after '=': --shape gpt2, --shape=gpt2)\n"
     "  Writes a GPT-2 checkpoint directory in the released layout with random weights; refuses one\n"
     "  larger than this machine's memory or than the space free at DIR before writing anything.\n"
     "  --shape NAME       gpt2, gpt2-medium, gpt2-large, gpt2-xl, or LxCxH (n_layer x n_embd x n_head)\n"
     "  --out DIR          the directory to write (created; existing files of the same names are replaced,\n"
-    "                     and a vocab.json and merges.txt removed when this checkpoint has no tokenizer)\n"
+    "                     and an earlier tokenizer's vocab.json, merges.txt and LICENSE* that this\n"
+    "                     checkpoint does not write are removed)\n"
     "  --dtype f32|f16    the tensors' dtype (default f32, as the released model.safetensors)\n"
     "  --positions N      n_positions (default 1024)\n"
     "  --vocab N          vocab_size (default 50257)\n"
@@ -167,6 +168,7 @@ cli parse(int argc, char** argv) {
     } else if (a == "--tokenizer") {
       c.tokenizer = path_value();
     } else if (a == "--help" || a == "-h") {
+      if (arg.attached) specsample_bench::usage_error(fmt::format("{} takes no value, got '{}'", a, *arg.attached));
       fmt::print("{}", usage);
       std::exit(0);
     } else {
@@ -304,6 +306,30 @@ tokenizer_copy tokenizer_for(const cli& c) {
   return t;
 }
 
+// The tokenizer files (vocab.json, merges.txt, LICENSE*) an earlier checkpoint left in `out` that
+// `copy` does not write: a program would read them beside weights they do not belong to. Each must
+// be a file (checked here, before anything is written; removed after).
+std::vector<fs::path> earlier_tokenizer_files(const fs::path& out, const tokenizer_copy& copy) {
+  std::vector<fs::path> stale;
+  std::error_code ec;
+  if (!fs::is_directory(out, ec)) return stale;
+  for (const fs::directory_entry& e : fs::directory_iterator(out, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name != "vocab.json" && name != "merges.txt" && !name.starts_with("LICENSE")) continue;
+    const bool written = std::any_of(copy.files.begin(), copy.files.end(),
+                                     [&](const fs::path& f) { return f.filename() == e.path().filename(); });
+    if (written) continue;
+    if (!e.is_regular_file() && !e.is_symlink()) {
+      throw specsample::error(fmt::format("--out {}: {} is an earlier tokenizer's name but not a file: remove it first",
+                                          out.string(), e.path().string()));
+    }
+    stale.push_back(e.path());
+  }
+  if (ec) throw specsample::error(fmt::format("--out {}: cannot list it: {}", out.string(), ec.message()));
+  std::sort(stale.begin(), stale.end());
+  return stale;
+}
+
 int run(int argc, char** argv) {
   const cli c = parse(argc, argv);
   const auto t0 = std::chrono::steady_clock::now();
@@ -312,6 +338,7 @@ int run(int argc, char** argv) {
   check_fits(c, plan);
   const tokenizer_copy tokenizer = tokenizer_for(c);
   specsample_bench::check_output_directory(*c.out, "--out");
+  const std::vector<fs::path> stale = earlier_tokenizer_files(*c.out, tokenizer);
 
   // The tokenizer's EOS (GPT-2's 50256) as bos and eos; without a tokenizer the last id.
   const std::size_t eos = tokenizer.eos ? static_cast<std::size_t>(*tokenizer.eos) : V - 1;
@@ -362,20 +389,17 @@ int run(int argc, char** argv) {
     fs::copy_file(file, *c.out / file.filename(), fs::copy_options::overwrite_existing, ec);
     if (ec) throw specsample::error(fmt::format("cannot copy {}: {}", file.string(), ec.message()));
   }
-  // A tokenizer an earlier checkpoint left in the directory is not this one's (a program would
-  // read it beside these weights): removed, and said.
   std::vector<std::string> removed;
-  for (const std::string_view name : {"vocab.json", "merges.txt"}) {
-    const bool written = std::any_of(tokenizer.files.begin(), tokenizer.files.end(),
-                                     [&](const fs::path& f) { return f.filename() == name; });
+  for (const fs::path& file : stale) {
     std::error_code ec;
-    if (!written && fs::remove(*c.out / name, ec)) removed.emplace_back(name);
-    if (ec) throw specsample::error(fmt::format("cannot remove the earlier {}: {}", (*c.out / name).string(), ec.message()));
+    fs::remove(file, ec);
+    if (ec) throw specsample::error(fmt::format("cannot remove the earlier {}: {}", file.string(), ec.message()));
+    removed.push_back(file.filename().string());
   }
   if (!removed.empty()) {
-    fmt::print("specsample-random-gpt2: removed the {} an earlier checkpoint left in {} (this one has no tokenizer: "
-               "--tokenizer DIR gives it one)\n",
-               fmt::join(removed, " and "), c.out->string());
+    fmt::print("specsample-random-gpt2: removed the {} an earlier checkpoint's tokenizer left in {} ({})\n",
+               fmt::join(removed, ", "), c.out->string(),
+               tokenizer.files.empty() ? "this one has none: --tokenizer DIR gives it one" : "this one's has other files");
   }
   std::size_t bytes = 0;
   for (const io::tensor_data& t : tensors) bytes += t.data.size();

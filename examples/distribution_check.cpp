@@ -278,6 +278,7 @@ int main(int argc, char** argv) {
         continue;
       }
       if (a == "--help" || a == "-h") {
+        check_took();
         fmt::print("{}", usage);
         return 0;
       }

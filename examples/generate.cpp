@@ -62,6 +62,7 @@ struct cli {
   bool auto_k = false;
   std::optional<fs::path> calibration_prompts;  // warm-up prompts for -k auto / a draft choice
   std::string prompt{default_prompt};
+  std::optional<fs::path> prompt_file;  // --prompt-file: read into prompt once every flag is checked ("-": stdin)
   specsample::speculative_params params{};
   std::optional<float> draft_temperature;  // --draft-temperature: the draft's warping at its own temperature
   bool auto_draft_temperature = false;     // --draft-temperature auto: scan_draft_temperature picks it
@@ -184,6 +185,7 @@ cli parse(int argc, char** argv) {
     };
     given.emplace_back(a == "-k" ? "--draft-length" : a == "-n" ? "--max-new-tokens" : a, a);
     if (a == "--help" || a == "-h") {
+      if (arg.attached) usage_error(fmt::format("{} takes no value, got '{}'", a, *arg.attached));
       std::fputs(help.data(), stdout);
       std::exit(0);
     } else if (a == "--target") c.target = path_value();
@@ -192,10 +194,7 @@ cli parse(int argc, char** argv) {
       c.prompt_lookup = parse_number<std::size_t>(a, value(), 1);
     }
     else if (a == "--prompt") c.prompt = value();
-    else if (a == "--prompt-file") {
-      const fs::path file = path_value();
-      c.prompt = file == "-" ? specsample::io::read_standard_input() : specsample::io::read_file(file);
-    }
+    else if (a == "--prompt-file") c.prompt_file = path_value();
     else if (a == "--calibration-prompts") c.calibration_prompts = path_value();
     else if (a == "-n" || a == "--max-new-tokens") c.params.max_new_tokens = parse_number<std::size_t>(a, value(), 1);
     else if (a == "-k" || a == "--draft-length") {
@@ -353,6 +352,15 @@ cli parse(int argc, char** argv) {
       if (e.field() == field) usage_error(fmt::format("{}{}", typed(flag).value_or(flag), e.reason()));
     }
     throw;
+  }
+  // The prompt's file last, once every flag is known good (standard input can wait for a terminal).
+  if (c.prompt_file == "-") {
+    if (::isatty(STDIN_FILENO) == 1) {
+      std::fputs("specsample-generate: reading the prompt from standard input (end it with Ctrl-D)\n", stderr);
+    }
+    c.prompt = specsample::io::read_standard_input();
+  } else if (c.prompt_file) {
+    c.prompt = specsample::io::read_file(*c.prompt_file);
   }
   return c;
 }
@@ -524,6 +532,10 @@ int run(int argc, char** argv) {
   const bool ngram = c.draft && *c.draft == "ngram";
   const fs::path models = (c.target && (c.draft || !need_draft)) ? fs::path() : bundled_models(argv[0]);
   const fs::path target_dir = c.target.value_or(models / "shakespeare-target");
+  // Every model's path before anything loads: a draft's mistyped path, or a file given for a
+  // directory, is named as the model directory it should be (not after the target's load, nor as
+  // the tokenizer directory the target's is read as first).
+  specsample::gpt2::require_model_directory(target_dir);
   std::vector<fs::path> candidates;
   if (need_draft && !ngram) {
     std::string list = c.draft.value_or((models / "shakespeare-draft").string());
@@ -535,16 +547,12 @@ int run(int argc, char** argv) {
           usage_error(fmt::format("--draft {}: ngram drafts alone, not in a list of draft models (./ngram for a "
                                   "directory of that name)", list));
         }
+        specsample::gpt2::require_model_directory(item);
         // The same model twice would be loaded, warmed up and reported twice: refused.
-        const auto resolved = [](const fs::path& p) {
-          std::error_code ec;  // (a path that cannot be resolved is compared as written)
-          fs::path r = fs::weakly_canonical(p, ec);
-          if (ec) r = p.lexically_normal();
-          return r.has_filename() ? r : r.parent_path();  // ("dir/" as "dir")
-        };
         for (const fs::path& other : candidates) {
           if (other == item) usage_error(fmt::format("--draft {}: {} is listed twice", list, item));
-          if (resolved(other) == resolved(item)) {
+          std::error_code ec;  // (both exist: their device and inode are compared)
+          if (fs::equivalent(other, item, ec)) {
             usage_error(fmt::format("--draft {}: {} and {} are the same directory", list, other.string(), item));
           }
         }
@@ -555,11 +563,6 @@ int run(int argc, char** argv) {
     if (candidates.empty()) usage_error("--draft needs a directory, a comma-separated list or ngram");
   }
 
-  // Every model's path before anything loads: a draft's mistyped path, or a file given for a
-  // directory, is named as the model directory it should be (not after the target's load, nor as
-  // the tokenizer directory the target's is read as first).
-  specsample::gpt2::require_model_directory(target_dir);
-  for (const auto& dir : candidates) specsample::gpt2::require_model_directory(dir);
   const auto load_start = std::chrono::steady_clock::now();
   if (!c.json) fmt::print(stderr, "loading {}...\n", target_dir.string());
   const auto tok = specsample::bpe_tokenizer::load(target_dir);

@@ -611,6 +611,12 @@ TEST_CASE("loading reports a missing directory or file with its path", "[tokeniz
                     Catch::Contains((dir.path / "plain").string() + ": a file, not a directory; expected a tokenizer "
                                     "directory (vocab.json, merges.txt) (the file's own directory is " +
                                     dir.path.string() + ")"));
+  // A symbolic link to a file: the directory named is the file's, not the link's.
+  fs::create_directory(dir.path / "links");
+  fs::create_symlink(dir.path / "plain", dir.path / "links" / "to-plain");
+  CHECK_THROWS_WITH(bpe_tokenizer::load(dir.path / "links" / "to-plain"),
+                    Catch::Contains("to-plain: a file, not a directory; expected a tokenizer directory (vocab.json, "
+                                    "merges.txt) (the file's own directory is " + fs::canonical(dir.path).string() + ")"));
   CHECK_THROWS_WITH(bpe_tokenizer::load(dir.path / "plain" / "sub"),  // (a file on the way: ENOTDIR)
                     Catch::Contains((dir.path / "plain" / "sub").string() + ": not a directory; expected a tokenizer"));
   CHECK_THROWS_WITH(bpe_tokenizer::load(dir.path), Catch::Contains("vocab.json: file not found"));

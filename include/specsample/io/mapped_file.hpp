@@ -1,7 +1,8 @@
 #pragma once
 /// @file mapped_file.hpp
 /// A read-only POSIX memory map of a whole file (RAII, move-only), `read_file` and
-/// `read_standard_input`: the library opens every file it reads through `detail::open_regular_file`.
+/// `read_standard_input`: the library opens every file it reads through `detail::open_regular_file`
+/// (standard input, open already, is read as it is).
 
 #include <specsample/error.hpp>
 
@@ -41,7 +42,10 @@ inline void require_directory(const std::filesystem::path& dir, std::string_view
   if (found && S_ISREG(st.st_mode)) {
     // A file of the directory given instead of the directory (model.safetensors, vocab.json):
     // name the directory that holds it, which is most likely what was meant.
-    const std::filesystem::path parent = dir.parent_path();
+    // (For a symbolic link, the directory of the file it leads to.)
+    std::error_code ec;
+    const std::filesystem::path target = std::filesystem::is_symlink(dir, ec) ? std::filesystem::canonical(dir, ec) : dir;
+    const std::filesystem::path parent = (ec ? dir : target).parent_path();
     throw error(fmt::format("{}: a file, not a directory; expected {} (the file's own directory is {})", shown,
                             expected, parent.empty() ? std::string(".") : parent.string()));
   }
@@ -167,9 +171,9 @@ namespace detail {
   std::string data(std::max<std::size_t>(size + 1, 4096), '\0');
   std::size_t n = 0;
   for (;;) {
-    if (n == data.size()) {
-      if (n > max_text_file_bytes) throw too_large(n);  // (a file that grew, or reports no size)
-      data.resize(2 * data.size());
+    if (n == data.size()) {  // (a file that grew, or reports no size: a pipe, /proc)
+      if (n > max_text_file_bytes) throw too_large(n);
+      data.resize(std::min(2 * data.size(), max_text_file_bytes + 1));  // (one byte past the bound: refused)
     }
     const ::ssize_t got = ::read(fd, data.data() + n, data.size() - n);
     if (got == 0) break;
