@@ -431,7 +431,7 @@ cli parse(int argc, char** argv) {
     else if (a == "--warmup-tokens") c.warmup_tokens = parse_number<std::size_t>(a, value(), 1);
     else if (a == "--check-pairs") c.check_pairs = parse_number<std::size_t>(a, value());
     else if (a == "--quick") c.quick = true;
-    else usage_error(fmt::format("unknown argument '{}'", a));
+    else usage_error(fmt::format("unknown argument '{}'{}", a, specsample::io::did_you_mean(a, help)));
     if (arg.attached && !took) usage_error(fmt::format("{} takes no value, got '{}'", a, *arg.attached));
   }
   const auto set = [&](std::string_view flag) { return std::find(given.begin(), given.end(), flag) != given.end(); };

@@ -105,7 +105,7 @@ cli parse(int argc, char** argv) {
     else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
     else if (a == "--quick") quick = true;
     else if (a == "--leniency") c.leniency = specsample_bench::parse_list<double>(a, value());
-    else usage_error(fmt::format("unknown argument '{}'", a));
+    else usage_error(fmt::format("unknown argument '{}'{}", a, specsample::io::did_you_mean(a, help)));
     if (arg.attached && !took) usage_error(fmt::format("{} takes no value, got '{}'", a, *arg.attached));
   }
   if (quick) {

@@ -172,7 +172,7 @@ cli parse(int argc, char** argv) {
       fmt::print("{}", usage);
       std::exit(0);
     } else {
-      specsample_bench::usage_error(fmt::format("unknown option '{}'", a));
+      specsample_bench::usage_error(fmt::format("unknown option '{}'{}", a, specsample::io::did_you_mean(a, usage)));
     }
     if (arg.attached && !took) {
       specsample_bench::usage_error(fmt::format("{} takes no value, got '{}'", a, *arg.attached));

@@ -324,7 +324,7 @@ int main(int argc, char** argv) {
       else if (a == "--samples") samples = specsample::io::parse_number<std::size_t>(a, value(), 1);
       else if (a == "--seed") seed = specsample::io::parse_number<std::uint64_t>(a, value());
       else {
-        fmt::print(stderr, "distribution_check: error: unknown argument {}\n{}", a, usage);
+        fmt::print(stderr, "distribution_check: error: unknown argument {}{}\n{}", a, specsample::io::did_you_mean(a, usage), usage);
         return 2;
       }
       check_took();

@@ -267,7 +267,7 @@ cli parse(int argc, char** argv) {
     } else if (a == "--stream") c.stream = true;
     else if (a == "--verbose") c.verbose = true;
     else if (a == "--json") c.json = true;
-    else usage_error(fmt::format("unknown argument '{}'", a));
+    else usage_error(fmt::format("unknown argument '{}'{}", a, specsample::io::did_you_mean(a, help)));
     if (arg.attached && !took) usage_error(fmt::format("{} takes no value, got '{}'", a, *arg.attached));
   }
   try {

@@ -4,8 +4,11 @@
 
 #include <optional>
 #include <string_view>
+#include <vector>
 
 using specsample::io::argument;
+using specsample::io::did_you_mean;
+using specsample::io::flags_named_in;
 using specsample::io::split_argument;
 
 namespace {
@@ -27,4 +30,31 @@ TEST_CASE("split_argument takes a long option's value after its first '='", "[io
   CHECK(same(split_argument("x=y"), "x=y", std::nullopt));    // a value, say --prompt's next argument
   CHECK(same(split_argument(""), "", std::nullopt));
   static_assert(split_argument("--n=1").flag == "--n");  // constexpr
+}
+
+TEST_CASE("did_you_mean names the long option within a few edits of an unknown one", "[io][argument]") {
+  constexpr std::string_view help = "usage: tool [options]\n"
+                                    "  --temperature T    sampling temperature\n"
+                                    "  --top-k N, --top-p P   filters (not --top-q)\n"
+                                    "  [--seed S] [--broken|--stream]\n"
+                                    "  -n N               tokens (-n, not a long option)\n"
+                                    "  x--notaflag, --9 ok\n";
+  CHECK(flags_named_in(help) == std::vector<std::string_view>{"--temperature", "--top-k", "--top-p", "--top-q",
+                                                              "--seed", "--broken", "--stream", "--9"});
+  CHECK(did_you_mean("--tempreature", help) == " (did you mean --temperature?)");  // a transposition
+  CHECK(did_you_mean("--temprature=0.7", help) == " (did you mean --temperature?)");  // the value is not compared
+  CHECK(did_you_mean("--tmprture", help) == "");                                    // 3 edits: too far
+  CHECK(did_you_mean("--sed", help) == " (did you mean --seed?)");                  // 1 edit of a short name
+  CHECK(did_you_mean("--sd", help) == "");                                          // 2 edits of a short name
+  CHECK(did_you_mean("--top-z", help) == "");                   // three at one edit: none named
+  CHECK(did_you_mean("--brokn", help) == " (did you mean --broken?)");
+  CHECK(did_you_mean("--streams", help) == " (did you mean --stream?)");
+  CHECK(did_you_mean("-k", help) == "");                        // not a long option
+  CHECK(did_you_mean("hello", help) == "");
+  CHECK(did_you_mean("--", help) == "");
+}
+
+TEST_CASE("did_you_mean offers the two nearest long options when they tie", "[io][argument]") {
+  CHECK(did_you_mean("--top-x", "--top-k N, --top-p P") == " (did you mean --top-k or --top-p?)");
+  CHECK(did_you_mean("--top-k", "--top-k N, --top-p P") == "");  // a known flag is no typo
 }

@@ -2,11 +2,16 @@
 /// @file argument.hpp
 /// One command-line argument as the tools' parsers read it (specsample-generate, specsample-bench,
 /// specsample-leniency, specsample-random-gpt2 and distribution_check): `--name=value` is the flag
-/// `--name` with its value attached, the same as `--name value`.
+/// `--name` with its value attached, the same as `--name value`; and for a long option none of them
+/// knows, the ones of its help text within a few edits (`did_you_mean`).
 
+#include <algorithm>
+#include <cctype>
 #include <cstddef>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace specsample::io {
 
@@ -25,6 +30,76 @@ struct argument {
     if (eq != std::string_view::npos && eq > 2) return {text.substr(0, eq), text.substr(eq + 1)};
   }
   return {text, std::nullopt};
+}
+
+/// The long options ("--name") a help text names, in order, each once: every "--" that starts a
+/// word (after a space, a tab, a newline, '[', '(' or '|', or at the start) and the letters,
+/// digits and '-' after it.
+[[nodiscard]] inline std::vector<std::string_view> flags_named_in(std::string_view help) {
+  std::vector<std::string_view> flags;
+  for (std::size_t at = help.find("--"); at != std::string_view::npos; at = help.find("--", at + 2)) {
+    if (at > 0 && std::string_view(" \t\n[(|").find(help[at - 1]) == std::string_view::npos) continue;
+    std::size_t end = at + 2;
+    while (end < help.size() && (std::isalnum(static_cast<unsigned char>(help[end])) != 0 || help[end] == '-')) ++end;
+    if (end == at + 2) continue;
+    const std::string_view flag = help.substr(at, end - at);
+    if (std::find(flags.begin(), flags.end(), flag) == flags.end()) flags.push_back(flag);
+  }
+  return flags;
+}
+
+namespace detail {
+
+// Optimal string alignment distance (Damerau–Levenshtein without repeated edits of a substring):
+// insertions, deletions, substitutions and transpositions of adjacent characters cost 1 each.
+[[nodiscard]] inline std::size_t edit_distance(std::string_view a, std::string_view b) {
+  const std::size_t n = b.size();
+  std::vector<std::size_t> before(n + 1), prev(n + 1), cur(n + 1);
+  for (std::size_t j = 0; j <= n; ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= n; ++j) {
+      const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) cur[j] = std::min(cur[j], before[j - 2] + 1);
+    }
+    before.swap(prev);
+    prev.swap(cur);
+  }
+  return prev[n];
+}
+
+}  // namespace detail
+
+/// " (did you mean --temperature?)" for an unknown long option `typed` within a few edits of one
+/// that `help` names (`flags_named_in`): at most 1 edit for names of up to 4 characters after the
+/// "--", 2 for longer ones (a transposition is one edit); the nearest, or the two nearest when
+/// they tie (" (did you mean --top-k or --top-p?)"). Empty when none is that near, when `typed` is
+/// not a long option or is one `help` names; the part of `typed` after a '=' is not compared.
+[[nodiscard]] inline std::string did_you_mean(std::string_view typed, std::string_view help) {
+  typed = split_argument(typed).flag;
+  if (typed.size() <= 2 || !typed.starts_with("--")) return {};
+  const std::string_view name = typed.substr(2);
+  const std::size_t limit = name.size() <= 4 ? 1 : 2;
+  std::vector<std::string_view> nearest;
+  std::size_t best = limit + 1;
+  for (const std::string_view flag : flags_named_in(help)) {
+    const std::size_t d = detail::edit_distance(name, flag.substr(2));
+    if (d == 0) return {};  // a flag the help names: no typo
+    if (d > limit || d > best) continue;
+    if (d < best) nearest.clear();
+    best = d;
+    nearest.push_back(flag);
+  }
+  if (nearest.empty() || nearest.size() > 2) return {};
+  std::string hint = " (did you mean ";
+  hint.append(nearest[0]);
+  if (nearest.size() == 2) {
+    hint.append(" or ");
+    hint.append(nearest[1]);
+  }
+  hint.append("?)");
+  return hint;
 }
 
 }  // namespace specsample::io
