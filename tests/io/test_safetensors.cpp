@@ -619,3 +619,25 @@ TEST_CASE("read_file refuses a file larger than any text file, naming it, before
   fs::resize_file(big, 2);
   REQUIRE(io::read_file(big) == "{}");
 }
+
+TEST_CASE("a stream of no known size is read to its end, and refused one byte past the limit", "[io]") {
+  // A pipe (standard input's kind of stream): its size is unknown until its end.
+  const auto read_pipe = [](std::size_t bytes, std::size_t limit) {
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    const std::string text(bytes, 'x');  // (less than a pipe's 64 KiB buffer: written at once)
+    REQUIRE(::write(fds[1], text.data(), text.size()) == static_cast<::ssize_t>(text.size()));
+    ::close(fds[1]);
+    struct closer {
+      int fd;
+      ~closer() { ::close(fd); }
+    } in{fds[0]};
+    return io::detail::read_to_end(in.fd, 0, "standard input", limit);
+  };
+  REQUIRE(read_pipe(5000, 5000).size() == 5000);
+  REQUIRE(read_pipe(0, 5000).empty());
+  using Catch::Contains;
+  REQUIRE_THROWS_WITH(read_pipe(6000, 5000), Contains("standard input: 5001 bytes or more") && Contains("(at most 5000)"));
+  REQUIRE_THROWS_WITH(read_pipe(3000, 2000), Contains("standard input: 2001 bytes or more"));  // limit below 4096
+  REQUIRE(read_pipe(2000, 2000).size() == 2000);
+}

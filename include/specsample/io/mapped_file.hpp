@@ -161,19 +161,21 @@ namespace detail {
 
 /// Everything left to read from the open descriptor `fd` (to its end: files under /proc report a
 /// size of 0), `size` bytes expected; throws `specsample::error` naming `name` on a read error or
-/// past `max_text_file_bytes`.
-[[nodiscard]] inline std::string read_to_end(int fd, std::size_t size, const std::string& name) {
+/// past `limit` bytes (`max_text_file_bytes`; a stream of no known size, standard input say, is
+/// refused at limit + 1 bytes, its buffer never larger).
+[[nodiscard]] inline std::string read_to_end(int fd, std::size_t size, const std::string& name,
+                                             std::size_t limit = max_text_file_bytes) {
   const auto too_large = [&](std::size_t bytes) {
     return error(fmt::format("{}: {} bytes or more, larger than any text file this library reads (at most {})", name,
-                             bytes, max_text_file_bytes));
+                             bytes, limit));
   };
-  if (size > max_text_file_bytes) throw too_large(size);
-  std::string data(std::max<std::size_t>(size + 1, 4096), '\0');
+  if (size > limit) throw too_large(size);
+  std::string data(std::min(std::max<std::size_t>(size + 1, 4096), limit + 1), '\0');
   std::size_t n = 0;
   for (;;) {
     if (n == data.size()) {  // (a file that grew, or reports no size: a pipe, /proc)
-      if (n > max_text_file_bytes) throw too_large(n);
-      data.resize(std::min(2 * data.size(), max_text_file_bytes + 1));  // (one byte past the bound: refused)
+      if (n > limit) throw too_large(n);
+      data.resize(std::min(2 * data.size(), limit + 1));  // (one byte past the bound: refused)
     }
     const ::ssize_t got = ::read(fd, data.data() + n, data.size() - n);
     if (got == 0) break;
@@ -184,6 +186,7 @@ namespace detail {
     }
     n += static_cast<std::size_t>(got);
   }
+  if (n > limit) throw too_large(n);
   data.resize(n);
   return data;
 }
