@@ -50,6 +50,9 @@ TEST_CASE("did_you_mean names the long option within a few edits of an unknown o
   CHECK(did_you_mean("--brokn", help) == " (did you mean --broken?)");
   CHECK(did_you_mean("--streams", help) == " (did you mean --stream?)");
   CHECK(did_you_mean("-k", help) == "");                        // not a long option
+  CHECK(did_you_mean("-n=64", help) == " (a short option takes its value after a space: -n 64)");
+  CHECK(did_you_mean("-k=3", help) == "");                      // a short option the help does not name
+  CHECK(did_you_mean("-x=3", "usage: t -xy") == "");            // "-x" only inside a word
   CHECK(did_you_mean("hello", help) == "");
   CHECK(did_you_mean("--", help) == "");
 }

@@ -75,8 +75,24 @@ namespace detail {
 /// that `help` names (`flags_named_in`): at most 1 edit for names of up to 4 characters after the
 /// "--", 2 for longer ones (a transposition is one edit); the nearest, or the two nearest when
 /// they tie (" (did you mean --top-k or --top-p?)"). Empty when none is that near, when `typed` is
-/// not a long option or is one `help` names; the part of `typed` after a '=' is not compared.
+/// not a long option or is one `help` names; the part of `typed` after a '=' is not compared. For
+/// a short option `help` names given its value after '=', how it takes one: "-n=4" → " (a short
+/// option takes its value after a space: -n 4)".
 [[nodiscard]] inline std::string did_you_mean(std::string_view typed, std::string_view help) {
+  // A short option `help` names, its value joined with '=' ("-n=4"): said how it takes one.
+  if (typed.size() > 3 && typed[0] == '-' && typed[1] != '-' && typed[2] == '=') {
+    const std::string_view flag = typed.substr(0, 2);
+    for (std::size_t at = help.find(flag); at != std::string_view::npos; at = help.find(flag, at + 1)) {
+      const bool starts = at == 0 || std::string_view(" \t\n[(|").find(help[at - 1]) != std::string_view::npos;
+      const bool ends = at + 2 == help.size() || std::string_view(" \t\n,]").find(help[at + 2]) != std::string_view::npos;
+      if (starts && ends) {
+        std::string hint = " (a short option takes its value after a space: ";
+        hint.append(flag).append(" ").append(typed.substr(3)).append(")");
+        return hint;
+      }
+    }
+    return {};
+  }
   typed = split_argument(typed).flag;
   if (typed.size() <= 2 || !typed.starts_with("--")) return {};
   const std::string_view name = typed.substr(2);
