@@ -1660,6 +1660,9 @@ int run_strategies(const bench_setup& b) {
 int run(int argc, char** argv) {
   const auto t_start = steady::now();
   const cli c = parse(argc, argv);
+  if (const std::string note = specsample::gpt2::oversubscription_note("--threads", c.threads); !note.empty()) {
+    fmt::print(stderr, "specsample-bench: note: {}\n", note);
+  }
   const std::string load_start = load_average();
   const std::string date = utc_now();
 

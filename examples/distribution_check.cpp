@@ -371,6 +371,9 @@ int main(int argc, char** argv) {
       throw specsample::error(fmt::format("--threads must be at most {} (0: all cores), got {}",
                                           specsample::gpt2::thread_pool::max_threads, pair.threads));
     }
+    if (const std::string note = specsample::gpt2::oversubscription_note("--threads", pair.threads); !note.empty()) {
+      fmt::print(stderr, "distribution_check: note: {}\n", note);
+    }
     // The toy pair's and the test's own numbers, named as flags (the library names its functions).
     if (vocab < 2) throw specsample::error(fmt::format("--vocab must be >= 2 (one token passes any sampler), got {}", vocab));
     constexpr std::size_t table = specsample::toy::markov::max_table_entries;

@@ -528,6 +528,9 @@ double median(std::vector<double> v) {
 
 int run(int argc, char** argv) {
   cli c = parse(argc, argv);
+  if (const std::string note = specsample::gpt2::oversubscription_note("--threads", c.threads); !note.empty()) {
+    fmt::print(stderr, "specsample-generate: note: {}\n", note);
+  }
   const bool need_draft = c.mode != "autoregressive";
   const bool ngram = c.draft && *c.draft == "ngram";
   const fs::path models = (c.target && (c.draft || !need_draft)) ? fs::path() : bundled_models(argv[0]);

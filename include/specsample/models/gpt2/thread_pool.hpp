@@ -26,6 +26,8 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -226,5 +228,18 @@ class thread_pool {
   void* ctx_ = nullptr;
   void (*call_)(void*, std::size_t, std::size_t, std::size_t) = nullptr;
 };
+
+/// What to tell someone who asked for `threads` kernel threads (0: one per hardware thread) on
+/// this machine: "--threads 8 runs 8 kernel threads on the 2 this machine runs at once: they take
+/// turns, so a forward pass is slower than with 2" when the count passes
+/// std::thread::hardware_concurrency() (`flag`: how the count was given); otherwise, or when the
+/// hardware concurrency is unknown (0), empty.
+[[nodiscard]] inline std::string oversubscription_note(std::string_view flag, std::size_t threads) {
+  const std::size_t hardware = std::thread::hardware_concurrency();
+  if (hardware == 0 || threads <= hardware) return {};
+  return fmt::format("{} {} runs {} kernel threads on the {} this machine runs at once: they take turns, so a "
+                     "forward pass is slower than with {}",
+                     flag, threads, threads, hardware, hardware);
+}
 
 }  // namespace specsample::gpt2
