@@ -47,6 +47,7 @@ constexpr const char* usage =
     "  --samples N, --seed S       speculative samples drawn (default 100000), their seed (default 1)\n"
     "  --broken                    a verifier that resamples from p instead of the residual, to see a\n"
     "                              FAIL (where drafts are rejected and several sequences are possible)\n"
+    "  -h, --help                  this text\n"
     "The verdict goes to stdout, the expected time of the samples to stderr. Exit status: 0 PASS,\n"
     "1 FAIL, 2 an error.\n";
 

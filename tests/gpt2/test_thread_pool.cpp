@@ -4,6 +4,7 @@
 #include <specsample/models/gpt2/thread_pool.hpp>
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <atomic>
@@ -42,6 +43,19 @@ TEST_CASE("a thread pool refuses more threads than it can run", "[gpt2][thread_p
   REQUIRE_THROWS_WITH(thread_pool(thread_pool::max_threads + 1),
                       "thread_pool: 1025 threads requested; at most 1024");
   REQUIRE_THROWS_AS(thread_pool(std::numeric_limits<std::size_t>::max()), specsample::error);
+}
+
+TEST_CASE("more threads than the process can run get a note, as many or fewer none", "[gpt2][thread_pool]") {
+  using specsample::gpt2::oversubscription_note;
+  const std::size_t usable = specsample::gpt2::usable_hardware_threads();
+  REQUIRE(usable >= 1);
+  REQUIRE(usable <= std::max(1u, std::thread::hardware_concurrency()));  // (the affinity is within the machine)
+  CHECK(oversubscription_note("--threads", 0).empty());  // 0: one per hardware thread
+  CHECK(oversubscription_note("--threads", usable).empty());
+  CHECK(oversubscription_note("--threads", usable + 1) ==
+        fmt::format("--threads {} runs {} kernel threads on the {} this process can run at once: they take turns, so "
+                    "a forward pass is slower than with {}",
+                    usable + 1, usable + 1, usable, usable));
 }
 
 TEST_CASE("the thread pool survives rapid and sleepy back-to-back tasks", "[gpt2][thread_pool]") {

@@ -53,6 +53,14 @@ TEST_CASE("did_you_mean names the long option within a few edits of an unknown o
   CHECK(did_you_mean("-n=64", help) == " (a short option takes its value after a space: -n 64)");
   CHECK(did_you_mean("-k=3", help) == "");                      // a short option the help does not name
   CHECK(did_you_mean("-x=3", "usage: t -xy") == "");            // "-x" only inside a word
+  CHECK(did_you_mean("-n=4", "[-n|--max-new-tokens N] (-n) -n: x") == " (a short option takes its value after a space: -n 4)");
+  CHECK(did_you_mean("-h=x", "  -h, --help  this text") == " (-h takes no value)");
+  // One or two characters after "--": no edit allowed (--k is no typo of --kv), but the short
+  // option of those characters is offered.
+  CHECK(did_you_mean("--k", "  -k K, --kv F") == " (did you mean -k?)");
+  CHECK(did_you_mean("--k", "  --kv F") == "");
+  CHECK(did_you_mean("--cc", "  --c C") == "");
+  CHECK(flags_named_in("-----\n --- x\n --a") == std::vector<std::string_view>{"--a"});  // no rule of dashes
   CHECK(did_you_mean("hello", help) == "");
   CHECK(did_you_mean("--", help) == "");
 }

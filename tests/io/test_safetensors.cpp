@@ -620,7 +620,7 @@ TEST_CASE("read_file refuses a file larger than any text file, naming it, before
   REQUIRE(io::read_file(big) == "{}");
 }
 
-TEST_CASE("a stream of no known size is read to its end, and refused one byte past the limit", "[io]") {
+TEST_CASE("a stream of no known size is read to its end, and refused once a byte past the limit is read", "[io]") {
   // A pipe (standard input's kind of stream): its size is unknown until its end.
   const auto read_pipe = [](std::size_t bytes, std::size_t limit) {
     int fds[2];

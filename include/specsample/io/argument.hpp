@@ -33,15 +33,15 @@ struct argument {
 }
 
 /// The long options ("--name") a help text names, in order, each once: every "--" that starts a
-/// word (after a space, a tab, a newline, '[', '(' or '|', or at the start) and the letters,
-/// digits and '-' after it.
+/// word (after a space, a tab, a newline, '[', '(' or '|', or at the start) and is followed by a
+/// letter or digit, with the letters, digits and '-' after it (a rule of dashes is none).
 [[nodiscard]] inline std::vector<std::string_view> flags_named_in(std::string_view help) {
   std::vector<std::string_view> flags;
   for (std::size_t at = help.find("--"); at != std::string_view::npos; at = help.find("--", at + 2)) {
     if (at > 0 && std::string_view(" \t\n[(|").find(help[at - 1]) == std::string_view::npos) continue;
     std::size_t end = at + 2;
+    if (end == help.size() || std::isalnum(static_cast<unsigned char>(help[end])) == 0) continue;  // ("-----")
     while (end < help.size() && (std::isalnum(static_cast<unsigned char>(help[end])) != 0 || help[end] == '-')) ++end;
-    if (end == at + 2) continue;
     const std::string_view flag = help.substr(at, end - at);
     if (std::find(flags.begin(), flags.end(), flag) == flags.end()) flags.push_back(flag);
   }
@@ -71,31 +71,51 @@ namespace detail {
 
 }  // namespace detail
 
+namespace detail {
+
+// Whether `help` names the short option `flag` ("-n") as a word of its own: after a space, a tab, a
+// newline, '[', '(' or '|', or at the start, and before a space, a tab, a newline, ',', ']', ')',
+// '|', ':' or the end.
+[[nodiscard]] inline bool names_short_option(std::string_view help, std::string_view flag) {
+  for (std::size_t at = help.find(flag); at != std::string_view::npos; at = help.find(flag, at + 1)) {
+    const bool starts = at == 0 || std::string_view(" \t\n[(|").find(help[at - 1]) != std::string_view::npos;
+    const std::size_t end = at + flag.size();
+    const bool ends = end == help.size() || std::string_view(" \t\n,])|:").find(help[end]) != std::string_view::npos;
+    if (starts && ends) return true;
+  }
+  return false;
+}
+
+}  // namespace detail
+
 /// " (did you mean --temperature?)" for an unknown long option `typed` within a few edits of one
-/// that `help` names (`flags_named_in`): at most 1 edit for names of up to 4 characters after the
-/// "--", 2 for longer ones (a transposition is one edit); the nearest, or the two nearest when
-/// they tie (" (did you mean --top-k or --top-p?)"). Empty when none is that near, when `typed` is
-/// not a long option or is one `help` names; the part of `typed` after a '=' is not compared. For
-/// a short option `help` names given its value after '=', how it takes one: "-n=4" → " (a short
-/// option takes its value after a space: -n 4)".
+/// that `help` names (`flags_named_in`): at most 1 edit for names of 3 or 4 characters after the
+/// "--", 2 for longer ones (a transposition is one edit), none for 1 or 2 (against `--kv`, `--k`
+/// is no typo of it but maybe of `-k`: a short option the help names is offered for `--` and its
+/// one or two characters); the nearest, or the two nearest when they tie (" (did you mean --top-k
+/// or --top-p?)"). Empty when none is that near, when `typed` is not a long option or is one
+/// `help` names; the part of `typed` after a '=' is not compared. For a short option `help` names
+/// given its value after '=', how it takes one: "-n=4" → " (a short option takes its value after a
+/// space: -n 4)" (and for -h, the help's switch in every tool here: " (-h takes no value)").
 [[nodiscard]] inline std::string did_you_mean(std::string_view typed, std::string_view help) {
-  // A short option `help` names, its value joined with '=' ("-n=4"): said how it takes one.
-  if (typed.size() > 3 && typed[0] == '-' && typed[1] != '-' && typed[2] == '=') {
+  if (typed.size() > 3 && typed[0] == '-' && typed[1] != '-' && typed[2] == '=') {  // "-n=4"
     const std::string_view flag = typed.substr(0, 2);
-    for (std::size_t at = help.find(flag); at != std::string_view::npos; at = help.find(flag, at + 1)) {
-      const bool starts = at == 0 || std::string_view(" \t\n[(|").find(help[at - 1]) != std::string_view::npos;
-      const bool ends = at + 2 == help.size() || std::string_view(" \t\n,]").find(help[at + 2]) != std::string_view::npos;
-      if (starts && ends) {
-        std::string hint = " (a short option takes its value after a space: ";
-        hint.append(flag).append(" ").append(typed.substr(3)).append(")");
-        return hint;
-      }
-    }
-    return {};
+    if (!detail::names_short_option(help, flag)) return {};
+    if (flag == "-h") return " (-h takes no value)";
+    std::string hint = " (a short option takes its value after a space: ";
+    hint.append(flag).append(" ").append(typed.substr(3)).append(")");
+    return hint;
   }
   typed = split_argument(typed).flag;
   if (typed.size() <= 2 || !typed.starts_with("--")) return {};
   const std::string_view name = typed.substr(2);
+  if (name.size() <= 2) {  // "--k": the short option "-k", if the help names one
+    std::string hint = " (did you mean -";  // (built by appends: GCC 12's -Wrestrict misreads "-" + name)
+    hint.append(name);
+    if (!detail::names_short_option(help, std::string_view(hint).substr(15))) return {};
+    hint.append("?)");
+    return hint;
+  }
   const std::size_t limit = name.size() <= 4 ? 1 : 2;
   std::vector<std::string_view> nearest;
   std::size_t best = limit + 1;

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -161,8 +162,8 @@ namespace detail {
 
 /// Everything left to read from the open descriptor `fd` (to its end: files under /proc report a
 /// size of 0), `size` bytes expected; throws `specsample::error` naming `name` on a read error or
-/// past `limit` bytes (`max_text_file_bytes`; a stream of no known size, standard input say, is
-/// refused at limit + 1 bytes, its buffer never larger).
+/// past `limit` bytes (`max_text_file_bytes` by default, below SIZE_MAX; a stream of no known
+/// size, standard input say, is refused once limit + 1 bytes are read, its buffer never larger).
 [[nodiscard]] inline std::string read_to_end(int fd, std::size_t size, const std::string& name,
                                              std::size_t limit = max_text_file_bytes) {
   const auto too_large = [&](std::size_t bytes) {
@@ -170,12 +171,14 @@ namespace detail {
                              bytes, limit));
   };
   if (size > limit) throw too_large(size);
-  std::string data(std::min(std::max<std::size_t>(size + 1, 4096), limit + 1), '\0');
+  // The buffer holds at most one byte past the limit: filled, that byte is refused.
+  const std::size_t most = limit < std::numeric_limits<std::size_t>::max() ? limit + 1 : limit;
+  std::string data(std::min(std::max<std::size_t>(size + 1, 4096), most), '\0');
   std::size_t n = 0;
   for (;;) {
     if (n == data.size()) {  // (a file that grew, or reports no size: a pipe, /proc)
       if (n > limit) throw too_large(n);
-      data.resize(std::min(2 * data.size(), limit + 1));  // (one byte past the bound: refused)
+      data.resize(std::min(data.size() <= most / 2 ? 2 * data.size() : most, most));
     }
     const ::ssize_t got = ::read(fd, data.data() + n, data.size() - n);
     if (got == 0) break;
@@ -186,7 +189,6 @@ namespace detail {
     }
     n += static_cast<std::size_t>(got);
   }
-  if (n > limit) throw too_large(n);
   data.resize(n);
   return data;
 }

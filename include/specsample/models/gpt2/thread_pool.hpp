@@ -33,6 +33,10 @@
 #include <utility>
 #include <vector>
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -229,15 +233,26 @@ class thread_pool {
   void (*call_)(void*, std::size_t, std::size_t, std::size_t) = nullptr;
 };
 
+/// The hardware threads this process may run on: its CPU affinity's count on Linux (`taskset -c 0`
+/// gives 1), else std::thread::hardware_concurrency() (0: unknown).
+[[nodiscard]] inline std::size_t usable_hardware_threads() noexcept {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return static_cast<std::size_t>(CPU_COUNT(&set));
+#endif
+  return std::thread::hardware_concurrency();
+}
+
 /// What to tell someone who asked for `threads` kernel threads (0: one per hardware thread) on
-/// this machine: "--threads 8 runs 8 kernel threads on the 2 this machine runs at once: they take
-/// turns, so a forward pass is slower than with 2" when the count passes
-/// std::thread::hardware_concurrency() (`flag`: how the count was given); otherwise, or when the
-/// hardware concurrency is unknown (0), empty.
+/// this machine: "--threads 8 runs 8 kernel threads on the 2 this process can run at once: they
+/// take turns, so a forward pass is slower than with 2" when the count passes
+/// `usable_hardware_threads()` (`flag`: how the count was given); otherwise, or when that is
+/// unknown (0), empty.
 [[nodiscard]] inline std::string oversubscription_note(std::string_view flag, std::size_t threads) {
-  const std::size_t hardware = std::thread::hardware_concurrency();
+  const std::size_t hardware = usable_hardware_threads();
   if (hardware == 0 || threads <= hardware) return {};
-  return fmt::format("{} {} runs {} kernel threads on the {} this machine runs at once: they take turns, so a "
+  return fmt::format("{} {} runs {} kernel threads on the {} this process can run at once: they take turns, so a "
                      "forward pass is slower than with {}",
                      flag, threads, threads, hardware, hardware);
 }
