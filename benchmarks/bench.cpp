@@ -368,7 +368,7 @@ cli parse(int argc, char** argv) {
     const auto path_value = [&] { return specsample_bench::path_argument(a, value()); };
     given.emplace_back(a);
     if (a == "--help" || a == "-h") {
-      if (arg.attached) usage_error(fmt::format("{} takes no value, got '{}'", a, *arg.attached));
+      if (arg.attached) usage_error(specsample::io::unread_value_message(arg));
       std::fputs(help.data(), stdout);
       std::exit(0);
     } else if (a == "--target") c.target = path_value();
@@ -432,7 +432,7 @@ cli parse(int argc, char** argv) {
     else if (a == "--check-pairs") c.check_pairs = parse_number<std::size_t>(a, value());
     else if (a == "--quick") c.quick = true;
     else usage_error(fmt::format("unknown argument '{}'{}", a, specsample::io::did_you_mean(a, help)));
-    if (arg.attached && !took) usage_error(fmt::format("{} takes no value, got '{}'", a, *arg.attached));
+    if (arg.attached && !took) usage_error(specsample::io::unread_value_message(arg));
   }
   const auto set = [&](std::string_view flag) { return std::find(given.begin(), given.end(), flag) != given.end(); };
   // The strategy comparison pairs ~10 strategies per prompt: 4 repetitions keep the median of its

@@ -84,7 +84,7 @@ cli parse(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--help" || a == "-h") {
-      if (arg.attached) usage_error(fmt::format("{} takes no value, got '{}'", a, *arg.attached));
+      if (arg.attached) usage_error(specsample::io::unread_value_message(arg));
       std::fputs(help.data(), stdout);
       std::exit(0);
     } else if (a == "--vocab") c.vocab = parse_number<std::size_t>(a, value());
@@ -106,7 +106,7 @@ cli parse(int argc, char** argv) {
     else if (a == "--quick") quick = true;
     else if (a == "--leniency") c.leniency = specsample_bench::parse_list<double>(a, value());
     else usage_error(fmt::format("unknown argument '{}'{}", a, specsample::io::did_you_mean(a, help)));
-    if (arg.attached && !took) usage_error(fmt::format("{} takes no value, got '{}'", a, *arg.attached));
+    if (arg.attached && !took) usage_error(specsample::io::unread_value_message(arg));
   }
   if (quick) {
     if (!samples_set) c.samples = 20000;

@@ -168,14 +168,14 @@ cli parse(int argc, char** argv) {
     } else if (a == "--tokenizer") {
       c.tokenizer = path_value();
     } else if (a == "--help" || a == "-h") {
-      if (arg.attached) specsample_bench::usage_error(fmt::format("{} takes no value, got '{}'", a, *arg.attached));
+      if (arg.attached) specsample_bench::usage_error(specsample::io::unread_value_message(arg));
       fmt::print("{}", usage);
       std::exit(0);
     } else {
       specsample_bench::usage_error(fmt::format("unknown option '{}'{}", a, specsample::io::did_you_mean(a, usage)));
     }
     if (arg.attached && !took) {
-      specsample_bench::usage_error(fmt::format("{} takes no value, got '{}'", a, *arg.attached));
+      specsample_bench::usage_error(specsample::io::unread_value_message(arg));
     }
   }
   if (c.shape_name.empty() || !c.out) specsample_bench::usage_error("--shape and --out are required");

@@ -271,7 +271,7 @@ int main(int argc, char** argv) {
       const std::string_view a = arg.flag;
       bool took = false;  // whether the flag read its value (one attached with '=' must be read)
       const auto check_took = [&] {
-        if (arg.attached && !took) throw specsample::error(fmt::format("{} takes no value, got '{}'", a, *arg.attached));
+        if (arg.attached && !took) throw specsample::error(specsample::io::unread_value_message(arg));
       };
       if (a == "--broken") {
         check_took();

@@ -185,7 +185,7 @@ cli parse(int argc, char** argv) {
     };
     given.emplace_back(a == "-k" ? "--draft-length" : a == "-n" ? "--max-new-tokens" : a, a);
     if (a == "--help" || a == "-h") {
-      if (arg.attached) usage_error(fmt::format("{} takes no value, got '{}'", a, *arg.attached));
+      if (arg.attached) usage_error(specsample::io::unread_value_message(arg));
       std::fputs(help.data(), stdout);
       std::exit(0);
     } else if (a == "--target") c.target = path_value();
@@ -268,7 +268,7 @@ cli parse(int argc, char** argv) {
     else if (a == "--verbose") c.verbose = true;
     else if (a == "--json") c.json = true;
     else usage_error(fmt::format("unknown argument '{}'{}", a, specsample::io::did_you_mean(a, help)));
-    if (arg.attached && !took) usage_error(fmt::format("{} takes no value, got '{}'", a, *arg.attached));
+    if (arg.attached && !took) usage_error(specsample::io::unread_value_message(arg));
   }
   try {
     specsample::gpt2::check_option_flags(c.model);

@@ -30,6 +30,7 @@ TEST_CASE("split_argument takes a long option's value after its first '='", "[io
   CHECK(same(split_argument("x=y"), "x=y", std::nullopt));    // a value, say --prompt's next argument
   CHECK(same(split_argument(""), "", std::nullopt));
   static_assert(split_argument("--n=1").flag == "--n");  // constexpr
+  CHECK(specsample::io::unread_value_message(split_argument("--stream=yes")) == "--stream takes no value, got 'yes'");
 }
 
 TEST_CASE("did_you_mean names the long option within a few edits of an unknown one", "[io][argument]") {

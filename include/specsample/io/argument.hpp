@@ -24,6 +24,13 @@ struct argument {
   std::optional<std::string_view> attached;
 };
 
+/// The refusal of a value attached to a flag that reads none: "--stream takes no value, got 'yes'".
+[[nodiscard]] inline std::string unread_value_message(const argument& a) {
+  std::string m(a.flag);
+  m.append(" takes no value, got '").append(a.attached.value_or("")).append("'");
+  return m;
+}
+
 [[nodiscard]] constexpr argument split_argument(std::string_view text) noexcept {
   if (text.size() > 2 && text.starts_with("--")) {
     const std::size_t eq = text.find('=');
