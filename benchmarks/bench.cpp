@@ -171,7 +171,6 @@ struct cli {
 };
 
 using specsample_bench::load_average;
-using specsample_bench::parse_number;
 using specsample_bench::usage_error;
 
 constexpr std::string_view help = R"(usage: specsample-bench [options]
@@ -338,13 +337,14 @@ specsample::speculative_params generation_params(const cli& c, double temperatur
   return p.with_draft_temperature(static_cast<float>(temperature * c.draft_temperature_ratio));
 }
 
-std::vector<double> parse_temperatures(std::string_view flag, std::string_view list) {
-  auto ts = specsample_bench::parse_list<double>(flag, list);
+std::vector<double> read_temperatures(specsample::io::argument_reader& args) {
+  auto ts = args.list<double>();
+  const std::string_view flag = args.flag();
   for (const double t : ts) {
     // Sampled as a float: 1e39 passes as a double and becomes inf.
     if (!(t >= 0.0) || !std::isfinite(static_cast<float>(t))) {
-      usage_error(fmt::format("{}: temperature {} must be >= 0 and finite as a float (at most {:g})", flag, t,
-                              static_cast<double>(std::numeric_limits<float>::max())));
+      throw specsample::error(fmt::format("{}: temperature {} must be >= 0 and finite as a float (at most {:g})", flag, t,
+                                          static_cast<double>(std::numeric_limits<float>::max())));
     }
   }
   return ts;
@@ -353,86 +353,66 @@ std::vector<double> parse_temperatures(std::string_view flag, std::string_view l
 cli parse(int argc, char** argv) {
   cli c;
   std::vector<std::string> given;
-  for (int i = 1; i < argc; ++i) {
-    const specsample::io::argument arg = specsample::io::split_argument(argv[i]);  // --flag=value too
-    const std::string_view a = arg.flag;
-    bool took = false;  // whether the flag read its value (one attached with '=' must be read)
-    auto value = [&]() -> std::string_view {
-      if (arg.attached) {
-        took = true;
-        return *arg.attached;
+  try {  // what the reader refuses, and a flag's value out of its domain: usage errors
+    for (specsample::io::argument_reader args(argc, argv); args.next();) {
+      const std::string_view a = args.flag();
+      given.emplace_back(a);
+      if (a == "--help" || a == "-h") {
+        args.refuse_value();
+        std::fputs(help.data(), stdout);
+        std::exit(0);
+      } else if (a == "--target") c.target = args.path_value();
+      else if (a == "--draft") c.draft = args.path_value();
+      else if (a == "--prompts") c.prompts = args.path_value();
+      else if (a == "--out") c.out = args.path_value();
+      else if (a == "-n") c.n = args.number<std::size_t>(1);
+      else if (a == "--reps") c.reps = args.number<std::size_t>(1);
+      else if (a == "--k-max") c.k_max = args.number<std::size_t>(1);
+      else if (a == "--threads") {
+        c.threads = args.number<std::size_t>();
+        if (c.threads > specsample::gpt2::thread_pool::max_threads) {
+          throw specsample::error(fmt::format("--threads must be at most {} (0: all cores), got {}",
+                                              specsample::gpt2::thread_pool::max_threads, c.threads));
+        }
       }
-      if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", a));
-      return argv[++i];
-    };
-    const auto path_value = [&] { return specsample_bench::path_argument(a, value()); };
-    given.emplace_back(a);
-    if (a == "--help" || a == "-h") {
-      if (arg.attached) usage_error(specsample::io::unread_value_message(arg));
-      std::fputs(help.data(), stdout);
-      std::exit(0);
-    } else if (a == "--target") c.target = path_value();
-    else if (a == "--draft") c.draft = path_value();
-    else if (a == "--prompts") c.prompts = path_value();
-    else if (a == "--out") c.out = path_value();
-    else if (a == "-n") c.n = parse_number<std::size_t>(a, value(), 1);
-    else if (a == "--reps") c.reps = parse_number<std::size_t>(a, value(), 1);
-    else if (a == "--k-max") c.k_max = parse_number<std::size_t>(a, value(), 1);
-    else if (a == "--threads") {
-      c.threads = parse_number<std::size_t>(a, value());
-      if (c.threads > specsample::gpt2::thread_pool::max_threads) {
-        usage_error(fmt::format("--threads must be at most {} (0: all cores), got {}",
-                                specsample::gpt2::thread_pool::max_threads, c.threads));
+      else if (specsample::gpt2::is_option_flag(a)) {
+        specsample::gpt2::set_option(c.model, a, args.value());
       }
+      else if (a == "--draft-matmul") {
+        c.draft_matmul = specsample::gpt2::precision_option(a, args.value());
+      }
+      else if (a == "--draft-temperature-ratio") {
+        c.draft_temperature_ratio = args.number<double>();
+        if (!(c.draft_temperature_ratio > 0.0) || !std::isfinite(c.draft_temperature_ratio)) {
+          throw specsample::error(
+              fmt::format("--draft-temperature-ratio must be finite and > 0, got {}", c.draft_temperature_ratio));
+        }
+      }
+      else if (a == "--verify") {
+        c.verify = specsample::verification_option(a, args.value());
+      }
+      else if (a == "--draft-temperatures") {
+        c.draft_temperature_scan = args.list<double>();
+        for (const double r : c.draft_temperature_scan) {
+          if (!(r > 0.0) || !std::isfinite(r)) {
+            throw specsample::error(fmt::format("--draft-temperatures: {} must be finite and > 0", r));
+          }
+        }
+      }
+      else if (a == "--seed") c.seed = args.number<std::uint64_t>();
+      else if (a == "--cost-samples") c.cost_samples = args.number<std::size_t>(1);
+      else if (a == "--max-prompts") c.max_prompts = args.number<std::size_t>();
+      else if (a == "--temperatures") c.temperatures = read_temperatures(args);
+      else if (a == "--repetitive-temperatures") c.repetitive_temperatures = read_temperatures(args);
+      else if (a == "--strategies") c.strategies = true;
+      else if (a == "--best-k-from") c.best_k_from = args.path_value();
+      else if (a == "--warmup-tokens") c.warmup_tokens = args.number<std::size_t>(1);
+      else if (a == "--check-pairs") c.check_pairs = args.number<std::size_t>();
+      else if (a == "--quick") c.quick = true;
+      else throw specsample::error(fmt::format("unknown argument '{}'{}", a, specsample::io::did_you_mean(a, help)));
     }
-    else if (specsample::gpt2::is_option_flag(a)) {
-      const std::string_view v = value();  // outside the try: its usage error is whole
-      try {
-        specsample::gpt2::set_option(c.model, a, v);
-      } catch (const specsample::error& e) {
-        usage_error(e.what());
-      }
-    }
-    else if (a == "--draft-matmul") {
-      const std::string_view v = value();  // outside the try: its usage error is whole
-      try {
-        c.draft_matmul = specsample::gpt2::precision_option(a, v);
-      } catch (const specsample::error& e) {
-        usage_error(e.what());
-      }
-    }
-    else if (a == "--draft-temperature-ratio") {
-      c.draft_temperature_ratio = parse_number<double>(a, value());
-      if (!(c.draft_temperature_ratio > 0.0) || !std::isfinite(c.draft_temperature_ratio)) {
-        usage_error(fmt::format("--draft-temperature-ratio must be finite and > 0, got {}", c.draft_temperature_ratio));
-      }
-    }
-    else if (a == "--verify") {
-      const std::string_view v = value();  // outside the try: its usage error is whole
-      try {
-        c.verify = specsample::verification_option(a, v);
-      } catch (const specsample::error& e) {
-        usage_error(e.what());
-      }
-    }
-    else if (a == "--draft-temperatures") {
-      c.draft_temperature_scan = specsample_bench::parse_list<double>(a, value());
-      for (const double r : c.draft_temperature_scan) {
-        if (!(r > 0.0) || !std::isfinite(r)) usage_error(fmt::format("--draft-temperatures: {} must be finite and > 0", r));
-      }
-    }
-    else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
-    else if (a == "--cost-samples") c.cost_samples = parse_number<std::size_t>(a, value(), 1);
-    else if (a == "--max-prompts") c.max_prompts = parse_number<std::size_t>(a, value());
-    else if (a == "--temperatures") c.temperatures = parse_temperatures(a, value());
-    else if (a == "--repetitive-temperatures") c.repetitive_temperatures = parse_temperatures(a, value());
-    else if (a == "--strategies") c.strategies = true;
-    else if (a == "--best-k-from") c.best_k_from = path_value();
-    else if (a == "--warmup-tokens") c.warmup_tokens = parse_number<std::size_t>(a, value(), 1);
-    else if (a == "--check-pairs") c.check_pairs = parse_number<std::size_t>(a, value());
-    else if (a == "--quick") c.quick = true;
-    else usage_error(fmt::format("unknown argument '{}'{}", a, specsample::io::did_you_mean(a, help)));
-    if (arg.attached && !took) usage_error(specsample::io::unread_value_message(arg));
+  } catch (const specsample::error& e) {
+    usage_error(e.what());
   }
   const auto set = [&](std::string_view flag) { return std::find(given.begin(), given.end(), flag) != given.end(); };
   // The strategy comparison pairs ~10 strategies per prompt: 4 repetitions keep the median of its

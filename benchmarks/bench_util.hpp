@@ -29,34 +29,6 @@ namespace specsample_bench {
   throw specsample::error(message + " (see --help)");
 }
 
-/// A path flag's value: an empty one would read as the current directory, or name no file at all.
-inline std::filesystem::path path_argument(std::string_view flag, std::string_view value) {
-  if (value.empty()) usage_error(fmt::format("{} needs a path, got an empty string", flag));
-  return std::filesystem::path(value);
-}
-
-template <class T, class... Least>  // Least: none, or the integer's least value (io::parse_number)
-T parse_number(std::string_view flag, std::string_view text, Least... least) {
-  try {
-    return specsample::io::parse_number<T>(flag, text, static_cast<T>(least)...);
-  } catch (const specsample::error& e) {
-    usage_error(e.what());
-  }
-}
-
-/// A comma-separated list of numbers, e.g. "0,0.7,1"; at least one.
-template <class T>
-std::vector<T> parse_list(std::string_view flag, std::string_view list) {
-  if (list.empty()) usage_error(fmt::format("{} needs at least one value", flag));
-  std::vector<T> values;
-  for (;;) {  // every item a number: "1,,0.5" and a trailing "0.5," alike are refused
-    const auto comma = list.find(',');
-    values.push_back(parse_number<T>(flag, list.substr(0, comma)));
-    if (comma == std::string_view::npos) return values;
-    list = list.substr(comma + 1);
-  }
-}
-
 /// The 1, 5 and 15 minute load averages from /proc/loadavg.
 inline std::string load_average() {
   std::ifstream in("/proc/loadavg");

@@ -45,7 +45,6 @@ struct cli {
 };
 
 using specsample_bench::load_average;
-using specsample_bench::parse_number;
 using specsample_bench::usage_error;
 
 constexpr std::string_view help = R"(usage: specsample-leniency [options]
@@ -71,42 +70,35 @@ constexpr std::size_t max_long_tokens = 1'000'000;
 cli parse(int argc, char** argv) {
   cli c;
   bool quick = false, samples_set = false, runs_set = false;
-  for (int i = 1; i < argc; ++i) {
-    const specsample::io::argument arg = specsample::io::split_argument(argv[i]);  // --flag=value too
-    const std::string_view a = arg.flag;
-    bool took = false;  // whether the flag read its value (one attached with '=' must be read)
-    auto value = [&]() -> std::string_view {
-      if (arg.attached) {
-        took = true;
-        return *arg.attached;
+  try {  // what the reader refuses, and a flag's value out of its domain: usage errors
+    for (specsample::io::argument_reader args(argc, argv); args.next();) {
+      const std::string_view a = args.flag();
+      if (a == "--help" || a == "-h") {
+        args.refuse_value();
+        std::fputs(help.data(), stdout);
+        std::exit(0);
+      } else if (a == "--vocab") c.vocab = args.number<std::size_t>();
+      else if (a == "--order") c.order = args.number<std::size_t>();
+      else if (a == "--length") c.length = args.number<std::size_t>(1);
+      else if (a == "--similarity") c.similarity = args.number<double>();
+      else if (a == "-k") c.k = args.number<std::size_t>(1);
+      else if (a == "--samples") {
+        c.samples = args.number<std::size_t>(1);
+        samples_set = true;
       }
-      if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", a));
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      if (arg.attached) usage_error(specsample::io::unread_value_message(arg));
-      std::fputs(help.data(), stdout);
-      std::exit(0);
-    } else if (a == "--vocab") c.vocab = parse_number<std::size_t>(a, value());
-    else if (a == "--order") c.order = parse_number<std::size_t>(a, value());
-    else if (a == "--length") c.length = parse_number<std::size_t>(a, value(), 1);
-    else if (a == "--similarity") c.similarity = parse_number<double>(a, value());
-    else if (a == "-k") c.k = parse_number<std::size_t>(a, value(), 1);
-    else if (a == "--samples") {
-      c.samples = parse_number<std::size_t>(a, value(), 1);
-      samples_set = true;
+      else if (a == "--c") c.c = args.number<double>();
+      else if (a == "--long-tokens") c.long_tokens = args.number<std::size_t>(1);
+      else if (a == "--long-runs") {
+        c.long_runs = args.number<std::size_t>(1);
+        runs_set = true;
+      }
+      else if (a == "--seed") c.seed = args.number<std::uint64_t>();
+      else if (a == "--quick") quick = true;
+      else if (a == "--leniency") c.leniency = args.list<double>();
+      else throw specsample::error(fmt::format("unknown argument '{}'{}", a, specsample::io::did_you_mean(a, help)));
     }
-    else if (a == "--c") c.c = parse_number<double>(a, value());
-    else if (a == "--long-tokens") c.long_tokens = parse_number<std::size_t>(a, value(), 1);
-    else if (a == "--long-runs") {
-      c.long_runs = parse_number<std::size_t>(a, value(), 1);
-      runs_set = true;
-    }
-    else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
-    else if (a == "--quick") quick = true;
-    else if (a == "--leniency") c.leniency = specsample_bench::parse_list<double>(a, value());
-    else usage_error(fmt::format("unknown argument '{}'{}", a, specsample::io::did_you_mean(a, help)));
-    if (arg.attached && !took) usage_error(specsample::io::unread_value_message(arg));
+  } catch (const specsample::error& e) {
+    usage_error(e.what());
   }
   if (quick) {
     if (!samples_set) c.samples = 20000;

@@ -131,52 +131,42 @@ constexpr const char* usage =
 
 cli parse(int argc, char** argv) {
   cli c;
-  for (int i = 1; i < argc; ++i) {
-    const specsample::io::argument arg = specsample::io::split_argument(argv[i]);  // --flag=value too
-    const std::string_view a = arg.flag;
-    bool took = false;  // whether the flag read its value (one attached with '=' must be read)
-    const auto value = [&]() -> std::string_view {
-      if (arg.attached) {
-        took = true;
-        return *arg.attached;
+  try {  // what the reader refuses, and a flag's value out of its domain: usage errors
+    for (specsample::io::argument_reader args(argc, argv); args.next();) {
+      const std::string_view a = args.flag();
+      if (a == "--shape") {
+        c.shape_name = std::string(args.value());
+        const std::optional<shape> s = named_shape(c.shape_name) ? named_shape(c.shape_name) : custom_shape(c.shape_name);
+        if (!s) {
+          throw specsample::error(fmt::format("--shape expects gpt2, gpt2-medium, gpt2-large, gpt2-xl or LxCxH "
+                                              "(positive integers, e.g. 2x64x4), got '{}'", c.shape_name));
+        }
+        c.s = *s;
+      } else if (a == "--out") {
+        c.out = args.path_value();
+      } else if (a == "--dtype") {
+        const std::string_view v = args.value();
+        if (v == "f32") c.dtype = io::dtype::f32;
+        else if (v == "f16") c.dtype = io::dtype::f16;
+        else throw specsample::error(fmt::format("--dtype expects f32 or f16, got '{}'", v));
+      } else if (a == "--positions") {
+        c.positions = args.number<std::size_t>();
+      } else if (a == "--vocab") {
+        c.vocab = args.number<std::size_t>();
+      } else if (a == "--seed") {
+        c.seed = args.number<std::uint64_t>();
+      } else if (a == "--tokenizer") {
+        c.tokenizer = args.path_value();
+      } else if (a == "--help" || a == "-h") {
+        args.refuse_value();
+        fmt::print("{}", usage);
+        std::exit(0);
+      } else {
+        throw specsample::error(fmt::format("unknown option '{}'{}", a, specsample::io::did_you_mean(a, usage)));
       }
-      if (i + 1 >= argc) specsample_bench::usage_error(fmt::format("{} needs a value", a));
-      return argv[++i];
-    };
-    const auto path_value = [&] { return specsample_bench::path_argument(a, value()); };
-    if (a == "--shape") {
-      c.shape_name = std::string(value());
-      const std::optional<shape> s = named_shape(c.shape_name) ? named_shape(c.shape_name) : custom_shape(c.shape_name);
-      if (!s) {
-        specsample_bench::usage_error(fmt::format("--shape expects gpt2, gpt2-medium, gpt2-large, gpt2-xl or LxCxH "
-                                                  "(positive integers, e.g. 2x64x4), got '{}'", c.shape_name));
-      }
-      c.s = *s;
-    } else if (a == "--out") {
-      c.out = path_value();
-    } else if (a == "--dtype") {
-      const std::string_view v = value();
-      if (v == "f32") c.dtype = io::dtype::f32;
-      else if (v == "f16") c.dtype = io::dtype::f16;
-      else specsample_bench::usage_error(fmt::format("--dtype expects f32 or f16, got '{}'", v));
-    } else if (a == "--positions") {
-      c.positions = specsample_bench::parse_number<std::size_t>(a, value());
-    } else if (a == "--vocab") {
-      c.vocab = specsample_bench::parse_number<std::size_t>(a, value());
-    } else if (a == "--seed") {
-      c.seed = specsample_bench::parse_number<std::uint64_t>(a, value());
-    } else if (a == "--tokenizer") {
-      c.tokenizer = path_value();
-    } else if (a == "--help" || a == "-h") {
-      if (arg.attached) specsample_bench::usage_error(specsample::io::unread_value_message(arg));
-      fmt::print("{}", usage);
-      std::exit(0);
-    } else {
-      specsample_bench::usage_error(fmt::format("unknown option '{}'{}", a, specsample::io::did_you_mean(a, usage)));
     }
-    if (arg.attached && !took) {
-      specsample_bench::usage_error(specsample::io::unread_value_message(arg));
-    }
+  } catch (const specsample::error& e) {
+    specsample_bench::usage_error(e.what());
   }
   if (c.shape_name.empty() || !c.out) specsample_bench::usage_error("--shape and --out are required");
   // The library's own checks of a config (sizes, n_embd divisible by n_head), before any byte is written.

@@ -266,69 +266,49 @@ int main(int argc, char** argv) {
   params.max_new_tokens = 4;
   params.draft_length = 3;
   try {
-    for (int i = 1; i < argc; ++i) {
-      const specsample::io::argument arg = specsample::io::split_argument(argv[i]);  // --flag=value too
-      const std::string_view a = arg.flag;
-      bool took = false;  // whether the flag read its value (one attached with '=' must be read)
-      const auto check_took = [&] {
-        if (arg.attached && !took) throw specsample::error(specsample::io::unread_value_message(arg));
-      };
+    for (specsample::io::argument_reader args(argc, argv); args.next();) {
+      const std::string_view a = args.flag();
       if (a == "--broken") {
-        check_took();
         broken = true;
         continue;
       }
       if (a == "--help" || a == "-h") {
-        check_took();
+        args.refuse_value();
         fmt::print("{}", usage);
         return 0;
       }
-      const auto value = [&]() -> std::string_view {
-        if (arg.attached) {
-          took = true;
-          return *arg.attached;
-        }
-        if (i + 1 >= argc) throw specsample::error(fmt::format("{} needs a value", a));
-        return argv[++i];
-      };
-      const auto directory = [&] {
-        const std::string_view dir = value();
-        if (dir.empty()) throw specsample::error(fmt::format("{} needs a directory, got an empty string", a));
-        return std::filesystem::path(dir);
-      };
-      if (a == "--vocab") vocab = specsample::io::parse_number<std::size_t>(a, value());
-      else if (a == "--similarity") similarity = specsample::io::parse_number<double>(a, value());
-      else if (a == "--target") pair.target = directory();
-      else if (a == "--draft") pair.draft = directory();
-      else if (a == "--prompt") pair.prompt = value();
-      else if (a == "--eos") pair.eos = value();
-      else if (a == "--threads") pair.threads = specsample::io::parse_number<std::size_t>(a, value());
-      else if (specsample::gpt2::is_option_flag(a)) specsample::gpt2::set_option(pair.model, a, value());
-      else if (a == "--draft-matmul") pair.draft_matmul = specsample::gpt2::precision_option(a, value());
-      else if (a == "--prompt-lookup") pair.prompt_lookup = specsample::io::parse_number<std::size_t>(a, value(), 1);
-      else if (a == "--length") params.max_new_tokens = specsample::io::parse_number<std::size_t>(a, value(), 1);
-      else if (a == "-k") params.draft_length = specsample::io::parse_number<std::size_t>(a, value(), 1);
-      else if (a == "--temperature") params.sampling.temperature = specsample::io::parse_number<float>(a, value());
-      else if (a == "--top-k") params.sampling.top_k = specsample::io::parse_number<int>(a, value());
-      else if (a == "--top-p") params.sampling.top_p = specsample::io::parse_number<float>(a, value());
-      else if (a == "--min-p") params.sampling.min_p = specsample::io::parse_number<float>(a, value());
+      if (a == "--vocab") vocab = args.number<std::size_t>();
+      else if (a == "--similarity") similarity = args.number<double>();
+      else if (a == "--target") pair.target = args.path_value();
+      else if (a == "--draft") pair.draft = args.path_value();
+      else if (a == "--prompt") pair.prompt = args.value();
+      else if (a == "--eos") pair.eos = args.value();
+      else if (a == "--threads") pair.threads = args.number<std::size_t>();
+      else if (specsample::gpt2::is_option_flag(a)) specsample::gpt2::set_option(pair.model, a, args.value());
+      else if (a == "--draft-matmul") pair.draft_matmul = specsample::gpt2::precision_option(a, args.value());
+      else if (a == "--prompt-lookup") pair.prompt_lookup = args.number<std::size_t>(1);
+      else if (a == "--length") params.max_new_tokens = args.number<std::size_t>(1);
+      else if (a == "-k") params.draft_length = args.number<std::size_t>(1);
+      else if (a == "--temperature") params.sampling.temperature = args.number<float>();
+      else if (a == "--top-k") params.sampling.top_k = args.number<int>();
+      else if (a == "--top-p") params.sampling.top_p = args.number<float>();
+      else if (a == "--min-p") params.sampling.min_p = args.number<float>();
       else if (a == "--draft-temperature") {
-        const std::string_view t = value();
+        const std::string_view t = args.value();
         if (t == "auto") {
           throw specsample::error("--draft-temperature auto is specsample-generate's scan: give the temperature it chose");
         }
         draft_temperature = specsample::io::parse_number<float>(a, t);
       }
       else if (a == "--adaptive") params.adaptive_draft_length = true;
-      else if (a == "--p-min") params.draft_min_probability = specsample::io::parse_number<float>(a, value());
-      else if (a == "--verify") params.verify = specsample::verification_option(a, value());
-      else if (a == "--samples") samples = specsample::io::parse_number<std::size_t>(a, value(), 1);
-      else if (a == "--seed") seed = specsample::io::parse_number<std::uint64_t>(a, value());
+      else if (a == "--p-min") params.draft_min_probability = args.number<float>();
+      else if (a == "--verify") params.verify = specsample::verification_option(a, args.value());
+      else if (a == "--samples") samples = args.number<std::size_t>(1);
+      else if (a == "--seed") seed = args.number<std::uint64_t>();
       else {
         fmt::print(stderr, "distribution_check: error: unknown argument {}{}\n{}", a, specsample::io::did_you_mean(a, usage), usage);
         return 2;
       }
-      check_took();
       given.push_back(a);
     }
     // Every option checked before a model loads, named as typed.

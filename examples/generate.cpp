@@ -82,15 +82,6 @@ struct cli {
   throw specsample::error(message + " (see specsample-generate --help)");
 }
 
-template <class T, class... Least>  // Least: none, or the integer's least value (io::parse_number)
-T parse_number(std::string_view flag, std::string_view text, Least... least) {
-  try {
-    return specsample::io::parse_number<T>(flag, text, static_cast<T>(least)...);
-  } catch (const specsample::error& e) {
-    usage_error(e.what());
-  }
-}
-
 constexpr std::string_view help = R"(usage: specsample-generate [options]
   (an option's value follows it, or joins a long option after '=': -n 64, --temperature=0.7)
   --target DIR          target checkpoint (config.json, model.safetensors or its shards,
@@ -165,110 +156,84 @@ cli parse(int argc, char** argv) {
   c.params.max_new_tokens = 128;
   c.params.sampling.temperature = 0.0f;
   std::vector<std::pair<std::string_view, std::string_view>> given;  // (long name, as typed) of each flag
-  for (int i = 1; i < argc; ++i) {
-    const specsample::io::argument arg = specsample::io::split_argument(argv[i]);  // --flag=value too
-    const std::string_view a = arg.flag;
-    bool took = false;  // whether the flag read its value (one attached with '=' must be read)
-    auto value = [&]() -> std::string_view {
-      if (arg.attached) {
-        took = true;
-        return *arg.attached;
+  try {  // what the reader refuses, and a flag's value out of its domain: usage errors
+    for (specsample::io::argument_reader args(argc, argv); args.next();) {
+      const std::string_view a = args.flag();
+      given.emplace_back(a == "-k" ? "--draft-length" : a == "-n" ? "--max-new-tokens" : a, a);
+      if (a == "--help" || a == "-h") {
+        args.refuse_value();
+        std::fputs(help.data(), stdout);
+        std::exit(0);
+      } else if (a == "--target") c.target = args.path_value();
+      else if (a == "--draft") c.draft = std::string(args.value());
+      else if (a == "--prompt-lookup") {
+        c.prompt_lookup = args.number<std::size_t>(1);
       }
-      if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", a));
-      return argv[++i];
-    };
-    // A path flag's value: an empty one would read as the current directory, or name no file at all.
-    auto path_value = [&]() -> fs::path {
-      const std::string_view v = value();
-      if (v.empty()) usage_error(fmt::format("{} needs a path, got an empty string", a));
-      return fs::path(v);
-    };
-    given.emplace_back(a == "-k" ? "--draft-length" : a == "-n" ? "--max-new-tokens" : a, a);
-    if (a == "--help" || a == "-h") {
-      if (arg.attached) usage_error(specsample::io::unread_value_message(arg));
-      std::fputs(help.data(), stdout);
-      std::exit(0);
-    } else if (a == "--target") c.target = path_value();
-    else if (a == "--draft") c.draft = std::string(value());
-    else if (a == "--prompt-lookup") {
-      c.prompt_lookup = parse_number<std::size_t>(a, value(), 1);
-    }
-    else if (a == "--prompt") c.prompt = value();
-    else if (a == "--prompt-file") c.prompt_file = path_value();
-    else if (a == "--calibration-prompts") c.calibration_prompts = path_value();
-    else if (a == "-n" || a == "--max-new-tokens") c.params.max_new_tokens = parse_number<std::size_t>(a, value(), 1);
-    else if (a == "-k" || a == "--draft-length") {
-      const std::string_view v = value();
-      c.auto_k = v == "auto";
-      if (!c.auto_k) c.params.draft_length = parse_number<std::size_t>(a, v, 1);
-    } else if (a == "--p-min") c.params.draft_min_probability = parse_number<float>(a, value());
-    else if (a == "--adaptive") c.params.adaptive_draft_length = true;
-    else if (a == "--temperature") c.params.sampling.temperature = parse_number<float>(a, value());
-    else if (a == "--top-k") c.params.sampling.top_k = parse_number<int>(a, value());
-    else if (a == "--top-p") c.params.sampling.top_p = parse_number<float>(a, value());
-    else if (a == "--min-p") c.params.sampling.min_p = parse_number<float>(a, value());
-    else if (a == "--draft-temperature") {
-      const std::string_view v = value();
-      c.auto_draft_temperature = v == "auto";
-      if (!c.auto_draft_temperature) c.draft_temperature = parse_number<float>(a, v);
-    }
-    else if (a == "--seed") c.seed = parse_number<std::uint64_t>(a, value());
-    else if (a == "--eos") {
-      const std::string_view v = value();
-      c.no_eos = v == "none";
-      c.eos.reset();
-      if (!c.no_eos) {
-        token id = -1;
-        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), id);
-        if (ec != std::errc{} || end != v.data() + v.size() || id < 0) {
-          usage_error(fmt::format("--eos expects a token id (0 to {}) or none, got '{}'", std::numeric_limits<token>::max(), v));
+      else if (a == "--prompt") c.prompt = args.value();
+      else if (a == "--prompt-file") c.prompt_file = args.path_value();
+      else if (a == "--calibration-prompts") c.calibration_prompts = args.path_value();
+      else if (a == "-n" || a == "--max-new-tokens") c.params.max_new_tokens = args.number<std::size_t>(1);
+      else if (a == "-k" || a == "--draft-length") {
+        const std::string_view v = args.value();
+        c.auto_k = v == "auto";
+        if (!c.auto_k) c.params.draft_length = specsample::io::parse_number<std::size_t>(a, v, std::size_t{1});
+      } else if (a == "--p-min") c.params.draft_min_probability = args.number<float>();
+      else if (a == "--adaptive") c.params.adaptive_draft_length = true;
+      else if (a == "--temperature") c.params.sampling.temperature = args.number<float>();
+      else if (a == "--top-k") c.params.sampling.top_k = args.number<int>();
+      else if (a == "--top-p") c.params.sampling.top_p = args.number<float>();
+      else if (a == "--min-p") c.params.sampling.min_p = args.number<float>();
+      else if (a == "--draft-temperature") {
+        const std::string_view v = args.value();
+        c.auto_draft_temperature = v == "auto";
+        if (!c.auto_draft_temperature) c.draft_temperature = specsample::io::parse_number<float>(a, v);
+      }
+      else if (a == "--seed") c.seed = args.number<std::uint64_t>();
+      else if (a == "--eos") {
+        const std::string_view v = args.value();
+        c.no_eos = v == "none";
+        c.eos.reset();
+        if (!c.no_eos) {
+          token id = -1;
+          const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), id);
+          if (ec != std::errc{} || end != v.data() + v.size() || id < 0) {
+            throw specsample::error(fmt::format("--eos expects a token id (0 to {}) or none, got '{}'",
+                                                std::numeric_limits<token>::max(), v));
+          }
+          c.eos = id;
         }
-        c.eos = id;
       }
+      else if (specsample::gpt2::is_option_flag(a)) {
+        specsample::gpt2::set_option(c.model, a, args.value());
+      }
+      else if (a == "--draft-matmul") {
+        c.draft_matmul = specsample::gpt2::precision_option(a, args.value());
+      }
+      else if (a == "--threads") {
+        c.threads = args.number<std::size_t>();
+        if (c.threads > specsample::gpt2::thread_pool::max_threads) {
+          throw specsample::error(fmt::format("--threads must be at most {} (0: all cores), got {}",
+                                              specsample::gpt2::thread_pool::max_threads, c.threads));
+        }
+      }
+      else if (a == "--mode") {
+        c.mode = args.value();
+        if (c.mode != "speculative" && c.mode != "autoregressive" && c.mode != "compare") {
+          throw specsample::error(
+              fmt::format("--mode must be speculative, autoregressive or compare, got '{}'", c.mode));
+        }
+      } else if (a == "--verify") {
+        c.params.verify = specsample::verification_option(a, args.value());
+      } else if (a == "--leniency") c.params.leniency = args.number<double>();
+      else if (a == "--repeat") {
+        c.repeat = args.number<std::size_t>(1);
+      } else if (a == "--stream") c.stream = true;
+      else if (a == "--verbose") c.verbose = true;
+      else if (a == "--json") c.json = true;
+      else throw specsample::error(fmt::format("unknown argument '{}'{}", a, specsample::io::did_you_mean(a, help)));
     }
-    else if (specsample::gpt2::is_option_flag(a)) {
-      const std::string_view v = value();  // outside the try: its usage error is whole
-      try {
-        specsample::gpt2::set_option(c.model, a, v);
-      } catch (const specsample::error& e) {
-        usage_error(e.what());
-      }
-    }
-    else if (a == "--draft-matmul") {
-      const std::string_view v = value();  // outside the try: its usage error is whole
-      try {
-        c.draft_matmul = specsample::gpt2::precision_option(a, v);
-      } catch (const specsample::error& e) {
-        usage_error(e.what());
-      }
-    }
-    else if (a == "--threads") {
-      c.threads = parse_number<std::size_t>(a, value());
-      if (c.threads > specsample::gpt2::thread_pool::max_threads) {
-        usage_error(fmt::format("--threads must be at most {} (0: all cores), got {}",
-                                specsample::gpt2::thread_pool::max_threads, c.threads));
-      }
-    }
-    else if (a == "--mode") {
-      c.mode = value();
-      if (c.mode != "speculative" && c.mode != "autoregressive" && c.mode != "compare") {
-        usage_error(fmt::format("--mode must be speculative, autoregressive or compare, got '{}'", c.mode));
-      }
-    } else if (a == "--verify") {
-      const std::string_view v = value();  // outside the try: its usage error is whole
-      try {
-        c.params.verify = specsample::verification_option(a, v);
-      } catch (const specsample::error& e) {
-        usage_error(e.what());
-      }
-    } else if (a == "--leniency") c.params.leniency = parse_number<double>(a, value());
-    else if (a == "--repeat") {
-      c.repeat = parse_number<std::size_t>(a, value(), 1);
-    } else if (a == "--stream") c.stream = true;
-    else if (a == "--verbose") c.verbose = true;
-    else if (a == "--json") c.json = true;
-    else usage_error(fmt::format("unknown argument '{}'{}", a, specsample::io::did_you_mean(a, help)));
-    if (arg.attached && !took) usage_error(specsample::io::unread_value_message(arg));
+  } catch (const specsample::error& e) {
+    usage_error(e.what());
   }
   try {
     specsample::gpt2::check_option_flags(c.model);

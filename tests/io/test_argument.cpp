@@ -70,3 +70,68 @@ TEST_CASE("did_you_mean offers the two nearest long options when they tie", "[io
   CHECK(did_you_mean("--top-x", "--top-k N, --top-p P") == " (did you mean --top-k or --top-p?)");
   CHECK(did_you_mean("--top-k", "--top-k N, --top-p P") == "");  // a known flag is no typo
 }
+
+namespace {
+// Runs a command line through an argument_reader, each flag handled by `handle`; the flags read, in order.
+template <class Handle>
+std::vector<std::string> read_all(std::vector<const char*> argv, Handle handle) {
+  argv.insert(argv.begin(), "tool");
+  std::vector<std::string> flags;
+  for (specsample::io::argument_reader args(static_cast<int>(argv.size()), argv.data()); args.next();) {
+    flags.emplace_back(args.flag());
+    handle(args);
+  }
+  return flags;
+}
+}  // namespace
+
+TEST_CASE("argument_reader reads a flag's value attached after '=' or following it", "[io][argument]") {
+  std::vector<std::string> values;
+  const auto take = [&](specsample::io::argument_reader& args) {
+    if (args.flag() != "--stream") values.emplace_back(args.value());
+  };
+  CHECK(read_all({"--prompt", "--x", "--temperature=0.7", "--stream", "-k", "3", "--prompt=a=b"}, take) ==
+        std::vector<std::string>{"--prompt", "--temperature", "--stream", "-k", "--prompt"});
+  CHECK(values == std::vector<std::string>{"--x", "0.7", "3", "a=b"});  // "--x" is --prompt's value, not a flag
+
+  // Read once: a second value() is the same value, not the next argument.
+  values.clear();
+  read_all({"--a", "1", "--b"}, [&](auto& args) {
+    if (args.flag() == "--a") {
+      values.emplace_back(args.value());
+      values.emplace_back(args.value());
+    }
+  });
+  CHECK(values == std::vector<std::string>{"1", "1"});
+  CHECK(read_all({}, take).empty());
+}
+
+TEST_CASE("argument_reader refuses a missing value, an unread attached one and an empty path", "[io][argument]") {
+  const auto take = [](specsample::io::argument_reader& args) {
+    if (args.flag() != "--stream" && args.flag() != "--help") static_cast<void>(args.value());
+    if (args.flag() == "--help") args.refuse_value();
+    if (args.flag() == "--out") static_cast<void>(args.path_value());
+  };
+  CHECK_THROWS_WITH(read_all({"--seed", "1", "--top-k"}, take), "--top-k needs a value");
+  CHECK_THROWS_WITH(read_all({"--stream=yes", "--seed", "1"}, take), "--stream takes no value, got 'yes'");
+  CHECK_THROWS_WITH(read_all({"--seed", "1", "--stream="}, take), "--stream takes no value, got ''");  // the last flag too
+  CHECK_THROWS_WITH(read_all({"--help=x"}, take), "--help takes no value, got 'x'");
+  CHECK_THROWS_WITH(read_all({"--out", ""}, take), "--out needs a path, got an empty string");
+  CHECK_THROWS_WITH(read_all({"--out="}, take), "--out needs a path, got an empty string");
+  CHECK_NOTHROW(read_all({"--seed=", "--stream"}, take));  // an empty value, read: the flag's to judge
+}
+
+TEST_CASE("argument_reader reads numbers and lists naming the flag", "[io][argument]") {
+  std::size_t n = 0;
+  std::vector<double> ts;
+  const auto take = [&](specsample::io::argument_reader& args) {
+    if (args.flag() == "-n") n = args.number<std::size_t>(1);
+    if (args.flag() == "--temperatures") ts = args.list<double>();
+  };
+  read_all({"-n", "64", "--temperatures=0,0.7,1"}, take);
+  CHECK(n == 64);
+  CHECK(ts == std::vector<double>{0.0, 0.7, 1.0});
+  CHECK_THROWS_WITH(read_all({"-n", "0"}, take), "-n expects an integer >= 1, got '0'");
+  CHECK_THROWS_WITH(read_all({"--temperatures", "1,,0.5"}, take), "--temperatures expects a number, got ''");
+  CHECK_THROWS_WITH(read_all({"--temperatures="}, take), "--temperatures needs at least one value");
+}

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 using specsample::io::parse_number;
 
@@ -58,4 +59,14 @@ TEST_CASE("parse_number with a least value gives one message for every value bel
   // Above the type's range: the range from the least value.
   REQUIRE_THROWS_WITH(parse_number<std::uint16_t>("--port", "70000", std::uint16_t{1}),
                       "--port expects an integer from 1 to 65535, got '70000'");
+}
+
+TEST_CASE("parse_list reads comma-separated numbers, every item one", "[io][number]") {
+  using specsample::io::parse_list;
+  CHECK(parse_list<double>("--t", "0,0.7,1") == std::vector<double>{0.0, 0.7, 1.0});
+  CHECK(parse_list<int>("--k", "3") == std::vector<int>{3});
+  CHECK_THROWS_WITH(parse_list<double>("--t", ""), "--t needs at least one value");
+  CHECK_THROWS_WITH(parse_list<double>("--t", "0.5,"), "--t expects a number, got ''");
+  CHECK_THROWS_WITH(parse_list<double>("--t", ",0.5"), "--t expects a number, got ''");
+  CHECK_THROWS_WITH(parse_list<int>("--k", "1,x"), "--k expects an integer, got 'x'");
 }

@@ -3,11 +3,18 @@
 /// One command-line argument as the tools' parsers read it (specsample-generate, specsample-bench,
 /// specsample-leniency, specsample-random-gpt2 and distribution_check): `--name=value` is the flag
 /// `--name` with its value attached, the same as `--name value`; and for a long option none of them
-/// knows, the ones of its help text within a few edits (`did_you_mean`).
+/// knows, the ones of its help text within a few edits (`did_you_mean`). `argument_reader` walks a
+/// command line flag by flag with those rules.
+
+#include <specsample/error.hpp>
+#include <specsample/io/number.hpp>
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cstddef>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -38,6 +45,85 @@ struct argument {
   }
   return {text, std::nullopt};
 }
+
+/// The tools' command lines, read flag by flag: a flag's value is the one attached after '='
+/// (`split_argument`) or else the argument after it; every refusal is a `specsample::error` naming
+/// the flag, for the tool to report as its usage error.
+///
+///     for (io::argument_reader args(argc, argv); args.next();) {
+///       if (args.flag() == "--temperature") temperature = args.number<float>();
+///       else if (args.flag() == "--top-k") top_k = args.number<int>(1);   // at least 1
+///       else if (args.flag() == "--out") out = args.path_value();
+///       else if (args.flag() == "--stream") stream = true;                 // "--stream=yes": refused
+///       else throw specsample::error(...);
+///     }
+///
+/// `next()` refuses a value attached to the flag before that did not read it ("--stream takes no
+/// value, got 'yes'"); a flag acted on at once (`--help`, which exits) calls `refuse_value()`.
+class argument_reader {
+ public:
+  argument_reader(int argc, const char* const* argv) noexcept : argc_(argc), argv_(argv) {}
+
+  /// Steps to the next flag, after refusing a value attached to the one before that it did not
+  /// read; false after the last.
+  [[nodiscard]] bool next() {
+    refuse_value();
+    if (index_ + 1 >= argc_) return false;
+    current_ = split_argument(argv_[++index_]);
+    value_.reset();
+    return true;
+  }
+
+  /// The flag as typed, without a value attached after '='.
+  [[nodiscard]] std::string_view flag() const noexcept { return current_.flag; }
+
+  /// The flag's value: the one attached after '=', else the next argument ("--top-k needs a value"
+  /// at the end); read once, so a second call gives the same value.
+  [[nodiscard]] std::string_view value() {
+    if (!value_) {
+      if (current_.attached) value_ = current_.attached;
+      else if (index_ + 1 < argc_) value_ = std::string_view(argv_[++index_]);
+      else throw error(fmt::format("{} needs a value", current_.flag));
+    }
+    return *value_;
+  }
+
+  /// `value()` as a path, which must not be empty: an empty one would read as the current
+  /// directory, or name no file at all ("--out needs a path, got an empty string").
+  [[nodiscard]] std::filesystem::path path_value() {
+    const std::string_view v = value();
+    if (v.empty()) throw error(fmt::format("{} needs a path, got an empty string", current_.flag));
+    return std::filesystem::path(v);
+  }
+
+  /// `value()` read whole as a T by `parse_number`, an integer's least value after it if given.
+  template <class T, class... Least>
+    requires(sizeof...(Least) <= 1)
+  [[nodiscard]] T number(Least... least) {
+    const std::string_view v = value();
+    return parse_number<T>(current_.flag, v, static_cast<T>(least)...);
+  }
+
+  /// `value()` as a comma-separated list of numbers (`parse_list`).
+  template <class T>
+  [[nodiscard]] std::vector<T> list() {
+    const std::string_view v = value();
+    return parse_list<T>(current_.flag, v);
+  }
+
+  /// Refuses a value attached to the flag that it has not read: for a switch acted on before
+  /// `next()` (`--help=x`, as `--help` exits).
+  void refuse_value() const {
+    if (current_.attached && !value_) throw error(unread_value_message(current_));
+  }
+
+ private:
+  int argc_;
+  const char* const* argv_;
+  int index_ = 0;  // argv_[index_]: the last argument read (argv[0], the program, to begin with)
+  argument current_{};
+  std::optional<std::string_view> value_;  // the flag's value, once read
+};
 
 /// The long options ("--name") a help text names, in order, each once: every "--" that starts a
 /// word (after a space, a tab, a newline, '[', '(' or '|', or at the start) and is followed by a

@@ -10,11 +10,13 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstddef>
 #include <concepts>
 #include <limits>
 #include <string_view>
 #include <system_error>
 #include <type_traits>
+#include <vector>
 
 namespace specsample::io {
 
@@ -86,6 +88,21 @@ template <std::integral T>
                             text));
   }
   throw error(fmt::format("{} expects an integer >= {}, got '{}'", flag, least, text));
+}
+
+/// A comma-separated list of `parse_number`s, at least one ("0,0.7,1"): every item a number, so
+/// "1,,0.5" and a trailing "0.5," are refused like an empty list ("--temperatures needs at least
+/// one value").
+template <class T>
+[[nodiscard]] std::vector<T> parse_list(std::string_view flag, std::string_view list) {
+  if (list.empty()) throw error(fmt::format("{} needs at least one value", flag));
+  std::vector<T> values;
+  for (;;) {
+    const std::size_t comma = list.find(',');
+    values.push_back(parse_number<T>(flag, list.substr(0, comma)));
+    if (comma == std::string_view::npos) return values;
+    list = list.substr(comma + 1);
+  }
 }
 
 }  // namespace specsample::io
