@@ -808,7 +808,7 @@ TEST_CASE("the model reports its shape and handles empty appends, truncation and
   REQUIRE(m.config().n_inner == 64);
   REQUIRE(m.config().layer_norm_epsilon == 1e-5f);
   REQUIRE(m.weights().lm_head.size() == 0);  // tied to wte
-  REQUIRE(m.threads() == std::max(1u, std::thread::hardware_concurrency()));  // default: all cores
+  REQUIRE(m.threads() == std::max<std::size_t>(1, gpt2::usable_hardware_threads()));  // default: all usable CPUs
   REQUIRE(specsample::max_context(m) == 64);
 
   const auto empty = m.append({});
@@ -828,7 +828,7 @@ TEST_CASE("the model reports its shape and handles empty appends, truncation and
 
   gpt2::model all = gpt2::model::load(test_models_dir / "tiny-random-gpt2",
                                       gpt2::options{.threads = 0});
-  REQUIRE(all.threads() == std::max(1u, std::thread::hardware_concurrency()));
+  REQUIRE(all.threads() == std::max<std::size_t>(1, gpt2::usable_hardware_threads()));
 
   // reserve() is capped at n_positions: a huge batch neither allocates nor wraps its sizes to 0.
   m.reserve(std::size_t{1} << 57);

@@ -16,6 +16,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 using specsample::gpt2::thread_pool;
 
 TEST_CASE("the thread pool covers every index exactly once for any size", "[gpt2][thread_pool]") {
@@ -57,6 +61,30 @@ TEST_CASE("more threads than the process can run get a note, as many or fewer no
                     "a forward pass is slower than with {}",
                     usable + 1, usable + 1, usable, usable));
 }
+
+#if defined(__linux__)
+TEST_CASE("a pool of 0 threads runs one per CPU the process may run on", "[gpt2][thread_pool]") {
+  // It took std::thread::hardware_concurrency(): under `taskset -c 0` two workers took turns on one CPU.
+  cpu_set_t before;
+  REQUIRE(::sched_getaffinity(0, sizeof before, &before) == 0);
+  CHECK(thread_pool(0).size() == std::clamp<std::size_t>(specsample::gpt2::usable_hardware_threads(), 1,
+                                                             thread_pool::max_threads));
+  int first = 0;
+  while (first < CPU_SETSIZE && !CPU_ISSET(first, &before)) ++first;
+  REQUIRE(first < CPU_SETSIZE);
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  REQUIRE(::sched_setaffinity(0, sizeof one, &one) == 0);  // this thread, as `taskset -c` would pin the process
+  const std::size_t usable = specsample::gpt2::usable_hardware_threads();
+  const std::size_t resolved = thread_pool::resolved_threads(0);
+  const std::size_t started = thread_pool(0).size();
+  REQUIRE(::sched_setaffinity(0, sizeof before, &before) == 0);
+  CHECK(usable == 1);
+  CHECK(resolved == 1);
+  CHECK(started == 1);
+}
+#endif
 
 TEST_CASE("the thread pool survives rapid and sleepy back-to-back tasks", "[gpt2][thread_pool]") {
   // Rapid calls hit spinning workers; the pauses let them fall asleep on the futex first.

@@ -54,6 +54,17 @@ inline void cpu_relax() noexcept {
 }
 }  // namespace detail
 
+/// The hardware threads this process may run on: its CPU affinity's count on Linux (`taskset -c 0`
+/// gives 1), else std::thread::hardware_concurrency() (0: unknown).
+[[nodiscard]] inline std::size_t usable_hardware_threads() noexcept {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return static_cast<std::size_t>(CPU_COUNT(&set));
+#endif
+  return std::thread::hardware_concurrency();
+}
+
 /// A fixed set of worker threads (the caller is worker 0) that split a loop into contiguous
 /// chunks. Persistent: no thread creation, no lock and no allocation per `parallel_for`.
 ///
@@ -71,14 +82,14 @@ class thread_pool {
   /// overflow into a deadline in the past: no spin at all.)
   static constexpr std::chrono::microseconds max_spin{std::chrono::hours(24)};
 
-  /// The workers a pool asked for `threads` has: `threads`, or for 0 the hardware concurrency
-  /// (1 to `max_threads`).
+  /// The workers a pool asked for `threads` has: `threads`, or for 0 one per hardware thread the
+  /// process may run on (`usable_hardware_threads()`, 1 to `max_threads`).
   [[nodiscard]] static std::size_t resolved_threads(std::size_t threads) noexcept {
-    return threads != 0 ? threads : std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, max_threads);
+    return threads != 0 ? threads : std::clamp<std::size_t>(usable_hardware_threads(), 1, max_threads);
   }
 
-  /// `threads` workers in total including the calling thread; 0 = hardware concurrency (at most
-  /// `max_threads`); idle workers spin for `spin` (clamped to [0, `max_spin`]), then sleep.
+  /// `threads` workers in total including the calling thread; 0 = one per usable hardware thread
+  /// (at most `max_threads`); idle workers spin for `spin` (clamped to [0, `max_spin`]), then sleep.
   /// Throws `error` for more than `max_threads`.
   explicit thread_pool(std::size_t threads, std::chrono::microseconds spin = default_spin)
       : spin_(std::clamp(spin, std::chrono::microseconds{0}, max_spin)) {
@@ -232,17 +243,6 @@ class thread_pool {
   void* ctx_ = nullptr;
   void (*call_)(void*, std::size_t, std::size_t, std::size_t) = nullptr;
 };
-
-/// The hardware threads this process may run on: its CPU affinity's count on Linux (`taskset -c 0`
-/// gives 1), else std::thread::hardware_concurrency() (0: unknown).
-[[nodiscard]] inline std::size_t usable_hardware_threads() noexcept {
-#if defined(__linux__)
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return static_cast<std::size_t>(CPU_COUNT(&set));
-#endif
-  return std::thread::hardware_concurrency();
-}
 
 /// What to tell someone who asked for `threads` kernel threads (0: one per hardware thread) on
 /// this machine: "--threads 8 runs 8 kernel threads on the 2 this process can run at once: they
