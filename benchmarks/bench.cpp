@@ -1653,6 +1653,8 @@ int run(int argc, char** argv) {
 
   specsample::gpt2::require_model_directory(target_dir);  // (before the tokenizer is read from it)
   specsample::gpt2::require_model_directory(draft_dir);
+  std::vector<std::string> prompt_text = specsample::io::read_prompt_list(prompts_file);  // (before the models load)
+  if (c.max_prompts != 0 && prompt_text.size() > c.max_prompts) prompt_text.resize(c.max_prompts);
   fmt::print(stderr, "specsample-bench: loading {} and {}\n", target_dir.string(), draft_dir.string());
   const auto tok = specsample::bpe_tokenizer::load(target_dir);
   specsample::check_same_vocabulary(specsample::bpe_tokenizer::load(draft_dir), tok, draft_dir.string(),
@@ -1669,8 +1671,6 @@ int run(int argc, char** argv) {
   const bool target_held = held_otherwise(c.model), draft_held = held_otherwise(draft_options(c));
   const bool any_held = target_held || draft_held;
 
-  std::vector<std::string> prompt_text = specsample::io::read_prompt_list(prompts_file);
-  if (c.max_prompts != 0 && prompt_text.size() > c.max_prompts) prompt_text.resize(c.max_prompts);
   std::vector<std::vector<token>> prompts;
   const std::size_t limit = std::min(target.max_size(), draft.max_size());
   if (c.k_max + 2 > limit) {  // the cost measurement appends K + 1 tokens after a context of at least one
