@@ -710,6 +710,7 @@ int run(int argc, char** argv) {
                  cal[d].best_k, cal[d].predicted, m ? fmt::format("{:.2f}x", m->speedup()) : std::string("-"),
                  d == chosen ? "  <- chosen" : "");
       calibrations.push_back({{"draft", candidates[d].string()}, {"acceptance_by_position", cal[d].acceptance},
+                              {"rounds_by_position", cal[d].rounds_reached},
                               {"cost_ratio", cal[d].cost_ratio}, {"first_cost_ratio", cal[d].first_cost_ratio},
                               {"best_k", cal[d].best_k}, {"predicted_speedup", cal[d].predicted},
                               {"checked_speedup", m ? nlohmann::json(m->speedup()) : nlohmann::json(nullptr)},

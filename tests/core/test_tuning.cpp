@@ -439,7 +439,11 @@ TEST_CASE("calibration over several prompts pools their acceptance", "[tuning]")
   position_acceptance by_hand(4);
   for (const auto& p : prompts) (void)speculative_sample(draft, target, p, warm, b, by_hand);
   REQUIRE(pooled.acceptance.size() == 4);
-  for (std::size_t i = 0; i < 4; ++i) CHECK(pooled.acceptance[i] == by_hand.rates()[i]);
+  REQUIRE(pooled.rounds_reached.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) {
+    CHECK(pooled.acceptance[i] == by_hand.rates()[i]);
+    CHECK(pooled.rounds_reached[i] == by_hand.reached(i));
+  }
   CHECK((pooled.best_k >= 1 && pooled.best_k <= 4));
   // An EOS in the caller's parameters does not cut the warm-ups short (token 0 comes within a few
   // of the 200 tokens of each): the same positions, the same acceptance.
@@ -454,6 +458,31 @@ TEST_CASE("calibration over several prompts pools their acceptance", "[tuning]")
   // No warm-up tokens would measure nothing and report it as acceptance 0.
   CHECK_THROWS_WITH(calibrate(draft, target, std::span<const std::vector<token>>(prompts), params, a, 4, 0),
                     Catch::Contains("calibrate: warmup_tokens must be >= 1"));
+}
+
+TEST_CASE("a calibration says which draft positions no warm-up round reached", "[tuning]") {
+  // Greedy, the draft always proposes a token the target never picks: every round stops at its
+  // first draft, so positions 2..4 are never reached and their rates are borrowed (0 from position 1).
+  constexpr int V = 4;
+  Eigen::MatrixXf p = Eigen::MatrixXf::Constant(V, V + 1, 0.1f), q = p;  // (column V: before the start)
+  for (int j = 0; j <= V; ++j) {
+    p((j + 1) % V, j) = 0.7f;
+    q((j + 2) % V, j) = 0.7f;
+  }
+  toy::markov target(p, 1), draft(q, 1);
+  speculative_params params;
+  params.sampling.temperature = 0.0f;
+  std::mt19937_64 rng(3);
+  const std::vector<std::vector<token>> prompts{{0}};
+  const auto cal = calibrate(draft, target, std::span<const std::vector<token>>(prompts), params, rng, 4, 40, 0);
+  CHECK(cal.acceptance == std::vector<double>{0.0, 0.0, 0.0, 0.0});
+  REQUIRE(cal.rounds_reached.size() == 4);
+  // One round per token, each emitting the target's correction; the last, with room for that one
+  // token only, drafts nothing.
+  CHECK(cal.rounds_reached[0] == 39);
+  CHECK(cal.rounds_reached[1] == 0);
+  CHECK(cal.rounds_reached[2] == 0);
+  CHECK(cal.rounds_reached[3] == 0);
 }
 
 TEST_CASE("the draft temperature scan finds the ratio at which a sharpened draft equals the target",

@@ -170,6 +170,9 @@ struct speedup_measurement {
 /// What a warm-up measured for one draft.
 struct calibration {
   std::vector<double> acceptance;   ///< per draft position, see position_acceptance
+  /// Per draft position: the warm-up rounds that reached it (`calibrate`). 0: no round did, and
+  /// `acceptance` there is the position's before it (position_acceptance::rates).
+  std::vector<std::size_t> rounds_reached;
   double cost_ratio = 0.0;          ///< c: single-token draft call / single-token target call
   double first_cost_ratio = 0.0;    ///< the same for a round's first draft call (after a target call)
   std::vector<double> verify_cost;  ///< [K] = (K+1)-token target call / 1-token call, K = 0..k_max (above 8
@@ -481,6 +484,7 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   });
   calibration c = detail::cost_ratios(draft, target, std::span<const token>(*costed), k_max);
   c.acceptance = positions.rates();
+  for (std::size_t i = 0; i < k_max; ++i) c.rounds_reached.push_back(positions.reached(i));
   c.warmup_lengths = std::move(lengths);
   const std::vector<double> round = c.round_cost();
   c.best_k = best_draft_length(c.acceptance, c.cost_ratio, k_max, round);
