@@ -462,6 +462,7 @@ TEST_CASE("the exact distribution checks the model and the prompt as the samplin
     [[nodiscard]] std::size_t max_size() const { return 1; }
   };
   short_markov short_draft{toy::markov::random(3, 1, 3)};
+  params.max_new_tokens = 3;  // a draft model holds prompt + max_new_tokens - 2 = 2 tokens at most
   CHECK_THROWS_WITH(testing::speculative_fit(short_draft, target, std::vector<token>{1}, params, 10, rng),
                     Contains("context overflow") && Contains("the draft model holds at most 1"));
   CHECK(target.size() == 0);  // never appended to: refused before the enumeration

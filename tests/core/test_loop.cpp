@@ -489,18 +489,58 @@ TEST_CASE("a context that cannot hold the generation is refused up front", "[loo
   toy::markov unbounded = toy::markov::random(4, 1, 2);
   CHECK_THROWS_WITH(speculative_sample(unbounded, target, prompt, make_params(7, 4), rng), Contains("target model"));
   // A drafter over a bounded model is held to its model's context too (it would append past it),
-  // alone and inside a fallback behind a model-free drafter.
+  // alone and inside a fallback behind a model-free drafter. A draft model never holds the last two
+  // new tokens: 3 + 7 - 2 = 8 fits its 8, 3 + 8 - 2 does not.
   toy::markov unbounded_target = toy::markov::random(4, 1, 1);
-  const auto params = make_params(7, 4);
+  const auto params = make_params(8, 4);
   model_drafter<bounded_model> drafter(draft, params.draft_warping());
   CHECK(drafter.max_size() == 8);
   CHECK_THROWS_WITH(speculative_sample(drafter, unbounded_target, prompt, params, rng),
-                    Contains("context overflow") && Contains("the draft model holds at most 8"));
+                    Equals("context overflow: a prompt of 3 tokens plus max_new_tokens = 8 needs a context of 9 "
+                           "tokens (a draft model is never fed the last two new tokens), but the draft model holds at "
+                           "most 8"));
   drafters::fallback both(drafters::ngram(4, 2), model_drafter<bounded_model>(draft, params.draft_warping()));
   CHECK(both.max_size() == 8);
   CHECK_THROWS_WITH(speculative_sample(both, unbounded_target, prompt, params, rng),
                     Contains("the draft model holds at most 8"));
-  CHECK(speculative_sample(both, unbounded_target, prompt, make_params(6, 4), rng).tokens.size() == 6);
+  CHECK(speculative_sample(both, unbounded_target, prompt, make_params(7, 4), rng).tokens.size() == 7);
+}
+
+TEST_CASE("a draft model holds at most prompt + max_new_tokens - 2 tokens", "[loop][context]") {
+  // The bound the up-front check holds a draft to, watched over many generations: every K, greedy
+  // and sampled, through a plain model drafter and one behind prompt lookup.
+  struct watched_model : toy::markov {
+    explicit watched_model(toy::markov m) : toy::markov(std::move(m)) {}
+    std::size_t most = 0;
+    Eigen::MatrixXf append(std::span<const token> t) {
+      Eigen::MatrixXf logits = toy::markov::append(t);
+      most = std::max(most, size());
+      return logits;
+    }
+  };
+  const auto target = toy::markov::random(4, 1, 5);
+  const std::vector<token> prompt{0, 1, 2};
+  std::mt19937_64 rng(11);
+  std::size_t most = 0;
+  for (const std::size_t max_new : {1u, 2u, 3u, 7u, 20u}) {
+    for (const std::size_t k : {1u, 2u, 4u, 8u}) {
+      for (const float temperature : {0.0f, 1.0f}) {
+        for (int run = 0; run < 20; ++run) {
+          CAPTURE(max_new, k, temperature);
+          const auto params = make_params(max_new, k, temperature);
+          auto t = target;
+          watched_model draft(toy::markov::similar_to(target, 0.8, 6));
+          (void)speculative_sample(draft, t, prompt, params, rng);
+          drafters::fallback both(drafters::ngram(4, 1), model_drafter<watched_model>(draft, params.draft_warping()));
+          auto t2 = target;
+          (void)speculative_sample(both, t2, prompt, params, rng);
+          CHECK(draft.most <= prompt.size() + max_new - 2);  // (prompt - 1 for max_new_tokens = 1: no round drafts)
+          most = std::max(most, draft.most);
+        }
+      }
+    }
+  }
+  CHECK(most == prompt.size() + 20 - 2);  // reached
 }
 
 TEST_CASE("one object as both draft and target is refused, not read out of bounds", "[loop][errors]") {

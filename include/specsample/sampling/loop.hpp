@@ -33,8 +33,9 @@
 namespace specsample {
 
 /// The most new tokens (`max_new_tokens`) a model that holds at most `limit` positions can take
-/// after a prompt of `prompt` >= 1 tokens: the models hold every token but the last one emitted, so
-/// prompt + max_new_tokens - 1 <= limit; 0 when the prompt alone does not fit. What the generation
+/// after a prompt of `prompt` >= 1 tokens: the target holds every token but the last one emitted, so
+/// prompt + max_new_tokens - 1 <= limit (a draft model holds one fewer); 0 when the prompt alone
+/// does not fit. What the generation
 /// entry points check (a context overflow is an error naming both numbers); a program can check it
 /// first and name its own option.
 [[nodiscard]] constexpr std::size_t max_new_tokens_within(std::size_t limit, std::size_t prompt) noexcept {
@@ -57,27 +58,34 @@ inline void check_prompt(std::span<const token> prompt, std::size_t vocab) {
   }
 }
 
-// The models hold every token but the last one emitted, so the longest context a model sees is
-// prompt + max_new_tokens - 1 tokens (a drafter's model too: the loop never drafts past
-// max_new_tokens). Computed without wrapping: an empty prompt (reported by check_prompt, which
-// the entry points call first) or a huge max_new_tokens cannot slip through. A model without a
-// limit takes any max_new_tokens (SIZE_MAX: stop at EOS only).
+// The target holds every token but the last one emitted, so the longest context it sees is
+// prompt + max_new_tokens - 1 tokens; a drafter's model never holds the last two either (no round
+// drafts the generation's last token, and a round's last draft is never fed back), so it sees at
+// most prompt + max_new_tokens - 2, and prompt - 1 after its prefill. `unfed`: 1 for the target,
+// 2 for a draft. Computed without wrapping: an empty prompt (reported by check_prompt, which the
+// entry points call first) or a huge max_new_tokens cannot slip through. A model without a limit
+// takes any max_new_tokens (SIZE_MAX: stop at EOS only).
 template <class M>
-void check_fits(const M& m, const char* role, std::size_t prompt, std::size_t max_new) {
+void check_fits(const M& m, const char* role, std::size_t prompt, std::size_t max_new, std::size_t unfed = 1) {
   if (prompt == 0 && max_new == 0) return;  // nothing is ever appended
   const std::size_t limit = max_context(m);
   if (limit == std::numeric_limits<std::size_t>::max()) return;  // unbounded
-  // needed = prompt + max_new - 1 = held + more, the 1 taken from an operand that is >= 1, compared
-  // so that it cannot wrap either (held <= limit first: max_new_tokens_within's limit - held).
-  const std::size_t held = prompt > 0 ? prompt - 1 : max_new - 1;
-  const std::size_t more = prompt > 0 ? max_new : 0;
+  // needed = prompt - 1 + fed = held + more, the new tokens fed being max_new - (unfed - 1) (none
+  // for fewer), compared so that it cannot wrap either (held <= limit first: max_new_tokens_within's
+  // limit - held).
+  const std::size_t fed = max_new > unfed - 1 ? max_new - (unfed - 1) : 0;
+  const std::size_t held = prompt > 0 ? prompt - 1 : (fed > 0 ? fed - 1 : 0);
+  const std::size_t more = prompt > 0 ? fed : 0;
   if (held > limit || more > limit - held) {
     const bool wraps = more > std::numeric_limits<std::size_t>::max() - held;
     const std::string needed = wraps ? fmt::format("more than {}", std::numeric_limits<std::size_t>::max())
                                      : fmt::format("{}", held + more);
     throw error(fmt::format("context overflow: a prompt of {} tokens plus max_new_tokens = {} needs a "
-                            "context of {} tokens (the last new token is never fed to a model), but the {} model holds at most {}",
-                            prompt, max_new, needed, role, limit));
+                            "context of {} tokens ({}), but the {} model holds at most {}",
+                            prompt, max_new, needed,
+                            unfed == 1 ? "the last new token is never fed to a model"
+                                       : "a draft model is never fed the last two new tokens",
+                            role, limit));
   }
 }
 
@@ -124,7 +132,7 @@ std::size_t check_generation(const Drafter& drafter, const Target& target, std::
   }
   check_prompt(prompt, vocab);
   check_fits(target, "target", prompt.size(), params.max_new_tokens);
-  if constexpr (has_draft) check_fits(drafter, "draft", prompt.size(), params.max_new_tokens);
+  if constexpr (has_draft) check_fits(drafter, "draft", prompt.size(), params.max_new_tokens, 2);
   return vocab;
 }
 
