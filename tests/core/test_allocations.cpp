@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <limits>
 #include <new>
 #include <memory>
 #include <random>
@@ -24,12 +25,14 @@ using specsample::token;
 // A Markov model that writes logits into a preallocated buffer and returns a view of it.
 class buffered_markov {
  public:
-  buffered_markov(specsample::toy::markov m, std::size_t max_batch)
+  // `limit`: the longest context it holds (its max_size()); 0 for none, then 4096 tokens are reserved.
+  buffered_markov(specsample::toy::markov m, std::size_t max_batch, std::size_t limit = 0)
       : m_(std::move(m)), log_(m_.transitions().array().log().matrix()),
-        buffer_(log_.rows(), static_cast<Eigen::Index>(max_batch)) {
-    context_.reserve(4096);
+        buffer_(log_.rows(), static_cast<Eigen::Index>(max_batch)), limit_(limit) {
+    context_.reserve(limit > 0 ? limit : 4096);
   }
   std::size_t vocab_size() const { return m_.vocab_size(); }
+  std::size_t max_size() const { return limit_ > 0 ? limit_ : std::numeric_limits<std::size_t>::max(); }
   std::size_t size() const { return context_.size(); }
   Eigen::Map<const Eigen::MatrixXf> append(std::span<const token> t) {
     for (std::size_t j = 0; j < t.size(); ++j) {
@@ -45,6 +48,7 @@ class buffered_markov {
   specsample::toy::markov m_;
   Eigen::MatrixXf log_;
   Eigen::MatrixXf buffer_;
+  std::size_t limit_;
   std::vector<token> context_;
 };
 
@@ -86,4 +90,27 @@ TEST_CASE("the speculative loop allocates nothing per round in the steady state"
     INFO("T = " << temperature << ": " << (at_last - at_round_1) << " allocations over " << rounds - 2 << " rounds");
     CHECK(at_last == at_round_1);
   }
+}
+
+TEST_CASE("the loop allocates nothing per round for a generation longer than 65536 tokens in a bounded context",
+          "[loop][allocations]") {
+  // It reserved min(max_new_tokens, 65536) tokens whatever the context, so the context and the
+  // result grew mid-generation past that (2 allocations for 100000 tokens in a context of 200000).
+  auto base = specsample::toy::markov::random(16, 1, 5);
+  constexpr std::size_t limit = 80000, max_new = 70000;
+  buffered_markov target(base, 64, limit);
+  buffered_markov draft(specsample::toy::markov::similar_to(base, 0.6, 6), 64, limit);
+  std::vector<token> prompt(10, 1);
+  specsample::speculative_params params;
+  params.max_new_tokens = max_new;
+  params.draft_length = 4;
+  params.sampling.temperature = 1.0f;
+  std::mt19937_64 rng(2);
+  std::size_t at_round_1 = 0, at_last = 0;
+  const auto r = specsample::speculative_sample(draft, target, prompt, params, rng, [&](const specsample::round_event& e) {
+    if (e.round == 1) at_round_1 = allocation_count();
+    at_last = allocation_count();
+  });
+  REQUIRE(r.tokens.size() == max_new);
+  CHECK(at_last == at_round_1);
 }

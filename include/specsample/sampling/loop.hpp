@@ -108,8 +108,11 @@ void check_distinct(const Draft& draft, const Target& target, std::string_view w
   }
 }
 
-// Tokens the loop reserves room for up front when the target's context does not bound them.
+// Tokens the loop reserves room for up front: the whole generation when the target's context bounds
+// it, up to bounded_reserve_limit (a context that long is one in name only), else up to
+// reserve_limit (max_new_tokens may be a mere cap for EOS, even SIZE_MAX).
 inline constexpr std::size_t reserve_limit = std::size_t{1} << 16;
+inline constexpr std::size_t bounded_reserve_limit = std::size_t{1} << 24;
 
 // Stands in for the drafter in autoregressive sampling.
 struct no_draft {};
@@ -192,10 +195,11 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
   generation_result result;
   generation_stats& stats = result.stats;
   stats.accepted_histogram.assign(max_k + 1, 0);
-  // Room for the whole generation up to reserve_limit new tokens (a bounded context such as
-  // GPT-2's always fits: check_fits), so that rounds allocate nothing; a model without a limit and
-  // a huge max_new_tokens (stopped by EOS) gets a start, and the vectors grow past it.
-  const std::size_t expected = std::min(max_new, reserve_limit);
+  // Room for the whole generation, so that rounds allocate nothing: in a bounded context it fits
+  // (check_fits) and is reserved whole (up to bounded_reserve_limit); a model without a limit and a
+  // huge max_new_tokens (stopped by EOS) gets reserve_limit to start, and the vectors grow past it.
+  const bool bounded = max_context(target) != std::numeric_limits<std::size_t>::max();
+  const std::size_t expected = std::min(max_new, bounded ? bounded_reserve_limit : reserve_limit);
   result.tokens.reserve(expected);
   std::vector<token> ctx;
   ctx.reserve(prompt.size() + expected + max_k + 1);
