@@ -1188,6 +1188,36 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
     });
     REQUIRE_THAT(load_error(dir), Contains("'ln_f.bias' has dtype I32"));
   }
+  SECTION("causal-mask buffers of any dtype are ignored") {
+    // Older transformers saved GPT-2's attn.bias as U8 and a masked_bias scalar, later ones BOOL:
+    // a released-layout file with either loaded as nothing (unsupported dtype 'U8').
+    const std::vector<token> t = {464, 2068, 7586};
+    gpt2::model plain = gpt2::model::load(src);
+    const Eigen::MatrixXf expected = plain.append(t);
+    for (const io::dtype mask : {io::dtype::u8, io::dtype::boolean}) {
+      CAPTURE(io::dtype_name(mask));
+      rewrite([mask](std::vector<io::tensor_data>& ts) {
+        std::vector<io::tensor_data> out;
+        for (io::tensor_data& x : ts) {
+          if (x.name.ends_with(".attn.bias")) {
+            x.dtype = mask;
+            const std::size_t n = x.data.size() / 4, side = x.shape.back();
+            x.data.assign(n, std::byte{0});
+            for (std::size_t i = 0; i < n; ++i) {
+              if (i % side <= (i / side) % side) x.data[i] = std::byte{1};  // the lower triangle
+            }
+            const std::string layer = x.name.substr(0, x.name.size() - 4);
+            out.push_back(io::make_tensor("transformer." + layer + "masked_bias", {}, std::vector<float>{-1e4f}));
+          }
+          x.name = "transformer." + x.name;
+          out.push_back(std::move(x));
+        }
+        ts = std::move(out);
+      });
+      gpt2::model masked = gpt2::model::load(dir);
+      CHECK(specsample::test::bitwise_equal(masked.append(t), expected));
+    }
+  }
   SECTION("the transformer. prefix and an untied lm_head load too") {
     // lm_head.weight = `scale` × wte: its logits are those of wte times `scale`, bitwise for a power
     // of two.

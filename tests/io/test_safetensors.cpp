@@ -313,11 +313,31 @@ TEST_CASE("every kind of malformed file is rejected with a message naming file a
     REQUIRE_THAT(error_of(file(R"("a":{"dtype":"F32","shape":[4],"data_offsets":[0,"16"]})")),
                  Contains("not non-negative integers"));
   }
-  SECTION("an unsupported dtype is named") {
-    REQUIRE_THAT(error_of(file(entry("a", "F64", "[2]", "[0,16]"))),
-                 Contains("unsupported dtype 'F64'") && Contains("tensor 'a'"));
-    REQUIRE_THAT(error_of(file(entry("a", "U8", "[16]", "[0,16]"))),
-                 Contains("unsupported dtype 'U8'"));
+  SECTION("an unknown dtype is named") {
+    REQUIRE_THAT(error_of(file(entry("a", "F128", "[1]", "[0,16]"))),
+                 Contains("unknown dtype 'F128'") && Contains("tensor 'a'"));
+    REQUIRE_THAT(error_of(file(entry("a", "F4", "[32]", "[0,16]"))), Contains("unknown dtype 'F4'"));  // (packed)
+    REQUIRE_THAT(error_of(file(entry("a", "f32", "[4]", "[0,16]"))), Contains("unknown dtype 'f32'"));
+  }
+  SECTION("every byte-sized dtype of the format is read, its size checked, and refused by name where converted") {
+    // Older transformers saved GPT-2's causal-mask buffer as U8, later ones as BOOL: a tensor a
+    // model does not use may be of any dtype (the whole file was refused).
+    for (const auto& [dt, size] : std::vector<std::pair<std::string, std::size_t>>{
+             {"F64", 8}, {"I8", 1}, {"I16", 2}, {"U8", 1}, {"U16", 2}, {"U32", 4}, {"U64", 8}, {"BOOL", 1},
+             {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"F8_E8M0", 1}}) {
+      CAPTURE(dt);
+      const std::string n = std::to_string(16 / size);
+      const auto f = io::safetensors_file::from_bytes(file(entry("a", dt, "[" + n + "]", "[0,16]")), "any.safetensors");
+      const io::tensor_view& t = f.at("a");
+      CHECK(io::dtype_name(t.dtype) == dt);
+      CHECK(io::dtype_size(t.dtype) == size);
+      CHECK(t.numel() == 16 / size);
+      CHECK_THROWS_WITH(io::to_float_vector(t), Contains("has dtype " + dt + ", expected a floating-point dtype"));
+      CHECK_THROWS_WITH(io::to_int64_vector(t), Contains("has dtype " + dt + ", expected an integer dtype"));
+      // Its bytes must still match its shape.
+      REQUIRE_THAT(error_of(file(entry("a", dt, "[" + std::to_string(16 / size + 1) + "]", "[0,16]"))),
+                   Contains("tensor 'a'"));
+    }
   }
   SECTION("shape entries that are not non-negative integers") {
     REQUIRE_THAT(error_of(file(entry("a", "F32", "[-4]", "[0,16]"))),

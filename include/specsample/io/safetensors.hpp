@@ -42,10 +42,17 @@ static_assert(std::endian::native == std::endian::little,
               "specsample::io reads safetensors (little-endian) by memcpy: big-endian hosts are "
               "not supported");
 
-/// Element types the reader understands.
-enum class dtype : std::uint8_t { f32, f16, bf16, i32, i64 };
+/// Element types of the safetensors format (every one of a byte or more). The reader checks any
+/// tensor's layout (its bytes = elements × size, in bounds, not overlapping); the conversions below
+/// read F32, F16 and BF16 as floats and I32 and I64 as integers, and refuse the rest by name — so a
+/// tensor a model does not use may be of any of them (older transformers saved GPT-2's causal-mask
+/// buffer `attn.bias` as U8, later ones as BOOL).
+enum class dtype : std::uint8_t {
+  f32, f16, bf16, i32, i64,  // (the ones the conversions read)
+  f64, i8, i16, u8, u16, u32, u64, boolean, f8_e4m3, f8_e5m2, f8_e8m0
+};
 
-/// The safetensors spelling of `t` ("F32", "F16", "BF16", "I32", "I64").
+/// The safetensors spelling of `t` ("F32", "F16", "BF16", "I32", "I64", "BOOL", "F8_E4M3", ...).
 [[nodiscard]] constexpr std::string_view dtype_name(dtype t) noexcept {
   switch (t) {
     case dtype::f32: return "F32";
@@ -53,6 +60,17 @@ enum class dtype : std::uint8_t { f32, f16, bf16, i32, i64 };
     case dtype::bf16: return "BF16";
     case dtype::i32: return "I32";
     case dtype::i64: return "I64";
+    case dtype::f64: return "F64";
+    case dtype::i8: return "I8";
+    case dtype::i16: return "I16";
+    case dtype::u8: return "U8";
+    case dtype::u16: return "U16";
+    case dtype::u32: return "U32";
+    case dtype::u64: return "U64";
+    case dtype::boolean: return "BOOL";
+    case dtype::f8_e4m3: return "F8_E4M3";
+    case dtype::f8_e5m2: return "F8_E5M2";
+    case dtype::f8_e8m0: return "F8_E8M0";
   }
   return "?";
 }
@@ -60,22 +78,34 @@ enum class dtype : std::uint8_t { f32, f16, bf16, i32, i64 };
 /// Size of one element of `t` in bytes.
 [[nodiscard]] constexpr std::size_t dtype_size(dtype t) noexcept {
   switch (t) {
-    case dtype::f32: return 4;
-    case dtype::f16: return 2;
-    case dtype::bf16: return 2;
-    case dtype::i32: return 4;
-    case dtype::i64: return 8;
+    case dtype::f64:
+    case dtype::i64:
+    case dtype::u64: return 8;
+    case dtype::f32:
+    case dtype::i32:
+    case dtype::u32: return 4;
+    case dtype::f16:
+    case dtype::bf16:
+    case dtype::i16:
+    case dtype::u16: return 2;
+    case dtype::i8:
+    case dtype::u8:
+    case dtype::boolean:
+    case dtype::f8_e4m3:
+    case dtype::f8_e5m2:
+    case dtype::f8_e8m0: return 1;
   }
   return 0;
 }
 
-/// Parses a safetensors dtype string; `std::nullopt` for dtypes this reader does not support.
+/// Parses a safetensors dtype string; `std::nullopt` for one this reader does not know (the
+/// format's packed sub-byte types F4, F6_E2M3 and F6_E3M2 among them).
 [[nodiscard]] constexpr std::optional<dtype> parse_dtype(std::string_view s) noexcept {
-  if (s == "F32") return dtype::f32;
-  if (s == "F16") return dtype::f16;
-  if (s == "BF16") return dtype::bf16;
-  if (s == "I32") return dtype::i32;
-  if (s == "I64") return dtype::i64;
+  for (const dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::i32, dtype::i64, dtype::f64, dtype::i8,
+                        dtype::i16, dtype::u8, dtype::u16, dtype::u32, dtype::u64, dtype::boolean, dtype::f8_e4m3,
+                        dtype::f8_e5m2, dtype::f8_e8m0}) {
+    if (s == dtype_name(t)) return t;
+  }
   return std::nullopt;
 }
 
@@ -195,7 +225,8 @@ struct parsed_header {
     const auto& dts = dt->get_ref<const std::string&>();
     const std::optional<dtype> type = parse_dtype(dts);
     if (!type) {
-      throw error(fmt::format("{}: unsupported dtype '{}' (supported: F32, F16, BF16, I32, I64)",
+      throw error(fmt::format("{}: unknown dtype '{}' (known: F32, F16, BF16, F64, I8, I16, I32, I64, U8, U16, U32, "
+                              "U64, BOOL, F8_E4M3, F8_E5M2, F8_E8M0)",
                               where(), dts));
     }
     if (!sh->is_array()) throw error(fmt::format("{}: \"shape\" is not an array", where()));
@@ -486,8 +517,7 @@ inline void to_float(const tensor_view& t, std::span<float> out) {
         out[i] = bf16_to_float(h);
       }
       return;
-    case dtype::i32:
-    case dtype::i64:
+    default:
       break;
   }
   throw error(fmt::format("tensor '{}' has dtype {}, expected a floating-point dtype (F32, F16, "
