@@ -1663,10 +1663,12 @@ int run(int argc, char** argv) {
   opts.pool = std::make_shared<specsample::gpt2::thread_pool>(c.threads);  // shared by the two models
   opts.batch_capacity = std::max<std::size_t>(16, c.k_max + 2);
   auto target = specsample::gpt2::model::load(target_dir, opts);
+  specsample::check_model_vocabulary(target.vocab_size(), tok, target_dir.string());
   specsample::gpt2::options draft_opts = draft_options(c);
   draft_opts.pool = opts.pool;
   draft_opts.batch_capacity = opts.batch_capacity;
   auto draft = specsample::gpt2::model::load(draft_dir, draft_opts);
+  specsample::check_model_vocabulary(draft.vocab_size(), tok, draft_dir.string());  // (its tokenizer is tok's)
   // What the probes' and the decode's weight bytes are.
   const bool target_held = held_otherwise(c.model), draft_held = held_otherwise(draft_options(c));
   const bool any_held = target_held || draft_held;

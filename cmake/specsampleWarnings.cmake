@@ -94,6 +94,18 @@ function(specsample_output_test name status regex)
   set_tests_properties(${name} PROPERTIES PASS_REGULAR_EXPRESSION "(${regex})${between}exit status ${status}\n$")
 endfunction()
 
+# specsample_mismatched_checkpoint(dir): a GPT-2 directory whose model and tokenizer disagree, made
+# of links (the tiny GPT-2's 50257-token config.json and weights, the bundled 4096-token tokenizer).
+function(specsample_mismatched_checkpoint dir)
+  file(MAKE_DIRECTORY "${dir}")
+  foreach(f config.json model.safetensors)
+    file(CREATE_LINK "${PROJECT_SOURCE_DIR}/tests/data/models/tiny-random-gpt2/${f}" "${dir}/${f}" SYMBOLIC)
+  endforeach()
+  foreach(f vocab.json merges.txt)
+    file(CREATE_LINK "${PROJECT_SOURCE_DIR}/models/shakespeare-target/${f}" "${dir}/${f}" SYMBOLIC)
+  endforeach()
+endfunction()
+
 # specsample_add_allocation_test(name SOURCES...): a test executable counting every heap
 # allocation (tests/support/counting_allocator.hpp, included by one of its TUs, wraps malloc and
 # replaces the global operator new for the whole executable).

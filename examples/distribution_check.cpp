@@ -222,6 +222,7 @@ bool check_checkpoints(const checkpoints& c, specsample::speculative_params para
   if (!c.ngram()) {
     draft.emplace(specsample::gpt2::model::load(
         draft_dir, c.draft_matmul ? specsample::gpt2::with_matmul_precision(opts, *c.draft_matmul) : opts));
+    specsample::check_model_vocabulary(draft->vocab_size(), tok, draft_dir.string());  // (its tokenizer is tok's)
   }
   params.eos = c.eos ? eos_id : target.config().eos_token_id;
   const auto described = [](const std::filesystem::path& dir, const specsample::gpt2::model& m) {

@@ -547,6 +547,7 @@ int run(int argc, char** argv) {
     specsample::check_same_vocabulary(specsample::bpe_tokenizer::load(dir), tok, dir.string(), target_dir.string());
     drafts.push_back(specsample::gpt2::model::load(
         dir, c.draft_matmul ? specsample::gpt2::with_matmul_precision(opts, *c.draft_matmul) : opts));
+    specsample::check_model_vocabulary(drafts.back().vocab_size(), tok, dir.string());  // (its tokenizer is tok's)
   }
   const double load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
