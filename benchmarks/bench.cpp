@@ -436,6 +436,15 @@ cli parse(int argc, char** argv) {
     usage_error(fmt::format("--k-max {} is above max_draft_length = {}", c.k_max, specsample::max_draft_length));
   }
   if (c.strategies && set("--verify")) usage_error("--strategies compares both verification rules; drop --verify");
+  // The K sweep's own options: the strategy comparison and the draft temperature scan read neither.
+  if (c.strategies || !c.draft_temperature_scan.empty()) {
+    for (const std::string_view flag : {"--k-max", "--cost-samples"}) {
+      if (set(flag)) {
+        usage_error(fmt::format("{} sets up the K sweep; {} does not read it: drop it", flag,
+                                c.strategies ? "--strategies" : "--draft-temperatures"));
+      }
+    }
+  }
   if (!c.strategies) {
     for (const std::string_view flag : {"--best-k-from", "--warmup-tokens", "--check-pairs", "--repetitive-temperatures"}) {
       if (set(flag)) usage_error(fmt::format("{} sets up the strategy comparison: it needs --strategies", flag));

@@ -66,6 +66,7 @@ constexpr std::string_view help = R"(usage: specsample-leniency [options]
 )";
 
 constexpr std::size_t max_long_tokens = 1'000'000;
+constexpr double max_cost_ratio = 1e6;
 
 cli parse(int argc, char** argv) {
   cli c;
@@ -77,7 +78,7 @@ cli parse(int argc, char** argv) {
         args.refuse_value();
         std::fputs(help.data(), stdout);
         std::exit(0);
-      } else if (a == "--vocab") c.vocab = args.number<std::size_t>();
+      } else if (a == "--vocab") c.vocab = args.number<std::size_t>(1);
       else if (a == "--order") c.order = args.number<std::size_t>();
       else if (a == "--length") c.length = args.number<std::size_t>(1);
       else if (a == "--similarity") c.similarity = args.number<double>();
@@ -104,7 +105,16 @@ cli parse(int argc, char** argv) {
     if (!samples_set) c.samples = 20000;
     if (!runs_set) c.long_runs = 200;
   }
-  if (!(c.c >= 0.0 && std::isfinite(c.c))) usage_error(fmt::format("--c must be finite and >= 0, got {}", c.c));
+  // The implied speedup divides by c·K + 1: a c near the double's range made it 0 and its change NaN.
+  if (!(c.c >= 0.0 && c.c <= max_cost_ratio)) {
+    usage_error(fmt::format("--c must be in [0, {:g}] (a draft call's cost in target calls), got {}", max_cost_ratio, c.c));
+  }
+  if (c.k > specsample::max_draft_length) {
+    usage_error(fmt::format("-k must be at most {} (max_draft_length), got {}", specsample::max_draft_length, c.k));
+  }
+  if (!(c.similarity >= 0.0 && c.similarity <= 1.0)) {
+    usage_error(fmt::format("--similarity must be in [0, 1], got {}", c.similarity));
+  }
   // The speed runs hold each generation's tokens: a bound that keeps them in memory.
   if (c.long_tokens > max_long_tokens) {
     usage_error(fmt::format("--long-tokens must be at most {}, got {}", max_long_tokens, c.long_tokens));
@@ -126,7 +136,16 @@ int run(int argc, char** argv) {
   std::string command = "specsample-leniency";
   for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
 
-  auto target = specsample::toy::markov::random(c.vocab, c.order, c.seed);
+  // What the flags ask may be more than the toy models or the enumeration hold: said with the flags.
+  const auto with_flags = [&](std::string_view flags, auto make) {
+    try {
+      return make();
+    } catch (const specsample::error& e) {
+      usage_error(fmt::format("{}: {}", flags, e.what()));
+    }
+  };
+  const std::string model_flags = fmt::format("--vocab {} --order {}", c.vocab, c.order);
+  auto target = with_flags(model_flags, [&] { return specsample::toy::markov::random(c.vocab, c.order, c.seed); });
   auto draft = specsample::toy::markov::similar_to(target, c.similarity, c.seed + 1);
   const std::vector<token> prompt{0};
   specsample::speculative_params params;
@@ -134,7 +153,10 @@ int run(int argc, char** argv) {
   params.draft_length = c.k;
   params.sampling.temperature = 1.0f;
 
-  const auto exact = specsample::testing::exact_sequence_distribution(target, prompt, c.length, params.sampling);
+  const std::string length_flags = fmt::format("--vocab {} --length {}", c.vocab, c.length);
+  const auto exact = with_flags(length_flags, [&] {
+    return specsample::testing::exact_sequence_distribution(target, prompt, c.length, params.sampling);
+  });
   const auto draft_exact = specsample::testing::exact_sequence_distribution(draft, prompt, c.length, params.sampling);
   const double tv_draft = specsample::testing::total_variation(draft_exact, exact);
 

@@ -281,6 +281,13 @@ tokenizer_copy tokenizer_for(const cli& c) {
   tokenizer_copy t;
   if (!dir) return t;
   const std::string flag = fmt::format("--tokenizer {}", dir->string());
+  // Copied onto itself the files would fail after the weights were written (and --out's own
+  // weights and config would replace those beside the tokenizer): refused first.
+  std::error_code ec;
+  if (fs::equivalent(*dir, *c.out, ec)) {
+    throw specsample::error(fmt::format("{} is the --out directory {}: give a tokenizer directory apart from it", flag,
+                                        c.out->string()));
+  }
   for (const char* name : {"vocab.json", "merges.txt"}) {
     if (!fs::is_regular_file(*dir / name)) throw specsample::error(fmt::format("{}: no {} there", flag, name));
     t.files.push_back(*dir / name);
