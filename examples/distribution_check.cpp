@@ -166,6 +166,16 @@ bool check(Draft& draft, Target& target, std::span<const specsample::token> prom
     fmt::print("drafting rounds of the samples: {} by prompt lookup, {} by the draft model\n",
                draft.first_rounds() - first_rounds, draft.second_rounds() - second_rounds);
   }
+  fmt::print("drafts in the samples: {} proposed, {} rejected (each replaced by a draw from the residual)\n",
+             fit.drafted, fit.rejected);
+  if (ok && fit.drafted == 0) {
+    fmt::print("note: no round drafted, so the check tested the target's own sampling only (a generation's last "
+               "token is never drafted, so --length 1 drafts nothing; prompt lookup drafts only where the context "
+               "repeats)\n");
+  } else if (ok && fit.rejected == 0) {
+    fmt::print("note: no draft was rejected, so the check never reached the residual (a verifier broken there "
+               "passes too); a less similar draft or a higher temperature rejects some\n");
+  }
   if (ok && fit.dof == 0) {  // (every sampler that emits nothing impossible passes)
     fmt::print("note: one sequence has positive probability, so the check shows only that every sample is it "
                "(a broken verifier passes too); a higher --temperature or --top-k tests the distribution\n");

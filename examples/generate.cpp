@@ -186,6 +186,7 @@ cli parse(int argc, char** argv) {
       else if (a == "--draft-temperature") {
         const std::string_view v = args.value();
         c.auto_draft_temperature = v == "auto";
+        c.draft_temperature.reset();  // (the last one given counts)
         if (!c.auto_draft_temperature) c.draft_temperature = specsample::io::parse_number<float>(a, v);
       }
       else if (a == "--seed") c.seed = args.number<std::uint64_t>();
@@ -291,6 +292,13 @@ cli parse(int argc, char** argv) {
                                 "temperature above 0",
                                 *t, flag == "--seed" ? "seeds" : "filters"));
       }
+    }
+  }
+  // A greedy target scores each draft 1 or 0: a leniency below 1 would change no decision.
+  if (c.params.sampling.temperature == 0.0f) {
+    if (const auto t = typed("--leniency")) {
+      usage_error(fmt::format("{} relaxes the acceptance of sampled drafts, but --temperature 0 (the default) accepts "
+                              "a draft only if it is the target's argmax: give a temperature above 0", *t));
     }
   }
   const bool draft_list = c.draft && c.draft->find(',') != std::string::npos;
@@ -509,6 +517,9 @@ int run(int argc, char** argv) {
     std::string list = c.draft.value_or((models / "shakespeare-draft").string());
     for (std::size_t start = 0; start <= list.size();) {
       const std::size_t comma = std::min(list.find(',', start), list.size());
+      if (comma == start && list.find(',') != std::string::npos) {  // (a list of one read as no list)
+        usage_error(fmt::format("--draft {}: an empty item in the list (a stray comma?)", list));
+      }
       if (comma > start) {
         const std::string item = list.substr(start, comma - start);
         if (item == "ngram") {
@@ -823,20 +834,22 @@ int run(int argc, char** argv) {
     if (!calibrations.empty()) j["draft_choice"] = calibrations;
     if (!temperature_scans.empty()) j["draft_temperature_scan"] = temperature_scans;
     if (fell_back) j["requested_mode"] = c.mode;  // speculative: no K paid
-    if (!spec_runs.empty()) {
-      j["speculative"] = stats_json(spec_runs.front(), c.params);
-      j["speculative"]["text"] = tok.decode(spec_runs.front().result.tokens);
-      j["speculative"]["token_ids"] = spec_runs.front().result.tokens;
-      j["speculative"]["decode_seconds_all"] = spec_s;
-      j["speculative"]["seconds_all"] = spec_all;
-    }
-    if (!ar_runs.empty()) {
-      j["autoregressive"] = stats_json(ar_runs.front(), c.params);
-      j["autoregressive"]["text"] = tok.decode(ar_runs.front().result.tokens);
-      j["autoregressive"]["token_ids"] = ar_runs.front().result.tokens;
-      j["autoregressive"]["decode_seconds_all"] = ar_s;
-      j["autoregressive"]["seconds_all"] = ar_all;
-    }
+    // A mode's statistics are its first run's; its times the medians over --repeat runs, as the
+    // text reports them (every run's in *_all).
+    const auto mode_json = [&](const std::vector<run_record>& runs, const std::vector<double>& decode,
+                               const std::vector<double>& all) {
+      nlohmann::json m = stats_json(runs.front(), c.params);
+      m["text"] = tok.decode(runs.front().result.tokens);
+      m["token_ids"] = runs.front().result.tokens;
+      m["decode_seconds"] = median(decode);
+      m["tokens_per_second"] = static_cast<double>(runs.front().result.stats.tokens) / median(decode);
+      m["seconds"] = median(all);
+      m["decode_seconds_all"] = decode;
+      m["seconds_all"] = all;
+      return m;
+    };
+    if (!spec_runs.empty()) j["speculative"] = mode_json(spec_runs, spec_s, spec_all);
+    if (!ar_runs.empty()) j["autoregressive"] = mode_json(ar_runs, ar_s, ar_all);
     if (compare) {
       j["speedup_median"] = median(ar_t) / median(spec_t);
       j["speedup_median_with_prefill"] = median(ar_all_t) / median(spec_all_t);

@@ -485,3 +485,29 @@ TEST_CASE("the chi-square survival function matches known quantiles", "[testing]
     }
   }
 }
+
+TEST_CASE("speculative_fit reports what its samples drafted and rejected", "[testing]") {
+  // A check that rejected nothing never reached the residual, one that drafted nothing tested the
+  // target alone: the fit says so (distribution_check prints it beside its verdict).
+  const auto target = toy::markov::random(3, 1, 4);
+  const std::vector<token> prompt{1};
+  speculative_params params;
+  params.sampling.temperature = 1.0f;
+  params.draft_length = 2;
+  params.max_new_tokens = 3;
+  std::mt19937_64 rng(2);
+  auto t = target;
+  auto far = toy::markov::random(3, 1, 9);
+  const auto some = testing::speculative_fit(far, t, prompt, params, 4000, rng);
+  CHECK(some.drafted > 0);
+  CHECK(some.rejected > 0);
+  CHECK(some.rejected <= some.drafted);
+  auto same = target;
+  const auto none_rejected = testing::speculative_fit(same, t, prompt, params, 4000, rng);
+  CHECK(none_rejected.drafted > 0);
+  CHECK(none_rejected.rejected == 0);
+  params.max_new_tokens = 1;
+  const auto none_drafted = testing::speculative_fit(far, t, prompt, params, 4000, rng);
+  CHECK(none_drafted.drafted == 0);
+  CHECK(none_drafted.rejected == 0);
+}

@@ -356,6 +356,12 @@ struct fit_result {
   double p_value = 1.0;        ///< P(χ²(dof) >= X²); 0 when a sample has probability zero
   std::size_t bins = 0;        ///< cells with E >= min_expected, plus one pooled bin of the rest
   std::size_t impossible = 0;  ///< samples that fell in cells of probability zero
+  /// What the samples' rounds did (`speculative_fit`): drafts proposed, and drafts rejected and
+  /// replaced by a draw from the residual. With none rejected the check did not reach the
+  /// residual (a verifier broken there passes too); with none drafted it tested the target's own
+  /// sampling alone (a length of 1 leaves no round room to draft).
+  std::size_t drafted = 0;
+  std::size_t rejected = 0;
 };
 
 namespace detail {
@@ -539,6 +545,22 @@ inline fit_result chi_square_test(const sequence_table& observed, const sequence
 /// as `speculative_sample` without a verifier uses.
 struct verifier_from_params {};
 
+namespace detail {
+
+// One speculative generation as `speculative_fit` draws it, whole (its statistics too).
+template <class Draft, class Target, class Rng, class Verifier>
+[[nodiscard]] generation_result draw(Draft& draft, Target& target, std::span<const token> prompt,
+                                     const speculative_params& params, Rng& rng, Verifier&& verifier) {
+  no_observer none;
+  if constexpr (std::is_same_v<std::remove_cvref_t<Verifier>, verifier_from_params>) {
+    return speculative_sample(draft, target, prompt, params, rng, none);
+  } else {
+    return speculative_sample(draft, target, prompt, params, rng, none, verifier);
+  }
+}
+
+}  // namespace detail
+
 /// One speculative sample as `speculative_fit` draws it: `speculative_sample` with `verifier` (used
 /// in place, as `speculative_sample` uses it), or, with the default `verifier_from_params`, the
 /// rule `params` name. Its output tokens.
@@ -547,12 +569,7 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
   requires(language_model<Draft> || drafter<Draft>)
 [[nodiscard]] std::vector<token> speculative_draw(Draft& draft, Target& target, std::span<const token> prompt,
                                                   const speculative_params& params, Rng& rng, Verifier&& verifier = {}) {
-  no_observer none;
-  if constexpr (std::is_same_v<std::remove_cvref_t<Verifier>, verifier_from_params>) {
-    return speculative_sample(draft, target, prompt, params, rng, none).tokens;
-  } else {
-    return speculative_sample(draft, target, prompt, params, rng, none, verifier).tokens;
-  }
+  return detail::draw(draft, target, prompt, params, rng, verifier).tokens;
 }
 
 /// The whole exactness check for one pair: enumerates the target's exact distribution over
@@ -595,12 +612,18 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
     detail::require_two_bins(outcomes, static_cast<double>(samples), default_min_expected);
   }
   sequence_table observed(L, samples);  // room for every sample: a broken sampler's spread fails, never throws
+  std::size_t drafted = 0, rejected = 0;
   for (std::size_t i = 0; i < samples; ++i) {
-    std::vector<token> out = speculative_draw(draft, target, prompt, params, rng, verifier);
-    if (params.eos && out.size() < L) out.resize(L, static_cast<token>(V));  // (only EOS ends a run early)
-    observed.add(out, 1.0);
+    generation_result r = detail::draw(draft, target, prompt, params, rng, verifier);
+    drafted += r.stats.drafted;
+    rejected += r.stats.corrections;
+    if (params.eos && r.tokens.size() < L) r.tokens.resize(L, static_cast<token>(V));  // (only EOS ends a run early)
+    observed.add(r.tokens, 1.0);
   }
-  return chi_square_test(observed, exact);
+  fit_result fit = chi_square_test(observed, exact);
+  fit.drafted = drafted;
+  fit.rejected = rejected;
+  return fit;
 }
 
 /// The total variation distance between two distributions of the same shape.
