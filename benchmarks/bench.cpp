@@ -184,7 +184,8 @@ constexpr std::string_view help = R"(usage: specsample-bench [options]
   --reps R              repetitions of every (prompt, K, temperature) (default 2; 4 with --strategies)
   --k-max K             sweep K = 1..K (default 8)
   --temperatures LIST   comma-separated temperatures (default 0,0.7,1)
-  --threads N           kernel threads, one pool shared by both models (default 1; 0 = all cores)
+  --threads N           kernel threads, one pool shared by both models (default 1; 0: one per CPU
+                        it may run on)
   --kernels LEVEL       kernel level: best (default), avx512, avx2 or generic (capped at what the
                         CPU has and the build compiled; the report names the level used)
   --weights F           hold both models' matmul weights as f32, f16 or bf16 (default: as the
@@ -371,7 +372,7 @@ cli parse(int argc, char** argv) {
       else if (a == "--threads") {
         c.threads = args.number<std::size_t>();
         if (c.threads > specsample::gpt2::thread_pool::max_threads) {
-          throw specsample::error(fmt::format("--threads must be at most {} (0: all cores), got {}",
+          throw specsample::error(fmt::format("--threads must be at most {} (0: one per CPU it may run on), got {}",
                                               specsample::gpt2::thread_pool::max_threads, c.threads));
         }
       }

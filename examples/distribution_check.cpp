@@ -27,7 +27,8 @@ constexpr const char* usage =
     "                              draft model where it finds none\n"
     "  --eos ID|none               where a sequence stops (default: the target's config.json, as\n"
     "                              specsample-generate stops)\n"
-    "  --threads N                 kernel threads, shared by both models (default 0: all cores)\n"
+    "  --threads N                 kernel threads, shared by both models (default 0: one per CPU it\n"
+    "                              may run on)\n"
     "  --kernels LEVEL             best, avx512, avx2 or generic  } both models, as\n"
     "  --weights F                 f32, f16 or bf16               } specsample-generate loads them\n"
     "  --kv F                      f32 or f16                     } (--matmul bf16: the target checked\n"
@@ -360,7 +361,7 @@ int main(int argc, char** argv) {
       }
     }
     if (pair.threads > specsample::gpt2::thread_pool::max_threads) {
-      throw specsample::error(fmt::format("--threads must be at most {} (0: all cores), got {}",
+      throw specsample::error(fmt::format("--threads must be at most {} (0: one per CPU it may run on), got {}",
                                           specsample::gpt2::thread_pool::max_threads, pair.threads));
     }
     if (const std::string note = specsample::gpt2::oversubscription_note("--threads", pair.threads); !note.empty()) {

@@ -122,7 +122,8 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
                         --temperature in 0.8..1.5 with the highest expected acceptance along the
                         target's own 64 tokens from each warm-up prompt (scan_draft_temperature)
   --seed S              random seed (default 42)
-  --threads N           kernel threads, one pool shared by all models (default: all cores)
+  --threads N           kernel threads, one pool shared by all models (default: one per CPU
+                        it may run on)
   --kernels LEVEL       best (default), avx512, avx2 or generic (capped at what the CPU has
                         and the build compiled)
   --weights F           hold every model's matmul weights as f32, f16 or bf16 (default: as the
@@ -213,7 +214,7 @@ cli parse(int argc, char** argv) {
       else if (a == "--threads") {
         c.threads = args.number<std::size_t>();
         if (c.threads > specsample::gpt2::thread_pool::max_threads) {
-          throw specsample::error(fmt::format("--threads must be at most {} (0: all cores), got {}",
+          throw specsample::error(fmt::format("--threads must be at most {} (0: one per CPU it may run on), got {}",
                                               specsample::gpt2::thread_pool::max_threads, c.threads));
         }
       }
