@@ -580,17 +580,30 @@ int run(int argc, char** argv) {
                             "recur",
                             c.prompt_lookup, whose, limit));
   }
-  {  // -n against the models' context, named as typed (the library names max_new_tokens)
-    const std::size_t n = c.params.max_new_tokens, fits = specsample::max_new_tokens_within(limit, prompt.size());
+  {  // -n against the models' contexts, named as typed (the library names max_new_tokens): the target
+     // holds prompt + n - 1 tokens, a draft model one fewer
+    std::size_t fits = specsample::max_new_tokens_within(target.max_size(), prompt.size());
+    std::size_t bound = target.max_size(), longest_prompt = target.max_size();
+    std::string bound_by = "target model";
+    for (std::size_t d = 0; d < drafts.size(); ++d) {
+      const std::size_t f = specsample::draft_max_new_tokens_within(drafts[d].max_size(), prompt.size());
+      if (f < fits) {
+        fits = f;
+        bound = drafts[d].max_size();
+        longest_prompt = bound + 1;
+        bound_by = fmt::format("draft model ({})", candidates[d].string());
+      }
+    }
+    const std::size_t n = c.params.max_new_tokens;
     if (fits == 0) {  // no -n helps (-n is >= 1): the prompt alone does not fit
       usage_error(fmt::format("the prompt of {} tokens does not fit: the {} holds at most {} tokens, so a prompt of "
                               "at most {} leaves room for a new one; shorten the prompt",
-                              prompt.size(), whose, limit, limit));
+                              prompt.size(), bound_by, bound, longest_prompt));
     }
     if (n > fits) {
       usage_error(fmt::format("-n {} is too many after a prompt of {} tokens: the {} holds at most {} tokens "
                               "(at most {} new {} here); lower -n",
-                              n, prompt.size(), whose, limit, fits, fits == 1 ? "one" : "ones"));
+                              n, prompt.size(), bound_by, bound, fits, fits == 1 ? "one" : "ones"));
     }
   }
 

@@ -483,6 +483,10 @@ TEST_CASE("a context that cannot hold the generation is refused up front", "[loo
   CHECK(max_new_tokens_within(8, 3) == 6);  // what a program can check first
   CHECK(max_new_tokens_within(8, 8) == 1);
   CHECK(max_new_tokens_within(8, 9) == 0);
+  CHECK(draft_max_new_tokens_within(8, 3) == 7);  // a draft model holds one fewer: 3 + 7 - 2 = 8
+  CHECK(draft_max_new_tokens_within(8, 9) == 1);  // (the prompt but its last token: 8, and no round drafts)
+  CHECK(draft_max_new_tokens_within(8, 10) == 0);
+  CHECK(draft_max_new_tokens_within(std::numeric_limits<std::size_t>::max(), 1) == std::numeric_limits<std::size_t>::max());
   CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, make_params(7, 4), rng),
                     Equals("context overflow: a prompt of 3 tokens plus max_new_tokens = 7 needs a context of 9 "
                            "tokens (the last new token is never fed to a model), but the target model holds at most 8"));

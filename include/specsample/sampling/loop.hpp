@@ -43,6 +43,17 @@ namespace specsample {
   return held > limit ? 0 : limit - held;
 }
 
+/// The same for a draft model of `limit` positions, which never holds the generation's last two
+/// tokens: prompt + max_new_tokens - 2 <= limit (and the prompt but its last token after the
+/// prefill); 0 when the prompt alone does not fit. A pair's most is the smaller of this and the
+/// target's `max_new_tokens_within`.
+[[nodiscard]] constexpr std::size_t draft_max_new_tokens_within(std::size_t limit, std::size_t prompt) noexcept {
+  const std::size_t held = prompt > 0 ? prompt - 1 : 0;
+  if (held > limit) return 0;
+  const std::size_t room = limit - held;
+  return room == std::numeric_limits<std::size_t>::max() ? room : room + 1;
+}
+
 namespace detail {
 
 inline void check_prompt(std::span<const token> prompt, std::size_t vocab) {
