@@ -85,12 +85,22 @@ constexpr const char* usage =
 
 namespace {
 
-// On rejection draws from p instead of norm(max(0, p - q)): a classic mistake.
+// On rejection draws from p instead of norm(max(0, p - q)): a classic mistake. It reads p as the
+// built-in rules do, column by column through `decide` (the loop's lazy path, which warps a target
+// column only when a decision reaches it), so the check's FAIL is of the path its PASS certifies.
 struct broken_verifier {
+  using decides_columns = broken_verifier;
+
   template <class Rng>
   specsample::verify_result operator()(std::span<const specsample::token> drafts,
                                        const Eigen::Ref<const Eigen::MatrixXf>& q,
                                        const Eigen::Ref<const Eigen::MatrixXf>& p, Rng& rng) const {
+    return decide(drafts, q, p, rng);
+  }
+
+  template <class Columns, class Rng>
+  specsample::verify_result decide(std::span<const specsample::token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
+                                   const Columns& p, Rng& rng) const {
     const auto k = static_cast<Eigen::Index>(drafts.size());
     for (Eigen::Index i = 0; i < k; ++i) {
       const auto x = drafts[static_cast<std::size_t>(i)];
