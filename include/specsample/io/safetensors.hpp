@@ -98,12 +98,15 @@ enum class dtype : std::uint8_t {
   return 0;
 }
 
+/// Every dtype the reader knows.
+inline constexpr dtype all_dtypes[] = {dtype::f32,  dtype::f16,  dtype::bf16, dtype::i32,     dtype::i64,     dtype::f64,
+                                       dtype::i8,   dtype::i16,  dtype::u8,   dtype::u16,     dtype::u32,     dtype::u64,
+                                       dtype::boolean, dtype::f8_e4m3, dtype::f8_e5m2, dtype::f8_e8m0};
+
 /// Parses a safetensors dtype string; `std::nullopt` for one this reader does not know (the
 /// format's packed sub-byte types F4, F6_E2M3 and F6_E3M2 among them).
 [[nodiscard]] constexpr std::optional<dtype> parse_dtype(std::string_view s) noexcept {
-  for (const dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::i32, dtype::i64, dtype::f64, dtype::i8,
-                        dtype::i16, dtype::u8, dtype::u16, dtype::u32, dtype::u64, dtype::boolean, dtype::f8_e4m3,
-                        dtype::f8_e5m2, dtype::f8_e8m0}) {
+  for (const dtype t : all_dtypes) {
     if (s == dtype_name(t)) return t;
   }
   return std::nullopt;
@@ -225,9 +228,9 @@ struct parsed_header {
     const auto& dts = dt->get_ref<const std::string&>();
     const std::optional<dtype> type = parse_dtype(dts);
     if (!type) {
-      throw error(fmt::format("{}: unknown dtype '{}' (known: F32, F16, BF16, F64, I8, I16, I32, I64, U8, U16, U32, "
-                              "U64, BOOL, F8_E4M3, F8_E5M2, F8_E8M0)",
-                              where(), dts));
+      std::string known;
+      for (const dtype t : all_dtypes) known.append(known.empty() ? "" : ", ").append(dtype_name(t));
+      throw error(fmt::format("{}: unknown dtype '{}' (known: {})", where(), dts, known));
     }
     if (!sh->is_array()) throw error(fmt::format("{}: \"shape\" is not an array", where()));
     tensor_view view;
