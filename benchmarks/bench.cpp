@@ -1,7 +1,7 @@
 // specsample-bench: the speculative-sampling sweep behind docs/benchmarks.md.
 //
 //   specsample-bench [--target DIR] [--draft DIR] [--prompts FILE] [-n N] [--reps R] [--k-max K]
-//                    [--temperatures 0,0.7,1] [--threads N] [--kernels LEVEL] [--weights F] [--kv F] [--matmul P] [--seed S]
+//                    [--temperatures 0,0.7,1] [--threads N] [--kernels LEVEL] [--weights F] [--kv F] [--matmul P] [--amx on|off] [--seed S]
 //                    [--draft-matmul P] [--draft-temperature-ratio R] [--verify RULE] [--cost-samples N]
 //                    [--out DIR] [--quick]
 //
@@ -155,7 +155,7 @@ struct cli {
   std::size_t max_prompts = 0;  // 0 = all
   std::vector<double> temperatures{0.0, 0.7, 1.0};
   std::uint64_t seed = 20240601;
-  specsample::gpt2::options model;  // --kernels, --weights, --kv, --matmul (gpt2::set_option)
+  specsample::gpt2::options model;  // --kernels, --weights, --kv, --matmul, --amx (gpt2::set_option)
   std::optional<specsample::gpt2::matmul_precision> draft_matmul;  // --draft-matmul
   double draft_temperature_ratio = 1.0;  // the draft samples at this × the cell's temperature
   specsample::verification verify = specsample::verification::token_wise;  // --verify: the sweep's rule
@@ -197,6 +197,9 @@ constexpr std::string_view help = R"(usage: specsample-bench [options]
                         (options::matmul_precision); the FMA peak is then vdpbf16ps's; or int8:
                         weights per output and activations per row quantised to INT8, vpdpbusd
                         where the CPU has AVX512_VNNI (the peak is then vpdpbusd's)
+  --amx on|off          bf16 and int8 matmuls on AMX tiles where the CPU has them (default on;
+                        options::amx): the peak is then the tile dot product's, a call of up to
+                        16 tokens at the cost of one
   --draft-matmul P      the draft's matmuls in P (f32, bf16 or int8) instead of --matmul's: a
                         draft's precision costs acceptance, never exactness
   --draft-temperature-ratio R   the draft samples its proposals at R × each cell's temperature
@@ -263,6 +266,15 @@ std::string setup_note(const cli& c) {
   }
   if (c.verify == specsample::verification::block) note += ", block verification (--verify block)";
   return note;
+}
+
+// The kernels the models run: the level, and which models' matmuls run on AMX tiles (`model::amx`).
+std::string kernels_note(const specsample::gpt2::model& target, const specsample::gpt2::model& draft) {
+  const char* tiles = target.amx() && draft.amx() ? " (both models' matmuls on AMX tiles)"
+                      : target.amx()              ? " (the target's matmuls on AMX tiles)"
+                      : draft.amx()               ? " (the draft's matmuls on AMX tiles)"
+                                                  : "";
+  return fmt::format("{} kernels{}", specsample::isa_name(target.kernels()), tiles);
 }
 
 // The draft's options: the models' (`cli::model`), with --draft-matmul's precision.
@@ -1036,12 +1048,18 @@ json bandwidth_json(const decode_bandwidth& b) {
 struct fma_probe_result {
   specsample::isa level = specsample::isa::generic;
   const char* instruction = "";  // fma_loop::instruction
+  std::size_t rows = 1;          // fma_loop::rows
   summary gmacs;
+
+  /// Seconds of the multiply-adds of a call of j tokens, `macs` per token, at the peak: j rows, or
+  /// for tiles whole instructions of `rows` rows.
+  [[nodiscard]] double seconds(std::size_t j, double macs) const {
+    return static_cast<double>((j + rows - 1) / rows * rows) * macs / (gmacs.median * 1e9);
+  }
 };
 
-fma_probe_result probe_fma(specsample::isa level, specsample::gpt2::matmul_precision precision, std::size_t reps,
-                           std::size_t threads) {
-  const specsample_bench::fma_loop loop = specsample_bench::fma_loop_for(level, precision);
+fma_probe_result probe_fma(const specsample::gpt2::model& m, std::size_t reps, std::size_t threads) {
+  const specsample_bench::fma_loop loop = specsample_bench::fma_loop_for(m.kernels(), m.matmul_precision(), m.amx());
   volatile float sink = loop.run(1000);  // warm up (and wake the wide vector units)
   // `iters` iterations on every thread at once: this one and threads - 1 others.
   const auto run_all = [&](std::size_t iters) {
@@ -1064,7 +1082,7 @@ fma_probe_result probe_fma(specsample::isa level, specsample::gpt2::matmul_preci
     gmacs.push_back(static_cast<double>(threads * iters * loop.macs_per_iteration) / seconds_since(t0) / 1e9);
   }
   (void)sink;
-  return {level, loop.instruction, summarize(gmacs)};
+  return {m.kernels(), loop.instruction, loop.rows, summarize(gmacs)};
 }
 
 /// Multiply-adds of the GPT-2 matmuls for one token (the four matmuls of every block and the
@@ -1536,9 +1554,9 @@ int run_strategies(const bench_setup& b) {
     md += fmt::format(f, std::forward<A>(args)...);
   };
   out("### Strategies: {} drafting for {}\n\n", b.draft_dir.filename().string(), b.target_dir.filename().string());
-  out("`{}` — {} tokens per run, {} rep(s), {} kernel thread(s) shared by the models, {} kernels{}, seed {}; {}; {} cores; {}; {}; "
+  out("`{}` — {} tokens per run, {} rep(s), {} kernel thread(s) shared by the models, {}{}, seed {}; {}; {} cores; {}; {}; "
       "source {}; {}; load average {} at start, {} at end; run time {}.\n\n",
-      b.command, c.n, c.reps, b.target.threads(), specsample::isa_name(b.target.kernels()), setup_note(c), c.seed, cpu_model(), std::thread::hardware_concurrency(),
+      b.command, c.n, c.reps, b.target.threads(), kernels_note(b.target, b.draft), setup_note(c), c.seed, cpu_model(), std::thread::hardware_concurrency(),
       "g++ " __VERSION__, compile_flags(), revision(), b.date, b.load_start, load_end, fmt_duration(total_seconds));
   out("Correctness guard (T = 0): every strategy's tokens == autoregressive tokens in {}/{} runs: **{}**\n\n",
       greedy_identical, greedy_runs, greedy_runs == 0 ? "not run (no T = 0)" : guard_ok ? "PASS" : "FAIL");
@@ -1611,6 +1629,7 @@ int run_strategies(const bench_setup& b) {
     j["config"].update(specsample::gpt2::precision_json(c.model));
     j["config"]["draft_matmul"] = specsample::gpt2::precision_name(draft_options(c).matmul_precision);
     j["config"]["draft_temperature_ratio"] = c.draft_temperature_ratio;
+    j["config"]["amx"] = {{"target", b.target.amx()}, {"draft", b.draft.amx()}};
     j["guard"] = {{"greedy_runs", greedy_runs}, {"identical", greedy_identical}, {"pass", guard_ok}};
     json cj = json::array();
     for (const auto& cl : cells) {
@@ -1856,11 +1875,11 @@ int run(int argc, char** argv) {
   // weights at the probe's bandwidth and its matmuls' multiply-adds at the FMA peak (attention,
   // norms and everything else counted as free). v_floor(j) = floor(j) / floor(1).
   fmt::print(stderr, "specsample-bench: FMA peak probe ({})\n", specsample::isa_name(target.kernels()));
-  const fma_probe_result fma = probe_fma(target.kernels(), target.matmul_precision(), c.probe_reps, threads);
+  const fma_probe_result fma = probe_fma(target, c.probe_reps, threads);
   const double macs_token = matmul_macs_per_token(target.config());
   const double stream_floor = static_cast<double>(target.weights().matmul_bytes()) / (probe_at(target_bytes) * 1e9);
   const auto floor_seconds = [&](std::size_t j) {
-    return std::max(stream_floor, static_cast<double>(j) * macs_token / (fma.gmacs.median * 1e9));
+    return std::max(stream_floor, fma.seconds(j, macs_token));
   };
   const auto v_floor = [&](std::size_t j) { return floor_seconds(j) / floor_seconds(1); };
   // The draft's single-token call has the same kind of floor, its weight stream taken at the
@@ -1869,12 +1888,13 @@ int run(int argc, char** argv) {
   // two models' floors.
   // (A draft that multiplies otherwise, --draft-matmul, at its own precision's peak.)
   const double macs_draft = matmul_macs_per_token(draft.config());
-  const fma_probe_result draft_fma = draft.matmul_precision() == target.matmul_precision()
-                                         ? fma
-                                         : probe_fma(draft.kernels(), draft.matmul_precision(), c.probe_reps, threads);
+  const fma_probe_result draft_fma =
+      draft.matmul_precision() == target.matmul_precision() && draft.amx() == target.amx()
+          ? fma
+          : probe_fma(draft, c.probe_reps, threads);
   const double draft_floor =
       std::max(static_cast<double>(draft.weights().matmul_bytes()) / (probe_at(draft_bytes) * 1e9),
-               macs_draft / (draft_fma.gmacs.median * 1e9));
+               draft_fma.seconds(1, macs_draft));
   const double c_floor = draft_floor / floor_seconds(1);
   // The speedup a cell could reach with its measured tokens per call if its calls cost only their
   // floors: tokens per call / (c·K + v_floor(K + 1)), with the measured c (`ceiling`: the target's
@@ -1975,10 +1995,10 @@ int run(int argc, char** argv) {
     md += fmt::format(f, std::forward<A>(args)...);
   };
   out("### Sweep: {} drafting for {}\n\n", draft_dir.filename().string(), target_dir.filename().string());
-  out("`{}` — {} prompts × {} reps × {} tokens, K = 1..{}, T ∈ {{{}}}, {} kernel thread(s) shared by the models, {} kernels{}; {}; "
+  out("`{}` — {} prompts × {} reps × {} tokens, K = 1..{}, T ∈ {{{}}}, {} kernel thread(s) shared by the models, {}{}; {}; "
       "{} cores; {}; {}; source {}; {}; load average {} at start, {} at end; run time {}.\n\n",
       command, prompts.size(), c.reps, c.n, c.k_max, fmt::join(c.temperatures, ", "), threads,
-      specsample::isa_name(target.kernels()), setup_note(c), cpu_model(),
+      kernels_note(target, draft), setup_note(c), cpu_model(),
       std::thread::hardware_concurrency(), "g++ " __VERSION__, compile_flags(), revision(), date, load_start,
       load_end, fmt_duration(total_seconds));
   out("Correctness guard (T = 0): speculative == autoregressive tokens in {}/{} runs: **{}**\n\n", greedy_identical,
@@ -2059,13 +2079,18 @@ int run(int argc, char** argv) {
         bw->decode_gbs.median, bw->probe_gbs.median, 100.0 * bw->fraction, bw->kv_bytes,
         bw->working_set_gbs.median, 100.0 * bw->working_set_fraction);
   }
-  out("\n#### Machine floors\n\nFMA peak (register-only multiply-adds: {}, {} vectors, on {} thread(s) at once, "
+  const std::string fma_unit = fma.rows == 1 ? fmt::format("{} vectors", specsample::isa_name(fma.level))
+                                             : fmt::format("tiles of one row, each instruction counted as {} rows' "
+                                                           "multiply-adds (it takes up to {} at about the same time)",
+                                                           fma.rows, fma.rows);
+  const std::string fma_calls = fma.rows == 1 ? std::string("j ×") : fmt::format("ceil(j / {0}) × {0} ×", fma.rows);
+  out("\n#### Machine floors\n\nFMA peak (register-only multiply-adds: {}, {}, on {} thread(s) at once, "
       "median (min–max) of {} reps): {} GMAC/s. One token of the target is {:.2f} M multiply-adds in its matmuls. A j-token call takes at "
       "least the longer of streaming the {:.1f} MB of matmul weights at the probe's {:.1f} GB/s ({:.3f} ms) and "
-      "j × {:.2f} M multiply-adds at the FMA peak; attention, norms and the rest count as free.\n\n",
-      fma.instruction, specsample::isa_name(fma.level), threads, c.probe_reps, fmt_range(fma.gmacs, 1), macs_token * 1e-6,
+      "{} {:.2f} M multiply-adds at the FMA peak; attention, norms and the rest count as free.\n\n",
+      fma.instruction, fma_unit, threads, c.probe_reps, fmt_range(fma.gmacs, 1), macs_token * 1e-6,
       static_cast<double>(target.weights().matmul_bytes()) * 1e-6, probe_at(target_bytes), stream_floor * 1e3,
-      macs_token * 1e-6);
+      fma_calls, macs_token * 1e-6);
   out("| target call | floor, ms (bound) | measured, ms | measured / floor | ratio to 1 token: floor | measured |\n"
       "|---|---|---|---|---|---|\n");
   for (std::size_t j = 1; j <= c.k_max + 1; ++j) {
@@ -2250,6 +2275,7 @@ int run(int argc, char** argv) {
     j["config"]["draft_matmul"] = specsample::gpt2::precision_name(draft_options(c).matmul_precision);
     j["config"]["draft_temperature_ratio"] = c.draft_temperature_ratio;
     j["config"]["verify"] = specsample::verification_name(c.verify);
+    j["config"]["amx"] = {{"target", target.amx()}, {"draft", draft.amx()}};
     const auto cost_json = [](const cost_result& r) {
       json t = json::array();
       for (std::size_t jj = 0; jj < r.target_j.size(); ++jj) {

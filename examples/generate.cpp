@@ -3,7 +3,7 @@
 //   specsample-generate [--target DIR] [--draft DIR] [--prompt TEXT | --prompt-file F]
 //                       [-n N] [--eos ID|none] [-k K|auto] [--p-min P] [--adaptive] [--temperature T] [--top-k N] [--top-p P] [--min-p P]
 //                       [--draft-temperature T|auto]
-//                       [--seed S] [--threads N] [--kernels LEVEL] [--weights f32|f16|bf16] [--kv f32|f16] [--matmul f32|bf16|int8]
+//                       [--seed S] [--threads N] [--kernels LEVEL] [--weights f32|f16|bf16] [--kv f32|f16] [--matmul f32|bf16|int8] [--amx on|off]
 //                       [--draft-matmul f32|bf16|int8] [--prompt-lookup N] [--calibration-prompts F]
 //                       [--mode speculative|autoregressive|compare]
 //                       [--verify tokenwise|block] [--leniency B] [--repeat R] [--stream]
@@ -71,7 +71,7 @@ struct cli {
   std::optional<token> eos;
   bool no_eos = false;
   std::size_t threads = 0;
-  specsample::gpt2::options model;  // --kernels, --weights, --kv, --matmul (gpt2::set_option)
+  specsample::gpt2::options model;  // --kernels, --weights, --kv, --matmul, --amx (gpt2::set_option)
   std::optional<specsample::gpt2::matmul_precision> draft_matmul;  // --draft-matmul: the draft models' instead
   std::string mode = "compare";
   std::size_t repeat = 1;
@@ -136,6 +136,9 @@ constexpr std::string_view help = R"(usage: specsample-generate [options]
                         AVX512_BF16: cheaper calls of several tokens; docs/gpt2.md); or int8:
                         weights per output and activations per row quantised to INT8, exact
                         integer sums (vpdpbusd where the CPU has AVX512_VNNI)
+  --amx on|off          bf16 and int8 matmuls on AMX tiles where the CPU has them (default on):
+                        a call of up to 16 tokens costs about what one does; int8 the same bits,
+                        bf16 its own last bits (docs/gpt2.md)
   --draft-matmul P      the draft models' matmuls in P instead (f32, bf16 or int8): e.g. int8
                         drafts at half the bytes of BF16; a draft's precision costs acceptance,
                         never exactness

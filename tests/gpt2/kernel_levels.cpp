@@ -1,6 +1,6 @@
 // Not a test: a report that the test command prints after each suite (scripts/test.sh). The
 // kernel tests run every level this CPU can run (tests/support/kernel_levels.hpp, which this
-// reads), so on a CPU without AVX-512, or without AVX512_BF16 or AVX512_VNNI, some kernels are
+// reads), so on a CPU without AVX-512, or without AVX512_BF16, AVX512_VNNI or AMX, some kernels are
 // compiled but never run; a build with SPECSAMPLE_AVX512=0 leaves the AVX-512 ones out
 // (tests/CMakeLists.txt compiles them apart, unoptimised). This says which, instead of leaving a
 // passing suite silent about it.
@@ -29,6 +29,10 @@ int main() {
   } else if (simd::avx512_kernels) {
     if (!simd::has_avx512_bf16()) not_run.emplace_back("the AVX512_BF16 dot products (vdpbf16ps) of the BF16 matmuls");
     if (!simd::has_avx512_vnni()) not_run.emplace_back("the AVX512_VNNI byte dot products (vpdpbusd) of the INT8 matmuls");
+    if (!simd::has_amx()) {
+      not_run.emplace_back("the AMX tile matmuls (TDPBF16PS, TDPBUSD) of the BF16 and INT8 matmuls (Intel Sapphire "
+                           "Rapids and later, on Linux)");
+    }
   }
   fmt::print("specsample: the kernel tests ran the levels {} on this CPU", fmt::join(ran, ", "));
   if (not_run.empty() && simd::avx512_kernels) fmt::print(", every kernel path");

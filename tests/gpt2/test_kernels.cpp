@@ -680,6 +680,79 @@ TEST_CASE("matmul of INT8 quads gives the exact integer sums times the scales, b
   }
 }
 
+TEST_CASE("matmuls on AMX tiles: INT8 the exact sums, BF16 near vdpbf16ps's and batch- and thread-invariant",
+          "[gpt2][kernels][amx]") {
+  // weight_view::tiles: where the CPU has AMX (simd::has_amx; tests/gpt2/kernel_levels.cpp says so
+  // after the suite where it has not), the AVX-512 level runs BF16-pair and INT8 matmuls whose width
+  // fits the tiles (32 / 64 columns) on them, rows in blocks of 16 (the last shorter). INT8: the
+  // reference's bits (those of every level). BF16: its own sums, within 1e-5 of vdpbf16ps's, and
+  // the same bits for every row alone, every batch and offset, and every thread split; a width
+  // that does not fit takes the other kernels (vdpbf16ps's bits).
+  REQUIRE(gpt2::simd::amx_fits(weight_format::bf16_pairs, 32));
+  REQUIRE(gpt2::simd::amx_fits(weight_format::bf16_pairs, 1600));  // gpt2-xl
+  REQUIRE_FALSE(gpt2::simd::amx_fits(weight_format::bf16_pairs, 48));
+  REQUIRE_FALSE(gpt2::simd::amx_fits(weight_format::i8_quads, 96));
+  REQUIRE(gpt2::simd::amx_fits(weight_format::i8_quads, 6400));
+  REQUIRE_FALSE(gpt2::simd::amx_fits(weight_format::f32, 64));
+  REQUIRE_FALSE(gpt2::simd::amx_fits(weight_format::i8_quads, 0));
+  if (!gpt2::simd::has_amx()) return;  // (reported by specsample_kernel_levels)
+  std::mt19937 rng(41);
+  thread_pool pool2(2), pool3(3);
+  std::size_t bf16_differs = 0;  // outputs whose tile sums are not vdpbf16ps's: the tiles ran
+  for (const weight_format f : {weight_format::bf16_pairs, weight_format::i8_quads}) {
+    for (const std::size_t C : {32u, 64u, 96u, 384u, 67u}) {
+      for (const std::size_t OC : {13u, 64u, 130u}) {
+        const std::size_t T = 35;  // two blocks of 16 and one of 3
+        auto inp = random_vector(T * C, rng, 3.0f);
+        const auto w = random_vector(OC * C, rng, 0.2f);
+        const auto bias = random_vector(OC, rng);
+        const auto packed = gpt2::weight_matrix::from_floats(f, OC, C, w.data());
+        gpt2::weight_view v = packed.view();
+        v.tiles = true;
+        const std::vector<float> want = f == weight_format::i8_quads ? i8_reference(inp, w, bias, T, C, OC)
+                                                                     : bf16_dot_reference(inp, w, bias, T, C, OC);
+        std::vector<float> out(T * OC), out2(T * OC), out3(T * OC);
+        INFO("format " << gpt2::format_name(f) << ", C = " << C << ", OC = " << OC);
+        k::matmul(out, inp, v, bias, T, C, OC, nullptr, isa::avx512);
+        if (f == weight_format::i8_quads || !gpt2::simd::amx_fits(f, C)) {
+          REQUIRE(bitwise_equal(out.data(), want.data(), out.size()));
+        } else {
+          REQUIRE(max_rel_diff(out, want) < 1e-5);
+          for (std::size_t i = 0; i < out.size(); ++i) bf16_differs += out[i] != want[i] ? 1 : 0;
+        }
+        k::matmul(out2, inp, v, bias, T, C, OC, &pool2, isa::avx512);
+        k::matmul(out3, inp, v, bias, T, C, OC, &pool3, isa::avx512);
+        REQUIRE(bitwise_equal(out.data(), out2.data(), out.size()));
+        REQUIRE(bitwise_equal(out.data(), out3.data(), out.size()));
+        for (std::size_t T2 = 1; T2 <= T; ++T2) {  // every batch size, at offset 0 and at the end
+          for (const std::size_t t0 : {std::size_t{0}, T - T2}) {
+            std::vector<float> part(T2 * OC);
+            k::matmul(part, std::span<const float>(inp).subspan(t0 * C, T2 * C), v, bias, T2, C, OC,
+                      T2 % 2 == 0 ? &pool2 : nullptr, isa::avx512);
+            INFO("rows " << t0 << " .. " << t0 + T2 - 1);
+            REQUIRE(bitwise_equal(part.data(), out.data() + t0 * OC, T2 * OC));
+          }
+        }
+      }
+    }
+  }
+  REQUIRE(bf16_differs > 0);
+  // The widest INT8 matrix at the extremes (integer sums of 255 · (−127) · 65536) and a NaN row.
+  {
+    const std::size_t C = gpt2::simd::i8_max_cols;
+    std::vector<float> inp(2 * C, 2.0f), w(C, -0.5f);
+    inp[C + 5] = std::numeric_limits<float>::quiet_NaN();
+    const auto packed = gpt2::weight_matrix::from_floats(weight_format::i8_quads, 1, C, w.data());
+    gpt2::weight_view v = packed.view();
+    v.tiles = true;
+    std::vector<float> out(2);
+    k::matmul(out, inp, v, {}, 2, C, 1, nullptr, isa::avx512);
+    const std::vector<float> want = i8_reference(std::vector<float>(inp.begin(), inp.begin() + C), w, {}, 1, C, 1);
+    REQUIRE(bitwise_equal(out.data(), want.data(), 1));
+    REQUIRE(std::isnan(out[1]));
+  }
+}
+
 TEST_CASE("gelu matches its reference twin from -60 to 60", "[gpt2][kernels]") {
   std::vector<float> x;
   for (int i = -6000; i <= 6000; ++i) x.push_back(static_cast<float>(i) * 0.01f);

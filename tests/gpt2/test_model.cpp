@@ -397,6 +397,47 @@ TEST_CASE("options::matmul_precision INT8 quantises weights per output and activ
   REQUIRE(gpt2::precision_name(gpt2::matmul_precision::int8) == std::string("int8"));
 }
 
+TEST_CASE("options::amx: INT8 logits the same on AMX tiles, BF16 near, batch-invariant either way",
+          "[gpt2][model][amx]") {
+  // model::amx says whether the tiles run: only BF16 or INT8 at the AVX-512 level of an AMX CPU,
+  // never with amx = false. On such a CPU the bundled models' INT8 logits are the bits of the
+  // kernels without tiles, their BF16 logits within 1e-3 of the largest (a last-bit difference in
+  // a sum changes an activation's BF16 rounding now and then, through six layers: a fifth of BF16's
+  // own distance from F32 above), and not all the same bits (the tiles ran); every position's
+  // logits alone equal those of one batch of 12.
+  for (const char* name : {"shakespeare-target", "shakespeare-draft"}) {
+    const reference ref = load_reference(models_dir / name);
+    const std::vector<token>& tokens = ref.tokens.back();
+    REQUIRE(tokens.size() >= 12);
+    const std::vector<token> twelve(tokens.begin(), tokens.begin() + 12);
+    REQUIRE(!gpt2::model::load(models_dir / name, {.threads = 1}).amx());  // F32
+    for (const auto precision : {gpt2::matmul_precision::bf16, gpt2::matmul_precision::int8}) {
+      INFO(name << ", " << gpt2::precision_name(precision));
+      gpt2::model tiles = gpt2::model::load(models_dir / name, {.threads = 2, .matmul_precision = precision});
+      gpt2::model vectors = gpt2::model::load(models_dir / name, {.threads = 1, .matmul_precision = precision, .amx = false});
+      gpt2::model avx2 = gpt2::model::load(models_dir / name, {.threads = 1, .kernels = specsample::isa::avx2, .matmul_precision = precision});
+      REQUIRE(tiles.amx() == gpt2::simd::has_amx());
+      REQUIRE(!vectors.amx());
+      REQUIRE(!avx2.amx());
+      const Eigen::MatrixXf a = tiles.append(twelve), b = vectors.append(twelve);
+      if (precision == gpt2::matmul_precision::int8 || !tiles.amx()) {
+        REQUIRE(bitwise_equal(a, b));
+      } else {
+        const double diff = (a - b).cwiseAbs().maxCoeff(), scale = b.cwiseAbs().maxCoeff();
+        std::cout << fmt::format("AMX tiles, BF16 matmuls, {}: max |logit - logit without tiles| = {:.3g} (max |logit| {:.3g})\n",
+                                 name, diff, scale);
+        REQUIRE(diff > 0);
+        REQUIRE(diff <= 1e-3 * scale);
+      }
+      tiles.truncate(0);
+      for (std::size_t i = 0; i < twelve.size(); ++i) {
+        const Eigen::MatrixXf one = tiles.append(std::span<const token>(&twelve[i], 1));
+        REQUIRE(bitwise_equal(Eigen::MatrixXf(one.col(0)), Eigen::MatrixXf(a.col(static_cast<Eigen::Index>(i)))));
+      }
+    }
+  }
+}
+
 TEST_CASE("set_option sets the options the command-line flags name, and refuses other values and flags",
           "[gpt2][model]") {
   gpt2::options o;
@@ -443,8 +484,14 @@ TEST_CASE("set_option sets the options the command-line flags name, and refuses 
   REQUIRE_THROWS_WITH(gpt2::set_option(o, "--weights", "f8"), "--weights expects f32, f16 or bf16, got 'f8'");
   REQUIRE_THROWS_WITH(gpt2::set_option(o, "--kv", "bf16"), "--kv expects f32 or f16, got 'bf16'");
   REQUIRE_THROWS_WITH(gpt2::set_option(o, "--matmul", "f16"), "--matmul expects f32, bf16 or int8, got 'f16'");
+  REQUIRE_THROWS_WITH(gpt2::set_option(o, "--amx", "yes"), "--amx expects on or off, got 'yes'");
   REQUIRE_THROWS_WITH(gpt2::set_option(o, "--threads", "2"),
-                      "gpt2::set_option: '--threads' is not a model option flag (--kernels, --weights, --kv or --matmul)");
+                      "gpt2::set_option: '--threads' is not a model option flag (--kernels, --weights, --kv, --matmul or --amx)");
+  REQUIRE(o.amx);
+  gpt2::set_option(o, "--amx", "off");
+  REQUIRE(!o.amx);
+  gpt2::set_option(o, "--amx", "on");
+  REQUIRE(o.amx);
   // The refused values changed nothing.
   REQUIRE(o.kernels == specsample::isa::avx2);
   REQUIRE(o.weight_storage == gpt2::weight_format::bf16);

@@ -42,6 +42,10 @@
 #if SPECSAMPLE_X86
 #include <cpuid.h>
 #include <immintrin.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #endif
 
 #if SPECSAMPLE_X86
@@ -52,6 +56,10 @@
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
 #define SPECSAMPLE_TARGET_AVX512_VNNI \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+// The AMX matmuls (models/gpt2/simd.hpp): tile loads, stores and both tile dot products, beside
+// AVX-512 for their epilogues.
+#define SPECSAMPLE_TARGET_AMX                                                                        \
+  __attribute__((target("amx-tile,amx-bf16,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 #define SPECSAMPLE_ALWAYS_INLINE inline __attribute__((always_inline))
 #else
 #define SPECSAMPLE_ALWAYS_INLINE inline
@@ -155,6 +163,34 @@ inline constexpr bool avx512_kernels = SPECSAMPLE_AVX512 != 0;
 [[nodiscard]] inline bool has_avx512_vnni() noexcept {
   static const bool has = avx512_feature(0, false, 11);
   return has;
+}
+
+/// Whether the CPU runs the AVX-512 level and has AMX — tiles, TDPBF16PS and TDPBUSD (Intel Sapphire
+/// Rapids and later) — and the operating system lets this process use them: the BF16 and INT8
+/// matmuls of `gpt2::matmul_precision` may then run on tiles (`gpt2::options::amx`). Detected once:
+/// CPUID leaf 7, sub-leaf 0, EDX bits 22 (AMX-BF16), 24 (AMX-TILE) and 25 (AMX-INT8); XCR0 bits 17
+/// and 18 (the OS saves tile state); on Linux, which grants the tile data state per process on
+/// request, `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)` succeeds (the first call asks for
+/// it). Elsewhere, and in builds without the AVX-512 kernels, false.
+[[nodiscard]] inline bool has_amx() noexcept {
+#if SPECSAMPLE_X86 && defined(__linux__)
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (detected() != isa::avx512 || __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+    constexpr unsigned amx = (1u << 22) | (1u << 24) | (1u << 25);
+    if ((edx & amx) != amx) return false;
+    // XGETBV (OSXSAVE is implied by the AVX-512 level's detection) as bytes: no -mxsave needed.
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile(".byte 0x0f, 0x01, 0xd0" : "=a"(lo), "=d"(hi) : "c"(0));
+    constexpr unsigned tile_state = (1u << 17) | (1u << 18);
+    if ((lo & tile_state) != tile_state) return false;
+    constexpr long arch_req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
+    return syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
 }
 
 /// The level actually used for a request: `requested` capped at `detected()`, what the CPU

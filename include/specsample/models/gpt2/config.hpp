@@ -116,6 +116,15 @@ struct options {
   /// every kernel level the same matmul bits for the same inputs (the other kernels still differ
   /// by level). `weight_storage` must be empty (`with_matmul_precision` drops it).
   gpt2::matmul_precision matmul_precision = gpt2::matmul_precision::f32;
+  /// Run the `bf16` and `int8` matmuls on AMX tiles where the CPU has them (Intel Sapphire Rapids
+  /// and later; `simd::has_amx`) at the AVX-512 level, when n_embd and n_inner are multiples of 32
+  /// (BF16) or 64 (INT8), as every GPT-2's are (`model::amx`). One tile dot product takes up to 16 rows at
+  /// the cost of one, so a verification call of K + 1 ≤ 16 tokens costs about what a single token
+  /// does. INT8 gives the same bits either way. BF16 on tiles adds each 32-column block of exact
+  /// products in the hardware's own order and rounding, not vdpbf16ps's, so its logits differ in
+  /// the last bits from the same model without tiles (a CPU without AMX, another level, or false
+  /// here); batch invariance and exact sampling hold the same (docs/gpt2.md, "Matmul precision").
+  bool amx = true;
 };
 
 /// The precision that the value of a command-line flag (`--matmul`, `--draft-matmul`) names: "f32",
@@ -128,8 +137,8 @@ struct options {
 
 /// The command-line flags that `set_option` reads (those of specsample-generate and
 /// specsample-bench): `--kernels` (`options::kernels`), `--weights` (`weight_storage`), `--kv`
-/// (`kv_storage`) and `--matmul` (`matmul_precision`).
-inline constexpr std::array<std::string_view, 4> option_flags{"--kernels", "--weights", "--kv", "--matmul"};
+/// (`kv_storage`), `--matmul` (`matmul_precision`) and `--amx` (`amx`).
+inline constexpr std::array<std::string_view, 5> option_flags{"--kernels", "--weights", "--kv", "--matmul", "--amx"};
 
 /// Whether `flag` is one of `option_flags`.
 [[nodiscard]] constexpr bool is_option_flag(std::string_view flag) noexcept {
@@ -138,7 +147,7 @@ inline constexpr std::array<std::string_view, 4> option_flags{"--kernels", "--we
 
 /// Sets the field of `o` that `flag` names (`option_flags`) from its command-line value:
 /// `--kernels best|avx512|avx2|generic`, `--weights f32|f16|bf16`, `--kv f32|f16`,
-/// `--matmul f32|bf16|int8`. Throws `specsample::error` naming the flag and what it accepts when the
+/// `--matmul f32|bf16|int8`, `--amx on|off`. Throws `specsample::error` naming the flag and what it accepts when the
 /// value is none of those, or when `flag` is not one of them (`o` is then unchanged). Each flag
 /// sets its field alone, as a repeated flag's last value wins; `check_option_flags` checks the
 /// fields against each other once every flag is read.
@@ -160,8 +169,11 @@ inline void set_option(options& o, std::string_view flag, std::string_view value
     o.kv_storage = *f;
   } else if (flag == "--matmul") {
     o.matmul_precision = precision_option(flag, value);
+  } else if (flag == "--amx") {
+    if (value != "on" && value != "off") throw bad("on or off");
+    o.amx = value == "on";
   } else {
-    throw error(fmt::format("gpt2::set_option: '{}' is not a model option flag (--kernels, --weights, --kv or --matmul)", flag));
+    throw error(fmt::format("gpt2::set_option: '{}' is not a model option flag (--kernels, --weights, --kv, --matmul or --amx)", flag));
   }
 }
 

@@ -180,6 +180,7 @@ inline void matmul(std::span<float> out,          // (T, OC)
   simd::matmul_args a{out.data(), OC, inp.data(), C, T, C, OC, weight.data,
                       bias.empty() ? nullptr : bias.data()};
   a.streamed = weight.streamed;
+  a.tiles = weight.tiles && lv == isa::avx512 && simd::has_amx();
   matmul_operands own;
   matmul_operands& ops = operands != nullptr ? *operands : own;
   ops.reserve(weight.format, T, C);

@@ -147,6 +147,11 @@ struct weight_view {
   /// then share each block of a panel among their tiles (`simd::avx512_panels`). The same bits
   /// either way.
   bool streamed = false;
+  /// Matmuls over these weights may run on AMX tiles where the CPU has them (`simd::has_amx`):
+  /// BF16 pairs and INT8 quads whose width is a whole number of tile steps (`simd::amx_fits`), at the
+  /// AVX-512 level. INT8 gives the same bits either way, BF16 its own (simd.hpp, "AMX"). A model
+  /// sets it for all its matrices or none (`options::amx`).
+  bool tiles = false;
 };
 
 /// Matmul weights above which a model marks its weights `weight_view::streamed`: 64 MiB, twice the
@@ -162,6 +167,7 @@ using specsample::simd::detected;
 using specsample::simd::avx512_kernels;
 using specsample::simd::has_avx512_bf16;
 using specsample::simd::has_avx512_vnni;
+using specsample::simd::has_amx;
 using specsample::simd::resolve;
 
 inline constexpr float gelu_k = 0.7978845608028654f;  // sqrt(2 / pi), for the GELU
@@ -289,6 +295,16 @@ inline constexpr std::size_t step_cols = group_cols(F);
   return (o / panel) * packed_cols(f, K) * panel + k / g * g * panel + o % panel * g + k % g;
 }
 
+/// Steps per tile dot product (16 pairs or quads: 32 BF16 or 64 INT8 columns), and whether the
+/// matmuls of format `f` and K columns run on tiles: BF16 pairs or INT8 quads, K a whole number
+/// of tile steps (every GPT-2 width is; others take the AVX-512 kernels for all their calls;
+/// `matmul_amx`).
+inline constexpr std::size_t amx_steps = 16;
+[[nodiscard]] constexpr bool amx_fits(weight_format f, std::size_t K) noexcept {
+  return (f == weight_format::bf16_pairs || f == weight_format::i8_quads) && K > 0 &&
+         packed_cols(f, K) % (amx_steps * group_cols(f)) == 0;
+}
+
 /// Bytes of a packed (rows, cols) matrix of format `f`: its panels, and for `i8_quads` after them
 /// an F32 scale and an INT32 row sum per output (padding rows included; `i8_meta`).
 [[nodiscard]] constexpr std::size_t packed_matrix_bytes(weight_format f, std::size_t rows, std::size_t cols) noexcept {
@@ -383,6 +399,9 @@ struct matmul_args {
   const float* xs = nullptr;
   /// `weight_view::streamed` (`avx512_panels`).
   bool streamed = false;
+  /// The AVX-512 level runs BF16-pair and INT8 matmuls that fit (`amx_fits`) on AMX tiles
+  /// (`matmul_amx`); only where `has_amx()` (`kernels::matmul` sets it from `weight_view::tiles`).
+  bool tiles = false;
 };
 
 // --- generic -------------------------------------------------------------------------------------
@@ -2281,6 +2300,126 @@ SPECSAMPLE_TARGET_AVX512_VNNI inline void matmul_avx512_vnni(const matmul_args& 
                    });
 }
 
+// --- AMX: a panel of 64 outputs (4 tiles of 16) × up to 16 rows per tile dot product -------------
+// TDPBF16PS and TDPBUSD multiply a tile of up to 16 rows × 64 bytes of operands (32 BF16 or 64
+// bytes) by a tile of 16 rows × 64 bytes of weights in the "VNNI" layout — row i holds the pairs
+// (quads) of steps 16·k0 + i of 16 outputs — which is what `bf16_pairs` and `i8_quads` panels are:
+// the 16-output quarter j of 16 consecutive steps is a tile at stride 256 bytes, 64·j bytes into
+// the panel's first step. One instruction takes the 16 steps of up to 16 rows at the same
+// throughput, so a call of 2..16 rows costs the multiply-adds of one, and the weights still
+// stream once per call: a verification of K ≤ 15 drafts pays only for what is not a matmul.
+//
+// Numerics. INT8: exact integer sums, the same bits as vpdpbusd and every other level. BF16: the
+// products are exact, but TDPBF16PS adds each 32-column block of them into the accumulator in its
+// own order and rounding, not vdpbf16ps's sequence of fused steps (on Sapphire Rapids about half
+// of the outputs of random 32-column blocks differ in their last bit or so): the BF16 matmuls on
+// tiles are their own arithmetic, close to the other levels' (tests bound the difference), and
+// like them the same for every row of the tile, every T and every thread split: which rows share
+// a tile never changes an output, and every output sums its blocks in k order. A model either uses
+// tiles for all its calls or for none (`options::amx`).
+
+/// LDTILECFG's 64-byte operand, palette 1: tiles 0–3 the accumulators (rows × 16 lanes), tile 4
+/// the rows' operands (rows × 64 bytes), tiles 5–7 weights (16 × 64 bytes).
+struct alignas(64) amx_config {
+  std::uint8_t palette = 1, start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t bytes_per_row[16] = {};
+  std::uint8_t rows[16] = {};
+
+  explicit amx_config(std::size_t R) noexcept {
+    for (int i = 0; i < 8; ++i) {
+      bytes_per_row[i] = 64;
+      rows[i] = static_cast<std::uint8_t>(i < 5 ? R : amx_steps);
+    }
+  }
+};
+
+/// Rows [t0, t0 + R) × the 64 outputs of panel p from their sums at `buf` (R rows of 64 four-byte
+/// sums, as the tiles left them): + bias, or for INT8 `i8_output`'s operations (those of
+/// `avx512_vnni_panel`).
+template <weight_format F>
+SPECSAMPLE_TARGET_AVX512 void amx_epilogue(const matmul_args& a, const i8_meta& meta, const std::int32_t* buf,
+                                          std::size_t p, std::size_t t0, std::size_t R) {
+  const std::size_t o0 = p * panel;
+  const std::size_t valid = std::min(panel, a.OC - o0);
+  for (std::size_t lo = 0; lo < valid; lo += 16) {
+    const __mmask16 m = avx512_first(valid - lo);
+    const __m512 b = a.bias != nullptr ? _mm512_maskz_loadu_ps(m, a.bias + o0 + lo) : _mm512_setzero_ps();
+    if constexpr (F == weight_format::bf16_pairs) {
+      for (std::size_t t = 0; t < R; ++t) {
+        const __m512 v = _mm512_load_ps(reinterpret_cast<const float*>(buf + t * panel + lo));
+        _mm512_mask_storeu_ps(a.out + (t0 + t) * a.ldo + o0 + lo, m, a.bias != nullptr ? _mm512_add_ps(v, b) : v);
+      }
+    } else {
+      const __m512 scale = _mm512_maskz_loadu_ps(m, meta.scale + o0 + lo);
+      const __m512i offset = _mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_loadu_epi32(m, meta.sum + o0 + lo), 7);
+      for (std::size_t t = 0; t < R; ++t) {
+        const __m512i acc = _mm512_load_si512(buf + t * panel + lo);
+        const __m512 d = _mm512_maskz_cvtepi32_ps(0xFFFF, _mm512_sub_epi32(acc, offset));
+        const __m512 s = _mm512_mul_ps(scale, _mm512_set1_ps(a.xs[t0 + t]));
+        const __m512 y = a.bias != nullptr ? _mm512_fmadd_ps(d, s, b) : _mm512_mul_ps(d, s);
+        _mm512_mask_storeu_ps(a.out + (t0 + t) * a.ldo + o0 + lo, m, y);
+      }
+    }
+  }
+}
+
+/// Panels [p_begin, p_end) of a `bf16_pairs` or `i8_quads` matmul on AMX tiles (`amx_fits`): rows
+/// in blocks of 16 (the last one shorter), each block over all the panels; per panel the four
+/// accumulator tiles over every 16-step block, then `amx_epilogue`.
+template <weight_format F>
+SPECSAMPLE_TARGET_AMX void matmul_amx(const matmul_args& a, std::size_t p_begin, std::size_t p_end) {
+  static_assert(F == weight_format::bf16_pairs || F == weight_format::i8_quads);
+  constexpr std::size_t per = step_cols<F>;
+  constexpr std::size_t row = per * panel * format_bytes(F);  // bytes of one step of a panel
+  const std::size_t steps = packed_cols(F, a.K) / per;
+  const i8_meta meta = F == weight_format::i8_quads ? i8_meta_of(a.w, a.OC, a.K) : i8_meta{nullptr, nullptr};
+  const std::size_t ldx = F == weight_format::bf16_pairs ? a.ldxh * 2 : a.ldxq;  // bytes per row
+  alignas(64) std::int32_t buf[amx_steps * panel];
+  for (std::size_t t0 = 0; t0 < a.T; t0 += amx_steps) {
+    const std::size_t R = std::min(amx_steps, a.T - t0);
+    if (t0 == 0 || R < amx_steps) {
+      const amx_config cfg(R);
+      _tile_loadconfig(&cfg);
+    }
+    const auto* x = F == weight_format::bf16_pairs ? reinterpret_cast<const unsigned char*>(a.xh + t0 * a.ldxh)
+                                                   : a.xq + t0 * a.ldxq;
+    for (std::size_t p = p_begin; p < p_end; ++p) {
+      const auto* w = static_cast<const unsigned char*>(a.w) + p * steps * row;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (std::size_t s = 0; s < steps; s += amx_steps) {
+        const unsigned char* ws = w + s * row;
+        _tile_loadd(4, x + s * per * format_bytes(F), ldx);
+        _tile_loadd(5, ws, row);
+        _tile_loadd(6, ws + 64, row);
+        _tile_loadd(7, ws + 128, row);
+        if constexpr (F == weight_format::bf16_pairs) {
+          _tile_dpbf16ps(0, 4, 5);
+          _tile_loadd(5, ws + 192, row);
+          _tile_dpbf16ps(1, 4, 6);
+          _tile_dpbf16ps(2, 4, 7);
+          _tile_dpbf16ps(3, 4, 5);
+        } else {
+          _tile_dpbusd(0, 4, 5);
+          _tile_loadd(5, ws + 192, row);
+          _tile_dpbusd(1, 4, 6);
+          _tile_dpbusd(2, 4, 7);
+          _tile_dpbusd(3, 4, 5);
+        }
+      }
+      _tile_stored(0, buf, 4 * panel);
+      _tile_stored(1, buf + 16, 4 * panel);
+      _tile_stored(2, buf + 32, 4 * panel);
+      _tile_stored(3, buf + 48, 4 * panel);
+      amx_epilogue<F>(a, meta, buf, p, t0, R);
+    }
+  }
+  _tile_release();
+}
+
 /// One INT8 operand row with AVX2: `i8_operand_row_generic`'s bytes and scale (the maximum of
 /// magnitudes, then x · inverse clamped and rounded to nearest even: the same operations; the
 /// tail of fewer than 8 columns by the generic code).
@@ -2392,9 +2531,11 @@ SPECSAMPLE_MATMUL_KERNELS void matmul_panels(isa level, weight_format f, const m
       case weight_format::f16: return matmul_avx512<weight_format::f16>(a, p_begin, p_end);
       case weight_format::bf16: return matmul_avx512<weight_format::bf16>(a, p_begin, p_end);
       case weight_format::bf16_pairs:
+        if (a.tiles && amx_fits(f, a.K)) return matmul_amx<weight_format::bf16_pairs>(a, p_begin, p_end);
         if (has_avx512_bf16()) return matmul_avx512_dot(a, p_begin, p_end);
         return matmul_avx512<weight_format::bf16_pairs>(a, p_begin, p_end);
       case weight_format::i8_quads:
+        if (a.tiles && amx_fits(f, a.K)) return matmul_amx<weight_format::i8_quads>(a, p_begin, p_end);
         if (has_avx512_vnni()) return matmul_avx512_vnni(a, p_begin, p_end);
         return matmul_avx2<weight_format::i8_quads>(a, p_begin, p_end);
     }
