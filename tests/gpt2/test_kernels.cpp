@@ -684,7 +684,8 @@ TEST_CASE("matmuls on AMX tiles: INT8 the exact sums, BF16 near vdpbf16ps's and 
           "[gpt2][kernels][amx]") {
   // weight_view::tiles: where the CPU has AMX (simd::has_amx; tests/gpt2/kernel_levels.cpp says so
   // after the suite where it has not), the AVX-512 level runs BF16-pair and INT8 matmuls whose width
-  // fits the tiles (32 / 64 columns) on them, rows in blocks of 16 (the last shorter). INT8: the
+  // fits the tiles (32 / 64 columns) on them (INT8 from amx_int8_rows rows), rows in blocks of 16
+  // (the last shorter). INT8: the
   // reference's bits (those of every level). BF16: its own sums, within 1e-5 of vdpbf16ps's, and
   // the same bits for every row alone, every batch and offset, and every thread split; a width
   // that does not fit takes the other kernels (vdpbf16ps's bits).
@@ -737,19 +738,21 @@ TEST_CASE("matmuls on AMX tiles: INT8 the exact sums, BF16 near vdpbf16ps's and 
     }
   }
   REQUIRE(bf16_differs > 0);
-  // The widest INT8 matrix at the extremes (integer sums of 255 · (−127) · 65536) and a NaN row.
+  // The widest INT8 matrix at the extremes (integer sums of 255 · (−127) · 65536) and a NaN row,
+  // in a call of amx_int8_rows rows (INT8 takes the tiles from there).
   {
-    const std::size_t C = gpt2::simd::i8_max_cols;
-    std::vector<float> inp(2 * C, 2.0f), w(C, -0.5f);
+    const std::size_t C = gpt2::simd::i8_max_cols, T = gpt2::simd::amx_int8_rows;
+    std::vector<float> inp(T * C, 2.0f), w(C, -0.5f);
     inp[C + 5] = std::numeric_limits<float>::quiet_NaN();
     const auto packed = gpt2::weight_matrix::from_floats(weight_format::i8_quads, 1, C, w.data());
     gpt2::weight_view v = packed.view();
     v.tiles = true;
-    std::vector<float> out(2);
-    k::matmul(out, inp, v, {}, 2, C, 1, nullptr, isa::avx512);
+    std::vector<float> out(T);
+    k::matmul(out, inp, v, {}, T, C, 1, nullptr, isa::avx512);
     const std::vector<float> want = i8_reference(std::vector<float>(inp.begin(), inp.begin() + C), w, {}, 1, C, 1);
     REQUIRE(bitwise_equal(out.data(), want.data(), 1));
     REQUIRE(std::isnan(out[1]));
+    REQUIRE(bitwise_equal(out.data() + 2, want.data(), 1));
   }
 }
 

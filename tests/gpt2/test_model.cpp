@@ -488,7 +488,7 @@ TEST_CASE("set_option sets the options the command-line flags name, and refuses 
   REQUIRE_THROWS_WITH(gpt2::set_option(o, "--threads", "2"),
                       "gpt2::set_option: '--threads' is not a model option flag (--kernels, --weights, --kv, --matmul or --amx)");
   REQUIRE(o.amx);
-  gpt2::set_option(o, "--amx", "off");
+  gpt2::set_option(o, "--amx", "OFF");  // (either case, as the other flags)
   REQUIRE(!o.amx);
   gpt2::set_option(o, "--amx", "on");
   REQUIRE(o.amx);

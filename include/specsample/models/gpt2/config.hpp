@@ -120,7 +120,8 @@ struct options {
   /// and later; `simd::has_amx`) at the AVX-512 level, when n_embd and n_inner are multiples of 32
   /// (BF16) or 64 (INT8), as every GPT-2's are (`model::amx`). One tile dot product takes up to 16 rows at
   /// the cost of one, so a verification call of K + 1 ≤ 16 tokens costs about what a single token
-  /// does. INT8 gives the same bits either way. BF16 on tiles adds each 32-column block of exact
+  /// does. INT8 gives the same bits either way (and takes the tiles from 4 rows on: fewer run as
+  /// fast on vectors, a draft's single tokens among them). BF16 on tiles adds each 32-column block of exact
   /// products in the hardware's own order and rounding, not vdpbf16ps's, so its logits differ in
   /// the last bits from the same model without tiles (a CPU without AMX, another level, or false
   /// here); batch invariance and exact sampling hold the same (docs/gpt2.md, "Matmul precision").
@@ -170,8 +171,9 @@ inline void set_option(options& o, std::string_view flag, std::string_view value
   } else if (flag == "--matmul") {
     o.matmul_precision = precision_option(flag, value);
   } else if (flag == "--amx") {
-    if (value != "on" && value != "off") throw bad("on or off");
-    o.amx = value == "on";
+    const bool on = specsample::equal_ignoring_case(value, "on");
+    if (!on && !specsample::equal_ignoring_case(value, "off")) throw bad("on or off");
+    o.amx = on;
   } else {
     throw error(fmt::format("gpt2::set_option: '{}' is not a model option flag (--kernels, --weights, --kv, --matmul or --amx)", flag));
   }

@@ -2364,6 +2364,12 @@ SPECSAMPLE_TARGET_AVX512 void amx_epilogue(const matmul_args& a, const i8_meta& 
   }
 }
 
+/// Rows from which an INT8 matmul takes the tiles: the same bits either way, and with fewer the
+/// AVX-512 VNNI kernel is as fast or faster (the draft's single-token calls; one row of a 512 × 128
+/// matrix 0.89 µs against 1.07 on tiles, 4 rows 1.33 against 1.74, 9 rows 2.81 against 2.40; a
+/// 1536 × 384 one: 4 rows 7.83 against 7.57; scratch program, medians of 2000, 2026-12-01).
+inline constexpr std::size_t amx_int8_rows = 4;
+
 /// Panels [p_begin, p_end) of a `bf16_pairs` or `i8_quads` matmul on AMX tiles (`amx_fits`): rows
 /// in blocks of 16 (the last one shorter), each block over all the panels; per panel the four
 /// accumulator tiles over every 16-step block, then `amx_epilogue`.
@@ -2417,7 +2423,10 @@ SPECSAMPLE_TARGET_AMX void matmul_amx(const matmul_args& a, std::size_t p_begin,
       amx_epilogue<F>(a, meta, buf, p, t0, R);
     }
   }
-  _tile_release();
+  // No TILERELEASE: every call configures its thread's tiles first (LDTILECFG, which also zeroes
+  // them), so what a call leaves behind is never read. Releasing them after each call cost ~1.5 µs
+  // a call here (a 512 × 128 INT8 matmul of one row: 2.58 against 1.07 µs; scratch program,
+  // Xeon family 6 model 207, 2026-12-01): 3% of the bundled target's single token in BF16.
 }
 
 /// One INT8 operand row with AVX2: `i8_operand_row_generic`'s bytes and scale (the maximum of
@@ -2535,7 +2544,7 @@ SPECSAMPLE_MATMUL_KERNELS void matmul_panels(isa level, weight_format f, const m
         if (has_avx512_bf16()) return matmul_avx512_dot(a, p_begin, p_end);
         return matmul_avx512<weight_format::bf16_pairs>(a, p_begin, p_end);
       case weight_format::i8_quads:
-        if (a.tiles && amx_fits(f, a.K)) return matmul_amx<weight_format::i8_quads>(a, p_begin, p_end);
+        if (a.tiles && a.T >= amx_int8_rows && amx_fits(f, a.K)) return matmul_amx<weight_format::i8_quads>(a, p_begin, p_end);
         if (has_avx512_vnni()) return matmul_avx512_vnni(a, p_begin, p_end);
         return matmul_avx2<weight_format::i8_quads>(a, p_begin, p_end);
     }
