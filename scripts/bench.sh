@@ -58,6 +58,7 @@ run() {  # args for specsample-bench (the last --out wins)
       --draft-matmul) setup+=", draft ${a^^}" ;;
       --draft-temperature-ratio) setup+=", draft at $a × T" ;;
       --verify) setup+=", $a verification" ;;
+      --amx) setup+=", AMX tiles $a" ;;
     esac
     [ "$a" = "--strategies" ] && report=strategies.md
     prev=$a
