@@ -365,6 +365,8 @@ void BM_append_precision(benchmark::State& state) {
   time_appends(state, m, static_cast<std::size_t>(state.range(1)));
   state.SetLabel(fmt::format("{} matmuls{}", gpt2::precision_name(precision),
                              m.kernels() != gpt2::isa::avx512                  ? ""
+                             : m.amx() && precision == gpt2::matmul_precision::int8 ? " (TDPBUSD from 4 rows, else vpdpbusd)"
+                             : m.amx()                                          ? " (AMX tiles)"
                              : precision == gpt2::matmul_precision::bf16 && gpt2::simd::has_avx512_bf16() ? " (vdpbf16ps)"
                              : precision == gpt2::matmul_precision::int8 && gpt2::simd::has_avx512_vnni() ? " (vpdpbusd)"
                                                                                                           : ""));
