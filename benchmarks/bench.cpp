@@ -269,12 +269,18 @@ std::string setup_note(const cli& c) {
 }
 
 // The kernels the models run: the level, and which models' matmuls run on AMX tiles (`model::amx`).
+// (INT8 matmuls take the tiles from simd::amx_int8_rows rows.)
 std::string kernels_note(const specsample::gpt2::model& target, const specsample::gpt2::model& draft) {
-  const char* tiles = target.amx() && draft.amx() ? " (both models' matmuls on AMX tiles)"
-                      : target.amx()              ? " (the target's matmuls on AMX tiles)"
-                      : draft.amx()               ? " (the draft's matmuls on AMX tiles)"
-                                                  : "";
-  return fmt::format("{} kernels{}", specsample::isa_name(target.kernels()), tiles);
+  const auto calls = [](const specsample::gpt2::model& m) {
+    return m.matmul_precision() == specsample::gpt2::matmul_precision::int8
+               ? fmt::format(" of {} or more tokens", specsample::gpt2::simd::amx_int8_rows)
+               : std::string();
+  };
+  std::vector<std::string> on;
+  if (target.amx()) on.push_back("the target's matmuls" + calls(target));
+  if (draft.amx()) on.push_back("the draft's" + std::string(target.amx() ? "" : " matmuls") + calls(draft));
+  return fmt::format("{} kernels{}", specsample::isa_name(target.kernels()),
+                     on.empty() ? std::string() : fmt::format(" (AMX tiles for {})", fmt::join(on, " and ")));
 }
 
 // The draft's options: the models' (`cli::model`), with --draft-matmul's precision.
@@ -1045,21 +1051,36 @@ json bandwidth_json(const decode_bandwidth& b) {
 // kernels' thread count: the floors below divide a call's multiply-adds by it), timed until a
 // sample takes ~20 ms. GMAC/s = multiply-adds per second of all the threads / 1e9.
 
-struct fma_probe_result {
-  specsample::isa level = specsample::isa::generic;
+/// One loop's peak (`fma_loop`): what multiplies, how many rows an instruction takes at once, and
+/// GMAC/s counted that way.
+struct fma_peak {
   const char* instruction = "";  // fma_loop::instruction
   std::size_t rows = 1;          // fma_loop::rows
   summary gmacs;
 
-  /// Seconds of the multiply-adds of a call of j tokens, `macs` per token, at the peak: j rows, or
+  /// Seconds of the multiply-adds of a call of j tokens, `macs` per token, at this peak: j rows, or
   /// for tiles whole instructions of `rows` rows.
   [[nodiscard]] double seconds(std::size_t j, double macs) const {
     return static_cast<double>((j + rows - 1) / rows * rows) * macs / (gmacs.median * 1e9);
   }
 };
 
-fma_probe_result probe_fma(const specsample::gpt2::model& m, std::size_t reps, std::size_t threads) {
-  const specsample_bench::fma_loop loop = specsample_bench::fma_loop_for(m.kernels(), m.matmul_precision(), m.amx());
+/// The peaks of a model's matmuls: its level's vector instruction, and where it runs on AMX tiles
+/// (`model::amx`) the tile dot product too. The floor of a call's multiply-adds is the lower of the
+/// two (an INT8 matmul of fewer than `simd::amx_int8_rows` rows runs on vectors; either way the
+/// lower one bounds what any path could reach).
+struct fma_probe_result {
+  specsample::isa level = specsample::isa::generic;
+  fma_peak vectors;
+  std::optional<fma_peak> tiles;
+
+  [[nodiscard]] double seconds(std::size_t j, double macs) const {
+    const double v = vectors.seconds(j, macs);
+    return tiles ? std::min(v, tiles->seconds(j, macs)) : v;
+  }
+};
+
+fma_peak probe_loop(const specsample_bench::fma_loop& loop, std::size_t reps, std::size_t threads) {
   volatile float sink = loop.run(1000);  // warm up (and wake the wide vector units)
   // `iters` iterations on every thread at once: this one and threads - 1 others.
   const auto run_all = [&](std::size_t iters) {
@@ -1082,7 +1103,14 @@ fma_probe_result probe_fma(const specsample::gpt2::model& m, std::size_t reps, s
     gmacs.push_back(static_cast<double>(threads * iters * loop.macs_per_iteration) / seconds_since(t0) / 1e9);
   }
   (void)sink;
-  return {m.kernels(), loop.instruction, loop.rows, summarize(gmacs)};
+  return {loop.instruction, loop.rows, summarize(gmacs)};
+}
+
+fma_probe_result probe_fma(const specsample::gpt2::model& m, std::size_t reps, std::size_t threads) {
+  fma_probe_result r{m.kernels(), probe_loop(specsample_bench::fma_loop_for(m.kernels(), m.matmul_precision()), reps, threads),
+                     std::nullopt};
+  if (m.amx()) r.tiles = probe_loop(specsample_bench::fma_loop_for(m.kernels(), m.matmul_precision(), true), reps, threads);
+  return r;
 }
 
 /// Multiply-adds of the GPT-2 matmuls for one token (the four matmuls of every block and the
@@ -2079,18 +2107,22 @@ int run(int argc, char** argv) {
         bw->decode_gbs.median, bw->probe_gbs.median, 100.0 * bw->fraction, bw->kv_bytes,
         bw->working_set_gbs.median, 100.0 * bw->working_set_fraction);
   }
-  const std::string fma_unit = fma.rows == 1 ? fmt::format("{} vectors", specsample::isa_name(fma.level))
-                                             : fmt::format("tiles of one row, each instruction counted as {} rows' "
-                                                           "multiply-adds (it takes up to {} at about the same time)",
-                                                           fma.rows, fma.rows);
-  const std::string fma_calls = fma.rows == 1 ? std::string("j ×") : fmt::format("ceil(j / {0}) × {0} ×", fma.rows);
-  out("\n#### Machine floors\n\nFMA peak (register-only multiply-adds: {}, {}, on {} thread(s) at once, "
-      "median (min–max) of {} reps): {} GMAC/s. One token of the target is {:.2f} M multiply-adds in its matmuls. A j-token call takes at "
+  const std::string tile_peak =
+      fma.tiles ? fmt::format("; on AMX tiles ({}, tiles of one row, each instruction counted as {} rows' multiply-adds: "
+                              "it takes up to {} at about the same time), {} GMAC/s",
+                              fma.tiles->instruction, fma.tiles->rows, fma.tiles->rows, fmt_range(fma.tiles->gmacs, 1))
+                : std::string();
+  const std::string fma_calls =
+      fma.tiles ? fmt::format("the fewer seconds of j × {0:.2f} M multiply-adds at the vector peak and ceil(j / {1}) × {1} × "
+                              "{0:.2f} M at the tiles'", macs_token * 1e-6, fma.tiles->rows)
+                : fmt::format("j × {:.2f} M multiply-adds at the FMA peak", macs_token * 1e-6);
+  out("\n#### Machine floors\n\nFMA peak (register-only multiply-adds: {}, {} vectors, on {} thread(s) at once, "
+      "median (min–max) of {} reps): {} GMAC/s{}. One token of the target is {:.2f} M multiply-adds in its matmuls. A j-token call takes at "
       "least the longer of streaming the {:.1f} MB of matmul weights at the probe's {:.1f} GB/s ({:.3f} ms) and "
-      "{} {:.2f} M multiply-adds at the FMA peak; attention, norms and the rest count as free.\n\n",
-      fma.instruction, fma_unit, threads, c.probe_reps, fmt_range(fma.gmacs, 1), macs_token * 1e-6,
-      static_cast<double>(target.weights().matmul_bytes()) * 1e-6, probe_at(target_bytes), stream_floor * 1e3,
-      fma_calls, macs_token * 1e-6);
+      "{}; attention, norms and the rest count as free.\n\n",
+      fma.vectors.instruction, specsample::isa_name(fma.level), threads, c.probe_reps, fmt_range(fma.vectors.gmacs, 1),
+      tile_peak, macs_token * 1e-6, static_cast<double>(target.weights().matmul_bytes()) * 1e-6, probe_at(target_bytes),
+      stream_floor * 1e3, fma_calls);
   out("| target call | floor, ms (bound) | measured, ms | measured / floor | ratio to 1 token: floor | measured |\n"
       "|---|---|---|---|---|---|\n");
   for (std::size_t j = 1; j <= c.k_max + 1; ++j) {
@@ -2099,7 +2131,7 @@ int run(int argc, char** argv) {
         f > stream_floor ? "FMA" : "bandwidth", m * 1e3, m / f, v_floor(j), costs.verify_ratio(j));
   }
   out("\nThe draft's single-token call: at least the longer of streaming its {:.2f} MB of matmul weights at the "
-      "probe's {:.1f} GB/s at its size and {:.2f} M multiply-adds at the peak of its {} ({:.1f} GMAC/s): {:.1f} µs, "
+      "probe's {:.1f} GB/s at its size and {:.2f} M multiply-adds at the peak of its {} ({:.1f} GMAC/s{}): {:.1f} µs, "
       "c_floor = {:.3f} of "
       "the target's floor.\n\nSpeedup with the calls at the machine floors — each cell's measured tokens per call, "
       "the single-token and the (K + 1)-token target calls at their floors: tokens per call / (c·K + "
@@ -2108,7 +2140,10 @@ int run(int argc, char** argv) {
       "once per call beats the last column, up to the noise of the probes); the best K per temperature:\n\n"
       "| T | measured best | target calls at their floors | draft's calls too |\n|---|---|---|---|\n",
       static_cast<double>(draft.weights().matmul_bytes()) * 1e-6, probe_at(draft_bytes), macs_draft * 1e-6,
-      draft_fma.instruction, draft_fma.gmacs.median, draft_floor * 1e6, c_floor);
+      draft_fma.vectors.instruction, draft_fma.vectors.gmacs.median,
+      draft_fma.tiles ? fmt::format("; on tiles, {}: {:.1f}", draft_fma.tiles->instruction, draft_fma.tiles->gmacs.median)
+                      : std::string(),
+      draft_floor * 1e6, c_floor);
   for (const auto& b : bests) {
     const auto [at_floors, k_floors] = best_of(b.temperature, ceiling);
     const auto [at_all, k_all] = best_of(b.temperature, ceiling_all);
@@ -2313,8 +2348,10 @@ int run(int argc, char** argv) {
                       {"ceiling_draft_at_floor", ceiling_all(cl)}});
       }
       j["machine_floors"] = {{"fma_isa", specsample::isa_name(fma.level)},
-                             {"fma_instruction", fma.instruction},
-                             {"fma_gmacs", to_json(fma.gmacs)}, {"fma_threads", threads},
+                             {"fma_instruction", fma.vectors.instruction},
+                             {"fma_gmacs", to_json(fma.vectors.gmacs)}, {"fma_threads", threads},
+                             {"tile_instruction", fma.tiles ? json(fma.tiles->instruction) : json()},
+                             {"tile_gmacs_at_16_rows", fma.tiles ? to_json(fma.tiles->gmacs) : json()},
                              {"matmul_macs_per_token", macs_token},
                              {"matmul_weight_bytes", target.weights().matmul_bytes()},
                              {"stream_floor_seconds", stream_floor},

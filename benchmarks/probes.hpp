@@ -337,7 +337,7 @@ SPECSAMPLE_TARGET_AVX2 __attribute__((noinline)) inline float madd_loop_avx2(std
 
 // The tile dot products of the AMX matmuls (`gpt2::options::amx`): TDPBF16PS or TDPBUSD into four
 // accumulator tiles in turn, operand tiles of one row (the cheapest: an instruction takes 16 rows
-// at about the time of one, 5.0 against 6.4 ns for BF16 on Sapphire Rapids), each instruction
+// at about the time of one, 5.0 against 6.4 ns for BF16 on a Xeon of family 6, model 207), each instruction
 // counted as 16 rows' multiply-adds, so the peak says what a call of up to 16 rows can reach.
 template <bool Int8>
 SPECSAMPLE_TARGET_AMX __attribute__((noinline)) inline float tile_loop(std::size_t iters) {

@@ -171,7 +171,10 @@ inline constexpr bool avx512_kernels = SPECSAMPLE_AVX512 != 0;
 /// CPUID leaf 7, sub-leaf 0, EDX bits 22 (AMX-BF16), 24 (AMX-TILE) and 25 (AMX-INT8); XCR0 bits 17
 /// and 18 (the OS saves tile state); on Linux, which grants the tile data state per process on
 /// request, `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)` succeeds (the first call asks for
-/// it). Elsewhere, and in builds without the AVX-512 kernels, false.
+/// it). Elsewhere, and in builds without the AVX-512 kernels, false. The grant is the process's: from
+/// then on Linux needs larger signal stacks (AT_MINSIGSTKSZ, ~12 KB on a Xeon of family 6, model
+/// 207), so a later `sigaltstack` of a smaller stack fails; and a thread that already runs on a
+/// smaller one has the request refused (then false: no tiles).
 [[nodiscard]] inline bool has_amx() noexcept {
 #if SPECSAMPLE_X86 && defined(__linux__)
   static const bool has = [] {

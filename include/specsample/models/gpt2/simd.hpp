@@ -296,9 +296,9 @@ inline constexpr std::size_t step_cols = group_cols(F);
 }
 
 /// Steps per tile dot product (16 pairs or quads: 32 BF16 or 64 INT8 columns), and whether the
-/// matmuls of format `f` and K columns run on tiles: BF16 pairs or INT8 quads, K a whole number
-/// of tile steps (every GPT-2 width is; others take the AVX-512 kernels for all their calls;
-/// `matmul_amx`).
+/// matmuls of format `f` and K columns run on tiles: BF16 pairs or INT8 quads, K padded to a pair
+/// or quad (`packed_cols`) a whole number of tile steps (every GPT-2 width is; others take the
+/// AVX-512 kernels for all their calls; `matmul_amx`).
 inline constexpr std::size_t amx_steps = 16;
 [[nodiscard]] constexpr bool amx_fits(weight_format f, std::size_t K) noexcept {
   return (f == weight_format::bf16_pairs || f == weight_format::i8_quads) && K > 0 &&
@@ -2311,8 +2311,8 @@ SPECSAMPLE_TARGET_AVX512_VNNI inline void matmul_avx512_vnni(const matmul_args& 
 //
 // Numerics. INT8: exact integer sums, the same bits as vpdpbusd and every other level. BF16: the
 // products are exact, but TDPBF16PS adds each 32-column block of them into the accumulator in its
-// own order and rounding, not vdpbf16ps's sequence of fused steps (on Sapphire Rapids about half
-// of the outputs of random 32-column blocks differ in their last bit or so): the BF16 matmuls on
+// own order and rounding, not vdpbf16ps's sequence of fused steps (on a Xeon of family 6, model
+// 207, 43% of the outputs of random 32-column blocks differ in their last bit or so): the BF16 matmuls on
 // tiles are their own arithmetic, close to the other levels' (tests bound the difference), and
 // like them the same for every row of the tile, every T and every thread split: which rows share
 // a tile never changes an output, and every output sums its blocks in k order. A model either uses
@@ -2364,10 +2364,12 @@ SPECSAMPLE_TARGET_AVX512 void amx_epilogue(const matmul_args& a, const i8_meta& 
   }
 }
 
-/// Rows from which an INT8 matmul takes the tiles: the same bits either way, and with fewer the
-/// AVX-512 VNNI kernel is as fast or faster (the draft's single-token calls; one row of a 512 × 128
-/// matrix 0.89 µs against 1.07 on tiles, 4 rows 1.33 against 1.74, 9 rows 2.81 against 2.40; a
-/// 1536 × 384 one: 4 rows 7.83 against 7.57; scratch program, medians of 2000, 2026-12-01).
+/// Rows from which an INT8 matmul takes the tiles: the same bits either way. Below it the AVX-512
+/// VNNI kernel is faster (a draft's single-token calls: a 512 × 128 matrix, one row 0.89 µs
+/// against 1.07 on tiles); from it the tiles win on wide matrices (1536 × 384, 4 rows: 7.57 against
+/// 7.83 µs) and lose a little on narrow ones up to ~8 rows (512 × 128, 4 rows: 1.74 against 1.33;
+/// 9 rows: 2.40 against 2.81), a 128-wide draft's rare calls of several tokens (scratch programs,
+/// medians of 2000 and 4000 calls, Xeon family 6 model 207, 2026-12-01).
 inline constexpr std::size_t amx_int8_rows = 4;
 
 /// Panels [p_begin, p_end) of a `bf16_pairs` or `i8_quads` matmul on AMX tiles (`amx_fits`): rows
@@ -2386,6 +2388,10 @@ SPECSAMPLE_TARGET_AMX void matmul_amx(const matmul_args& a, std::size_t p_begin,
     const std::size_t R = std::min(amx_steps, a.T - t0);
     if (t0 == 0 || R < amx_steps) {
       const amx_config cfg(R);
+      // LDTILECFG's and TILELOADD's asm name only the configuration's first 8 bytes, and no
+      // memory at all: the barrier makes every store before it (the configuration, the rows'
+      // operands where the caller is inlined) happen first.
+      asm volatile("" ::: "memory");
       _tile_loadconfig(&cfg);
     }
     const auto* x = F == weight_format::bf16_pairs ? reinterpret_cast<const unsigned char*>(a.xh + t0 * a.ldxh)
@@ -2420,13 +2426,16 @@ SPECSAMPLE_TARGET_AMX void matmul_amx(const matmul_args& a, std::size_t p_begin,
       _tile_stored(1, buf + 16, 4 * panel);
       _tile_stored(2, buf + 32, 4 * panel);
       _tile_stored(3, buf + 48, 4 * panel);
+      // TILESTORED's asm names no memory operand (GCC 12's amxtileintrin.h): without the barrier
+      // the compiler may read buf before the stores, as memory nothing wrote.
+      asm volatile("" ::: "memory");
       amx_epilogue<F>(a, meta, buf, p, t0, R);
     }
   }
-  // No TILERELEASE: every call configures its thread's tiles first (LDTILECFG, which also zeroes
-  // them), so what a call leaves behind is never read. Releasing them after each call cost ~1.5 µs
-  // a call here (a 512 × 128 INT8 matmul of one row: 2.58 against 1.07 µs; scratch program,
-  // Xeon family 6 model 207, 2026-12-01): 3% of the bundled target's single token in BF16.
+  // The tiles back to their initial state, so that the thread's context switches and signal frames
+  // need not save them (it costs nothing measurable: a 512 × 128 BF16 matmul of one row 1.48 µs
+  // with and without, alternating calls, Xeon family 6 model 207, 2026-12-01).
+  _tile_release();
 }
 
 /// One INT8 operand row with AVX2: `i8_operand_row_generic`'s bytes and scale (the maximum of
