@@ -198,8 +198,8 @@ constexpr std::string_view help = R"(usage: specsample-bench [options]
                         weights per output and activations per row quantised to INT8, vpdpbusd
                         where the CPU has AVX512_VNNI (the peak is then vpdpbusd's)
   --amx on|off          bf16 and int8 matmuls on AMX tiles where the CPU has them (default on;
-                        options::amx): the peak is then the tile dot product's, a call of up to
-                        16 tokens at the cost of one
+                        options::amx): the floors then take the tile dot product's peak too, a
+                        call of up to 16 tokens at the cost of one
   --draft-matmul P      the draft's matmuls in P (f32, bf16 or int8) instead of --matmul's: a
                         draft's precision costs acceptance, never exactness
   --draft-temperature-ratio R   the draft samples its proposals at R × each cell's temperature

@@ -342,6 +342,7 @@ SPECSAMPLE_TARGET_AVX2 __attribute__((noinline)) inline float madd_loop_avx2(std
 template <bool Int8>
 SPECSAMPLE_TARGET_AMX __attribute__((noinline)) inline float tile_loop(std::size_t iters) {
   const specsample::gpt2::simd::amx_config cfg(1);
+  asm volatile("" ::: "memory");  // (the tile asm names no memory: see simd::matmul_amx)
   _tile_loadconfig(&cfg);
   alignas(64) static const std::uint16_t operands[16 * 32] = {};  // zeros: no value can overflow
   alignas(64) float out[16];
@@ -367,6 +368,7 @@ SPECSAMPLE_TARGET_AMX __attribute__((noinline)) inline float tile_loop(std::size
     }
   }
   _tile_stored(0, out, 64);
+  asm volatile("" ::: "memory");
   _tile_release();
   return out[0];
 }

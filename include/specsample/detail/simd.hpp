@@ -134,17 +134,21 @@ inline constexpr bool avx512_kernels = SPECSAMPLE_AVX512 != 0;
 #endif
 }
 
-/// Whether the CPU runs the AVX-512 level and has the feature of CPUID leaf 7, sub-leaf `subleaf`,
-/// register EAX (`in_eax`) or ECX, bit `bit`.
-[[nodiscard]] inline bool avx512_feature(unsigned subleaf, bool in_eax, unsigned bit) noexcept {
+/// A register of CPUID's answer (`avx512_feature`).
+enum class cpuid_register : std::uint8_t { eax, ecx, edx };
+
+/// Whether the CPU runs the AVX-512 level and has every feature `bits` marks in register `reg` of
+/// CPUID leaf 7, sub-leaf `subleaf`.
+[[nodiscard]] inline bool avx512_feature(unsigned subleaf, cpuid_register reg, unsigned bits) noexcept {
 #if SPECSAMPLE_X86
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return detected() == isa::avx512 && __get_cpuid_count(7, subleaf, &eax, &ebx, &ecx, &edx) != 0 &&
-         ((in_eax ? eax : ecx) & (1u << bit)) != 0;
+  if (detected() != isa::avx512 || __get_cpuid_count(7, subleaf, &eax, &ebx, &ecx, &edx) == 0) return false;
+  const unsigned r = reg == cpuid_register::eax ? eax : reg == cpuid_register::ecx ? ecx : edx;
+  return (r & bits) == bits;
 #else
   (void)subleaf;
-  (void)in_eax;
-  (void)bit;
+  (void)reg;
+  (void)bits;
   return false;
 #endif
 }
@@ -153,7 +157,7 @@ inline constexpr bool avx512_kernels = SPECSAMPLE_AVX512 != 0;
 /// later, Cooper Lake, Sapphire Rapids): the BF16 matmuls of `gpt2::matmul_precision::bf16` use
 /// them at the AVX-512 level (detected once; CPUID leaf 7, sub-leaf 1, EAX bit 5).
 [[nodiscard]] inline bool has_avx512_bf16() noexcept {
-  static const bool has = avx512_feature(1, true, 5);
+  static const bool has = avx512_feature(1, cpuid_register::eax, 1u << 5);
   return has;
 }
 
@@ -161,7 +165,7 @@ inline constexpr bool avx512_kernels = SPECSAMPLE_AVX512 != 0;
 /// Cascade Lake, AMD Zen 4 and later): the INT8 matmuls of `gpt2::matmul_precision::int8` use them
 /// at the AVX-512 level (detected once; CPUID leaf 7, sub-leaf 0, ECX bit 11).
 [[nodiscard]] inline bool has_avx512_vnni() noexcept {
-  static const bool has = avx512_feature(0, false, 11);
+  static const bool has = avx512_feature(0, cpuid_register::ecx, 1u << 11);
   return has;
 }
 
@@ -178,10 +182,7 @@ inline constexpr bool avx512_kernels = SPECSAMPLE_AVX512 != 0;
 [[nodiscard]] inline bool has_amx() noexcept {
 #if SPECSAMPLE_X86 && defined(__linux__)
   static const bool has = [] {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    if (detected() != isa::avx512 || __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
-    constexpr unsigned amx = (1u << 22) | (1u << 24) | (1u << 25);
-    if ((edx & amx) != amx) return false;
+    if (!avx512_feature(0, cpuid_register::edx, (1u << 22) | (1u << 24) | (1u << 25))) return false;
     // XGETBV (OSXSAVE is implied by the AVX-512 level's detection) as bytes: no -mxsave needed.
     unsigned lo = 0, hi = 0;
     __asm__ volatile(".byte 0x0f, 0x01, 0xd0" : "=a"(lo), "=d"(hi) : "c"(0));

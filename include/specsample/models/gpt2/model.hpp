@@ -230,7 +230,7 @@ class model {
   /// Whether the matmuls run on AMX tiles (`options::amx`): BF16 or INT8 matmuls at the AVX-512
   /// level of a CPU with AMX (`simd::has_amx`), the model's widths (n_embd, n_inner) whole tile
   /// steps (`simd::amx_fits`; every GPT-2's are).
-  [[nodiscard]] bool amx() const noexcept { return amx_ && isa_ == isa::avx512 && simd::has_amx(); }
+  [[nodiscard]] bool amx() const noexcept { return amx_; }
   /// The KV cache's precision (`options::kv_storage`).
   [[nodiscard]] weight_format kv_storage() const noexcept { return cache_.format; }
   /// Vocabulary size V.
@@ -408,7 +408,7 @@ class model {
   kernels::matmul_operands operands_;  // (B, C or I) BF16 or INT8 matmul operands (matmul_precision bf16, int8)
   op_times* op_times_ = nullptr;       // where append adds its operations' times (`time_ops`), or none
   bool streamed_ = false;              // matmul weights above streamed_weight_bytes (weight_view::streamed)
-  bool amx_ = false;                   // options::amx, and every matmul fits the tiles (weight_view::tiles)
+  bool amx_ = false;                   // the matmuls run on AMX tiles (`amx`; weight_view::tiles)
 };
 
 // The model's loading (`load`), construction and forward pass (`append`) — with them the weights'
@@ -477,7 +477,8 @@ SPECSAMPLE_GPT2_MODEL model::model(const gpt2::config& cfg, gpt2::weights w, opt
   streamed_ = w_.matmul_bytes() > streamed_weight_bytes;
   {  // Tiles for all the matmuls or for none (their BF16 sums differ from the other kernels').
     const weight_format f = w_.output_embedding().format();
-    amx_ = opts.amx && simd::amx_fits(f, cfg_.n_embd) && simd::amx_fits(f, cfg_.n_inner);
+    amx_ = opts.amx && isa_ == isa::avx512 && simd::has_amx() && simd::amx_fits(f, cfg_.n_embd) &&
+           simd::amx_fits(f, cfg_.n_inner);
   }
   reserve(std::min(std::max<std::size_t>(opts.batch_capacity, 1), P));
 } catch (const std::bad_alloc&) {
