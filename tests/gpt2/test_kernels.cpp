@@ -898,7 +898,7 @@ TEST_CASE("attend_steps counts the steps of the attention's prefetch walk on eve
   for (const isa level : kernel_levels()) {
     for (const std::size_t HS : {4u, 20u, 64u, 72u, 136u}) {
       for (const std::size_t len0 : {1u, 15u, 16u, 63u, 141u}) {
-        for (std::size_t nq = 1; nq <= simd::query_tile; ++nq) {
+        for (std::size_t nq = 1; nq <= simd::query_group; ++nq) {  // one tile, and up to three interleaved
           const std::size_t keys = len0 + nq - 1;
           const auto q = random_vector(nq * HS, rng), kb = random_vector(simd::key_cache_blocks(keys) * simd::key_block * HS, rng),
                      v = random_vector(keys * HS, rng);
@@ -925,13 +925,15 @@ void check_attention(std::mt19937& rng) {
     for (const std::size_t NH : {1u, 4u}) {
       for (const std::size_t C : {16u, 40u, 136u}) {  // head sizes 16, 40, 136, 4, 10, 34
         // Contexts within one 16-key block and across several groups of 64 keys. The T queries
-        // run as tiles of 2, 5, 6 (= simd::query_tile), 3 + 4, 4 + 4 and 5 + 6 queries; every
-        // query also runs alone below.
+        // run as one group of tiles of 2, 5, 6 (= simd::query_tile), 3 + 4, 4 + 4, 5 + 6,
+        // 4 + 4 + 5 and 5 + 6 + 6 queries, interleaved, and as two groups (19 = 9 + 10, 23 = 11 +
+        // 12 queries, each two tiles: simd::query_group = 18); every query also runs alone below.
         using shape = std::tuple<std::size_t, std::size_t, std::size_t>;  // P, pos0, T
         std::vector<shape> shapes;
-        for (const std::size_t T : {2u, 5u, 6u, 7u, 8u, 11u}) {
+        for (const std::size_t T : {2u, 5u, 6u, 7u, 8u, 11u, 13u, 17u}) {
           shapes.insert(shapes.end(), {shape{24, 7, T}, shape{150, 127, T}});
         }
+        shapes.insert(shapes.end(), {shape{150, 127, 19}, shape{150, 127, 23}});
         for (const auto& [P, pos0, T] : shapes) {
           const auto qkv = random_vector(T * 3 * C, rng, 2.0f);
           // Older positions: random keys and values (every layout slot, so also the unused ones);

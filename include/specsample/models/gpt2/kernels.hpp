@@ -340,9 +340,9 @@ void store_kv(std::span<weight_t<F>> k_cache,  // kv_layer_size(P, C, NH)
   }
 }
 
-/// Floats of attention scratch per pool worker: scores of one tile of queries.
+/// Floats of attention scratch per pool worker: scores of one group of queries.
 [[nodiscard]] constexpr std::size_t attention_scratch(std::size_t P) noexcept {
-  return simd::query_tile * P;
+  return simd::query_group * P;
 }
 
 /// Causal multi-head attention of T new positions over one layer's KV cache (`store_kv` has
@@ -350,11 +350,12 @@ void store_kv(std::span<weight_t<F>> k_cache,  // kv_layer_size(P, C, NH)
 /// the values (P, HS) rows (simd.hpp, "attention layout"): one contiguous block per head, a
 /// score per vector lane. Position pos0 + t attends to positions [0, pos0 + t]; scores are
 /// scaled by 1/√HS. `scratch` holds `attention_scratch(P)` floats per pool worker. The work is
-/// split across the pool in (head, tile) tasks, the T queries cut into the fewest tiles of at
-/// most `simd::query_tile` queries, of sizes differing by at most one: the queries of a tile
-/// share every key and value load, and each query's scores and outputs are computed by
-/// one fixed-order sequence (simd::attend), so results do not depend on T, the tiling or the
-/// split. While a worker computes a head, it prefetches the keys and values of its next one
+/// split across the pool in (head, group) tasks, the T queries cut into the fewest groups of at
+/// most `simd::query_group` queries, of sizes differing by at most one; `simd::attend` runs a
+/// group as tiles of at most `simd::query_tile` queries that share every key and value load,
+/// their passes interleaved. Each query's scores and outputs are computed by one fixed-order
+/// sequence, so results do not depend on T, the grouping, the tiling or the split. While a
+/// worker computes a head, it prefetches the keys and values of its next one
 /// (`simd::prefetch_stream`).
 template <weight_format F = weight_format::f32>
 void attention(std::span<float> out,                  // (T, C)
@@ -366,22 +367,22 @@ void attention(std::span<float> out,                  // (T, C)
                thread_pool* pool = nullptr, isa level = isa::best) {
   const std::size_t HS = C / NH, head = kv_layer_size(P, C, NH) / NH;
   const std::size_t workers = pool != nullptr ? pool->size() : 1;
-  const std::size_t stride = scratch.size() / workers, ldatt = stride / simd::query_tile;
+  const std::size_t stride = scratch.size() / workers, ldatt = stride / simd::query_group;
   assert(ldatt >= pos0 + T && out.size() >= T * C && qkv.size() >= T * 3 * C);
   assert(pos0 + T <= P && k_cache.size() >= NH * head && v_cache.size() >= NH * head);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const isa lv = simd::resolve(level);
-  const std::size_t tiles = (T + simd::query_tile - 1) / simd::query_tile;
+  const std::size_t groups = (T + simd::query_group - 1) / simd::query_group;
   const std::size_t len = pos0 + T;  // positions the last query of a head reads
-  detail::split(pool, NH * tiles, [&](std::size_t begin, std::size_t end, std::size_t worker) {
+  detail::split(pool, NH * groups, [&](std::size_t begin, std::size_t end, std::size_t worker) {
     float* att = scratch.data() + worker * stride;
     for (std::size_t task = begin; task < end; ++task) {
-      const std::size_t h = task / tiles, tile = task % tiles;
-      const std::size_t t = tile * T / tiles, nq = (tile + 1) * T / tiles - t;
-      // The first tile of a head (the one that reads it from memory) prefetches the keys and
+      const std::size_t h = task / groups, group = task % groups;
+      const std::size_t t = group * T / groups, nq = (group + 1) * T / groups - t;
+      // The first group of a head (the one that reads it from memory) prefetches the keys and
       // values of the next head when this chunk of tasks runs it too, paced over its steps.
       simd::prefetch_stream ahead;
-      if (task % tiles == 0 && (h + 1) * tiles < end) {
+      if (group == 0 && (h + 1) * groups < end) {
         ahead = simd::prefetch_stream::of(k_cache.data() + (h + 1) * head,
                                           simd::key_elements(len, HS) * sizeof(weight_t<F>),
                                           v_cache.data() + (h + 1) * head, len * HS * sizeof(weight_t<F>))

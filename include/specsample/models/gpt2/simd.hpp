@@ -722,6 +722,50 @@ struct prefetch_stream {
   }
 };
 
+/// Queries that one pass of the attention's kernels processes together (a tile of `attend`): they
+/// share every key and value load. Six is what the registers hold: 6 × 4 zmm accumulators, 4 loaded vectors and a
+/// broadcast (AVX-512); 6 × 2 ymm, 2 and 1 (AVX2). Against 4, a 5-token append of the bundled
+/// target is 1.3–1.7% faster and a 6-token one 0.2–1.3% (paired calls at context 141); the
+/// attention of 5 and 6 queries alone (cache warm) 26–29% faster on AVX-512, 15–21% on AVX2.
+inline constexpr std::size_t query_tile = 6;
+
+/// Calls `f.template operator()<NQ>()` with NQ = nq (1..query_tile), a compile-time tile size.
+template <class Fn>
+void with_query_tile(std::size_t nq, Fn&& f) {
+  switch (nq) {
+    case 1: return f.template operator()<1>();
+    case 2: return f.template operator()<2>();
+    case 3: return f.template operator()<3>();
+    case 4: return f.template operator()<4>();
+    case 5: return f.template operator()<5>();
+    default: return f.template operator()<6>();
+  }
+}
+static_assert(query_tile == 6, "with_query_tile covers 1..6");
+
+/// Queries one `attend` call takes: up to three tiles (`query_tiles`), whose passes interleave so
+/// that one read of a head's keys and values from memory serves them all. A 7-token append of the
+/// bundled target in two tiles run one after the other cost +42 µs of attention over a 6-token
+/// one (187 against 145 µs, medians of 600 alternating calls, context 132, Xeon family 6 model 207),
+/// each further token +7: the second tile's passes did not overlap the first one's stream.
+inline constexpr std::size_t query_group = 3 * query_tile;
+
+/// The tiles of nq (1..query_group) consecutive queries: the fewest of at most query_tile
+/// queries, of sizes differing by at most one (tile s: queries [s·nq/n, (s + 1)·nq/n)).
+struct query_tiles {
+  std::size_t nq, n;
+  explicit query_tiles(std::size_t queries) noexcept : nq(queries), n((queries + query_tile - 1) / query_tile) {}
+  [[nodiscard]] std::size_t first(std::size_t s) const noexcept { return s * nq / n; }
+  [[nodiscard]] std::size_t size(std::size_t s) const noexcept { return first(s + 1) - first(s); }
+  /// f.template operator()<NQ>(t) for every tile in order: its first query t and its size NQ.
+  template <class Fn>
+  void each(Fn&& f) const {
+    for (std::size_t s = 0; s < n; ++s) {
+      with_query_tile(size(s), [&]<std::size_t NQ>() { f.template operator()<NQ>(first(s)); });
+    }
+  }
+};
+
 #if SPECSAMPLE_X86
 
 using specsample::simd::avx512_first;
@@ -1935,45 +1979,66 @@ template <std::size_t NQ, std::size_t N, weight_format F>
   return ahead;
 }
 
-/// NQ (1..6) consecutive queries of one head (query i sees len0 + i positions): scores of up to
-/// 8 · avx2_vectors(NQ) keys per pass over the channels, per-query softmax, values in passes of
-/// as many channels, the last HS mod 8 channels one at a time. How many queries run together
-/// changes no query's result.
-template <std::size_t NQ, weight_format F>
-SPECSAMPLE_TARGET_AVX2 prefetch_stream attend_avx2(const float* q, std::size_t ldq, const weight_t<F>* kb, const weight_t<F>* v,
-                                                 std::size_t len0, std::size_t HS, float scale, float* att,
-                                                 std::size_t ldatt, float* out, std::size_t ldo, prefetch_stream ahead) {
-  constexpr std::size_t V = avx2_vectors(NQ);
-  constexpr std::size_t step = 8 * V;
-  const std::size_t len = len0 + NQ - 1;  // keys scored (the last query's); row i uses len0 + i
+/// nq (1..query_group) consecutive queries of one head (query i sees len0 + i positions) as
+/// `query_tiles` tiles, interleaved pass by pass: each pass of 8 ·
+/// avx2_vectors keys over the channels runs for every tile before the next pass, so the later
+/// tiles read keys the first one just brought in; per-query softmax; then the values likewise in
+/// passes of as many channels, the last HS mod 8 channels one at a time. How many queries run
+/// together, and in which tiles, changes no query's result.
+template <weight_format F>
+SPECSAMPLE_TARGET_AVX2 prefetch_stream attend_avx2(const float* q, std::size_t ldq, std::size_t nq, const weight_t<F>* kb,
+                                                 const weight_t<F>* v, std::size_t len0, std::size_t HS, float scale,
+                                                 float* att, std::size_t ldatt, float* out, std::size_t ldo,
+                                                 prefetch_stream ahead) {
+  const query_tiles tiles(nq);
+  // Every tile's pass width: tiles of several queries take 2 vectors, a lone query 4 (and runs
+  // alone: a group of several tiles has at least 3 queries in each).
+  const std::size_t step = 8 * static_cast<std::size_t>(avx2_vectors(tiles.size(0)));
+  const std::size_t len = len0 + nq - 1;  // keys scored (the last query's); row i uses len0 + i
   for (std::size_t p0 = 0; p0 < len; p0 += step) {
-    const std::size_t n = std::min(step, len - p0), vecs = (n + 7) / 8, tail = n - 8 * (vecs - 1);
-    switch (vecs) {  // (vecs <= V)
-      case 1: ahead = avx2_scores<NQ, 1, F>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
-      case 2: ahead = avx2_scores<NQ, 2, F>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
-      case 3:
-        if constexpr (V >= 3) ahead = avx2_scores<NQ, 3, F>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead);
-        break;
-      default:
-        if constexpr (V >= 4) ahead = avx2_scores<NQ, 4, F>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead);
-        break;
-    }
+    tiles.each([&]<std::size_t NQ>(std::size_t t) {
+      constexpr std::size_t V = avx2_vectors(NQ);
+      const std::size_t keys = len0 + t + NQ - 1;  // the tile's
+      if (p0 >= keys) return;
+      const std::size_t n = std::min(8 * V, keys - p0), vecs = (n + 7) / 8, tail = n - 8 * (vecs - 1);
+      const float* qt = q + t * ldq;
+      float* at = att + t * ldatt;
+      switch (vecs) {  // (vecs <= V)
+        case 1: ahead = avx2_scores<NQ, 1, F>(qt, ldq, kb, HS, p0, tail, scale, at, ldatt, ahead); break;
+        case 2: ahead = avx2_scores<NQ, 2, F>(qt, ldq, kb, HS, p0, tail, scale, at, ldatt, ahead); break;
+        case 3:
+          if constexpr (V >= 3) ahead = avx2_scores<NQ, 3, F>(qt, ldq, kb, HS, p0, tail, scale, at, ldatt, ahead);
+          break;
+        default:
+          if constexpr (V >= 4) ahead = avx2_scores<NQ, 4, F>(qt, ldq, kb, HS, p0, tail, scale, at, ldatt, ahead);
+          break;
+      }
+    });
   }
-  for (std::size_t i = 0; i < NQ; ++i) softmax_row(isa::avx2, att + i * ldatt, len0 + i);
+  for (std::size_t i = 0; i < nq; ++i) softmax_row(isa::avx2, att + i * ldatt, len0 + i);
   std::size_t d = 0;
-  for (; HS - d >= step; d += step) ahead = avx2_values<NQ, V, F>(att, ldatt, v, len0, HS, d, out, ldo, ahead);
-  switch ((HS - d) / 8) {  // (< V)
-    case 1: ahead = avx2_values<NQ, 1, F>(att, ldatt, v, len0, HS, d, out, ldo, ahead); break;
-    case 2:
-      if constexpr (V >= 3) ahead = avx2_values<NQ, 2, F>(att, ldatt, v, len0, HS, d, out, ldo, ahead);
-      break;
-    case 3:
-      if constexpr (V >= 4) ahead = avx2_values<NQ, 3, F>(att, ldatt, v, len0, HS, d, out, ldo, ahead);
-      break;
-    default: break;
+  for (; HS - d >= step; d += step) {
+    tiles.each([&]<std::size_t NQ>(std::size_t t) {
+      ahead = avx2_values<NQ, avx2_vectors(NQ), F>(att + t * ldatt, ldatt, v, len0 + t, HS, d, out + t * ldo, ldo, ahead);
+    });
   }
+  tiles.each([&]<std::size_t NQ>(std::size_t t) {
+    constexpr std::size_t V = avx2_vectors(NQ);
+    const float* at = att + t * ldatt;
+    float* ot = out + t * ldo;
+    switch ((HS - d) / 8) {  // (< V)
+      case 1: ahead = avx2_values<NQ, 1, F>(at, ldatt, v, len0 + t, HS, d, ot, ldo, ahead); break;
+      case 2:
+        if constexpr (V >= 3) ahead = avx2_values<NQ, 2, F>(at, ldatt, v, len0 + t, HS, d, ot, ldo, ahead);
+        break;
+      case 3:
+        if constexpr (V >= 4) ahead = avx2_values<NQ, 3, F>(at, ldatt, v, len0 + t, HS, d, ot, ldo, ahead);
+        break;
+      default: break;
+    }
+  });
   d += (HS - d) / 8 * 8;
-  for (std::size_t i = 0; i < NQ; ++i) {  // the last HS mod 8 channels, one at a time
+  for (std::size_t i = 0; i < nq; ++i) {  // the last HS mod 8 channels, one at a time
     const float* a = att + i * ldatt;
     for (std::size_t c = d; c < HS; ++c) {
       float o = 0;
@@ -2093,81 +2158,78 @@ template <std::size_t NQ, std::size_t N, weight_format F>
   return ahead;
 }
 
-/// NQ consecutive queries of one head (query i sees len0 + i positions): scores of up to 64 keys
-/// per pass over the channels, per-query softmax, values in passes of up to 64 channels.
-template <std::size_t NQ, weight_format F>
-SPECSAMPLE_TARGET_AVX512 prefetch_stream attend_avx512(const float* q, std::size_t ldq, const weight_t<F>* kb, const weight_t<F>* v,
-                                                     std::size_t len0, std::size_t HS, float scale, float* att,
-                                                     std::size_t ldatt, float* out, std::size_t ldo,
+/// nq (1..query_group) consecutive queries of one head (query i sees len0 + i positions) as
+/// `query_tiles` tiles, interleaved pass by pass: scores of up to 64 keys per pass over the
+/// channels, each pass for every tile before the next (the later tiles read the keys the first
+/// one just brought in), per-query softmax, then values in passes of up to 64 channels likewise.
+template <weight_format F>
+SPECSAMPLE_TARGET_AVX512 prefetch_stream attend_avx512(const float* q, std::size_t ldq, std::size_t nq, const weight_t<F>* kb,
+                                                     const weight_t<F>* v, std::size_t len0, std::size_t HS, float scale,
+                                                     float* att, std::size_t ldatt, float* out, std::size_t ldo,
                                                      prefetch_stream ahead) {
-  const std::size_t len = len0 + NQ - 1;  // keys scored (the last query's); row i uses len0 + i
+  const query_tiles tiles(nq);
+  const std::size_t len = len0 + nq - 1;  // keys scored (the last query's); row i uses len0 + i
   for (std::size_t p0 = 0; p0 < len; p0 += 64) {
-    const std::size_t n = std::min<std::size_t>(64, len - p0), vecs = (n + 15) / 16, tail = n - 16 * (vecs - 1);
-    switch (vecs) {
-      case 1: ahead = avx512_scores<NQ, 1, F>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
-      case 2: ahead = avx512_scores<NQ, 2, F>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
-      case 3: ahead = avx512_scores<NQ, 3, F>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
-      default: ahead = avx512_scores<NQ, 4, F>(q, ldq, kb, HS, p0, tail, scale, att, ldatt, ahead); break;
-    }
+    tiles.each([&]<std::size_t NQ>(std::size_t t) {
+      const std::size_t keys = len0 + t + NQ - 1;  // the tile's
+      if (p0 >= keys) return;
+      const std::size_t n = std::min<std::size_t>(64, keys - p0), vecs = (n + 15) / 16, tail = n - 16 * (vecs - 1);
+      const float* qt = q + t * ldq;
+      float* at = att + t * ldatt;
+      switch (vecs) {
+        case 1: ahead = avx512_scores<NQ, 1, F>(qt, ldq, kb, HS, p0, tail, scale, at, ldatt, ahead); break;
+        case 2: ahead = avx512_scores<NQ, 2, F>(qt, ldq, kb, HS, p0, tail, scale, at, ldatt, ahead); break;
+        case 3: ahead = avx512_scores<NQ, 3, F>(qt, ldq, kb, HS, p0, tail, scale, at, ldatt, ahead); break;
+        default: ahead = avx512_scores<NQ, 4, F>(qt, ldq, kb, HS, p0, tail, scale, at, ldatt, ahead); break;
+      }
+    });
   }
-  for (std::size_t i = 0; i < NQ; ++i) softmax_row(isa::avx512, att + i * ldatt, len0 + i);
+  for (std::size_t i = 0; i < nq; ++i) softmax_row(isa::avx512, att + i * ldatt, len0 + i);
   for (std::size_t d = 0; d < HS; d += 64) {
     const std::size_t n = std::min<std::size_t>(64, HS - d), vecs = (n + 15) / 16, tail = n - 16 * (vecs - 1);
-    switch (vecs) {
-      case 1: ahead = avx512_values<NQ, 1, F>(att, ldatt, v, len0, HS, d, tail, out, ldo, ahead); break;
-      case 2: ahead = avx512_values<NQ, 2, F>(att, ldatt, v, len0, HS, d, tail, out, ldo, ahead); break;
-      case 3: ahead = avx512_values<NQ, 3, F>(att, ldatt, v, len0, HS, d, tail, out, ldo, ahead); break;
-      default: ahead = avx512_values<NQ, 4, F>(att, ldatt, v, len0, HS, d, tail, out, ldo, ahead); break;
-    }
+    tiles.each([&]<std::size_t NQ>(std::size_t t) {
+      const float* at = att + t * ldatt;
+      float* ot = out + t * ldo;
+      switch (vecs) {
+        case 1: ahead = avx512_values<NQ, 1, F>(at, ldatt, v, len0 + t, HS, d, tail, ot, ldo, ahead); break;
+        case 2: ahead = avx512_values<NQ, 2, F>(at, ldatt, v, len0 + t, HS, d, tail, ot, ldo, ahead); break;
+        case 3: ahead = avx512_values<NQ, 3, F>(at, ldatt, v, len0 + t, HS, d, tail, ot, ldo, ahead); break;
+        default: ahead = avx512_values<NQ, 4, F>(at, ldatt, v, len0 + t, HS, d, tail, ot, ldo, ahead); break;
+      }
+    });
   }
   return ahead;
 }
 
 #endif  // SPECSAMPLE_X86
 
-/// Queries that one attention call processes together (`attend`): they share every key and
-/// value load. Six is what the registers hold: 6 × 4 zmm accumulators, 4 loaded vectors and a
-/// broadcast (AVX-512); 6 × 2 ymm, 2 and 1 (AVX2). Against 4, a 5-token append of the bundled
-/// target is 1.3–1.7% faster and a 6-token one 0.2–1.3% (paired calls at context 141); the
-/// attention of 5 and 6 queries alone (cache warm) 26–29% faster on AVX-512, 15–21% on AVX2.
-inline constexpr std::size_t query_tile = 6;
-
-/// Calls `f.template operator()<NQ>()` with NQ = nq (1..query_tile), a compile-time tile size.
-template <class Fn>
-void with_query_tile(std::size_t nq, Fn&& f) {
-  switch (nq) {
-    case 1: return f.template operator()<1>();
-    case 2: return f.template operator()<2>();
-    case 3: return f.template operator()<3>();
-    case 4: return f.template operator()<4>();
-    case 5: return f.template operator()<5>();
-    default: return f.template operator()<6>();
-  }
-}
-static_assert(query_tile == 6, "with_query_tile covers 1..6");
 
 /// Steps of `attend` on `level` for nq queries, query i over len0 + i positions, head size HS:
 /// each step advances the prefetch walk by `prefetch_stream::per_step` lines. One step per
 /// channel of every score pass and per position of every value pass; the generic path takes
 /// none (it does not prefetch). A test checks it against the kernels' walk.
 [[nodiscard]] inline std::size_t attend_steps(isa level, std::size_t nq, std::size_t len0, std::size_t HS) noexcept {
-  const std::size_t keys = len0 + nq - 1;
+  std::size_t steps = 0;
+  const query_tiles tiles(nq);
+  for (std::size_t s = 0; s < tiles.n; ++s) {  // each tile's passes
+    const std::size_t m = tiles.size(s), first = len0 + tiles.first(s), keys = first + m - 1;
 #if SPECSAMPLE_X86
-  if (avx512_kernels && level == isa::avx512) return (keys + 63) / 64 * HS + (HS + 63) / 64 * len0;
-  if (level == isa::avx2) {
-    // Passes of 8 · avx2_vectors(nq) keys or channels; the values' last pass takes the rest in
-    // whole vectors (the last HS mod 8 channels run without steps).
-    const std::size_t w = 8 * static_cast<std::size_t>(avx2_vectors(nq));
-    return (keys + w - 1) / w * HS + (HS / w + (HS % w >= 8 ? 1 : 0)) * len0;
-  }
+    if (avx512_kernels && level == isa::avx512) {
+      steps += (keys + 63) / 64 * HS + (HS + 63) / 64 * first;
+    } else if (level == isa::avx2) {
+      // Passes of 8 · avx2_vectors(m) keys or channels; the values' last pass takes the rest in
+      // whole vectors (the last HS mod 8 channels run without steps).
+      const std::size_t w = 8 * static_cast<std::size_t>(avx2_vectors(m));
+      steps += (keys + w - 1) / w * HS + (HS / w + (HS % w >= 8 ? 1 : 0)) * first;
+    }
+#else
+    (void)level, (void)keys, (void)HS;
 #endif
-  (void)level;
-  (void)keys;
-  (void)HS;
-  return 0;
+  }
+  return steps;
 }
 
-/// `nq` (1..query_tile) consecutive queries of one attention head with the kernels of `level`:
+/// `nq` (1..query_group) consecutive queries of one attention head with the kernels of `level`:
 /// query i (at q + i·ldq) attends to len0 + i positions; its scores go to att + i·ldatt (room for
 /// len0 + nq − 1 floats), its output to out + i·ldo. Every query's result is exactly that of
 /// `attend_generic`'s fixed order on this level — whether it runs alone or in a tile. The vector
@@ -2181,20 +2243,10 @@ SPECSAMPLE_ATTENTION_KERNELS prefetch_stream attend(isa level, const float* q, s
                                                     std::size_t HS, float scale, float* att, std::size_t ldatt, float* out,
                                                     std::size_t ldo, prefetch_stream ahead = {}) noexcept {
   static_assert(F == weight_format::f32 || F == weight_format::f16, "the KV cache is F32 or F16");
-  assert(nq >= 1 && nq <= query_tile);
+  assert(nq >= 1 && nq <= query_group);
 #if SPECSAMPLE_X86
-  if (avx512_kernels && level == isa::avx512) {
-    with_query_tile(nq, [&]<std::size_t NQ>() {
-      ahead = attend_avx512<NQ, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-    });
-    return ahead;
-  }
-  if (level == isa::avx2) {
-    with_query_tile(nq, [&]<std::size_t NQ>() {
-      ahead = attend_avx2<NQ, F>(q, ldq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
-    });
-    return ahead;
-  }
+  if (avx512_kernels && level == isa::avx512) return attend_avx512<F>(q, ldq, nq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
+  if (level == isa::avx2) return attend_avx2<F>(q, ldq, nq, kb, v, len0, HS, scale, att, ldatt, out, ldo, ahead);
 #endif
   for (std::size_t i = 0; i < nq; ++i) {
     attend_generic<F>(q + i * ldq, kb, v, len0 + i, HS, scale, att + i * ldatt, out + i * ldo);
