@@ -745,10 +745,14 @@ static_assert(query_tile == 6, "with_query_tile covers 1..6");
 
 /// Queries one `attend` call takes: up to three tiles (`query_tiles`), whose passes interleave so
 /// that one read of a head's keys and values from memory serves them all. A 7-token append of the
-/// bundled target in two tiles run one after the other cost +42 µs of attention over a 6-token
-/// one (187 against 145 µs, medians of 600 alternating calls, context 132, Xeon family 6 model 207),
-/// each further token +7: the second tile's passes did not overlap the first one's stream.
+/// bundled target in two tiles run one after the other cost +44 µs of attention over a 6-token
+/// one (194.5 against 150.3 µs), each further token +7: the second tile's passes did not overlap
+/// the first one's stream; in a group +17 (167.8 µs; medians of 500 alternating calls, context
+/// 132, BF16 matmuls on AMX tiles, Xeon family 6 model 207, 2026-12-01).
 inline constexpr std::size_t query_group = 3 * query_tile;
+// A group of several tiles has none of a single query (7 queries split as 3 + 4): attend_avx2
+// gives all of a group's tiles one pass width, avx2_vectors of its first tile's size.
+static_assert(query_tile >= 3, "the tiles of a group of several hold at least two queries each");
 
 /// The tiles of nq (1..query_group) consecutive queries: the fewest of at most query_tile
 /// queries, of sizes differing by at most one (tile s: queries [s·nq/n, (s + 1)·nq/n)).
@@ -2202,7 +2206,6 @@ SPECSAMPLE_TARGET_AVX512 prefetch_stream attend_avx512(const float* q, std::size
 }
 
 #endif  // SPECSAMPLE_X86
-
 
 /// Steps of `attend` on `level` for nq queries, query i over len0 + i positions, head size HS:
 /// each step advances the prefetch walk by `prefetch_stream::per_step` lines. One step per
