@@ -784,6 +784,7 @@ struct scaling_result {
   std::size_t threads = 0, tokens = 0, samples = 0;
   summary one, many;  // seconds per append with 1 thread / `threads` threads
   specsample_bench::contention meanwhile;  // what else ran during the measurement
+  std::vector<double> speeds;  // the many-thread pool's thread_pool::speed of workers 1.. at the end
   [[nodiscard]] double ratio() const { return one.median / many.median; }
 };
 
@@ -797,12 +798,13 @@ std::string fmt_contention(const specsample_bench::contention& c) {
   return s + fmt::format("; other processes {:.0f}% (of {} ticks)", 100.0 * c.others, c.ticks);
 }
 
+// `pool`: the pool of the model with more threads (its speed estimates are reported).
 scaling_result measure_thread_scaling(specsample::gpt2::model& a, specsample::gpt2::model& b,
-                                      const std::vector<token>& stream, std::size_t context, std::size_t tokens,
-                                      std::size_t samples) {
+                                      const specsample::gpt2::thread_pool& pool, const std::vector<token>& stream,
+                                      std::size_t context, std::size_t tokens, std::size_t samples) {
   specsample::gpt2::model& one = a.threads() == 1 ? a : b;
   specsample::gpt2::model& many = a.threads() == 1 ? b : a;
-  scaling_result r{many.threads(), tokens, samples, {}, {}, {}};
+  scaling_result r{many.threads(), tokens, samples, {}, {}, {}, {}};
   const std::span<const token> ctx(stream.data(), context), next(stream.data() + context, tokens);
   for (auto* m : {&one, &many}) {
     m->truncate(0);
@@ -822,6 +824,7 @@ scaling_result measure_thread_scaling(specsample::gpt2::model& a, specsample::gp
   r.one = summarize(t1);
   r.many = summarize(tn);
   r.meanwhile = specsample_bench::contention_between(ticks, specsample_bench::read_cpu_ticks());
+  for (std::size_t w = 1; w < pool.size(); ++w) r.speeds.push_back(pool.speed(w));
   return r;
 }
 
@@ -1955,11 +1958,12 @@ int run(int argc, char** argv) {
   if (usable_cpus >= 2) {
     fmt::print(stderr, "specsample-bench: thread scaling (target with 1 and 2 threads)\n");
     specsample::gpt2::options other = opts;
-    other.pool = nullptr;
-    other.threads = threads == 1 ? 2 : 1;
+    other.pool = std::make_shared<specsample::gpt2::thread_pool>(threads == 1 ? 2 : 1);
+    other.threads = 0;
     auto target2 = specsample::gpt2::model::load(target_dir, other);
-    scaling5 = measure_thread_scaling(target, target2, stream, context, scale_tokens, c.cost_samples);
-    scaling1 = measure_thread_scaling(target, target2, stream, context, 1, c.cost_samples);
+    const specsample::gpt2::thread_pool& many = threads == 1 ? *other.pool : *opts.pool;
+    scaling5 = measure_thread_scaling(target, target2, many, stream, context, scale_tokens, c.cost_samples);
+    scaling1 = measure_thread_scaling(target, target2, many, stream, context, 1, c.cost_samples);
   }
   fmt::print(stderr, "specsample-bench: the target's calls of 1 and {} tokens, per operation\n", scale_tokens);
   const op_split split = measure_op_split(target, stream, context, scale_tokens, c.cost_samples);
@@ -2181,14 +2185,16 @@ int run(int argc, char** argv) {
         "samples)\n\nMeanwhile: steal, the share of each virtual CPU's time that the hypervisor gave to something "
         "else, and the share of all CPUs' time that other processes of this machine used (/proc/stat, /proc/self/stat), "
         "counted in clock ticks over all CPUs (shown): the fewer, the coarser. A neighbour on the other hyperthread "
-        "of the same physical core slows a thread without showing in either.\n\n"
-        "| call | 1 thread, ms | {} threads, ms | speedup | meanwhile |\n|---|---|---|---|---|\n",
+        "of the same physical core slows a thread without showing in either; the pool sees it: *worker speeds* "
+        "is its estimate, after the measurement, of each worker's speed relative to the calling thread "
+        "(`thread_pool::speed`, by which it sizes their chunks; 1: as fast).\n\n"
+        "| call | 1 thread, ms | {} threads, ms | speedup | meanwhile | worker speeds |\n|---|---|---|---|---|---|\n",
         scaling5->threads, context, scaling5->samples, scaling5->threads);
     for (const auto* sc : {&*scaling1, &*scaling5}) {
-      out("| append {} token{} | {} | {} | {:.2f}x | {} |\n", sc->tokens, sc->tokens == 1 ? "" : "s",
+      out("| append {} token{} | {} | {} | {:.2f}x | {} | {:.2f} |\n", sc->tokens, sc->tokens == 1 ? "" : "s",
           fmt_range({sc->one.median * 1e3, sc->one.min * 1e3, sc->one.max * 1e3}, 3),
           fmt_range({sc->many.median * 1e3, sc->many.min * 1e3, sc->many.max * 1e3}, 3), sc->ratio(),
-          fmt_contention(sc->meanwhile));
+          fmt_contention(sc->meanwhile), fmt::join(sc->speeds, ", "));
     }
   }
   out("\n#### The loop's own cost per round (synthetic models, K = 4{}, {} tokens, median (min–max) over {} "
@@ -2378,7 +2384,7 @@ int run(int argc, char** argv) {
       for (const auto* sc : {&*scaling1, &*scaling5}) {
         sj.push_back({{"tokens", sc->tokens}, {"threads", sc->threads}, {"samples", sc->samples},
                       {"one_thread_seconds", to_json(sc->one)}, {"threads_seconds", to_json(sc->many)},
-                      {"speedup", sc->ratio()}, {"meanwhile", sc->meanwhile.steal.empty()
+                      {"speedup", sc->ratio()}, {"worker_speeds", sc->speeds}, {"meanwhile", sc->meanwhile.steal.empty()
                                            ? json(nullptr)
                                            : json{{"cpus", sc->meanwhile.cpus},
                                                   {"steal_fraction_per_cpu", sc->meanwhile.steal},

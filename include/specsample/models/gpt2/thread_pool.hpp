@@ -7,7 +7,9 @@
 /// nanoseconds and costs no system call; one issued later pays one `notify_all`. The caller
 /// runs chunks too and takes over any chunk no worker has claimed yet, so a sleeping or
 /// descheduled worker delays nothing (the model only splits ops that are big enough:
-/// `options::min_parallel_work`). No allocation and no lock per `parallel_for`.
+/// `options::min_parallel_work`). Each thread's chunk is sized by its measured speed, so a
+/// thread on a slower core (a busy neighbour on its core's other hyperthread) does less of each
+/// loop instead of holding up all of it. No allocation and no lock per `parallel_for`.
 ///
 /// A pool may be shared, e.g. by a draft and its target (`options::pool`): one set of workers
 /// serves both and stays awake between their calls. A `parallel_for` issued while the pool runs
@@ -20,6 +22,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -66,13 +69,20 @@ inline void cpu_relax() noexcept {
 }
 
 /// A fixed set of worker threads (the caller is worker 0) that split a loop into contiguous
-/// chunks. Persistent: no thread creation, no lock and no allocation per `parallel_for`.
+/// chunks, one per thread, sized by how fast each thread has been. Persistent: no thread
+/// creation, no lock and no allocation per `parallel_for`.
 ///
-/// Chunks are claimed, not assigned: the caller runs chunk 0, then claims any chunk no worker
-/// has started yet (a worker that is asleep or descheduled on a busy machine never holds the
-/// caller up), then waits only for chunks already being run. Chunk c covers [n·c/w, n·(c+1)/w)
-/// and is passed `c` as its worker index whoever runs it, so results and per-chunk scratch do
-/// not depend on which thread ran what.
+/// Chunk c is meant for thread c, and its size follows thread c's speed relative to the caller's,
+/// measured on the chunks of earlier loops (`speed`): on a machine whose cores run at different
+/// speeds — a cloud VM's virtual CPU sharing its core with a neighbour's busy hyperthread runs at
+/// about half speed, for minutes — an even split would make every loop wait for the slow core.
+/// Chunks are claimed, not assigned: each thread takes its own chunk first, then any chunk no
+/// thread has started yet, so a worker that is asleep or descheduled on a busy machine never
+/// holds the caller up; the caller then waits only for chunks already being run. A chunk is
+/// passed its index c whoever runs it, so per-chunk scratch does not depend on which thread ran
+/// what; where the boundaries fall varies with the measured speeds, so a loop whose results may
+/// depend only on each index (the kernels': each output of a matmul panel, each attention task)
+/// gets the same bits whatever the split.
 class thread_pool {
  public:
   /// How long an idle worker spins before it sleeps.
@@ -97,9 +107,12 @@ class thread_pool {
       throw error(fmt::format("thread_pool: {} threads requested; at most {}", threads, max_threads));
     }
     threads = resolved_threads(threads);
+    chunks_ = std::make_unique<chunk[]>(threads);
+    bounds_ = std::make_unique<std::size_t[]>(threads + 1);
+    speed_.assign(threads, 1.0);
     workers_.reserve(threads - 1);
     try {
-      for (std::size_t id = 1; id < threads; ++id) workers_.emplace_back([this] { run(); });
+      for (std::size_t id = 1; id < threads; ++id) workers_.emplace_back([this, id] { run(id); });
     } catch (const std::exception& e) {  // e.g. no memory for a stack: join those started
       const std::size_t started = workers_.size();
       stop();
@@ -111,19 +124,26 @@ class thread_pool {
   thread_pool& operator=(const thread_pool&) = delete;
   ~thread_pool() { stop(); }
 
-  /// Most threads a pool runs; more are refused. A limit of policy, well below the 65535 chunks
-  /// the ticket's 16 bits can count (a task has one per worker at most).
+  /// Most threads a pool runs; more are refused. A limit of policy (the claims and the split are
+  /// per thread, so a larger pool would only cost memory).
   static constexpr std::size_t max_threads = 1024;
 
   /// Number of workers, the calling thread included.
   [[nodiscard]] std::size_t size() const noexcept { return workers_.size() + 1; }
 
+  /// Thread `worker`'s speed relative to the caller's (worker 0: 1) as the pool has measured it:
+  /// items per second of its recent chunks over the caller's on the same loops, a moving average
+  /// of the ratios' logarithms (each ratio clamped to [1/8, 8]; 1 before any loop). `parallel_for` sizes the chunks by it. Meant for
+  /// benchmarks and tests; read it only while no `parallel_for` runs.
+  [[nodiscard]] double speed(std::size_t worker) const noexcept { return worker < speed_.size() ? speed_[worker] : 0.0; }
+
   /// Calls `f(begin, end, chunk)` on disjoint contiguous chunks covering [0, n), w = min(size(),
-  /// n) chunks, chunk c = [n·c/w, n·(c+1)/w), and returns when all are done. If a chunk throws,
-  /// chunks not started yet may be skipped, and the first exception is rethrown on the calling
-  /// thread once no chunk runs any more (the pool stays whole). Thread-safe: while the workers run
-  /// one call, any other call (from another thread, or from inside a chunk) runs all its chunks
-  /// on its calling thread.
+  /// n) chunks, chunk c (c = 0..w−1, in order along [0, n)) at least one index, its share of n
+  /// proportional to `speed(c)`; returns when all are done. If a chunk throws, chunks not started yet may be skipped, and the
+  /// first exception is rethrown on the calling thread once no chunk runs any more (the pool
+  /// stays whole). Thread-safe: while the workers run one call, any other call (from another
+  /// thread, or from inside a chunk) runs all its chunks on its calling thread, in order, chunk c
+  /// = [n·c/w, n·(c+1)/w).
   template <class F>
   void parallel_for(std::size_t n, F&& f) {
     const std::size_t w = std::min(size(), n);
@@ -132,22 +152,30 @@ class thread_pool {
       return;
     }
     using fn_t = std::remove_reference_t<F>;
-    // The task fields are published by the release store of ticket_ and read only by a thread
-    // that then claims a chunk of this task with an acquire CAS; the caller rewrites them only
-    // after every claimed chunk reported done, so they never race.
+    // The task fields, the bounds and the claim words are published by the release store of
+    // task_ and read only by a thread that loaded it with acquire; a chunk's record is written by
+    // the thread that ran it before its release increment of done_, read by the caller after
+    // done_'s acquire. The caller rewrites any of them only after every claimed chunk reported
+    // done, so they never race.
     ctx_ = const_cast<void*>(static_cast<const void*>(std::addressof(f)));
     call_ = [](void* ctx, std::size_t b, std::size_t e, std::size_t id) {
       (*static_cast<fn_t*>(ctx))(b, e, id);
     };
-    n_ = n;
+    plan(n, w);
     failed_.store(false, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
     const std::uint32_t gen = generation_.load(std::memory_order_relaxed) + 1;
-    ticket_.store(make_ticket(gen, w, 1), std::memory_order_release);
+    chunks_[0].claim.store(gen, std::memory_order_relaxed);  // the caller's own
+    for (std::size_t c = 1; c < w; ++c) chunks_[c].claim.store(gen - 1, std::memory_order_relaxed);  // free
+    task_.store((std::uint64_t{gen} << 32) | w, std::memory_order_release);
     generation_.store(gen, std::memory_order_seq_cst);
     if (sleepers_.load(std::memory_order_seq_cst) != 0) generation_.notify_all();
-    run_chunk(0, n / w, 0);
-    while (claim_and_run(gen)) {
+    run_chunk(0, 0);
+    for (std::size_t c = 1; c < w; ++c) {
+      if (claim(c, gen)) {
+        run_chunk(c, 0);
+        done_.fetch_add(1, std::memory_order_release);
+      }
     }
     for (unsigned spins = 0; done_.load(std::memory_order_acquire) != w - 1; ++spins) {
       if (spins < 1024) {
@@ -156,6 +184,7 @@ class thread_pool {
         std::this_thread::yield();  // a worker holding a chunk was descheduled
       }
     }
+    learn(w);
     // The exception is taken before the pool is released: another caller may take it at once and
     // reset failed_ and error_ for its own task.
     std::exception_ptr failure = failed_.load(std::memory_order_relaxed) ? std::exchange(error_, nullptr) : nullptr;
@@ -164,6 +193,14 @@ class thread_pool {
   }
 
  private:
+  // A chunk of the current task: who claimed it (the task's generation once claimed, the one
+  // before while free), and, once run, by which thread and in how many seconds.
+  struct alignas(64) chunk {
+    std::atomic<std::uint32_t> claim{0};
+    std::size_t runner = 0;
+    double seconds = 0.0;
+  };
+
   // Wakes every worker to exit, and joins them.
   void stop() noexcept {
     stop_.store(true, std::memory_order_seq_cst);
@@ -171,41 +208,67 @@ class thread_pool {
     generation_.notify_all();
     for (std::thread& t : workers_) t.join();
   }
-  // ticket_: generation (bits 63..32) | chunks of the task (31..16) | next unclaimed chunk (15..0)
-  static constexpr std::uint64_t make_ticket(std::uint32_t gen, std::size_t chunks,
-                                             std::size_t next) noexcept {
-    return (std::uint64_t{gen} << 32) | (std::uint64_t{chunks} << 16) | std::uint64_t{next};
+
+  // bounds_[0..w]: chunk c is [bounds_[c], bounds_[c + 1]), its share of n proportional to
+  // speed_[c], at least one index each.
+  void plan(std::size_t n, std::size_t w) noexcept {
+    n_ = n;
+    double total = 0.0;
+    for (std::size_t c = 0; c < w; ++c) total += speed_[c];
+    double sum = 0.0;
+    bounds_[0] = 0;
+    for (std::size_t c = 1; c < w; ++c) {
+      sum += speed_[c - 1];
+      const auto at = static_cast<std::size_t>(static_cast<double>(n) * sum / total + 0.5);
+      bounds_[c] = std::clamp(at, bounds_[c - 1] + 1, n - (w - c));
+    }
+    bounds_[w] = n;
   }
 
-  /// Claims and runs one chunk of task `gen`; false when none is left (or the task is over).
-  bool claim_and_run(std::uint32_t gen) {
-    std::uint64_t t = ticket_.load(std::memory_order_acquire);
-    for (;;) {
-      const auto chunks = static_cast<std::size_t>((t >> 16) & 0xffffu);
-      const auto next = static_cast<std::size_t>(t & 0xffffu);
-      if (static_cast<std::uint32_t>(t >> 32) != gen || next >= chunks) return false;
-      if (ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel,
-                                        std::memory_order_acquire)) {
-        run_chunk(n_ * next / chunks, n_ * (next + 1) / chunks, next);
-        done_.fetch_add(1, std::memory_order_release);
-        return true;
-      }
+  // Folds this task's chunk times into speed_: each chunk run by its own thread against the
+  // caller's chunk 0, in items per second; a moving average of the logarithm with weight 1/64
+  // per task (a forward pass of the bundled target splits 31 loops: the estimate follows a
+  // change within two or three calls, and the noise of single loops — a 2-against-1 split of 6
+  // panels, a chunk's cold start — averages out: with 1/8 it swung between 0.5 and 1.8 within
+  // one steady phase).
+  void learn(std::size_t w) noexcept {
+    const chunk& own = chunks_[0];
+    if (own.runner != 0 || !(own.seconds > 0.0)) return;
+    const double caller = static_cast<double>(bounds_[1]) / own.seconds;
+    for (std::size_t c = 1; c < w; ++c) {
+      const chunk& k = chunks_[c];
+      if (k.runner != c || !(k.seconds > 0.0)) continue;
+      const double r = std::clamp(static_cast<double>(bounds_[c + 1] - bounds_[c]) / k.seconds / caller, 0.125, 8.0);
+      speed_[c] *= std::exp((std::log(r) - std::log(speed_[c])) / 64.0);
     }
   }
 
-  // Runs a chunk of the current task unless one has thrown; the first exception is kept for the
-  // caller (error_ is written by the thread that set failed_ first, before its done_ increment,
-  // and read by the caller after every chunk is done: done_'s release / acquire orders them).
-  void run_chunk(std::size_t b, std::size_t e, std::size_t id) noexcept {
+  // Claims chunk c of task gen for the calling thread; false if some thread has (or the task is
+  // over: every chunk of a finished task was claimed, in it or in a later one).
+  bool claim(std::size_t c, std::uint32_t gen) noexcept {
+    std::uint32_t v = chunks_[c].claim.load(std::memory_order_relaxed);
+    if (v != gen - 1) return false;
+    return chunks_[c].claim.compare_exchange_strong(v, gen, std::memory_order_acq_rel, std::memory_order_relaxed);
+  }
+
+  // Runs chunk c of the current task on thread `self`, timed, unless a chunk has thrown; the
+  // first exception is kept for the caller (error_ is written by the thread that set failed_
+  // first, before its done_ increment, and read by the caller after every chunk is done).
+  void run_chunk(std::size_t c, std::size_t self) noexcept {
+    chunk& k = chunks_[c];
+    k.runner = self;
+    k.seconds = 0.0;
     if (failed_.load(std::memory_order_relaxed)) return;
     try {
-      call_(ctx_, b, e, id);
+      const auto t0 = std::chrono::steady_clock::now();
+      call_(ctx_, bounds_[c], bounds_[c + 1], c);
+      k.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } catch (...) {
       if (!failed_.exchange(true, std::memory_order_acq_rel)) error_ = std::current_exception();
     }
   }
 
-  void run() {
+  void run(std::size_t self) {
     using clock = std::chrono::steady_clock;
     std::uint32_t seen = 0;
     for (;;) {
@@ -223,16 +286,29 @@ class thread_pool {
       }
       seen = g;
       if (stop_.load(std::memory_order_acquire)) return;
-      while (claim_and_run(g)) {
+      // The task and its chunk count in one word: a worker that read them and was then
+      // descheduled past the task's end claims nothing (every chunk of it is claimed).
+      const std::uint64_t task = task_.load(std::memory_order_acquire);
+      const auto gen = static_cast<std::uint32_t>(task >> 32);
+      const auto w = static_cast<std::size_t>(task & 0xffffffffu);
+      for (std::size_t i = 0; i < w; ++i) {  // its own chunk first, then any other still free
+        const std::size_t c = (self + i) % w;
+        if (c != 0 && claim(c, gen)) {
+          run_chunk(c, self);
+          done_.fetch_add(1, std::memory_order_release);
+        }
       }
     }
   }
 
   std::vector<std::thread> workers_;
   std::chrono::microseconds spin_;
+  std::unique_ptr<chunk[]> chunks_;          // per chunk (at most one per thread)
+  std::unique_ptr<std::size_t[]> bounds_;    // the current task's chunk bounds (`plan`)
+  std::vector<double> speed_;                // per thread (`speed`), written by the caller holding busy_
   alignas(64) std::atomic<std::uint32_t> generation_{0};
   std::atomic<bool> stop_{false};
-  alignas(64) std::atomic<std::uint64_t> ticket_{0};
+  alignas(64) std::atomic<std::uint64_t> task_{0};  // generation (bits 63..32) | chunks (31..0)
   alignas(64) std::atomic<std::size_t> done_{0};
   alignas(64) std::atomic<int> sleepers_{0};
   std::atomic<bool> busy_{false};  // a parallel_for holds the workers
