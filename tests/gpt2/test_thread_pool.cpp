@@ -314,35 +314,52 @@ void busy_for(double us) {
 
 TEST_CASE("a thread pool gives a slower thread a smaller chunk", "[.][thread_pool_timing]") {
   // The worker's indices take three times the caller's (a core at a third of the speed): its
-  // measured speed falls to about 1/3 and its chunk shrinks to about a quarter of the loop. As
-  // fast as the caller, it stays near 1. Every loop still covers each index exactly once. The
-  // pool's speeds are wall-clock ones: with more threads runnable than CPUs, descheduling swamps
-  // them (one busy process beside this test: ~1 for both workers), so the test is hidden from
-  // discovery and runs alone (ctest's thread_pool.speeds, RUN_SERIAL), and a fresh pool tries
-  // again up to 10 times (an even split fails every attempt). The work is CPU time, which a
-  // slower core (a busy hyperthread neighbour) does not stretch.
+  // measured speed falls to about 1/3 (0.33-0.42 measured) and its chunk shrinks to about a
+  // quarter of the loop (8-10 of 32). As fast as the caller, it stays near 1. Every loop still
+  // covers each index exactly once. The work is CPU time, which a slower core (a busy hyperthread
+  // neighbour) does not stretch; the pool's speeds are wall-clock ones, so descheduling swamps
+  // them (one busy process beside two workers on two CPUs: ~1 for both), and a worker that finds
+  // its chunk taken by the caller measures nothing. Hence: the test is hidden from discovery and
+  // runs alone (ctest's thread_pool.speeds, RUN_SERIAL); its worker never sleeps; an attempt in
+  // which the worker ran its own chunk in fewer than half the loops proves nothing either way, and
+  // a fresh pool tries again, 100 ms later, up to 20 times. An even split fails every attempt
+  // (speed 1, chunk 16), and so does an estimate from chunk times alone (~0.58, chunk 12).
+  if (specsample::gpt2::usable_hardware_threads() < 2) {
+    WARN("not measured: this process may run on one CPU, where two threads only take turns");
+    return;
+  }
   for (const double slow : {3.0, 1.0}) {
     INFO("the worker takes " << slow << "x the caller's time per index");
-    bool as_expected = false;
-    for (int attempt = 0; attempt < 10 && !as_expected; ++attempt) {
-      thread_pool pool(2);
+    bool conclusive = false, as_expected = false;
+    for (int attempt = 0; attempt < 20 && !(conclusive && as_expected); ++attempt) {
+      if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      thread_pool pool(2, thread_pool::max_spin);
       const auto caller = std::this_thread::get_id();
+      constexpr int rounds = 300;
       std::size_t chunk1 = 0;
-      for (int round = 0; round < 300; ++round) {
+      int own = 0;  // loops whose chunk 1 the worker ran
+      for (int round = 0; round < rounds; ++round) {
         std::vector<int> hits(32, 0);
         pool.parallel_for(hits.size(), [&](std::size_t b, std::size_t e, std::size_t chunk) {
           for (std::size_t i = b; i < e; ++i) ++hits[i];
-          if (chunk == 1) chunk1 = e - b;
-          busy_for(static_cast<double>(e - b) * (std::this_thread::get_id() == caller ? 5.0 : 5.0 * slow));
+          const bool on_caller = std::this_thread::get_id() == caller;
+          if (chunk == 1) {
+            chunk1 = e - b;
+            if (!on_caller) ++own;
+          }
+          busy_for(static_cast<double>(e - b) * (on_caller ? 5.0 : 5.0 * slow));
         });
         REQUIRE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
       }
       REQUIRE(pool.speed(0) == 1.0);
       const double s = pool.speed(1);
-      UNSCOPED_INFO("attempt " << attempt << ": speed(1) = " << s << ", chunk 1 of the last loop: " << chunk1);
-      as_expected = slow > 1.0 ? s > 0.15 && s < 0.6 && chunk1 < 14  // an even split gives it 16
+      UNSCOPED_INFO("attempt " << attempt << ": speed(1) = " << s << ", chunk 1 of the last loop: " << chunk1
+                               << ", run by the worker in " << own << " of " << rounds << " loops");
+      conclusive = own >= rounds / 2;
+      as_expected = slow > 1.0 ? s > 0.2 && s < 0.5 && chunk1 <= 10  // an even split gives it 16
                                : s > 0.6 && s < 1.6;
     }
+    CHECK(conclusive);
     CHECK(as_expected);
   }
 }

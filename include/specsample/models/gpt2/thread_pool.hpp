@@ -212,7 +212,6 @@ class thread_pool {
   // bounds_[0..w]: chunk c is [bounds_[c], bounds_[c + 1]), its share of n proportional to
   // speed_[c], at least one index each.
   void plan(std::size_t n, std::size_t w) noexcept {
-    n_ = n;
     double total = 0.0;
     for (std::size_t c = 0; c < w; ++c) total += speed_[c];
     double sum = 0.0;
@@ -315,8 +314,7 @@ class thread_pool {
   std::atomic<bool> failed_{false};  // a chunk of the current task threw: error_ holds it
   std::exception_ptr error_;
   // The task (written by the caller only while no other thread reads it).
-  alignas(64) std::size_t n_ = 0;
-  void* ctx_ = nullptr;
+  alignas(64) void* ctx_ = nullptr;
   void (*call_)(void*, std::size_t, std::size_t, std::size_t) = nullptr;
 };
 
