@@ -133,15 +133,18 @@ class thread_pool {
 
   /// Thread `worker`'s speed relative to the caller's (worker 0: 1) as the pool has measured it:
   /// items per second of its recent chunks over the caller's on the same loops, a moving average
-  /// of the ratios' logarithms (each ratio clamped to [1/8, 8]; 1 before any loop). `parallel_for` sizes the chunks by it. Meant for
-  /// benchmarks and tests; read it only while no `parallel_for` runs.
-  [[nodiscard]] double speed(std::size_t worker) const noexcept { return worker < speed_.size() ? speed_[worker] : 0.0; }
+  /// of the ratios' logarithms (each ratio clamped to [1/8, 8]; 1 before any loop; 0 for a worker
+  /// the pool does not have). `parallel_for` sizes the chunks by it. Meant for benchmarks and
+  /// tests; read it only while no `parallel_for` runs.
+  [[nodiscard]] double speed(std::size_t worker) const noexcept {
+    return worker < speed_.size() ? speed_[worker] : 0.0;
+  }
 
   /// Calls `f(begin, end, chunk)` on disjoint contiguous chunks covering [0, n), w = min(size(),
   /// n) chunks, chunk c (c = 0..w−1, in order along [0, n)) at least one index, its share of n
-  /// proportional to `speed(c)`; returns when all are done. If a chunk throws, chunks not started yet may be skipped, and the
-  /// first exception is rethrown on the calling thread once no chunk runs any more (the pool
-  /// stays whole). Thread-safe: while the workers run one call, any other call (from another
+  /// proportional to `speed(c)`; returns when all are done. If a chunk throws, chunks not started
+  /// yet may be skipped, and the first exception is rethrown on the calling thread once no chunk
+  /// runs any more (the pool stays whole). Thread-safe: while the workers run one call, any other call (from another
   /// thread, or from inside a chunk) runs all its chunks on its calling thread, in order, chunk c
   /// = [n·c/w, n·(c+1)/w).
   template <class F>
@@ -171,12 +174,7 @@ class thread_pool {
     generation_.store(gen, std::memory_order_seq_cst);
     if (sleepers_.load(std::memory_order_seq_cst) != 0) generation_.notify_all();
     run_chunk(0, 0);
-    for (std::size_t c = 1; c < w; ++c) {
-      if (claim(c, gen)) {
-        run_chunk(c, 0);
-        done_.fetch_add(1, std::memory_order_release);
-      }
-    }
+    take_free(gen, w, 0);
     for (unsigned spins = 0; done_.load(std::memory_order_acquire) != w - 1; ++spins) {
       if (spins < 1024) {
         detail::cpu_relax();
@@ -289,13 +287,19 @@ class thread_pool {
       // descheduled past the task's end claims nothing (every chunk of it is claimed).
       const std::uint64_t task = task_.load(std::memory_order_acquire);
       const auto gen = static_cast<std::uint32_t>(task >> 32);
-      const auto w = static_cast<std::size_t>(task & 0xffffffffu);
-      for (std::size_t i = 0; i < w; ++i) {  // its own chunk first, then any other still free
-        const std::size_t c = (self + i) % w;
-        if (c != 0 && claim(c, gen)) {
-          run_chunk(c, self);
-          done_.fetch_add(1, std::memory_order_release);
-        }
+      take_free(gen, static_cast<std::size_t>(task & 0xffffffffu), self);
+    }
+  }
+
+  // Thread `self`'s part of task gen (of w chunks) beyond chunk 0, which the caller runs first:
+  // its own chunk, then every other one still free (in order from its own), each claimed, run and
+  // counted in done_.
+  void take_free(std::uint32_t gen, std::size_t w, std::size_t self) noexcept {
+    for (std::size_t i = 0; i < w; ++i) {
+      const std::size_t c = (self + i) % w;
+      if (c != 0 && claim(c, gen)) {
+        run_chunk(c, self);
+        done_.fetch_add(1, std::memory_order_release);
       }
     }
   }
