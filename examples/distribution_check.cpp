@@ -7,8 +7,8 @@
 // specsample::language_model. Only the sequences of positive probability are enumerated, at most
 // 1e6, so a large vocabulary needs a --top-k (--top-k 3 --length 4: at most 81 sequences, one
 // model call per prefix). Too few samples to test are refused with the count needed. `--broken`
-// swaps in a verifier that resamples from p instead of the residual, to show what a failing
-// verdict looks like.
+// breaks the chosen rule (token-wise or block): it resamples from p instead of the residual, to
+// show what a failing verdict looks like.
 constexpr const char* usage =
     "usage: distribution_check [--vocab V] [--similarity S] [--length L] [-k K] [--temperature T]\n"
     "                          [--top-k N] [--top-p P] [--min-p M] [--draft-temperature T]\n"
@@ -47,8 +47,9 @@ constexpr const char* usage =
     "                              rejection)\n"
     "  --verify tokenwise|block    the verification rule (default tokenwise)\n"
     "  --samples N, --seed S       speculative samples drawn (default 100000), their seed (default 1)\n"
-    "  --broken                    a verifier that resamples from p instead of the residual, to see a\n"
-    "                              FAIL (where drafts are rejected and several sequences are possible)\n"
+    "  --broken                    the rule (tokenwise or block) resampling from p instead of the\n"
+    "                              residual, to see a FAIL (where drafts are rejected and several\n"
+    "                              sequences are possible)\n"
     "  -h, --help                  this text\n"
     "The verdict goes to stdout, the expected time of the samples to stderr. Exit status: 0 PASS,\n"
     "1 FAIL, 2 an error.\n";
@@ -86,11 +87,16 @@ constexpr const char* usage =
 
 namespace {
 
-// On rejection draws from p instead of norm(max(0, p - q)): a classic mistake. It reads p as the
-// built-in rules do, column by column through `decide` (the loop's lazy path, which warps a target
-// column only when a decision reaches it), so the check's FAIL is of the path its PASS certifies.
-struct broken_verifier {
-  using decides_columns = broken_verifier;
+// `Rule` (token-wise or block verification) with a classic mistake: on a rejection the token after
+// the accepted drafts is drawn from p instead of the residual (norm(max(0, p - q)); block
+// verification's norm(max(0, w p - q))). It reads p as the built-in rules do, column by column
+// through `decide` (the loop's lazy path, which warps a target column only when a decision reaches
+// it), so the check's FAIL is of the path its PASS certifies.
+template <class Rule>
+struct resampling_from_p {
+  using decides_columns = resampling_from_p;
+  static constexpr std::string_view correction = "p (--broken)";
+  Rule rule;
 
   template <class Rng>
   specsample::verify_result operator()(std::span<const specsample::token> drafts,
@@ -100,15 +106,11 @@ struct broken_verifier {
   }
 
   template <class Columns, class Rng>
-  specsample::verify_result decide(std::span<const specsample::token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
-                                   const Columns& p, Rng& rng) const {
-    const auto k = static_cast<Eigen::Index>(drafts.size());
-    for (Eigen::Index i = 0; i < k; ++i) {
-      const auto x = drafts[static_cast<std::size_t>(i)];
-      if (p(x, i) >= q(x, i) || specsample::uniform_01(rng) < double(p(x, i)) / double(q(x, i))) continue;
-      return {static_cast<std::size_t>(i), specsample::sample_categorical(p.col(i), rng), false};
-    }
-    return {static_cast<std::size_t>(k), specsample::sample_categorical(p.col(k), rng), true};
+  specsample::verify_result decide(std::span<const specsample::token> drafts,
+                                   const Eigen::Ref<const Eigen::MatrixXf>& q, const Columns& p, Rng& rng) const {
+    specsample::verify_result r = rule.decide(drafts, q, p, rng);  // (its residual draw is discarded)
+    if (!r.bonus) r.next = specsample::sample_categorical(p.col(static_cast<Eigen::Index>(r.accepted)), rng);
+    return r;
   }
 };
 
@@ -178,8 +180,10 @@ bool check(Draft& draft, Target& target, std::span<const specsample::token> prom
     fmt::print("drafting rounds of the samples: {} by prompt lookup, {} by the draft model\n",
                draft.first_rounds() - first_rounds, draft.second_rounds() - second_rounds);
   }
-  fmt::print("drafts in the samples: {} proposed, {} rejected (each replaced by a draw from the residual)\n",
-             fit.drafted, fit.rejected);
+  std::string_view correction = "the residual";
+  if constexpr (requires { Verifier::correction; }) correction = Verifier::correction;
+  fmt::print("drafts in the samples: {} proposed, {} rejected (each replaced by a draw from {})\n", fit.drafted,
+             fit.rejected, correction);
   if (ok && fit.drafted == 0) {
     fmt::print("note: no round drafted, so the check tested the target's own sampling only (a generation's last "
                "token is never drafted, so --length 1 drafts nothing; prompt lookup drafts only where the context "
@@ -397,9 +401,6 @@ int main(int argc, char** argv) {
       throw specsample::error(fmt::format("--length must be in 1..{}, got {}", specsample::testing::max_sequence_length,
                                           params.max_new_tokens));
     }
-    if (broken && params.verify != specsample::verification::token_wise) {
-      throw specsample::error("--broken replaces the token-wise verifier: drop --verify block");
-    }
     if (draft_temperature) params = params.with_draft_temperature(*draft_temperature);  // the target's filters
     try {
       specsample::validate(params, std::numeric_limits<std::size_t>::max());
@@ -422,7 +423,8 @@ int main(int argc, char** argv) {
     if (w.top_k > 0) filters += fmt::format(", top-k {}", w.top_k);
     if (w.top_p < 1.0f) filters += fmt::format(", top-p {}", w.top_p);
     if (w.min_p > 0.0f) filters += fmt::format(", min-p {}", w.min_p);
-    const std::string_view rule = broken ? "BROKEN (resamples from p)" : specsample::verification_name(params.verify);
+    std::string rule = specsample::verification_name(params.verify);
+    if (broken) rule += ", BROKEN (resamples from p)";
     std::string drafting;
     if (draft_temperature) drafting += fmt::format(", draft at T = {}", *draft_temperature);
     if (params.draft_min_probability > 0.0f) drafting += fmt::format(", p-min {}", params.draft_min_probability);
@@ -437,7 +439,10 @@ int main(int argc, char** argv) {
       const std::vector<specsample::token> toy_prompt{0};
       return check(draft, target, toy_prompt, params, samples, seed, 1e-3, verifier);
     };
-    const bool ok = broken ? run(broken_verifier{}) : run(specsample::testing::verifier_from_params{});
+    const bool ok = !broken ? run(specsample::testing::verifier_from_params{})
+                    : params.verify == specsample::verification::block
+                        ? run(resampling_from_p<specsample::block_verifier>{})
+                        : run(resampling_from_p<specsample::tokenwise_verifier>{});
     // A verdict that could not be written (a full disk, a closed descriptor) is no verdict.
     const bool flush_failed = std::fflush(stdout) != 0;  // (errno names a failure of this flush only)
     if (flush_failed || std::ferror(stdout) != 0) {
