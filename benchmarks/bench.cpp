@@ -387,13 +387,7 @@ cli parse(int argc, char** argv) {
       else if (a == "-n") c.n = args.number<std::size_t>(1);
       else if (a == "--reps") c.reps = args.number<std::size_t>(1);
       else if (a == "--k-max") c.k_max = args.number<std::size_t>(1);
-      else if (a == "--threads") {
-        c.threads = args.number<std::size_t>();
-        if (c.threads > specsample::gpt2::thread_pool::max_threads) {
-          throw specsample::error(fmt::format("--threads must be at most {} (0: one per CPU it may run on), got {}",
-                                              specsample::gpt2::thread_pool::max_threads, c.threads));
-        }
-      }
+      else if (a == "--threads") c.threads = specsample::gpt2::threads_option(a, args.number<std::size_t>());
       else if (specsample::gpt2::is_option_flag(a)) {
         specsample::gpt2::set_option(c.model, a, args.value());
       }

@@ -310,7 +310,7 @@ int main(int argc, char** argv) {
       else if (a == "--draft") pair.draft = args.path_value();
       else if (a == "--prompt") pair.prompt = args.value();
       else if (a == "--eos") pair.eos = args.value();
-      else if (a == "--threads") pair.threads = args.number<std::size_t>();
+      else if (a == "--threads") pair.threads = specsample::gpt2::threads_option(a, args.number<std::size_t>());
       else if (specsample::gpt2::is_option_flag(a)) specsample::gpt2::set_option(pair.model, a, args.value());
       else if (a == "--draft-matmul") pair.draft_matmul = specsample::gpt2::precision_option(a, args.value());
       else if (a == "--prompt-lookup") pair.prompt_lookup = args.number<std::size_t>(1);
@@ -374,10 +374,6 @@ int main(int argc, char** argv) {
           throw specsample::error(fmt::format("{} {}; --draft ngram has none", flag, does));
         }
       }
-    }
-    if (pair.threads > specsample::gpt2::thread_pool::max_threads) {
-      throw specsample::error(fmt::format("--threads must be at most {} (0: one per CPU it may run on), got {}",
-                                          specsample::gpt2::thread_pool::max_threads, pair.threads));
     }
     if (const std::string note = specsample::gpt2::oversubscription_note("--threads", pair.threads); !note.empty()) {
       fmt::print(stderr, "distribution_check: note: {}\n", note);

@@ -214,13 +214,7 @@ cli parse(int argc, char** argv) {
       else if (a == "--draft-matmul") {
         c.draft_matmul = specsample::gpt2::precision_option(a, args.value());
       }
-      else if (a == "--threads") {
-        c.threads = args.number<std::size_t>();
-        if (c.threads > specsample::gpt2::thread_pool::max_threads) {
-          throw specsample::error(fmt::format("--threads must be at most {} (0: one per CPU it may run on), got {}",
-                                              specsample::gpt2::thread_pool::max_threads, c.threads));
-        }
-      }
+      else if (a == "--threads") c.threads = specsample::gpt2::threads_option(a, args.number<std::size_t>());
       else if (a == "--mode") {
         c.mode = args.value();
         if (c.mode != "speculative" && c.mode != "autoregressive" && c.mode != "compare") {

@@ -324,6 +324,18 @@ class thread_pool {
   void (*call_)(void*, std::size_t, std::size_t, std::size_t) = nullptr;
 };
 
+/// A tool's kernel-thread count as given with `flag` (e.g. `--threads`): `threads` itself when it is
+/// 0 (one per CPU the process may run on) to `thread_pool::max_threads`, else a
+/// `specsample::error` naming the flag ("--threads must be at most 1024 (0: one per CPU it may run
+/// on), got 5000").
+[[nodiscard]] inline std::size_t threads_option(std::string_view flag, std::size_t threads) {
+  if (threads > thread_pool::max_threads) {
+    throw error(fmt::format("{} must be at most {} (0: one per CPU it may run on), got {}", flag,
+                            thread_pool::max_threads, threads));
+  }
+  return threads;
+}
+
 /// What to tell someone who asked for `threads` kernel threads (0: one per hardware thread) on
 /// this machine: "--threads 8 runs 8 kernel threads on the 2 this process can run at once: they
 /// take turns, so a forward pass is slower than with 2" when the count passes
