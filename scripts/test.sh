@@ -38,7 +38,7 @@ if [ -z "${SPECSAMPLE_SKIP_SANITIZE:-}" ]; then
   # 79 s, UBSan's pointer-overflow check costs 37 (ASan alone 27, UBSan alone 30); it stays, as it
   # checks the kernels' index arithmetic. Nor do the programs (examples, benchmarks) alone drop to
   # -O0, the kernels library staying at -O1: they compiled in 124 s instead of ~235, but their
-  # tests took 400 s instead of 188 (distribution_check's 66 -> 226; Xeon, 2026-12-01), and the
+  # tests took 400 s instead of 188 (distribution_check's 66 -> 226 s; Xeon, 2026-12-01), and the
   # programs whose tests slowed least would save ~50 s of CPU in all.
   # On a CPU without AVX-512 the sanitized build leaves the AVX-512 kernels out (SPECSAMPLE_AVX512):
   # its tests could not run them, and instrumented they took ~18% of its compile (the kernels' TUs
