@@ -435,10 +435,9 @@ int main(int argc, char** argv) {
       const std::vector<specsample::token> toy_prompt{0};
       return check(draft, target, toy_prompt, params, samples, seed, 1e-3, verifier);
     };
-    const bool ok = !broken ? run(specsample::testing::verifier_from_params{})
-                    : params.verify == specsample::verification::block
-                        ? run(resampling_from_p<specsample::block_verifier>{})
-                        : run(resampling_from_p<specsample::tokenwise_verifier>{});
+    const auto run_broken = [&](auto rule) { return run(resampling_from_p<decltype(rule)>{rule}); };
+    const bool ok = broken ? specsample::with_verifier(params, run_broken)
+                           : run(specsample::testing::verifier_from_params{});
     // A verdict that could not be written (a full disk, a closed descriptor) is no verdict.
     const bool flush_failed = std::fflush(stdout) != 0;  // (errno names a failure of this flush only)
     if (flush_failed || std::ferror(stdout) != 0) {

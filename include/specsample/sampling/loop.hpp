@@ -345,12 +345,9 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
 template <class Drafter, class Target, class Rng, class Observer>
 generation_result generate_with(Drafter& drafter, Target& target, std::span<const token> prompt,
                                 const speculative_params& params, Rng& rng, Observer& observer) {
-  if (params.verify == verification::block) {
-    block_verifier verifier;
+  return with_verifier(params, [&](auto verifier) {
     return generate(drafter, target, prompt, params, rng, observer, verifier);
-  }
-  tokenwise_verifier verifier{params.leniency};
-  return generate(drafter, target, prompt, params, rng, observer, verifier);
+  });
 }
 
 // The model drafter of `speculative_sample(draft, target, ...)`, after the checks that need the

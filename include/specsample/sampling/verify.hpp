@@ -22,6 +22,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 namespace specsample {
 
@@ -317,6 +318,15 @@ template <std::uniform_random_bit_generator Rng>
 verify_result verify_tokenwise(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
                                const Eigen::Ref<const Eigen::MatrixXf>& p, Rng& rng) {
   return tokenwise_verifier{}(drafts, q, p, rng);
+}
+
+/// Calls `f` with the verifier `params` selects, as the sampling loops verify with it:
+/// `block_verifier{}` for `verification::block`, else `tokenwise_verifier{params.leniency}`; returns
+/// what `f` returns (the same type for both).
+template <class F>
+decltype(auto) with_verifier(const speculative_params& params, F&& f) {
+  if (params.verify == verification::block) return std::forward<F>(f)(block_verifier{});
+  return std::forward<F>(f)(tokenwise_verifier{params.leniency});
 }
 
 }  // namespace specsample
