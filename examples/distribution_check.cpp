@@ -251,6 +251,35 @@ bool check_checkpoints(const checkpoints& c, specsample::speculative_params para
     specsample::check_model_vocabulary(draft->vocab_size(), tok, draft_dir.string());  // (its tokenizer is tok's)
   }
   params.eos = c.eos ? eos_id : target.config().eos_token_id;
+  {  // --length against the models' contexts, named as typed (the library names max_new_tokens)
+    std::size_t fits = specsample::max_new_tokens_within(target.max_size(), prompt.size()), bound = target.max_size();
+    std::string bound_by = "target";
+    if (draft && specsample::draft_max_new_tokens_within(draft->max_size(), prompt.size()) < fits) {
+      fits = specsample::draft_max_new_tokens_within(draft->max_size(), prompt.size());
+      bound = draft->max_size();
+      bound_by = "draft";
+    }
+    if (fits == 0) {  // no --length helps (it is >= 1)
+      throw specsample::error(fmt::format("the --prompt of {} tokens does not fit: the {} model holds at most {} tokens; "
+                                          "shorten --prompt", prompt.size(), bound_by, bound));
+    }
+    if (params.max_new_tokens > fits) {
+      throw specsample::error(fmt::format("--length {} is too long after a --prompt of {} tokens: the {} model holds at "
+                                          "most {} tokens (at most {} new {} here); lower --length or shorten --prompt",
+                                          params.max_new_tokens, prompt.size(), bound_by, bound, fits,
+                                          fits == 1 ? "one" : "ones"));
+    }
+  }
+  // A round drafts from at most prompt + length - 2 tokens (it decodes two at least), in which no
+  // suffix of that many recurs: lookup would run, draft nothing, and the check test nothing of it.
+  if (c.prompt_lookup > 0 && params.max_new_tokens >= 2 &&
+      c.prompt_lookup >= prompt.size() + params.max_new_tokens - 2) {
+    throw specsample::error(fmt::format("--prompt-lookup {} is too long: the rounds draft from at most {} tokens (a "
+                                        "--prompt of {} and --length {}, less the two a drafting round decodes), in "
+                                        "which no suffix of {} or more tokens can recur",
+                                        c.prompt_lookup, prompt.size() + params.max_new_tokens - 2, prompt.size(),
+                                        params.max_new_tokens, prompt.size() + params.max_new_tokens - 2));
+  }
   const auto described = [](const std::filesystem::path& dir, const specsample::gpt2::model& m) {
     std::string matmuls = specsample::gpt2::precision_name(m.matmul_precision());
     for (char& ch : matmuls) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
@@ -374,6 +403,13 @@ int main(int argc, char** argv) {
           throw specsample::error(fmt::format("{} {}; --draft ngram has none", flag, does));
         }
       }
+    }
+    // A greedy draft's top probability is always 1: --p-min would never stop a round.
+    if (std::find(given.begin(), given.end(), "--p-min") != given.end() &&
+        (draft_temperature ? *draft_temperature == 0.0f : params.sampling.temperature == 0.0f)) {
+      throw specsample::error("--p-min stops a round when the draft's top probability falls below it, but the draft "
+                              "decodes greedily (--temperature 0 or --draft-temperature 0): its top probability is "
+                              "always 1; give the draft a temperature above 0");
     }
     if (const std::string note = specsample::gpt2::oversubscription_note("--threads", pair.threads); !note.empty()) {
       fmt::print(stderr, "distribution_check: note: {}\n", note);

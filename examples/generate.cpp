@@ -292,6 +292,14 @@ cli parse(int argc, char** argv) {
       }
     }
   }
+  // A greedy draft's top probability is always 1: --p-min would never stop a round.
+  if (c.draft_temperature ? *c.draft_temperature == 0.0f : c.params.sampling.temperature == 0.0f) {
+    if (const auto t = typed("--p-min")) {
+      usage_error(fmt::format("{} stops a round when the draft's top probability falls below it, but the draft decodes "
+                              "greedily (--temperature 0, the default, or --draft-temperature 0): its top probability "
+                              "is always 1; give the draft a temperature above 0", *t));
+    }
+  }
   // A greedy target scores each draft 1 or 0: a leniency below 1 would change no decision.
   if (c.params.sampling.temperature == 0.0f) {
     if (const auto t = typed("--leniency")) {
@@ -572,10 +580,15 @@ int run(int argc, char** argv) {
       whose = fmt::format("draft model ({})", candidates[d].string());
     }
   }
-  if (c.prompt_lookup > limit) {  // a suffix that long never recurs: lookup would run and draft nothing
-    usage_error(fmt::format("--prompt-lookup {} is longer than the {}'s context of {} tokens: no suffix that long can "
-                            "recur",
-                            c.prompt_lookup, whose, limit));
+  // The longest context a round drafts from: it decodes two tokens at least, of which the target
+  // holds all but the last (target limit - 1) and a draft model neither (its limit). A suffix of N
+  // tokens recurs in it only if N is shorter: else lookup would run and draft nothing.
+  std::size_t drafted_from = target.max_size() - 1;
+  for (const auto& d : drafts) drafted_from = std::min(drafted_from, d.max_size());
+  if (c.prompt_lookup > 0 && c.prompt_lookup >= drafted_from) {
+    usage_error(fmt::format("--prompt-lookup {} is too long: a round drafts from at most {} tokens here (the {} holds "
+                            "{}), in which no suffix of {} or more tokens can recur",
+                            c.prompt_lookup, drafted_from, whose, limit, drafted_from));
   }
   {  // -n against the models' contexts, named as typed (the library names max_new_tokens): the target
      // holds prompt + n - 1 tokens, a draft model one fewer
@@ -629,12 +642,20 @@ int run(int argc, char** argv) {
         throw specsample::error(fmt::format("{}: prompt {} encodes to no tokens", c.calibration_prompts->string(),
                                             warmup.size()));
       }
-      if (warmup.back().size() > limit) {  // (calibrate's refusal would name neither the file nor the prompt)
-        throw specsample::error(fmt::format("{}: prompt {} has {} tokens, more than the {} holds ({})",
+      // A warm-up from it must decode two tokens (a round with a draft): calibrate's refusal would
+      // name neither the file nor the prompt.
+      if (warmup.back().size() >= limit) {
+        throw specsample::error(fmt::format("{}: prompt {} has {} tokens, which leaves the {} (of {}) no room for a "
+                                            "warm-up round (two new tokens); shorten it",
                                             c.calibration_prompts->string(), warmup.size(), warmup.back().size(), whose,
                                             limit));
       }
     }
+  } else if (!drafts.empty() && (drafts.size() > 1 || c.auto_k) && prompt.size() >= limit) {
+    usage_error(fmt::format("{} warms up on the prompt, but a prompt of {} tokens leaves the {} (of {}) no room for a "
+                            "round with a draft (two new tokens): give --calibration-prompts FILE{}",
+                            c.auto_k ? "-k auto" : "a --draft list", prompt.size(), whose, limit,
+                            c.auto_k ? " or -k N" : ""));
   }
   // Each draft's parameters: --draft-temperature auto scans its ratio to the target's temperature.
   std::vector<specsample::speculative_params> draft_params(drafts.size(), c.params);

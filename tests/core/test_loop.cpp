@@ -782,6 +782,27 @@ TEST_CASE("a verifier derived from a built-in one is called through its own oper
   CHECK(calls == r.stats.rounds);
 }
 
+TEST_CASE("a verifier whose bonus flag contradicts its count of accepted drafts is refused", "[loop][verify][errors]") {
+  // The statistics (bonus against corrections) and the observer's round events take the flag as
+  // given: a bonus after a rejection, or a correction after every draft passed, is a broken verifier.
+  using Catch::Matchers::Contains;
+  auto target = toy::markov::random(20, 1, 63);
+  auto draft = toy::markov::similar_to(target, 0.5, 64);
+  for (const bool reject : {true, false}) {
+    INFO((reject ? "bonus after a rejection" : "no bonus after every draft passed"));
+    const auto lying = [reject](std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>&,
+                                const Eigen::Ref<const Eigen::MatrixXf>&, std::mt19937_64&) {
+      return reject ? verify_result{0, 1, true} : verify_result{drafts.size(), 1, false};
+    };
+    std::mt19937_64 rng(1);
+    CHECK_THROWS_WITH(speculative_sample(draft, target, std::vector<token>{0}, make_params(30, 3), rng, no_observer{},
+                                         lying),
+                      Contains(reject ? "verifier returned 0 accepted of 3 drafts with bonus = true"
+                                      : "verifier returned 3 accepted of 3 drafts with bonus = false") &&
+                          Contains("the bonus exactly when every draft passed"));
+  }
+}
+
 TEST_CASE("NaN logits are an error in every target column, read by the verifier or not", "[loop][verify]") {
   // The one verification call (5 tokens: one round) carries a NaN in its last column, which a
   // round that rejects a draft before it never warps: the check of the unwarped columns must still

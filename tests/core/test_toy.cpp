@@ -77,6 +77,32 @@ TEST_CASE("transition tables with the wrong shape or no mass are refused", "[toy
   }
 }
 
+TEST_CASE("columns whose float sum overflows are normalised, not zeroed; nonsense arguments are named",
+          "[toy][markov][errors]") {
+  using Catch::Matchers::Contains;
+  constexpr float big = 3e38f;  // two of them sum past FLT_MAX
+  Eigen::MatrixXf t = Eigen::MatrixXf::Ones(3, 4);
+  t.col(0) << big, big, 1.0f;  // the state after token 0
+  const toy::markov m(t, 1);
+  const Eigen::VectorXf p = m.next_probabilities(std::vector<token>{0});
+  CHECK(p(0) == Approx(0.5));
+  CHECK(p(1) == Approx(0.5));
+  CHECK(p(2) > 0.0f);  // 1 / 6e38, a subnormal float: the transition stays possible
+  CHECK(p.sum() == Approx(1.0));
+  // A Dirichlet concentration at FLT_MAX draws entries near FLT_MAX: nearly uniform columns.
+  const auto flat = toy::markov::random(3, 1, 1, std::numeric_limits<float>::max());
+  CHECK(flat.next_probabilities(std::vector<token>{1}).isApproxToConstant(1.0f / 3.0f, 1e-4f));
+  CHECK_THROWS_WITH(toy::markov::random(3, 1, 1, std::numeric_limits<float>::infinity()),
+                    Contains("concentration must be finite and > 0, got inf"));
+  CHECK_THROWS_WITH(toy::markov::random(3, 1, 1, std::numeric_limits<float>::quiet_NaN()),
+                    Contains("concentration must be finite and > 0"));
+  for (const double add_k : {std::numeric_limits<double>::infinity(), 1e300, -1.0}) {
+    CHECK_THROWS_WITH(toy::markov::from_corpus(std::vector<token>{0, 1}, 3, 1, add_k), Contains("add_k must be in [0, "));
+  }
+  const auto smooth = toy::markov::from_corpus(std::vector<token>{0, 1}, 3, 1, std::numeric_limits<float>::max());
+  CHECK(smooth.next_probabilities(std::vector<token>{0}).isApproxToConstant(1.0f / 3.0f, 1e-4f));
+}
+
 TEST_CASE("the callable adapter calls the function with the context so far", "[toy][callable]") {
   auto f = [](std::span<const token> ctx) {
     Eigen::VectorXf l = Eigen::VectorXf::Zero(3);

@@ -586,6 +586,18 @@ TEST_CASE("warm-ups shorten to the room a prompt leaves in the models' contexts"
   CHECK_THROWS_WITH(scan_draft_temperature(draft, target, std::span<const std::vector<token>>(too_long), params,
                                            std::span<const double>(ratios), rng, 64),
                     Contains("scan_draft_temperature: a prompt of 11 tokens does not fit"));
+  // A warm-up that drafts nothing measures nothing: refused, not reported as acceptance 0 (which
+  // made -k auto fall back to autoregressive decoding). The full prompt leaves room for one token.
+  const std::vector<std::vector<token>> full{std::vector<token>(10, 1)};
+  CHECK_THROWS_WITH(calibrate(draft, target, std::span<const std::vector<token>>(full), params, rng, 3, 64),
+                    Contains("calibrate: the warm-up drafted no token") &&
+                        Contains("no prompt leaves the models' contexts room for two new tokens"));
+  CHECK_THROWS_WITH(calibrate(draft, target, std::span<const std::vector<token>>(prompts), params, rng, 3, 1),
+                    Contains("warmup_tokens = 1 leaves no round with a draft"));
+  // One prompt with room is enough: the full one beside it adds no round.
+  const std::vector<std::vector<token>> one_with_room{std::vector<token>(10, 1), {1}};
+  const auto some = calibrate(draft, target, std::span<const std::vector<token>>(one_with_room), params, rng, 3, 64, 0);
+  CHECK(some.rounds_reached[0] > 0);
 }
 
 TEST_CASE("the tuning functions refuse what they cannot use, by name", "[tuning][errors]") {

@@ -291,6 +291,11 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
       throw error(fmt::format("verifier returned {} accepted of {} drafts and next token {}",
                               outcome.accepted, k, outcome.next));
     }
+    if (outcome.bonus != (outcome.accepted == k)) {  // (the statistics and the observer trust it)
+      throw error(fmt::format("verifier returned {} accepted of {} drafts with bonus = {}: the next token is the "
+                              "bonus exactly when every draft passed",
+                              outcome.accepted, k, outcome.bonus));
+    }
     if constexpr (!std::is_same_v<std::remove_cvref_t<Observer>, no_observer>) {
       events.clear();
       for (std::size_t i = 0; i < k; ++i) {
@@ -382,8 +387,11 @@ inline speculative_params for_custom_verifier(speculative_params params) {
 /// are reset to the prompt first; on return each holds a prefix of prompt + tokens (the target:
 /// all but the last token), so a follow-up call continues correctly. Throws `specsample::error`
 /// on bad parameters, an empty or out-of-range prompt, mismatched vocabularies, context overflow,
-/// `draft` and `target` being one object (pass a second instance), or a model that breaks its
-/// contract (wrong logits shape, NaN / +inf logits).
+/// `draft` and `target` being one object (pass a second instance), or a model, drafter or verifier
+/// that breaks its contract (wrong logits shape, NaN / +inf logits, a verify_result out of range).
+/// After an exception (these, or one a model throws) the models' contexts are unspecified — the
+/// next call resets them, so the objects stay usable — and the tokens of the rounds the observer
+/// has already seen are not returned.
 ///
 /// @param observer called with a `round_event` after every round (tracing, streaming).
 /// @param verifier customisation point: `verify_result(span<const token> drafts, q, p, Rng&)`,

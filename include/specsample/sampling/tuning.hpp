@@ -456,7 +456,8 @@ void check_prediction(calibration& c, Draft& draft, Target& target, std::span<co
 /// The check samples from an engine seeded by one draw of `rng`, taken whether it runs or not:
 /// `rng` advances by the warm-up's draws and that one.
 /// Throws `specsample::error` for k_max = 0 or above `max_draft_length`, warmup_tokens = 0, no
-/// prompts, or a prompt that does not fit the models.
+/// prompts, a prompt that does not fit the models, or a warm-up that drafted nothing (warmup_tokens
+/// = 1, or no prompt leaving room for two new tokens): acceptance would read 0, not "unmeasured".
 template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng>
 [[nodiscard]] calibration calibrate(Draft& draft, Target& target, std::span<const std::vector<token>> prompts,
                                     const speculative_params& params, Rng& rng, std::size_t k_max = 8,
@@ -475,6 +476,13 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
     warm.max_new_tokens = detail::warmup_length(draft, target, prompt.size(), warmup_tokens, "calibrate");
     lengths.push_back(warm.max_new_tokens);
     (void)speculative_sample(draft, target, prompt, warm, rng, positions);
+  }
+  if (positions.reached(0) == 0) {  // (rates() would read 0 for every position: "does not pay")
+    throw error(fmt::format("calibrate: the warm-up drafted no token, so there is no acceptance to measure: {}",
+                            warmup_tokens < 2 ? "warmup_tokens = 1 leaves no round with a draft (a round that "
+                                                "drafts one token decodes two)"
+                                              : "no prompt leaves the models' contexts room for two new tokens (a "
+                                                "round that drafts one token decodes two)"));
   }
   // The costs at the first prompt that leaves room for the widest verification call, else at one
   // that leaves the most, the shortest (a full first prompt would leave room for none: every v[K]

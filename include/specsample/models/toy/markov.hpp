@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <span>
 #include <vector>
@@ -39,7 +40,7 @@ class markov {
       if (!(table_.col(s).array() >= 0.0f).all() || !(sum > 0.0) || !std::isfinite(sum)) {
         throw error(fmt::format("toy::markov: column {} of the transition table is not a distribution", s));
       }
-      table_.col(s) /= static_cast<float>(sum);
+      divide_column(table_, s, sum);
     }
     log_table_ = table_.array().log().matrix();
   }
@@ -67,7 +68,10 @@ class markov {
 
   /// Counts n-grams of `corpus` with add-k smoothing (k > 0 keeps every transition possible).
   static markov from_corpus(std::span<const token> corpus, std::size_t vocab, std::size_t order, double add_k) {
-    if (!(add_k >= 0.0)) throw error(fmt::format("toy::markov::from_corpus: add_k must be >= 0, got {}", add_k));
+    if (!(add_k >= 0.0 && add_k <= std::numeric_limits<float>::max())) {  // (a float count, finite)
+      throw error(fmt::format("toy::markov::from_corpus: add_k must be in [0, {}] (a float count), got {}",
+                              std::numeric_limits<float>::max(), add_k));
+    }
     Eigen::MatrixXf counts = Eigen::MatrixXf::Constant(static_cast<Eigen::Index>(vocab),
                                                        static_cast<Eigen::Index>(state_count(vocab, order)),
                                                        static_cast<float>(add_k));
@@ -152,16 +156,28 @@ class markov {
   }
 
   static Eigen::MatrixXf random_table(std::size_t vocab, std::size_t order, float concentration, std::mt19937_64& rng) {
-    if (!(concentration > 0.0f)) {
-      throw error(fmt::format("toy::markov: concentration must be > 0, got {}", concentration));
+    if (!(concentration > 0.0f) || !std::isfinite(concentration)) {
+      throw error(fmt::format("toy::markov: concentration must be finite and > 0, got {}", concentration));
     }
     std::gamma_distribution<float> gamma(concentration, 1.0f);
     Eigen::MatrixXf t(static_cast<Eigen::Index>(vocab), static_cast<Eigen::Index>(state_count(vocab, order)));
     for (Eigen::Index s = 0; s < t.cols(); ++s) {
       for (Eigen::Index i = 0; i < t.rows(); ++i) t(i, s) = gamma(rng) + 1e-6f;
-      t.col(s) /= t.col(s).sum();
+      const float sum = t.col(s).sum();
+      divide_column(t, s, std::isfinite(sum) ? sum : t.col(s).cast<double>().sum());
     }
     return t;
+  }
+
+  // Divides column s of t by `sum`, its entries' positive, finite sum: in float where the sum is a
+  // float, else in double (finite entries whose sum passes FLT_MAX, which a float division would
+  // turn into zeros).
+  static void divide_column(Eigen::MatrixXf& t, Eigen::Index s, double sum) {
+    if (sum <= static_cast<double>(std::numeric_limits<float>::max())) {
+      t.col(s) /= static_cast<float>(sum);
+    } else {
+      t.col(s) = (t.col(s).cast<double>() / sum).cast<float>();
+    }
   }
 
   Eigen::MatrixXf table_;      // (V, S) probabilities
