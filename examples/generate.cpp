@@ -337,9 +337,11 @@ cli parse(int argc, char** argv) {
     if (::isatty(STDIN_FILENO) == 1) {
       std::fputs("specsample-generate: reading the prompt from standard input (end it with Ctrl-D)\n", stderr);
     }
-    c.prompt = specsample::io::read_standard_input();
+    const std::string text = specsample::io::read_standard_input();
+    c.prompt = specsample::io::check_prompt_text(text, "standard input");  // (UTF-8 only; its BOM dropped)
   } else if (c.prompt_file) {
-    c.prompt = specsample::io::read_file(*c.prompt_file);
+    const std::string text = specsample::io::read_file(*c.prompt_file);
+    c.prompt = specsample::io::check_prompt_text(text, c.prompt_file->string());
   }
   return c;
 }

@@ -45,6 +45,37 @@ TEST_CASE("parse_number reads a whole number in its type's range, or names the f
   const std::string huge = "1" + std::string(5000, '0'), tiny = "0." + std::string(5000, '0') + "1";
   REQUIRE_THROWS_WITH(parse_number<double>("--x", huge), Catch::Matchers::StartsWith("--x expects a number of magnitude at most"));
   REQUIRE_THROWS_WITH(parse_number<double>("--x", tiny), Catch::Matchers::StartsWith("--x expects a number that is 0"));
+  // Which end however the text writes it: by its decimal exponent, counted exactly from the digits
+  // (leading zeros not counted) and the exponent. Huge with leading zeros, or with a negative
+  // exponent that leaves it huge (1e5000), was called too small; tiny with a positive exponent
+  // (1e-5001), too large.
+  const std::string zeros(5000, '0');
+  const std::vector<std::string> huge_texts = {
+      "01" + zeros,                        // 1e5000, a leading zero
+      "1" + zeros + zeros + "e-5000",      // 1e5000, a negative exponent
+      "-00" + zeros + "1" + zeros + ".5",  // -1.5e5000
+      "0." + zeros.substr(1) + "1e10000",  // 1e5000, a fraction
+      "0.1e+5000", "1e99999999999999999999999", "-0.00" + zeros + "7E99999999999999999999999"};
+  for (const std::string& text : huge_texts) {
+    INFO(text.substr(0, 40) << "... (" << text.size() << " bytes)");
+    CHECK_THROWS_WITH(parse_number<double>("--x", text),
+                      Catch::Matchers::StartsWith("--x expects a number of magnitude at most 1.797693134862315"));
+    CHECK_THROWS_WITH(parse_number<long double>("--x", text),
+                      Catch::Matchers::StartsWith("--x expects a number of magnitude at most"));
+  }
+  const std::vector<std::string> tiny_texts = {
+      "0." + zeros + zeros + "1e5000",  // 1e-5001, a positive exponent
+      "100e-5003", "-00.00" + zeros + "1", "1" + zeros + "e-10001", "1e-99999999999999999999999",
+      "0.001E-99999999999999999999999", "9" + zeros + ".5e-99999999999999999999999"};
+  for (const std::string& text : tiny_texts) {
+    INFO(text.substr(0, 40) << "... (" << text.size() << " bytes)");
+    CHECK_THROWS_WITH(parse_number<double>("--x", text),
+                      Catch::Matchers::StartsWith("--x expects a number that is 0 or rounds to a magnitude of at least "
+                                                  "5e-324"));
+    CHECK_THROWS_WITH(parse_number<long double>("--x", text),
+                      Catch::Matchers::StartsWith("--x expects a number that is 0 or rounds to a magnitude of at "
+                                                  "least"));
+  }
 }
 
 TEST_CASE("parse_number with a least value gives one message for every value below it", "[io][number]") {

@@ -5,6 +5,9 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include <sys/stat.h>
 
@@ -28,8 +31,8 @@ TEST_CASE("a prompt list reads one prompt per line with escapes, skipping commen
       write_file("specsample_prompts_crlf.txt", "# a comment\r\n\r\nROMEO:\\nO\\tsoft\\\\light\r\nJULIET:\r\n"));
   CHECK(crlf == prompts);
   // And with lone CRs (old Mac line ends); an LF followed by a CR is two line ends.
-  CHECK(specsample::io::read_prompt_list(write_file("specsample_prompts_cr.txt",
-                                                    "# a comment\r\rROMEO:\\nO\\tsoft\\\\light\rJULIET:\r")) == prompts);
+  const auto cr = write_file("specsample_prompts_cr.txt", "# a comment\r\rROMEO:\\nO\\tsoft\\\\light\rJULIET:\r");
+  CHECK(specsample::io::read_prompt_list(cr) == prompts);
   CHECK(specsample::io::read_prompt_list(write_file("specsample_prompts_lfcr.txt", "ROMEO:\n\rJULIET:\n")) ==
         std::vector<std::string>{"ROMEO:", "JULIET:"});
   // A UTF-8 byte order mark (an editor's) before the first line is not part of it: the comment
@@ -49,11 +52,11 @@ TEST_CASE("a bad prompt list is reported with the file, the line and the problem
   CHECK_THROWS_WITH(specsample::io::read_prompt_list(write_file("specsample_prompts_esc.txt", "ok\nbad \\q\n")),
                     Contains("specsample_prompts_esc.txt:2: unknown escape: a backslash before 'q' (the escapes are "
                              "\\n, \\t and \\\\)"));
-  // The character after the backslash is quoted visibly, whatever it is (a NUL cut the message, a
-  // byte that is not UTF-8 made it invalid UTF-8, a space or a tab was invisible).
-  for (const auto& [text, quoted] : {std::pair<std::string, std::string>{std::string("a\\\0b\n", 5), "'\\x00'"},
-                                     {"a\\\xFF" "b\n", "'\\xFF'"},
-                                     {"a\\\tb\n", "'\\x09'"},
+  // The character after the backslash is quoted visibly, whatever it is (a space or a tab was
+  // invisible). A NUL byte or a byte that is not UTF-8 never gets there: the file is refused first
+  // (the next test).
+  for (const auto& [text, quoted] : {std::pair<std::string, std::string>{"a\\\tb\n", "'\\x09'"},
+                                     {"a\\\x7F" "b\n", "'\\x7F'"},
                                      {"a\\ b\n", "' '"},
                                      {"a\\\xC3\xA9\n", "'\xC3\xA9'"}}) {
     CHECK_THROWS_WITH(specsample::io::read_prompt_list(write_file("specsample_prompts_esc2.txt", text)),
@@ -71,4 +74,95 @@ TEST_CASE("a bad prompt list is reported with the file, the line and the problem
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);  // opening it would block: rejected instead
   CHECK_THROWS_WITH(specsample::io::read_prompt_list(fifo), Contains("not a regular file"));
   std::filesystem::remove(fifo);
+}
+
+namespace {
+// `ascii` in UTF-16 or UTF-32, little or big endian (`width` 2 or 4 bytes a character).
+std::string widened(std::string_view ascii, std::size_t width, bool big_endian) {
+  std::string out;
+  for (const char c : ascii) {
+    std::string unit(width, '\0');
+    unit[big_endian ? width - 1 : 0] = c;
+    out += unit;
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("a prompt file that is not UTF-8 text is refused naming the file, the encoding or the byte",
+          "[io][prompts]") {
+  using Catch::Contains;
+  const std::string text = "# a comment\nROMEO:\\nO soft\nJULIET:\n";
+  // With a byte order mark, a UTF-16 or UTF-32 file (Windows Notepad's "Unicode") is named as such:
+  // it was read as prompts of garbage, its \n escapes "unknown escapes".
+  struct encoded {
+    std::string name, bom, bom_hex;
+    std::size_t width;
+    bool big_endian;
+  };
+  for (const auto& e : {encoded{"UTF-16 LE", "\xFF\xFE", "FF FE", 2, false},
+                        encoded{"UTF-16 BE", "\xFE\xFF", "FE FF", 2, true},
+                        encoded{"UTF-32 LE", std::string("\xFF\xFE\0\0", 4), "FF FE 00 00", 4, false},
+                        encoded{"UTF-32 BE", std::string("\0\0\xFE\xFF", 4), "00 00 FE FF", 4, true}}) {
+    INFO(e.name);
+    const auto path = write_file("specsample_prompts_wide.txt", e.bom + widened(text, e.width, e.big_endian));
+    CHECK_THROWS_WITH(specsample::io::read_prompt_list(path),
+                      path.string() + ": looks like " + e.name + " text (it starts with the byte order mark " +
+                          e.bom_hex + "); save it as UTF-8");
+  }
+  // Without one, its first NUL byte gives it away: the line and the byte offset (from 0) named.
+  const auto nul = [](const std::string& at) {
+    return ": not UTF-8 text: a NUL byte at byte offset " + at +
+           " (UTF-16 or UTF-32 without a byte order mark?); save it as UTF-8";
+  };
+  const auto read = [](const std::string& name, const std::string& bytes) {
+    return specsample::io::read_prompt_list(write_file(name, bytes));
+  };
+  CHECK_THROWS_WITH(read("specsample_prompts_u16.txt", widened(text, 2, false)),
+                    Contains("specsample_prompts_u16.txt:1" + nul("1")));
+  CHECK_THROWS_WITH(read("specsample_prompts_u32.txt", widened(text, 4, true)),
+                    Contains("specsample_prompts_u32.txt:1" + nul("0")));
+  // A NUL byte in UTF-8 text: its line (LF, CRLF and CR ends counted as read_prompt_list counts them).
+  CHECK_THROWS_WITH(read("specsample_prompts_nul.txt", std::string("ROMEO:\r\n\rJU\0LIET:\n", 18)),
+                    Contains("specsample_prompts_nul.txt:3" + nul("11")));
+  CHECK_THROWS_WITH(read("specsample_prompts_nul2.txt", std::string("# \0\n", 4)),
+                    Contains("specsample_prompts_nul2.txt:1" + nul("2")));  // (in a comment too)
+  // Bytes that are not UTF-8 (Latin-1 text, a character cut short, an overlong form, a surrogate):
+  // refused, not encoded byte by byte into tokens the model never saw for that text.
+  using case_ = std::pair<std::string, std::string>;  // the text, then the line and what is named
+  for (const auto& [bad, where] : {case_{"ROMEO:\nO caf\xE9\n", "2: byte 0xE9 at byte offset 12"},
+                                   case_{"\xEF\xBB\xBFok\r\rab\xC3", "3: byte 0xC3 at byte offset 9"},  // (cut short)
+                                   case_{"a\n\xC0\xAF\n", "2: byte 0xC0 at byte offset 2"},  // (an overlong '/')
+                                   case_{"a\xED\xA0\x80\n", "1: byte 0xED at byte offset 1"},  // (U+D800)
+                                   case_{"\xEF\xBB", "1: byte 0xEF at byte offset 0"}}) {  // (a BOM cut short)
+    const std::string line = where.substr(0, where.find(':')), byte = where.substr(where.find(':') + 2);
+    CHECK_THROWS_WITH(read("specsample_prompts_latin1.txt", bad),
+                      Contains("specsample_prompts_latin1.txt:" + line + ": not UTF-8 text: " + byte +
+                               " begins no valid character; save it as UTF-8"));
+  }
+  // UTF-8 beyond ASCII is read as it is.
+  CHECK(read("specsample_prompts_utf8.txt", "caf\xC3\xA9 \xF0\x9F\xA6\x99\n") ==
+        std::vector<std::string>{"caf\xC3\xA9 \xF0\x9F\xA6\x99"});
+}
+
+TEST_CASE("check_prompt_text checks a whole-file prompt and returns it without a UTF-8 byte order mark",
+          "[io][prompts]") {
+  using specsample::io::check_prompt_text;
+  // Raw text, no escapes or comments read: the text as it is, a UTF-8 BOM at its start dropped
+  // (read_prompt_list drops it too); a view of the same bytes.
+  const std::string text = "\xEF\xBB\xBF# not a comment\\n\r\ncaf\xC3\xA9\n";
+  const std::string_view checked = check_prompt_text(text, "prompt.txt");
+  CHECK(checked == "# not a comment\\n\r\ncaf\xC3\xA9\n");
+  CHECK(checked.data() == text.data() + 3);
+  CHECK(check_prompt_text("ROMEO:\xEF\xBB\xBF", "prompt.txt") == "ROMEO:\xEF\xBB\xBF");  // (a BOM later is text)
+  CHECK(check_prompt_text("", "prompt.txt").empty());
+  CHECK(check_prompt_text("\xEF\xBB\xBF", "prompt.txt").empty());
+  // Refusals name the label given (a path, or "standard input").
+  CHECK_THROWS_WITH(check_prompt_text(std::string_view("\xFF\xFEh\0i\0", 6), "standard input"),
+                    "standard input: looks like UTF-16 LE text (it starts with the byte order mark FF FE); save it as "
+                    "UTF-8");
+  CHECK_THROWS_WITH(check_prompt_text(std::string_view("hi\0", 3), "standard input"),
+                    Catch::StartsWith("standard input:1: not UTF-8 text: a NUL byte at byte offset 2 ("));
+  CHECK_THROWS_WITH(check_prompt_text("hi\n\x80", "p.txt"),
+                    "p.txt:2: not UTF-8 text: byte 0x80 at byte offset 3 begins no valid character; save it as UTF-8");
 }

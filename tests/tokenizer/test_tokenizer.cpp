@@ -517,6 +517,25 @@ TEST_CASE("a merges.txt that leaves ordinary vocab tokens unreachable is rejecte
   CHECK(tok.encode("a<|pad|>") == std::vector<token>{tok.encode("a")[0], 4096});
 }
 
+TEST_CASE("two special tokens that stand for the same text are refused, naming both and the text",
+          "[tokenizer][errors]") {
+  // "<|xĠ|>" is written in byte symbols (Ġ: the space), "<|x |>" literally: both are the text
+  // "<|x |>", which encode could only ever turn into one of them. Loaded, the other was unreachable.
+  temp_dir dir;
+  dir.write("vocab.json", small_vocab_json({"<|x|>", "<|xĠ|>", "<|x |>"}));
+  dir.write("merges.txt", "#version: 0.2\n");
+  check_load_error(dir, (dir.path / "vocab.json").string() + ": special tokens 257 \"<|xĠ|>\" and 258 \"<|x |>\"",
+                   "both stand for the text \"<|x |>\": encode could never produce one of them");
+  // Quoted in part, as every key: a spelling can be megabytes long.
+  const std::string body(100000, 'k');
+  dir.write("vocab.json", small_vocab_json({"<|aĠ" + body + "|>", "<|b|>", "<|a " + body + "|>"}));
+  check_load_error(dir, "special tokens 256 \"<|aĠkkkk", "... (100007 bytes)\" and 258 \"<|a kkkk");
+  check_message_bounded(dir);
+  // Tokens of different texts load, each a special token of its own.
+  dir.write("vocab.json", small_vocab_json({"<|x|>", "<|xĠ|>"}));
+  CHECK(bpe_tokenizer::load(dir.path).special_tokens() == std::vector<token>{256, 257});
+}
+
 TEST_CASE("decode rejects out-of-range ids naming the id and the vocab size",
           "[tokenizer][errors]") {
   std::string out = "prefix:";

@@ -276,7 +276,7 @@ class bpe_tokenizer {
     bpe_tokenizer t;
     t.load_vocab(vocab_json);
     t.load_merges(merges_txt);
-    t.find_special_tokens(merges_txt);
+    t.find_special_tokens(vocab_json, merges_txt);
     return t;
   }
 
@@ -683,8 +683,10 @@ class bpe_tokenizer {
   /// bytes are one pre-token (text `encode` hands to the BPE whole), or not valid UTF-8 (a piece
   /// of a character: only merges make those), is an ordinary token that lost its merge —
   /// merges.txt cut short, or written for another vocab — and an error: as a special token it
-  /// would be matched literally, and the text would encode differently (and slowly).
-  void find_special_tokens(const std::filesystem::path& merges_txt) {
+  /// would be matched literally, and the text would encode differently (and slowly). Two special
+  /// tokens of the same text (one spelled in byte symbols, "<|xĠ|>", one literally, "<|x |>") are
+  /// an error of vocab.json: `encode` could produce only one of them.
+  void find_special_tokens(const std::filesystem::path& vocab_json, const std::filesystem::path& merges_txt) {
     std::vector<bool> ordinary(spellings_.size(), false);
     for (const token b : byte_ids_) ordinary[static_cast<std::size_t>(b)] = true;
     for (const auto& [key, m] : merges_) ordinary[static_cast<std::size_t>(m.result)] = true;
@@ -707,6 +709,19 @@ class bpe_tokenizer {
           "written for another vocab ({} merges for {} tokens)?",
           merges_txt.string(), orphans.size(), orphans.size() == 1 ? " is" : "s are", orphans[0],
           detail::excerpt(spellings_[orphans[0]]), merge_list_.size(), spellings_.size()));
+    }
+    std::unordered_map<std::string_view, token> by_text;  // (specials_ is in ascending id order)
+    by_text.reserve(specials_.size());
+    for (const auto& [text, id] : specials_) {
+      const auto [it, fresh] = by_text.emplace(text, id);
+      if (!fresh) {
+        // (the spellings quoted shorter: three quotes of a wrong vocab's megabyte keys stay readable)
+        const auto spelling = [&](token t) { return detail::excerpt(spellings_[static_cast<std::size_t>(t)], 40); };
+        throw error(fmt::format("{}: special tokens {} \"{}\" and {} \"{}\" both stand for the text \"{}\": encode "
+                                "could never produce one of them",
+                                vocab_json.string(), it->second, spelling(it->second), id, spelling(id),
+                                detail::excerpt(text)));
+      }
     }
     eos_ = special_token("<|endoftext|>");
   }

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstddef>
@@ -24,15 +25,41 @@ namespace detail {
 
 // Whether `text`, a decimal number std::from_chars reads whole, is at least 1 in magnitude: read
 // as a long double (std::from_chars, whatever the C locale's decimal point), or, out of even its
-// range, by the sign of its exponent ("1e-5000": below 1; "1e5000", a thousand-digit integer: not).
+// range, by the decimal exponent of its first nonzero digit, counted exactly: its integer digits
+// after any leading zeros, less one, or else minus the fraction's leading zeros and one, plus the
+// exponent written ("01" and 5000 zeros: 5000; "1", 10000 zeros and "e-5000": 5000; "0.001e5":
+// 2). That exponent is at least 0 exactly when the magnitude is at least 1.
 [[nodiscard]] inline bool magnitude_at_least_1(std::string_view text) {
   long double v = 0.0L;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec == std::errc{}) return std::fabs(v) >= 1.0L;
-  const std::size_t e = text.find_first_of("eE");
-  if (e != std::string_view::npos) return e + 1 == text.size() || text[e + 1] != '-';
-  const std::string_view digits = text.substr(text.find_first_not_of("+-"));
-  return !digits.empty() && digits.front() != '0' && digits.front() != '.';
+  if (text.starts_with('-')) text.remove_prefix(1);
+  const std::size_t e = std::min(text.find_first_of("eE"), text.size());
+  const std::string_view mantissa = text.substr(0, e);
+  const std::size_t point = std::min(mantissa.find('.'), mantissa.size());
+  const std::string_view integer = mantissa.substr(0, point);
+  const std::string_view fraction = mantissa.substr(std::min(point + 1, mantissa.size()));
+  long long exponent = 0;  // of the first nonzero digit, before the written one
+  if (const std::size_t lead = integer.find_first_not_of('0'); lead != std::string_view::npos) {
+    exponent = static_cast<long long>(integer.size() - lead) - 1;
+  } else if (const std::size_t first = fraction.find_first_not_of('0'); first != std::string_view::npos) {
+    exponent = -static_cast<long long>(first) - 1;
+  } else {
+    return false;  // 0 (which from_chars reads without an error)
+  }
+  if (e < text.size()) {
+    // The written exponent, held within +-2^62 (no text is that long: the sum cannot overflow,
+    // and its sign is the true one).
+    constexpr long long limit = 1LL << 62;
+    std::string_view digits = text.substr(e + 1);
+    const bool negative = digits.starts_with('-');
+    if (digits.starts_with('-') || digits.starts_with('+')) digits.remove_prefix(1);
+    long long written = 0;
+    if (std::from_chars(digits.data(), digits.data() + digits.size(), written).ec != std::errc{}) written = limit;
+    written = std::min(written, limit);
+    exponent += negative ? -written : written;
+  }
+  return exponent >= 0;
 }
 
 }  // namespace detail
