@@ -1131,6 +1131,13 @@ TEST_CASE("a sharded checkpoint (model.safetensors.index.json and its shards) lo
   REQUIRE_THAT(load_error(dir), Contains(index.string() + ": the weight_map names no tensor"));
   write_text(index, "[1, 2]");
   REQUIRE_THAT(load_error(dir), Contains("expected a JSON object with a \"weight_map\" object"));
+  // More JSON values than an index holds (2 a tensor): refused before its document grows.
+  write_text(index, nlohmann::json{{"metadata", {{"x", std::vector<int>(io::detail::max_index_values, 0)}}},
+                                   {"weight_map", map}}
+                        .dump());
+  REQUIRE_THAT(load_error(dir), Contains(fmt::format("{}: shard index holds more than {} JSON values, the limit that "
+                                                     "keeps a crafted file from taking gigabytes of memory to parse",
+                                                     index.string(), io::detail::max_index_values)));
   write_index(map);
   fs::remove(dir / two);
   REQUIRE_THAT(load_error(dir), Contains(index.string() + ": the shard of tensor '" + second.front().name + "': " +
@@ -1449,6 +1456,25 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
     set_config("n_inner", nullptr);
     REQUIRE(load_error(dir).empty());
   }
+  SECTION("a tensor's name from the file is quoted escaped and cut short in the message") {
+    // An escaped NUL cut what() at the name (the problem lost), ESC and CR reached the terminal, a
+    // name of a megabyte made a message of a megabyte.
+    for (const auto& [name, quoted] : {std::pair<std::string, std::string>{std::string("h.7.attn.bias\0tail", 18),
+                                                                           "h.7.attn.bias\\x00tail'"},
+                                       {"h.7\x1b[2K\r", "h.7\\x1B[2K\\x0D'"},
+                                       {"h.7." + std::string(1'000'000, 'n'), "h.7.nnnn"}}) {
+      rewrite([&extra = name](std::vector<io::tensor_data>& ts) {
+        ts.push_back(io::make_tensor(extra, {1}, std::vector<float>{0.0f}));
+      });
+      const std::string m = load_error(dir);
+      INFO(m.substr(0, 600));
+      CHECK_THAT(m, Contains(st.string() + ": tensor '" + quoted) &&
+                        Contains(" belongs to block 7 but " + cfg.string() + " says n_layer = 2; the config does not "
+                                 "match the tensors"));
+      CHECK(std::none_of(m.begin(), m.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20U; }));
+      CHECK(m.size() < 300 + st.string().size() + cfg.string().size());
+    }
+  }
   SECTION("an invalid config") {
     set_config("n_head", 3);
     REQUIRE_THAT(load_error(dir), Contains(cfg.string()) && Contains("not divisible by n_head"));
@@ -1551,6 +1577,32 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
     REQUIRE_THAT(load_error(dir), Contains(cfg.string()) && Contains("config JSON is nested deeper than 64 levels"));
     write_text(cfg, text.substr(0, text.size() - 1) + ", \"extra\": {\"a\": 1}, \"other\": {\"a\": 1}}");
     REQUIRE(load_error(dir).empty());  // the same key in two objects is fine
+    // More values than a config holds (a crafted one of 96 MB took 3.5 GB to parse): with its own
+    // values counted, an array that brings it to the bound loads, one more zero is refused.
+    std::size_t values = 0;
+    const std::function<void(const nlohmann::json&)> count = [&](const nlohmann::json& v) {
+      ++values;
+      if (v.is_structured()) {
+        for (const nlohmann::json& child : v) count(child);
+      }
+    };
+    count(read_json(src / "config.json"));
+    const auto with_zeros = [&](std::size_t zeros) {
+      nlohmann::json j = read_json(src / "config.json");
+      j["extra"] = std::vector<int>(zeros, 0);
+      write_text(cfg, j.dump());
+    };
+    with_zeros(gpt2::config::max_json_values - values - 1);  // (the array is one)
+    REQUIRE(load_error(dir).empty());
+    with_zeros(gpt2::config::max_json_values - values);
+    REQUIRE(load_error(dir) == cfg.string() + ": config holds more than 65536 JSON values, the limit that keeps a "
+                                              "crafted file from taking gigabytes of memory to parse");
+    // A value of a megabyte made a message of a megabyte.
+    set_config("model_type", std::string(1'000'000, 'x'));
+    const std::string message = load_error(dir);
+    REQUIRE_THAT(message, Contains(cfg.string() + ": model_type \"xxxx") &&
+                              Contains("xxx... (1000002 bytes) is not supported (only \"gpt2\")"));
+    REQUIRE(message.size() < 300 + cfg.string().size());
   }
   SECTION("missing files, and paths that are not regular files") {
     REQUIRE_THAT(load_error(dir / "nope"), Contains((dir / "nope").string() + ": no such directory; expected a Hugging "

@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -10,10 +11,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -491,20 +494,21 @@ TEST_CASE("error messages quote long text by its head or its end, whole characte
 TEST_CASE("strict JSON parsing builds what nlohmann's parser builds, in linear time", "[io][json]") {
   using Catch::Matchers::Contains;
   using specsample::io::detail::parse_json_strict;
+  constexpr std::size_t bound = io::detail::max_header_values;
   for (const std::string text : {R"({"a":[1,2,{"b":null,"c":[true,false,1.5,-3,"x"]}],"d":{},"e":[]})",
                                  R"([1,[2,[3,{"k":18446744073709551615}]]])", "3", R"("s")", "null",
                                  R"({"a":{"b":1},"c":{"b":1}})"}) {
     INFO(text);
-    CHECK(parse_json_strict(text, "f", "header") == nlohmann::json::parse(text));
+    CHECK(parse_json_strict(text, "f", "header", bound) == nlohmann::json::parse(text));
   }
-  CHECK_THROWS_WITH(parse_json_strict(R"({"a":{"b":1,"b":2}})", "f", "config"),
+  CHECK_THROWS_WITH(parse_json_strict(R"({"a":{"b":1,"b":2}})", "f", "config", bound),
                     Contains("f: duplicate key 'b' in the config"));
-  CHECK_THROWS_WITH(parse_json_strict("[1,2] x", "f", "header"), Contains("f: header is not valid JSON"));
+  CHECK_THROWS_WITH(parse_json_strict("[1,2] x", "f", "header", bound), Contains("f: header is not valid JSON"));
   // A long bad token is quoted in part, not whole.
   const std::string long_token = "[" + std::string(100000, '7') + "x]";
   std::string message;
   try {
-    (void)parse_json_strict(long_token, "f", "header");
+    (void)parse_json_strict(long_token, "f", "header", bound);
   } catch (const specsample::error& e) {
     message = e.what();
   }
@@ -514,7 +518,7 @@ TEST_CASE("strict JSON parsing builds what nlohmann's parser builds, in linear t
   // writes the LF <U+000A>: the token is the quote, 100 000 bytes and those 8).
   message.clear();
   try {
-    (void)parse_json_strict("[\"" + std::string(100000, 'a') + "\n\"]", "f", "header");
+    (void)parse_json_strict("[\"" + std::string(100000, 'a') + "\n\"]", "f", "header", bound);
   } catch (const specsample::error& e) {
     message = e.what();
   }
@@ -528,7 +532,7 @@ TEST_CASE("strict JSON parsing builds what nlohmann's parser builds, in linear t
                                      {"[1,2] x", "last read: '2] x'; expected end of input"}}) {
     message.clear();
     try {
-      (void)parse_json_strict(text, "f", "header");
+      (void)parse_json_strict(text, "f", "header", bound);
     } catch (const specsample::error& e) {
       message = e.what();
     }
@@ -539,9 +543,110 @@ TEST_CASE("strict JSON parsing builds what nlohmann's parser builds, in linear t
   std::string many = "{";
   for (int i = 0; i < 100000; ++i) many += fmt::format("{}\"k{}\":{{}}", i == 0 ? "" : ",", i);
   many += "}";
-  const nlohmann::json j = parse_json_strict(many, "f", "header");
+  const nlohmann::json j = parse_json_strict(many, "f", "header", bound);
   CHECK(j.size() == 100000);
   CHECK(j.at("k99999").is_object());
+}
+
+TEST_CASE("strict JSON parsing refuses more values than its caller's bound, before it reads on", "[io][json]") {
+  using Catch::Contains;
+  using specsample::io::detail::parse_json_strict;
+  // Every scalar, object and array counts, keys do not: 5 values.
+  const std::string text = R"({"a":[1,"x"],"b":{}})";
+  CHECK(parse_json_strict(text, "f", "header", 5) == nlohmann::json::parse(text));
+  CHECK_THROWS_WITH(parse_json_strict(text, "f", "header", 4),
+                    "f: header holds more than 4 JSON values, the limit that keeps a crafted file from taking "
+                    "gigabytes of memory to parse");
+  CHECK(parse_json_strict("[null,true,2.5,-3]", "f", "config", 5).size() == 4);
+  CHECK_THROWS_WITH(parse_json_strict("[null,true,2.5,-3]", "f", "config", 4),
+                    Contains("f: config holds more than 4 JSON values"));
+  // Refused at the value past the bound: nothing after it is read (its parse error would be next).
+  CHECK_THROWS_WITH(parse_json_strict("[0,0,0,0 x", "f", "header", 3), Contains("f: header holds more than 3 JSON"));
+}
+
+TEST_CASE("a header of more JSON values than max_header_values is refused, one of as many loads",
+          "[io][safetensors]") {
+  // A tensor entry's unread key holding zeros (32 million `{}` there took 3 GB to parse): 9 values
+  // besides them (the header, the entry, its dtype, shape and offsets, their 3 numbers, the key's array).
+  const auto with_zeros = [](std::size_t zeros) {
+    std::string header = R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16],"x":[)";
+    header.reserve(header.size() + 2 * zeros + 3);
+    for (std::size_t i = 0; i < zeros; ++i) header += i == 0 ? "0" : ",0";
+    header += "]}}";
+    return raw_file(header, 16);
+  };
+  constexpr std::size_t bound = io::detail::max_header_values;
+  REQUIRE(error_of(with_zeros(bound - 9)).empty());
+  REQUIRE(error_of(with_zeros(bound - 8)) ==
+          fmt::format("bad.safetensors: header holds more than {} JSON values, the limit that keeps a crafted file "
+                      "from taking gigabytes of memory to parse",
+                      bound));
+}
+
+TEST_CASE("names and values from a file are quoted escaped and cut short in messages", "[io][safetensors]") {
+  using Catch::Contains;
+  const auto printable = [](const std::string& m) {
+    return std::none_of(m.begin(), m.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20U || c == 0x7F; });
+  };
+  // An escaped NUL (JSON's \u0000) cut what() short of the problem; ESC and CR reached the terminal.
+  for (const auto& [header, data, message] : std::vector<std::tuple<std::string, std::size_t, std::string>>{
+           {R"({"a\u0000b":{"dtype":"F33","shape":[1],"data_offsets":[0,4]}})", 4,
+            "bad.safetensors: tensor 'a\\x00b': unknown dtype 'F33' (known: F32, "},
+           {R"({"\u001b[2K\r":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8,
+            "bad.safetensors: 4 unindexed bytes before tensor '\\x1B[2K\\x0D' at data offset 0"},
+           {R"({"a\u0000":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],)"
+            R"("data_offsets":[4,8]}})",
+            8, "bad.safetensors: tensors 'a\\x00' [0, 8] and 'b' [4, 8] overlap"},
+           {R"({"\u007f":{"dtype":"\u001b","shape":[1],"data_offsets":[0,4]}})", 4,
+            "bad.safetensors: tensor '\\x7F': unknown dtype '\\x1B' (known: "},
+           {R"({"__metadata__":{"k\r\u0000":1}})", 0,
+            "bad.safetensors: __metadata__ entry 'k\\x0D\\x00' is not a string (metadata maps strings to strings)"}}) {
+    const std::string m = error_of(raw_file(header, data));
+    INFO(m);
+    CHECK_THAT(m, Contains(message));
+    CHECK(printable(m));
+  }
+  // A megabyte of name, dtype, key, shape or offsets made a message of a megabyte.
+  const std::string mb(1'000'000, 'n'), mb_quoted = "\"" + mb + "\"";
+  const std::string zeros = fmt::format("{}", fmt::join(std::vector<int>(300'000, 0), ","));
+  using case_parts = std::tuple<std::string, std::size_t, std::vector<std::string>>;  // header, data, message parts
+  for (const auto& [header, data, messages] : std::vector<case_parts>{
+           {R"({")" + mb + R"(":{"dtype":"F33","shape":[1],"data_offsets":[0,4]}})", 4,
+            {"bad.safetensors: tensor 'nnnn", "nnn... (1000000 bytes)': unknown dtype 'F33'"}},
+           {R"({"a":{"dtype":)" + mb_quoted + R"(,"shape":[1],"data_offsets":[0,4]}})", 4,
+            {"tensor 'a': unknown dtype 'nnnn", "nnn... (1000000 bytes)' (known: F32, "}},
+           {R"({"__metadata__":{)" + mb_quoted + ":1}}", 0,
+            {"__metadata__ entry 'nnnn", "(1000000 bytes)' is not a string"}},
+           {R"({"a":{"dtype":"F32","shape":[)" + mb_quoted + R"(],"data_offsets":[0,4]}})", 4,
+            {"tensor 'a': shape entry \"nnnn", "(1000002 bytes) is not a non-negative integer"}},
+           {R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,)" + zeros + R"(],"data_offsets":[0,4]}})", 4,
+            {"tensor 'a': shape [4294967296,4294967296,0,0,", "(600023 bytes) overflows the element count"}},
+           {R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[)" + mb_quoted + R"(,4]}})", 4,
+            {"tensor 'a': \"data_offsets\" [\"nnnn", "(1000006 bytes) are not non-negative integers"}},
+           {R"({"a":{"dtype":"F32","shape":[)" + zeros + R"(],"data_offsets":[0,4]}})", 4,
+            {"tensor 'a': data_offsets [0, 4] hold 4 bytes but dtype F32 with shape [0, 0, 0,",
+             "(900000 bytes) needs 0 bytes"}}}) {
+    const std::string m = error_of(raw_file(header, data));
+    INFO(m.substr(0, 600));
+    for (const std::string& part : messages) CHECK_THAT(m, Contains(part));
+    CHECK(m.size() < 400);
+  }
+  // The conversions quote a tensor's name too.
+  const auto f = io::safetensors_file::from_bytes(
+      raw_file(R"({"\u001b)" + mb + R"(":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})", 4));
+  for (const auto& convert : std::vector<std::function<void(const io::tensor_view&)>>{
+           [](const io::tensor_view& t) { (void)io::to_float_vector(t); },
+           [](const io::tensor_view& t) { (void)io::to_int32_vector(t); }}) {
+    std::string m;
+    try {
+      convert(f.tensors()[0]);
+    } catch (const specsample::error& e) {
+      m = e.what();
+    }
+    CHECK_THAT(m, Contains("tensor '\\x1Bnnnn") && Contains("(1000001 bytes)' has dtype U8, expected"));
+    CHECK(printable(m));
+    CHECK(m.size() < 400);
+  }
 }
 
 TEST_CASE("thousands of truncated and mutated files either load or throw, never crash",

@@ -35,13 +35,15 @@ inline std::string parse_error_message(const nlohmann::json::exception& ex, cons
 }
 
 /// SAX handler of `parse_json_strict`: builds the document as nlohmann's own parser does, and
-/// refuses a key twice in one object and nesting deeper than `max_json_depth`. O(n log n) in an
-/// object's n members (a map lookup per key): nlohmann's parser with a callback rescans an
-/// object's members each time one of its child objects closes, quadratic in siblings (40 000
-/// `"k":{}` members: 19 s), which a crafted header of 100 MB would turn into a hang.
+/// refuses a key twice in one object, nesting deeper than `max_json_depth` and more than
+/// `max_values` values (every scalar, object and array counts; each checked before it is placed).
+/// O(n log n) in an object's n members (a map lookup per key): nlohmann's parser with a
+/// callback rescans an object's members each time one of its child objects closes, quadratic in
+/// siblings (40 000 `"k":{}` members: 19 s), which a crafted header of 100 MB would turn into a hang.
 class strict_json_builder : public nlohmann::json_sax<nlohmann::json> {
  public:
-  strict_json_builder(std::string label, std::string what) : label_(std::move(label)), what_(std::move(what)) {}
+  strict_json_builder(std::string label, std::string what, std::size_t max_values)
+      : label_(std::move(label)), what_(std::move(what)), max_values_(max_values) {}
   strict_json_builder(const strict_json_builder&) = delete;  // (open_ points into root)
   strict_json_builder& operator=(const strict_json_builder&) = delete;
 
@@ -89,6 +91,7 @@ class strict_json_builder : public nlohmann::json_sax<nlohmann::json> {
     return &member;
   }
   bool place(nlohmann::json v) {
+    count();
     (void)put(std::move(v));
     return true;
   }
@@ -96,8 +99,20 @@ class strict_json_builder : public nlohmann::json_sax<nlohmann::json> {
     if (open_.size() == max_json_depth) {
       throw error(fmt::format("{}: {} JSON is nested deeper than {} levels", label_, what_, max_json_depth));
     }
+    count();
     open_.push_back(put(std::move(container)));
     return true;
+  }
+  // One more value: refused past max_values_, before it is placed. The document costs tens of
+  // bytes a value (a nlohmann value, a map node, an empty container's allocation): a few bytes of
+  // text each, `{},` or `0,`, would make a file of 100 MB take gigabytes, and under a memory limit
+  // the std::bad_alloc ended the process (nlohmann's destructor allocates as it unwinds).
+  void count() {
+    if (++values_ > max_values_) {
+      throw error(fmt::format("{}: {} holds more than {} JSON values, the limit that keeps a crafted file from "
+                              "taking gigabytes of memory to parse",
+                              label_, what_, max_values_));
+    }
   }
   bool close() {
     open_.pop_back();
@@ -105,6 +120,8 @@ class strict_json_builder : public nlohmann::json_sax<nlohmann::json> {
   }
 
   std::string label_, what_;
+  std::size_t max_values_;
+  std::size_t values_ = 0;             // the values placed so far
   std::vector<nlohmann::json*> open_;  // the open objects and arrays, outermost first
   std::string key_;                    // the open object's key of the next member
 };
@@ -112,12 +129,14 @@ class strict_json_builder : public nlohmann::json_sax<nlohmann::json> {
 /// Parses the JSON `text` of `label` (the file, first in every message; `what` names the text in
 /// them: "header", "config"), refusing what nlohmann's parser would accept silently: a NUL byte
 /// (its end of input: whatever follows would go unread), a key twice in one object at any depth
-/// (it keeps one), and nesting deeper than `max_json_depth`. About linear in the text (n log n in
-/// an object's n members). Throws `specsample::error`.
+/// (it keeps one), and nesting deeper than `max_json_depth`; and more than `max_values` values
+/// (every scalar, object and array counts), the bound its caller sets for its file, which keeps
+/// the document's memory (tens of bytes a value) in proportion to what the file can hold. About
+/// linear in the text (n log n in an object's n members). Throws `specsample::error`.
 [[nodiscard]] inline nlohmann::json parse_json_strict(std::string_view text, const std::string& label,
-                                                      std::string_view what) {
+                                                      std::string_view what, std::size_t max_values) {
   check_no_nul(text, label);
-  strict_json_builder builder(label, std::string(what));
+  strict_json_builder builder(label, std::string(what), max_values);
   if (!nlohmann::json::sax_parse(text.begin(), text.end(), &builder)) {  // (the builder's errors throw)
     throw error(fmt::format("{}: {} is not valid JSON", label, what));
   }

@@ -139,6 +139,14 @@ struct tensor_view {
 namespace detail {
 
 inline constexpr std::uint64_t max_header_bytes = 100'000'000;  // same cap as the Rust reference
+/// The most JSON values (every scalar, object and array) a header may hold. A tensor's entry holds
+/// 6 and one a dimension (its object, dtype, shape and offsets arrays, the two offsets): room for
+/// some 250 000 tensors, where real checkpoints have at most tens of thousands. The document takes
+/// tens of bytes a value: at the bound 180–460 MB (2 million zeros, empty objects or strings);
+/// unbounded, 25–35 bytes a byte of header, 3 GB for a crafted one within `max_header_bytes`.
+inline constexpr std::size_t max_header_values = 2'000'000;
+/// The same for a shard index (`*.safetensors.index.json`): 2 values a tensor in its weight_map.
+inline constexpr std::size_t max_index_values = 2'000'000;
 
 [[nodiscard]] inline bool mul_overflows(std::size_t a, std::size_t b, std::size_t& out) noexcept {
   return __builtin_mul_overflow(a, b, &out);
@@ -187,7 +195,7 @@ struct parsed_header {
   }
   const auto header_len = static_cast<std::size_t>(n);
   const std::string_view text(reinterpret_cast<const char*>(file.data() + 8), header_len);
-  const nlohmann::json header = parse_json_strict(text, label, "header");
+  const nlohmann::json header = parse_json_strict(text, label, "header", max_header_values);
   if (!header.is_object()) {
     throw error(fmt::format("{}: header is not a JSON object", label));
   }
@@ -207,13 +215,13 @@ struct parsed_header {
         if (!v.is_string()) {
           throw error(fmt::format(
               "{}: __metadata__ entry '{}' is not a string (metadata maps strings to strings)",
-              label, k));
+              label, excerpt(k)));
         }
         out.metadata.emplace(k, v.get<std::string>());
       }
       continue;
     }
-    const auto where = [&, &tensor = name] { return fmt::format("{}: tensor '{}'", label, tensor); };
+    const auto where = [&, &tensor = name] { return fmt::format("{}: tensor '{}'", label, excerpt(tensor)); };
     if (!entry.is_object()) {
       throw error(fmt::format("{}: entry is not a JSON object", where()));
     }
@@ -230,7 +238,7 @@ struct parsed_header {
     if (!type) {
       std::string known;
       for (const dtype t : all_dtypes) known.append(known.empty() ? "" : ", ").append(dtype_name(t));
-      throw error(fmt::format("{}: unknown dtype '{}' (known: {})", where(), dts, known));
+      throw error(fmt::format("{}: unknown dtype '{}' (known: {})", where(), excerpt(dts), known));
     }
     if (!sh->is_array()) throw error(fmt::format("{}: \"shape\" is not an array", where()));
     tensor_view view;
@@ -242,16 +250,16 @@ struct parsed_header {
       const std::size_t dim = json_size(d, ok);
       if (!ok) {
         throw error(fmt::format("{}: shape entry {} is not a non-negative integer", where(),
-                                d.dump()));
+                                excerpt(d.dump())));
       }
       if (mul_overflows(numel, dim, numel)) {
-        throw error(fmt::format("{}: shape {} overflows the element count", where(), sh->dump()));
+        throw error(fmt::format("{}: shape {} overflows the element count", where(), excerpt(sh->dump(), 160)));
       }
       view.shape.push_back(dim);
     }
     std::size_t nbytes = 0;
     if (mul_overflows(numel, dtype_size(*type), nbytes)) {
-      throw error(fmt::format("{}: shape {} overflows the byte size", where(), sh->dump()));
+      throw error(fmt::format("{}: shape {} overflows the byte size", where(), excerpt(sh->dump(), 160)));
     }
     if (!off->is_array() || off->size() != 2) {
       throw error(fmt::format("{}: \"data_offsets\" is not an array [begin, end]", where()));
@@ -261,7 +269,7 @@ struct parsed_header {
     const std::size_t end = json_size((*off)[1], ok);
     if (!ok) {
       throw error(fmt::format("{}: \"data_offsets\" {} are not non-negative integers", where(),
-                              off->dump()));
+                              excerpt(off->dump(), 160)));
     }
     if (begin > end) {
       throw error(fmt::format("{}: data_offsets [{}, {}] have begin > end", where(), begin, end));
@@ -274,7 +282,7 @@ struct parsed_header {
     if (end - begin != nbytes) {
       throw error(fmt::format(
           "{}: data_offsets [{}, {}] hold {} bytes but dtype {} with shape {} needs {} bytes",
-          where(), begin, end, end - begin, dts, shape_string(view.shape), nbytes));
+          where(), begin, end, end - begin, dts, excerpt(shape_string(view.shape), 160), nbytes));
     }
     view.data = data_section.subspan(begin, nbytes);
     ranges.push_back({begin, end, out.tensors.size()});
@@ -292,13 +300,13 @@ struct parsed_header {
     if (b.begin < covered) {
       const auto& a = ranges[i - 1];
       throw error(fmt::format("{}: tensors '{}' [{}, {}] and '{}' [{}, {}] overlap", label,
-                              out.tensors[a.index].name, a.begin, a.end,
-                              out.tensors[b.index].name, b.begin, b.end));
+                              excerpt(out.tensors[a.index].name), a.begin, a.end,
+                              excerpt(out.tensors[b.index].name), b.begin, b.end));
     }
     if (b.begin > covered) {
       throw error(fmt::format("{}: {} unindexed bytes before tensor '{}' at data offset {} (the data "
                               "section must be covered without holes)",
-                              label, b.begin - covered, out.tensors[b.index].name, covered));
+                              label, b.begin - covered, excerpt(out.tensors[b.index].name), covered));
     }
     covered = b.end;
   }
@@ -399,7 +407,8 @@ class safetensors_checkpoint {
     const std::string name = path.filename().string();
     if (!name.ends_with(".index.json")) return safetensors_checkpoint(safetensors_file::open(path));
     const std::string label = path.string();
-    const nlohmann::json j = detail::parse_json_strict(read_file(path), label, "shard index");
+    const nlohmann::json j =
+        detail::parse_json_strict(read_file(path), label, "shard index", detail::max_index_values);
     const auto map = j.is_object() ? j.find("weight_map") : j.end();
     if (map == j.end() || !map->is_object()) {
       throw error(fmt::format("{}: expected a JSON object with a \"weight_map\" object (tensor name -> shard file)",
@@ -498,7 +507,7 @@ class safetensors_checkpoint {
 inline void to_float(const tensor_view& t, std::span<float> out) {
   const std::size_t n = t.numel();
   if (out.size() != n) {
-    throw error(fmt::format("tensor '{}': output buffer holds {} floats, tensor has {}", t.name,
+    throw error(fmt::format("tensor '{}': output buffer holds {} floats, tensor has {}", detail::excerpt(t.name),
                             out.size(), n));
   }
   const std::byte* p = t.data.data();
@@ -525,7 +534,7 @@ inline void to_float(const tensor_view& t, std::span<float> out) {
   }
   throw error(fmt::format("tensor '{}' has dtype {}, expected a floating-point dtype (F32, F16, "
                           "BF16)",
-                          t.name, dtype_name(t.dtype)));
+                          detail::excerpt(t.name), dtype_name(t.dtype)));
 }
 
 /// Converts a F32/F16/BF16 tensor to a float vector (row-major).
@@ -533,7 +542,7 @@ inline void to_float(const tensor_view& t, std::span<float> out) {
   if (!is_floating(t.dtype)) {
     throw error(fmt::format("tensor '{}' has dtype {}, expected a floating-point dtype (F32, "
                             "F16, BF16)",
-                            t.name, dtype_name(t.dtype)));
+                            detail::excerpt(t.name), dtype_name(t.dtype)));
   }
   std::vector<float> out(t.numel());
   to_float(t, out);
@@ -558,8 +567,8 @@ inline void to_float(const tensor_view& t, std::span<float> out) {
     if (n != 0) std::memcpy(out.data(), p, n * 8);
     return out;
   }
-  throw error(fmt::format("tensor '{}' has dtype {}, expected an integer dtype (I32, I64)", t.name,
-                          dtype_name(t.dtype)));
+  throw error(fmt::format("tensor '{}' has dtype {}, expected an integer dtype (I32, I64)",
+                          detail::excerpt(t.name), dtype_name(t.dtype)));
 }
 
 /// Reads an I32/I64 tensor as int32; I64 values outside the int32 range are an error.
@@ -569,7 +578,7 @@ inline void to_float(const tensor_view& t, std::span<float> out) {
   for (std::size_t i = 0; i < wide.size(); ++i) {
     if (wide[i] < std::numeric_limits<std::int32_t>::min() ||
         wide[i] > std::numeric_limits<std::int32_t>::max()) {
-      throw error(fmt::format("tensor '{}': element {} = {} does not fit in int32", t.name, i,
+      throw error(fmt::format("tensor '{}': element {} = {} does not fit in int32", detail::excerpt(t.name), i,
                               wide[i]));
     }
     out[i] = static_cast<std::int32_t>(wide[i]);
@@ -651,7 +660,7 @@ namespace detail {
   for (const tensor_data& t : tensors) {
     if (!valid_utf8(t.name)) throw error(fmt::format("write_safetensors: tensor name '{}' is not UTF-8", excerpt(t.name)));
     if (t.name == "__metadata__" || header.contains(t.name)) {
-      throw error(fmt::format("write_safetensors: duplicate or reserved tensor name '{}'", t.name));
+      throw error(fmt::format("write_safetensors: duplicate or reserved tensor name '{}'", excerpt(t.name)));
     }
     // Counted as the reader counts (elements, then bytes): a shape one accepts, so does the other.
     std::size_t numel = 1, bytes = 0;
@@ -659,12 +668,12 @@ namespace detail {
     for (const std::size_t d : t.shape) overflows = overflows || mul_overflows(numel, d, numel);
     if (overflows || mul_overflows(numel, dtype_size(t.dtype), bytes)) {
       throw error(fmt::format("write_safetensors: tensor '{}' of dtype {} with shape {} overflows the byte count",
-                              t.name, dtype_name(t.dtype), detail::shape_string(t.shape)));
+                              excerpt(t.name), dtype_name(t.dtype), excerpt(shape_string(t.shape), 160)));
     }
     if (bytes != t.data.size()) {
       throw error(fmt::format(
           "write_safetensors: tensor '{}' has {} bytes but dtype {} with shape {} needs {}",
-          t.name, t.data.size(), dtype_name(t.dtype), detail::shape_string(t.shape), bytes));
+          excerpt(t.name), t.data.size(), dtype_name(t.dtype), excerpt(shape_string(t.shape), 160), bytes));
     }
     header[t.name] = {{"dtype", std::string(dtype_name(t.dtype))},
                       {"shape", t.shape},

@@ -249,6 +249,11 @@ struct config {
   static constexpr float min_epsilon = std::numeric_limits<float>::min();
   static constexpr float max_epsilon = 1.0f;
 
+  /// The most JSON values (every scalar, object and array) `load` reads in a config.json: GPT-2's
+  /// hold tens (a label map of a thousand classes, two thousand). Without a bound the parsed
+  /// document costs 25–35 bytes a byte of file: 3.5 GB for a crafted one of 96 MB.
+  static constexpr std::size_t max_json_values = 65536;
+
   /// Channels per head (n_embd / n_head).
   [[nodiscard]] std::size_t head_dim() const noexcept { return n_embd / n_head; }
 
@@ -293,8 +298,10 @@ struct config {
   [[nodiscard]] static config from_json(const nlohmann::json& j,
                                         const std::string& source = "config.json") {
     if (!j.is_object()) throw error(fmt::format("{}: not a JSON object", source));
+    // A value of the file as a message quotes it: its JSON by its head (a string can be megabytes).
+    const auto quoted = [](const nlohmann::json& v) { return io::detail::excerpt(v.dump()); };
     if (const auto it = j.find("model_type"); it != j.end() && !it->is_null() && *it != "gpt2") {
-      throw error(fmt::format("{}: model_type {} is not supported (only \"gpt2\")", source, it->dump()));
+      throw error(fmt::format("{}: model_type {} is not supported (only \"gpt2\")", source, quoted(*it)));
     }
     // A flag that must be absent or `expected` (the computation GPT-2 does). transformers tests
     // it for truth, so null reads as false.
@@ -302,10 +309,10 @@ struct config {
       const auto it = j.find(name);
       if (it == j.end()) return;
       if (!it->is_boolean() && !it->is_null()) {
-        throw error(fmt::format("{}: \"{}\" must be true or false, got {}", source, name, it->dump()));
+        throw error(fmt::format("{}: \"{}\" must be true or false, got {}", source, name, quoted(*it)));
       }
       if ((it->is_boolean() && it->get<bool>()) == expected) return;
-      throw error(fmt::format("{}: {} = {} is not supported ({}; GPT-2 has {})", source, name, it->dump(),
+      throw error(fmt::format("{}: {} = {} is not supported ({}; GPT-2 has {})", source, name, quoted(*it),
                               otherwise, expected));
     };
     gpt2_flag("scale_attn_weights", true, "attention scores not scaled by 1/sqrt(head size)");
@@ -315,7 +322,7 @@ struct config {
       if (it == j.end()) throw error(fmt::format("{}: missing field \"{}\"", source, name));
       if (!it->is_number_unsigned() || it->get<std::uint64_t>() == 0) {
         throw error(fmt::format("{}: \"{}\" must be a positive integer, got {}", source, name,
-                                it->dump()));
+                                quoted(*it)));
       }
       const auto v = it->get<std::uint64_t>();
       return static_cast<std::size_t>(v);
@@ -338,13 +345,13 @@ struct config {
       const double e = it->is_number() ? it->get<double>() : 0.0;
       if (!(e >= double{min_epsilon} && e <= double{max_epsilon})) {  // keeps the conversion defined
         throw error(fmt::format("{}: \"layer_norm_epsilon\" must be a number in [{}, {}], got {}",
-                                source, min_epsilon, max_epsilon, it->dump()));
+                                source, min_epsilon, max_epsilon, quoted(*it)));
       }
       c.layer_norm_epsilon = static_cast<float>(e);
     }
     if (const auto it = j.find("tie_word_embeddings"); it != j.end()) {
       if (!it->is_boolean() && !it->is_null()) {
-        throw error(fmt::format("{}: \"tie_word_embeddings\" must be true or false, got {}", source, it->dump()));
+        throw error(fmt::format("{}: \"tie_word_embeddings\" must be true or false, got {}", source, quoted(*it)));
       }
       c.tie_word_embeddings = it->is_boolean() && it->get<bool>();  // null: false, as transformers reads it
     }
@@ -353,7 +360,7 @@ struct config {
       // rather than one of them picked.
       if (!it->is_number_integer()) {
         throw error(fmt::format("{}: \"eos_token_id\" must be an integer (a token id) or null, got {}", source,
-                                it->dump()));
+                                quoted(*it)));
       }
       if (it->is_number_unsigned() && it->get<std::uint64_t>() < c.vocab_size) {
         c.eos_token_id = static_cast<token>(it->get<std::uint64_t>());
@@ -365,7 +372,7 @@ struct config {
           (it->get<std::string>() != "gelu_new" && it->get<std::string>() != "gelu_pytorch_tanh")) {
         throw error(fmt::format("{}: activation_function {} is not supported (only the tanh GELU: "
                                 "\"gelu_new\" or \"gelu_pytorch_tanh\")",
-                                source, it->dump()));
+                                source, quoted(*it)));
       }
     }
     c.validate(source);
@@ -375,7 +382,7 @@ struct config {
   /// Reads and validates `path` (a Hugging Face GPT-2 `config.json`).
   [[nodiscard]] static config load(const std::filesystem::path& path) {
     const std::string text = io::read_file(path);
-    return from_json(io::detail::parse_json_strict(text, path.string(), "config"), path.string());
+    return from_json(io::detail::parse_json_strict(text, path.string(), "config", max_json_values), path.string());
   }
 };
 

@@ -509,17 +509,18 @@ class tensor_loader {
     const io::tensor_view* t = file_.find(key);
     if (t == nullptr) {
       throw error(fmt::format("{}: missing tensor '{}' (expected shape {})", file_.path().string(),
-                              key, io::detail::shape_string(shape)));
+                              io::detail::excerpt(key), io::detail::shape_string(shape)));
     }
     if (!io::is_floating(t->dtype)) {
       throw error(fmt::format("{}: tensor '{}' has dtype {}, expected F32, F16 or BF16",
-                              file_.path_of(*t).string(), key, io::dtype_name(t->dtype)));
+                              file_.path_of(*t).string(), io::detail::excerpt(key), io::dtype_name(t->dtype)));
     }
     if (t->shape != shape) {
       throw error(fmt::format("{}: tensor '{}' has shape {}, expected {} (from {}: n_layer={}, "
                               "n_head={}, n_embd={}, n_positions={}, vocab_size={}, n_inner={}); "
                               "the config does not match the tensors",
-                              file_.path_of(*t).string(), key, io::detail::shape_string(t->shape),
+                              file_.path_of(*t).string(), io::detail::excerpt(key),
+                              io::detail::excerpt(io::detail::shape_string(t->shape), 160),
                               io::detail::shape_string(shape), config_name_, cfg_.n_layer,
                               cfg_.n_head, cfg_.n_embd, cfg_.n_positions, cfg_.vocab_size,
                               cfg_.n_inner));
@@ -579,7 +580,7 @@ class tensor_loader {
       *m.dst = packed.converted(held, std::move(storage));
     } catch (const error& e) {
       throw error(fmt::format("{}: tensor '{}' ({} x {} as output x input channels), options::{}: {}",
-                              file_.path_of(t).string(), t.name, m.rows, m.cols,
+                              file_.path_of(t).string(), io::detail::excerpt(t.name), m.rows, m.cols,
                               held == weight_format::bf16_pairs ? "matmul_precision BF16"
                               : held == weight_format::i8_quads ? "matmul_precision INT8"
                                                                 : "weight_storage",
@@ -604,7 +605,8 @@ class tensor_loader {
       if (digits && layer >= cfg_.n_layer) {
         throw error(fmt::format("{}: tensor '{}' belongs to block {} but {} says n_layer = {}; "
                                 "the config does not match the tensors",
-                                file_.path_of(t).string(), t.name, layer, config_name_, cfg_.n_layer));
+                                file_.path_of(t).string(), io::detail::excerpt(t.name), layer, config_name_,
+                                cfg_.n_layer));
       }
     }
   }
@@ -622,7 +624,7 @@ class tensor_loader {
     float value = 0.0f;
     convert_floats(t, i, 1, &value);
     throw error(fmt::format("{}: tensor '{}' holds {} at element {}: a corrupt or diverged checkpoint",
-                            file_.path_of(t).string(), t.name, value, i));
+                            file_.path_of(t).string(), io::detail::excerpt(t.name), value, i));
   }
 
   const io::tensor_view& view(const matrix_spec& m) const {
