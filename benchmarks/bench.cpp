@@ -73,7 +73,7 @@ using steady = std::chrono::steady_clock;
 
 double seconds_since(steady::time_point t0) { return std::chrono::duration<double>(steady::now() - t0).count(); }
 
-// A report's JSON text; a byte that is not valid UTF-8 (paths and --prompts files need not be)
+// A report's JSON text; a byte that is not valid UTF-8 (paths need not be; --prompts files must)
 // is written as U+FFFD instead of throwing away the run.
 std::string dump_json(const json& j, int indent) {
   return j.dump(indent, ' ', false, json::error_handler_t::replace);
@@ -230,7 +230,7 @@ strategy comparison (instead of the sweep):
   --best-k-from FILE    a sweep.json: also run token-wise (and at T > 0 block verification) at its
                         best measured K per temperature; refused when the sweep ran other
                         checkpoints (by directory name), precisions or threads than this run
-  --warmup-tokens N     auto-K warm-up generation length (default 64; --quick: 16)
+  --warmup-tokens N     auto-K warm-up generation length, >= 2 (default 64; --quick: 16)
   --check-pairs N       auto-K: pairs of calibrate's timed check of its prediction, speculation
                         against autoregressive decoding (default 5; 0: the prediction alone)
   --repetitive-temperatures LIST   temperatures of the repetitive suite (default 0,0.7)
@@ -419,7 +419,7 @@ cli parse(int argc, char** argv) {
       else if (a == "--repetitive-temperatures") c.repetitive_temperatures = read_temperatures(args);
       else if (a == "--strategies") c.strategies = true;
       else if (a == "--best-k-from") c.best_k_from = args.path_value();
-      else if (a == "--warmup-tokens") c.warmup_tokens = args.number<std::size_t>(1);
+      else if (a == "--warmup-tokens") c.warmup_tokens = args.number<std::size_t>(2);
       else if (a == "--check-pairs") c.check_pairs = args.number<std::size_t>();
       else if (a == "--quick") c.quick = true;
       else throw specsample::error(fmt::format("unknown argument '{}'{}", a, specsample::io::did_you_mean(a, help)));

@@ -252,20 +252,23 @@ bool check_checkpoints(const checkpoints& c, specsample::speculative_params para
   }
   params.eos = c.eos ? eos_id : target.config().eos_token_id;
   {  // --length against the models' contexts, named as typed (the library names max_new_tokens)
-    std::size_t fits = specsample::max_new_tokens_within(target.max_size(), prompt.size()), bound = target.max_size();
+    std::size_t fits = specsample::max_new_tokens_within(target.max_size(), prompt.size());
+    std::size_t bound = target.max_size();
     std::string bound_by = "target";
-    if (draft && specsample::draft_max_new_tokens_within(draft->max_size(), prompt.size()) < fits) {
-      fits = specsample::draft_max_new_tokens_within(draft->max_size(), prompt.size());
+    if (const std::size_t f = draft ? specsample::draft_max_new_tokens_within(draft->max_size(), prompt.size()) : fits;
+        f < fits) {
+      fits = f;
       bound = draft->max_size();
       bound_by = "draft";
     }
     if (fits == 0) {  // no --length helps (it is >= 1)
-      throw specsample::error(fmt::format("the --prompt of {} tokens does not fit: the {} model holds at most {} tokens; "
-                                          "shorten --prompt", prompt.size(), bound_by, bound));
+      throw specsample::error(fmt::format("the --prompt of {} tokens does not fit: the {} model holds at most {} "
+                                          "tokens; shorten --prompt", prompt.size(), bound_by, bound));
     }
     if (params.max_new_tokens > fits) {
-      throw specsample::error(fmt::format("--length {} is too long after a --prompt of {} tokens: the {} model holds at "
-                                          "most {} tokens (at most {} new {} here); lower --length or shorten --prompt",
+      throw specsample::error(fmt::format("--length {} is too long after a --prompt of {} tokens: the {} model holds "
+                                          "at most {} tokens (at most {} new {} here); lower --length or shorten "
+                                          "--prompt",
                                           params.max_new_tokens, prompt.size(), bound_by, bound, fits,
                                           fits == 1 ? "one" : "ones"));
     }
@@ -404,13 +407,6 @@ int main(int argc, char** argv) {
         }
       }
     }
-    // A greedy draft's top probability is always 1: --p-min would never stop a round.
-    if (std::find(given.begin(), given.end(), "--p-min") != given.end() &&
-        (draft_temperature ? *draft_temperature == 0.0f : params.sampling.temperature == 0.0f)) {
-      throw specsample::error("--p-min stops a round when the draft's top probability falls below it, but the draft "
-                              "decodes greedily (--temperature 0 or --draft-temperature 0): its top probability is "
-                              "always 1; give the draft a temperature above 0");
-    }
     if (const std::string note = specsample::gpt2::oversubscription_note("--threads", pair.threads); !note.empty()) {
       fmt::print(stderr, "distribution_check: note: {}\n", note);
     }
@@ -434,6 +430,12 @@ int main(int argc, char** argv) {
                                           params.max_new_tokens));
     }
     if (draft_temperature) params = params.with_draft_temperature(*draft_temperature);  // the target's filters
+    // A one-hot draft distribution's top probability is always 1: --p-min would never stop a round.
+    if (std::find(given.begin(), given.end(), "--p-min") != given.end() && params.draft_warping().one_hot()) {
+      throw specsample::error("--p-min stops a round when the draft's top probability falls below it, but the draft "
+                              "decodes greedily (--temperature 0, --draft-temperature 0 or --top-k 1): its top "
+                              "probability is always 1; give the draft a temperature above 0");
+    }
     try {
       specsample::validate(params, std::numeric_limits<std::size_t>::max());
     } catch (const specsample::parameter_error& e) {  // the library names its fields; this names the flags

@@ -292,14 +292,6 @@ cli parse(int argc, char** argv) {
       }
     }
   }
-  // A greedy draft's top probability is always 1: --p-min would never stop a round.
-  if (c.draft_temperature ? *c.draft_temperature == 0.0f : c.params.sampling.temperature == 0.0f) {
-    if (const auto t = typed("--p-min")) {
-      usage_error(fmt::format("{} stops a round when the draft's top probability falls below it, but the draft decodes "
-                              "greedily (--temperature 0, the default, or --draft-temperature 0): its top probability "
-                              "is always 1; give the draft a temperature above 0", *t));
-    }
-  }
   // A greedy target scores each draft 1 or 0: a leniency below 1 would change no decision.
   if (c.params.sampling.temperature == 0.0f) {
     if (const auto t = typed("--leniency")) {
@@ -313,6 +305,12 @@ cli parse(int argc, char** argv) {
   }
   if (c.draft_temperature) {
     c.params = c.params.with_draft_temperature(*c.draft_temperature);  // the target's filters
+  }
+  // A one-hot draft distribution's top probability is always 1: --p-min would never stop a round.
+  if (const auto t = typed("--p-min"); t && c.params.draft_warping().one_hot()) {
+    usage_error(fmt::format("{} stops a round when the draft's top probability falls below it, but the draft decodes "
+                            "greedily (--temperature 0, the default, --draft-temperature 0 or --top-k 1): its top "
+                            "probability is always 1; give the draft a temperature above 0", *t));
   }
   try {
     specsample::validate(c.params, std::numeric_limits<std::size_t>::max());

@@ -97,7 +97,8 @@ TEST_CASE("columns whose float sum overflows are normalised, not zeroed; nonsens
   CHECK_THROWS_WITH(toy::markov::random(3, 1, 1, std::numeric_limits<float>::quiet_NaN()),
                     Contains("concentration must be finite and > 0"));
   for (const double add_k : {std::numeric_limits<double>::infinity(), 1e300, -1.0}) {
-    CHECK_THROWS_WITH(toy::markov::from_corpus(std::vector<token>{0, 1}, 3, 1, add_k), Contains("add_k must be in [0, "));
+    CHECK_THROWS_WITH(toy::markov::from_corpus(std::vector<token>{0, 1}, 3, 1, add_k),
+                      Contains("add_k must be in [0, "));
   }
   const auto smooth = toy::markov::from_corpus(std::vector<token>{0, 1}, 3, 1, std::numeric_limits<float>::max());
   CHECK(smooth.next_probabilities(std::vector<token>{0}).isApproxToConstant(1.0f / 3.0f, 1e-4f));

@@ -590,7 +590,7 @@ TEST_CASE("warm-ups shorten to the room a prompt leaves in the models' contexts"
   // made -k auto fall back to autoregressive decoding). The full prompt leaves room for one token.
   const std::vector<std::vector<token>> full{std::vector<token>(10, 1)};
   CHECK_THROWS_WITH(calibrate(draft, target, std::span<const std::vector<token>>(full), params, rng, 3, 64),
-                    Contains("calibrate: the warm-up drafted no token") &&
+                    Contains("calibrate: no warm-up round could draft a token") &&
                         Contains("no prompt leaves the models' contexts room for two new tokens"));
   CHECK_THROWS_WITH(calibrate(draft, target, std::span<const std::vector<token>>(prompts), params, rng, 3, 1),
                     Contains("warmup_tokens = 1 leaves no round with a draft"));
@@ -598,6 +598,13 @@ TEST_CASE("warm-ups shorten to the room a prompt leaves in the models' contexts"
   const std::vector<std::vector<token>> one_with_room{std::vector<token>(10, 1), {1}};
   const auto some = calibrate(draft, target, std::span<const std::vector<token>>(one_with_room), params, rng, 3, 64, 0);
   CHECK(some.rounds_reached[0] > 0);
+  // Rounds with room that a draft_min_probability stops before their first draft are a measurement:
+  // this draft proposes nothing, which does not pay (no refusal).
+  speculative_params picky = params;
+  picky.draft_min_probability = 0.999f;
+  const auto stopped = calibrate(draft, target, std::span<const std::vector<token>>(prompts), picky, rng, 3, 64, 0);
+  CHECK(stopped.rounds_reached[0] == 0);
+  CHECK(!(stopped.predicted > 1.0));
 }
 
 TEST_CASE("the tuning functions refuse what they cannot use, by name", "[tuning][errors]") {

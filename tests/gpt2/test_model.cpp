@@ -1131,7 +1131,7 @@ TEST_CASE("a sharded checkpoint (model.safetensors.index.json and its shards) lo
   REQUIRE_THAT(load_error(dir), Contains(index.string() + ": the weight_map names no tensor"));
   write_text(index, "[1, 2]");
   REQUIRE_THAT(load_error(dir), Contains("expected a JSON object with a \"weight_map\" object"));
-  // More JSON values than an index holds (2 a tensor): refused before its document grows.
+  // More JSON values than an index holds (one a tensor): refused before its document grows.
   write_text(index, nlohmann::json{{"metadata", {{"x", std::vector<int>(io::detail::max_index_values, 0)}}},
                                    {"weight_map", map}}
                         .dump());

@@ -145,7 +145,7 @@ inline constexpr std::uint64_t max_header_bytes = 100'000'000;  // same cap as t
 /// tens of bytes a value: at the bound 180–460 MB (2 million zeros, empty objects or strings);
 /// unbounded, 25–35 bytes a byte of header, 3 GB for a crafted one within `max_header_bytes`.
 inline constexpr std::size_t max_header_values = 2'000'000;
-/// The same for a shard index (`*.safetensors.index.json`): 2 values a tensor in its weight_map.
+/// The same for a shard index (`*.safetensors.index.json`): a value a tensor in its weight_map.
 inline constexpr std::size_t max_index_values = 2'000'000;
 
 [[nodiscard]] inline bool mul_overflows(std::size_t a, std::size_t b, std::size_t& out) noexcept {

@@ -23,6 +23,10 @@ struct sampling_params {
   int top_k = 0;             ///< keep the k most probable tokens; 0 = off; must be >= 0.
   float top_p = 1.0f;        ///< keep the smallest most-probable set with mass >= top_p; in (0, 1].
   float min_p = 0.0f;        ///< keep tokens with p >= min_p * max p; in [0, 1).
+
+  /// Whether every distribution this warping makes is one-hot (temperature 0, or top_k = 1): its
+  /// top probability is always 1, so a `draft_min_probability` under it stops no round.
+  [[nodiscard]] constexpr bool one_hot() const noexcept { return temperature == 0.0f || top_k == 1; }
 };
 
 /// How a round's drafts are verified (both exact).

@@ -456,8 +456,10 @@ void check_prediction(calibration& c, Draft& draft, Target& target, std::span<co
 /// The check samples from an engine seeded by one draw of `rng`, taken whether it runs or not:
 /// `rng` advances by the warm-up's draws and that one.
 /// Throws `specsample::error` for k_max = 0 or above `max_draft_length`, warmup_tokens = 0, no
-/// prompts, a prompt that does not fit the models, or a warm-up that drafted nothing (warmup_tokens
-/// = 1, or no prompt leaving room for two new tokens): acceptance would read 0, not "unmeasured".
+/// prompts, a prompt that does not fit the models, or a warm-up with no round that could draft
+/// (warmup_tokens = 1, or no prompt leaving room for two new tokens): acceptance would read 0, not
+/// "unmeasured". (A draft_min_probability that stops every round before its first draft is measured:
+/// acceptance 0, a prediction that does not pay.)
 template <language_model Draft, language_model Target, std::uniform_random_bit_generator Rng>
 [[nodiscard]] calibration calibrate(Draft& draft, Target& target, std::span<const std::vector<token>> prompts,
                                     const speculative_params& params, Rng& rng, std::size_t k_max = 8,
@@ -477,8 +479,11 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
     lengths.push_back(warm.max_new_tokens);
     (void)speculative_sample(draft, target, prompt, warm, rng, positions);
   }
-  if (positions.reached(0) == 0) {  // (rates() would read 0 for every position: "does not pay")
-    throw error(fmt::format("calibrate: the warm-up drafted no token, so there is no acceptance to measure: {}",
+  // No round that could draft: rates() would read 0 at every position, "does not pay", for a draft
+  // never measured. (Rounds a draft_min_probability stopped at their first draft are measured: that
+  // draft proposes nothing there, and the prediction says so.)
+  if (std::none_of(lengths.begin(), lengths.end(), [](std::size_t n) { return n >= 2; })) {
+    throw error(fmt::format("calibrate: no warm-up round could draft a token, so there is no acceptance to measure: {}",
                             warmup_tokens < 2 ? "warmup_tokens = 1 leaves no round with a draft (a round that "
                                                 "drafts one token decodes two)"
                                               : "no prompt leaves the models' contexts room for two new tokens (a "
