@@ -77,7 +77,7 @@ TEST_CASE("transition tables with the wrong shape or no mass are refused", "[toy
   }
 }
 
-TEST_CASE("columns whose float sum overflows are normalised, not zeroed; nonsense arguments are named",
+TEST_CASE("columns whose float sum overflows are normalised, not zeroed, and nonsense arguments are named",
           "[toy][markov][errors]") {
   using Catch::Matchers::Contains;
   constexpr float big = 3e38f;  // two of them sum past FLT_MAX
