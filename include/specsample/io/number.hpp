@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cmath>
 #include <cstddef>
 #include <concepts>
 #include <limits>
@@ -23,16 +22,13 @@ namespace specsample::io {
 
 namespace detail {
 
-// Whether `text`, a decimal number std::from_chars reads whole, is at least 1 in magnitude: read
-// as a long double (std::from_chars, whatever the C locale's decimal point), or, out of even its
-// range, by the decimal exponent of its first nonzero digit, counted exactly: its integer digits
-// after any leading zeros, less one, or else minus the fraction's leading zeros and one, plus the
-// exponent written ("01" and 5000 zeros: 5000; "1", 10000 zeros and "e-5000": 5000; "0.001e5":
-// 2). That exponent is at least 0 exactly when the magnitude is at least 1.
+// Whether `text`, a decimal number std::from_chars reads whole (out of a type's range: it sizes
+// the error), is at least 1 in magnitude, by the decimal exponent of its first nonzero digit,
+// counted exactly: its integer digits after any leading zeros, less one, or else minus the
+// fraction's leading zeros and one, plus the exponent written ("01" and 5000 zeros: 5000; "1",
+// 10000 zeros and "e-5000": 5000; "0.001e5": 2). That exponent is at least 0 exactly when the
+// magnitude is at least 1.
 [[nodiscard]] inline bool magnitude_at_least_1(std::string_view text) {
-  long double v = 0.0L;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec == std::errc{}) return std::fabs(v) >= 1.0L;
   if (text.starts_with('-')) text.remove_prefix(1);
   const std::size_t e = std::min(text.find_first_of("eE"), text.size());
   const std::string_view mantissa = text.substr(0, e);
