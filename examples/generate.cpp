@@ -331,15 +331,13 @@ cli parse(int argc, char** argv) {
     throw;
   }
   // The prompt's file last, once every flag is known good (standard input can wait for a terminal).
-  if (c.prompt_file == "-") {
-    if (::isatty(STDIN_FILENO) == 1) {
+  if (c.prompt_file) {  // UTF-8 text only, its byte order mark dropped
+    const bool in = c.prompt_file == "-";
+    if (in && ::isatty(STDIN_FILENO) == 1) {
       std::fputs("specsample-generate: reading the prompt from standard input (end it with Ctrl-D)\n", stderr);
     }
-    const std::string text = specsample::io::read_standard_input();
-    c.prompt = specsample::io::check_prompt_text(text, "standard input");  // (UTF-8 only; its BOM dropped)
-  } else if (c.prompt_file) {
-    const std::string text = specsample::io::read_file(*c.prompt_file);
-    c.prompt = specsample::io::check_prompt_text(text, c.prompt_file->string());
+    const std::string text = in ? specsample::io::read_standard_input() : specsample::io::read_file(*c.prompt_file);
+    c.prompt = specsample::io::check_prompt_text(text, in ? "standard input" : c.prompt_file->string());
   }
   return c;
 }
@@ -583,8 +581,7 @@ int run(int argc, char** argv) {
   // The longest context a round drafts from: it decodes two tokens at least, of which the target
   // holds all but the last (target limit - 1) and a draft model neither (its limit). A suffix of N
   // tokens recurs in it only if N is shorter: else lookup would run and draft nothing.
-  std::size_t drafted_from = target.max_size() - 1;
-  for (const auto& d : drafts) drafted_from = std::min(drafted_from, d.max_size());
+  const std::size_t drafted_from = std::min(limit, target.max_size() - 1);
   if (c.prompt_lookup > 0 && c.prompt_lookup >= drafted_from) {
     usage_error(fmt::format("--prompt-lookup {} is too long: a round drafts from at most {} tokens here (the {} holds "
                             "{}), in which no suffix of {} or more tokens can recur",

@@ -146,14 +146,15 @@ inline constexpr std::uint64_t max_header_bytes = 100'000'000;  // same cap as t
 /// unbounded, 25–35 bytes a byte of header, 3 GB for a crafted one within `max_header_bytes`.
 inline constexpr std::size_t max_header_values = 2'000'000;
 /// The same for a shard index (`*.safetensors.index.json`): a value a tensor in its weight_map.
-inline constexpr std::size_t max_index_values = 2'000'000;
+inline constexpr std::size_t max_index_values = max_header_values;
 
 [[nodiscard]] inline bool mul_overflows(std::size_t a, std::size_t b, std::size_t& out) noexcept {
   return __builtin_mul_overflow(a, b, &out);
 }
 
+/// "[a, b, ...]", cut at 160 bytes (`excerpt`): a file's shape may hold millions of dimensions.
 [[nodiscard]] inline std::string shape_string(std::span<const std::size_t> shape) {
-  return fmt::format("[{}]", fmt::join(shape, ", "));
+  return excerpt(fmt::format("[{}]", fmt::join(shape, ", ")), 160);
 }
 
 /// The parsed header: views into `file` and the metadata map.
@@ -282,7 +283,7 @@ struct parsed_header {
     if (end - begin != nbytes) {
       throw error(fmt::format(
           "{}: data_offsets [{}, {}] hold {} bytes but dtype {} with shape {} needs {} bytes",
-          where(), begin, end, end - begin, dts, excerpt(shape_string(view.shape), 160), nbytes));
+          where(), begin, end, end - begin, dts, shape_string(view.shape), nbytes));
     }
     view.data = data_section.subspan(begin, nbytes);
     ranges.push_back({begin, end, out.tensors.size()});
@@ -668,12 +669,12 @@ namespace detail {
     for (const std::size_t d : t.shape) overflows = overflows || mul_overflows(numel, d, numel);
     if (overflows || mul_overflows(numel, dtype_size(t.dtype), bytes)) {
       throw error(fmt::format("write_safetensors: tensor '{}' of dtype {} with shape {} overflows the byte count",
-                              excerpt(t.name), dtype_name(t.dtype), excerpt(shape_string(t.shape), 160)));
+                              excerpt(t.name), dtype_name(t.dtype), shape_string(t.shape)));
     }
     if (bytes != t.data.size()) {
       throw error(fmt::format(
           "write_safetensors: tensor '{}' has {} bytes but dtype {} with shape {} needs {}",
-          excerpt(t.name), t.data.size(), dtype_name(t.dtype), excerpt(shape_string(t.shape), 160), bytes));
+          excerpt(t.name), t.data.size(), dtype_name(t.dtype), shape_string(t.shape), bytes));
     }
     header[t.name] = {{"dtype", std::string(dtype_name(t.dtype))},
                       {"shape", t.shape},

@@ -509,18 +509,17 @@ class tensor_loader {
     const io::tensor_view* t = file_.find(key);
     if (t == nullptr) {
       throw error(fmt::format("{}: missing tensor '{}' (expected shape {})", file_.path().string(),
-                              io::detail::excerpt(key), io::detail::shape_string(shape)));
+                              key, io::detail::shape_string(shape)));
     }
     if (!io::is_floating(t->dtype)) {
       throw error(fmt::format("{}: tensor '{}' has dtype {}, expected F32, F16 or BF16",
-                              file_.path_of(*t).string(), io::detail::excerpt(key), io::dtype_name(t->dtype)));
+                              file_.path_of(*t).string(), key, io::dtype_name(t->dtype)));
     }
     if (t->shape != shape) {
       throw error(fmt::format("{}: tensor '{}' has shape {}, expected {} (from {}: n_layer={}, "
                               "n_head={}, n_embd={}, n_positions={}, vocab_size={}, n_inner={}); "
                               "the config does not match the tensors",
-                              file_.path_of(*t).string(), io::detail::excerpt(key),
-                              io::detail::excerpt(io::detail::shape_string(t->shape), 160),
+                              file_.path_of(*t).string(), key, io::detail::shape_string(t->shape),
                               io::detail::shape_string(shape), config_name_, cfg_.n_layer,
                               cfg_.n_head, cfg_.n_embd, cfg_.n_positions, cfg_.vocab_size,
                               cfg_.n_inner));
