@@ -100,6 +100,11 @@ TEST_CASE("columns whose float sum overflows are normalised, not zeroed, and non
     CHECK_THROWS_WITH(toy::markov::from_corpus(std::vector<token>{0, 1}, 3, 1, add_k),
                       Contains("add_k must be in [0, "));
   }
+  // A positive add_k that rounds to float 0 would leave unseen transitions impossible: refused.
+  CHECK_THROWS_WITH(toy::markov::from_corpus(std::vector<token>{0, 1}, 3, 1, 1e-50),
+                    Contains("add_k 1e-50 is below the smallest float"));
+  const auto tiny = toy::markov::from_corpus(std::vector<token>{0, 1}, 3, 1, std::numeric_limits<float>::denorm_min());
+  CHECK(tiny.next_probabilities(std::vector<token>{0})(2) > 0.0f);  // unseen, still possible
   const auto smooth = toy::markov::from_corpus(std::vector<token>{0, 1}, 3, 1, std::numeric_limits<float>::max());
   CHECK(smooth.next_probabilities(std::vector<token>{0}).isApproxToConstant(1.0f / 3.0f, 1e-4f));
 }

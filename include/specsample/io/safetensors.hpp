@@ -366,7 +366,7 @@ class safetensors_file {
   /// The tensor called `name`; throws `specsample::error` naming the file if absent.
   [[nodiscard]] const tensor_view& at(std::string_view name) const {
     if (const tensor_view* t = find(name)) return *t;
-    throw error(fmt::format("{}: missing tensor '{}'", path_.string(), name));
+    throw error(fmt::format("{}: missing tensor '{}'", path_.string(), detail::excerpt(name)));
   }
   /// The "__metadata__" map (empty when absent).
   [[nodiscard]] const std::map<std::string, std::string, std::less<>>& metadata() const noexcept {
