@@ -778,8 +778,8 @@ op_split measure_op_split(specsample::gpt2::model& target, const std::vector<tok
 // cache, which one model in real use never sees. A third block times the one-thread model beside
 // busy neighbours: a thread per worker of the pool, each appending the same tokens over and over to
 // a one-thread model sharing the weights (the same bytes in the shared caches and the same work as
-// a worker's). How much they slow the caller bounds, with the workers' speeds, what any split of a
-// call over the threads can gain on this machine at the time.
+// a worker's). How much they slow the caller gives, with the workers' speeds, an estimate of what
+// a perfect split of a call over the threads would gain at the time (scaling_result::perfect_split).
 
 struct scaling_result {
   std::size_t threads = 0, tokens = 0, samples = 0;
@@ -817,21 +817,27 @@ std::string fmt_contention(const specsample_bench::contention& c) {
 // one-thread models sharing the one-thread model's weights, one per worker of the pool.
 scaling_result measure_thread_scaling(specsample::gpt2::model& a, specsample::gpt2::model& b,
                                       const specsample::gpt2::thread_pool& pool,
-                                      std::vector<specsample::gpt2::model>& neighbours, const std::vector<token>& stream,
-                                      std::size_t context, std::size_t tokens, std::size_t samples) {
+                                      std::vector<specsample::gpt2::model>& neighbours,
+                                      const std::vector<token>& stream, std::size_t context, std::size_t tokens,
+                                      std::size_t samples) {
   specsample::gpt2::model& one = a.threads() == 1 ? a : b;
   specsample::gpt2::model& many = a.threads() == 1 ? b : a;
   scaling_result r{many.threads(), tokens, samples, {}, {}, {}, {}, {}};
   const std::span<const token> ctx(stream.data(), context), next(stream.data() + context, tokens);
-  for (auto* m : {&one, &many}) {
-    m->truncate(0);
-    (void)m->append(ctx);
-  }
-  for (auto& m : neighbours) {
+  const auto prefill = [&](specsample::gpt2::model& m) {
     m.truncate(0);
     (void)m.append(ctx);
-  }
+  };
+  prefill(one);
+  prefill(many);
+  for (auto& m : neighbours) prefill(m);
   constexpr std::size_t block = 10;  // calls per block; the first warms the caches
+  const auto timed_block = [&](specsample::gpt2::model& m, std::vector<double>& out) {
+    for (std::size_t i = 0; i < block; ++i) {
+      const double s = time_append(m, next, context);
+      if (i > 0) out.push_back(s);
+    }
+  };
   // A block of the one-thread model's calls beside the neighbours, each appending `next` over and
   // over on a thread of its own from before the first timed call to after the last (a jthread is
   // stopped and joined when `busy` goes, however the block ends).
@@ -850,15 +856,11 @@ scaling_result measure_thread_scaling(specsample::gpt2::model& a, specsample::gp
             while (!stop.stop_requested()) (void)time_append(nb, next, context);
           } catch (...) {
             if (!failed.exchange(true)) failure = std::current_exception();
-            started.fetch_add(1);
           }
         });
       }
-      while (started.load() < neighbours.size()) std::this_thread::yield();
-      for (std::size_t i = 0; i < block && !failed.load(); ++i) {
-        const double s = time_append(one, next, context);
-        if (i > 0) out.push_back(s);
-      }
+      while (started.load() < neighbours.size() && !failed.load()) std::this_thread::yield();
+      if (!failed.load()) timed_block(one, out);
     }
     if (failure) std::rethrow_exception(failure);
   };
@@ -866,12 +868,8 @@ scaling_result measure_thread_scaling(specsample::gpt2::model& a, specsample::gp
   const auto ticks = specsample_bench::read_cpu_ticks();
   std::vector<std::vector<double>> speeds(pool.size() - 1);
   while (t1.size() < samples) {
-    for (auto [m, out] : {std::pair{&one, &t1}, std::pair{&many, &tn}}) {
-      for (std::size_t i = 0; i < block; ++i) {
-        const double s = time_append(*m, next, context);
-        if (i > 0) out->push_back(s);
-      }
-    }
+    timed_block(one, t1);
+    timed_block(many, tn);
     for (std::size_t w = 1; w < pool.size(); ++w) speeds[w - 1].push_back(pool.speed(w));
     beside_block(tb);
   }
@@ -2017,7 +2015,7 @@ int run(int argc, char** argv) {
     other.threads = 0;
     auto target2 = specsample::gpt2::model::load(target_dir, other);
     const specsample::gpt2::thread_pool& many = threads == 1 ? *other.pool : *opts.pool;
-    // The busy neighbours of the one-thread model: one-thread models on its weights (shared, not copied).
+    // The busy neighbours of the one-thread model: one-thread models on its matmul weights (shared).
     const specsample::gpt2::model& solo = threads == 1 ? target : target2;
     specsample::gpt2::options alone = threads == 1 ? opts : other;
     alone.pool = nullptr;

@@ -43,6 +43,27 @@ TEST_CASE("the thread pool covers every index exactly once for any size", "[gpt2
   REQUIRE(all.size() <= thread_pool::max_threads);
 }
 
+TEST_CASE("the thread pool lays a loop's chunks out from the last worker's to the caller's",
+          "[gpt2][thread_pool]") {
+  // The caller's chunk 0 ends the loop, chunk w − 1 starts it, each next to the one before it
+  // (docs/gpt2.md, "Threads": measured faster than the caller's chunk first).
+  for (std::size_t threads = 2; threads <= 4; ++threads) {
+    thread_pool pool(threads, thread_pool::max_spin);
+    for (std::size_t n = threads; n <= 23; ++n) {
+      INFO(threads << " threads, " << n << " indices");
+      const std::size_t w = std::min(threads, n);
+      std::vector<std::size_t> begin(w, n + 1), end(w, n + 1);
+      pool.parallel_for(n, [&](std::size_t b, std::size_t e, std::size_t c) {
+        begin[c] = b;
+        end[c] = e;
+      });
+      REQUIRE(begin[w - 1] == 0);
+      REQUIRE(end[0] == n);
+      for (std::size_t c = 0; c + 1 < w; ++c) REQUIRE(begin[c] == end[c + 1]);
+    }
+  }
+}
+
 TEST_CASE("a thread pool refuses more threads than it can run", "[gpt2][thread_pool]") {
   // It capped them silently at max_threads; the size asked for is the caller's mistake to hear of.
   REQUIRE_THROWS_WITH(thread_pool(thread_pool::max_threads + 1),
@@ -103,8 +124,8 @@ TEST_CASE("the thread pool survives rapid and sleepy back-to-back tasks", "[gpt2
 TEST_CASE("a thread pool runs loops issued concurrently or from inside a chunk, each whole",
           "[gpt2][thread_pool]") {
   thread_pool pool(3);
-  // From inside a chunk: the inner loop runs its chunks in order on that chunk's thread, with the
-  // same chunk bounds and indices as on the workers.
+  // From inside a chunk: the inner loop runs its chunks in order on that chunk's thread, chunk c
+  // = [n·c/w, n·(c+1)/w), with the same chunk indices as on the workers.
   // (Catch2's assertions are for the test's thread: the chunks record, the test checks.)
   std::vector<std::vector<std::size_t>> chunk_of(3, std::vector<std::size_t>(10, 99));
   pool.parallel_for(3, [&](std::size_t b, std::size_t e, std::size_t) {

@@ -121,11 +121,11 @@ TEST_CASE("a written file reads back every dtype, shape and the metadata", "[io]
   // at() names a missing tensor; a caller's name is quoted escaped and cut, as a file's names are.
   REQUIRE_THROWS_WITH(f.at("zzz"), Catch::Matchers::Contains("missing tensor 'zzz'"));
   try {
-    (void)f.at(std::string(100000, 'n') + "\x1b[2J");
+    (void)f.at("\x1b[2J" + std::string(100000, 'n'));
     FAIL("at() of a missing tensor must throw");
   } catch (const specsample::error& e) {
     const std::string_view what = e.what();
-    REQUIRE(what.size() < 400);
+    REQUIRE(what.size() < path.string().size() + 200);
     REQUIRE(what.find('\x1b') == std::string_view::npos);
   }
 

@@ -144,14 +144,12 @@ class thread_pool {
 
   /// Calls `f(begin, end, chunk)` on disjoint contiguous chunks covering [0, n), w = min(size(),
   /// n) chunks, chunk c (c = 0..w−1) at least one index, its share of n proportional to
-  /// `speed(c)`, the chunks along [0, n) from chunk w − 1 to chunk 0: the caller's chunk last (the
-  /// bundled target's appends on two threads ran 1.2–11% faster so than with the caller's first,
-  /// median 2.8%, in all 17 in-process A/B runs; docs/gpt2.md, "Threads"); returns when all are
-  /// done. If a chunk throws, chunks not started
-  /// yet may be skipped, and the first exception is rethrown on the calling thread once no chunk
-  /// runs any more (the pool stays whole). Thread-safe: while the workers run one call, any other call (from another
-  /// thread, or from inside a chunk) runs all its chunks on its calling thread, in order, chunk c
-  /// = [n·c/w, n·(c+1)/w).
+  /// `speed(c)`; the chunks lie along [0, n) from chunk w − 1 to chunk 0, the caller's chunk last
+  /// (measured faster than first: docs/gpt2.md, "Threads"). Returns when all are done. If a chunk
+  /// throws, chunks not started yet may be skipped, and the first exception is rethrown on the
+  /// calling thread once no chunk runs any more (the pool stays whole). Thread-safe: while the
+  /// workers run one call, any other call (from another thread, or from inside a chunk) runs all
+  /// its chunks on its calling thread, in order, chunk c = [n·c/w, n·(c+1)/w).
   template <class F>
   void parallel_for(std::size_t n, F&& f) {
     const std::size_t w = std::min(size(), n);
@@ -160,7 +158,7 @@ class thread_pool {
       return;
     }
     using fn_t = std::remove_reference_t<F>;
-    // The task fields, the bounds and the claim words are published by the release store of
+    // The task fields, the ranges and the claim words are published by the release store of
     // task_ and read only by a thread that loaded it with acquire; a chunk's record is written by
     // the thread that ran it before its release increment of done_, read by the caller after
     // done_'s acquire. The caller rewrites any of them only after every claimed chunk reported
@@ -198,14 +196,15 @@ class thread_pool {
  private:
   // A chunk of the current task: who claimed it (the task's generation once claimed, the one
   // before while free), and, once run, by which thread and in how many seconds.
-  struct range {
-    std::size_t begin = 0, end = 0;
-    [[nodiscard]] std::size_t size() const noexcept { return end - begin; }
-  };
   struct alignas(64) chunk {
     std::atomic<std::uint32_t> claim{0};
     std::size_t runner = 0;
     double seconds = 0.0;
+  };
+  // The indices [begin, end) of a chunk of the current task (`plan`).
+  struct range {
+    std::size_t begin = 0, end = 0;
+    [[nodiscard]] std::size_t size() const noexcept { return end - begin; }
   };
 
   // Wakes every worker to exit, and joins them.

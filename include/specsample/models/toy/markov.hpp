@@ -72,10 +72,11 @@ class markov {
       throw error(fmt::format("toy::markov::from_corpus: add_k must be in [0, {}] (a float count), got {}",
                               std::numeric_limits<float>::max(), add_k));
     }
-    if (add_k > 0.0 && static_cast<float>(add_k) == 0.0f) {  // it would act as 0, unseen transitions impossible
+    // A k that rounds to float 0 would act as 0, leaving unseen transitions impossible.
+    if (add_k > 0.0 && static_cast<float>(add_k) == 0.0f) {
+      constexpr float smallest = std::numeric_limits<float>::denorm_min();
       throw error(fmt::format("toy::markov::from_corpus: add_k {} is below the smallest float ({}): as a float "
-                              "count it is 0; give 0, or at least {}",
-                              add_k, std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::denorm_min()));
+                              "count it is 0; give 0, or at least {}", add_k, smallest, smallest));
     }
     Eigen::MatrixXf counts = Eigen::MatrixXf::Constant(static_cast<Eigen::Index>(vocab),
                                                        static_cast<Eigen::Index>(state_count(vocab, order)),
