@@ -789,17 +789,16 @@ struct scaling_result {
   // The many-thread pool's thread_pool::speed of workers 1.., medians over the blocks (each read
   // after a block of the many-thread model's calls).
   std::vector<double> speeds;
-  [[nodiscard]] double ratio_bound() const {  // no split beats all threads at their measured speeds
-    double b = 1.0;
-    for (const double s : speeds) b += s;
-    return b;
-  }
   // The calling thread's speed beside busy neighbours, relative to its speed alone.
   [[nodiscard]] double caller_beside() const { return one.median / beside.median; }
   // What a perfect split gains over one thread alone with the threads at these speeds: the workers'
   // are relative to the caller beside them, and beside busy neighbours the caller ran at
   // caller_beside() of its speed alone. An estimate from blocks measured apart, not a bound.
-  [[nodiscard]] double perfect_split() const { return caller_beside() * ratio_bound(); }
+  [[nodiscard]] double perfect_split() const {
+    double threads = 1.0;  // the caller, and each worker at its speed relative to the caller
+    for (const double s : speeds) threads += s;
+    return caller_beside() * threads;
+  }
   [[nodiscard]] double ratio() const { return one.median / many.median; }
 };
 

@@ -255,11 +255,12 @@ bool check_checkpoints(const checkpoints& c, specsample::speculative_params para
     std::size_t fits = specsample::max_new_tokens_within(target.max_size(), prompt.size());
     std::size_t bound = target.max_size();
     std::string bound_by = "target";
-    if (const std::size_t f = draft ? specsample::draft_max_new_tokens_within(draft->max_size(), prompt.size()) : fits;
-        f < fits) {
-      fits = f;
-      bound = draft->max_size();
-      bound_by = "draft";
+    if (draft) {
+      if (const std::size_t f = specsample::draft_max_new_tokens_within(draft->max_size(), prompt.size()); f < fits) {
+        fits = f;
+        bound = draft->max_size();
+        bound_by = "draft";
+      }
     }
     if (fits == 0) {  // no --length helps (it is >= 1)
       throw specsample::error(fmt::format("the --prompt of {} tokens does not fit: the {} model holds at most {} "
@@ -432,9 +433,7 @@ int main(int argc, char** argv) {
     if (draft_temperature) params = params.with_draft_temperature(*draft_temperature);  // the target's filters
     // A one-hot draft distribution's top probability is always 1: --p-min would never stop a round.
     if (std::find(given.begin(), given.end(), "--p-min") != given.end() && params.draft_warping().one_hot()) {
-      throw specsample::error("--p-min stops a round when the draft's top probability falls below it, but the draft "
-                              "decodes greedily (--temperature 0, --draft-temperature 0 or --top-k 1): its top "
-                              "probability is always 1; give the draft a temperature above 0");
+      throw specsample::error(specsample::io::p_min_with_one_hot_draft_message("--p-min"));
     }
     try {
       specsample::validate(params, std::numeric_limits<std::size_t>::max());

@@ -308,9 +308,7 @@ cli parse(int argc, char** argv) {
   }
   // A one-hot draft distribution's top probability is always 1: --p-min would never stop a round.
   if (const auto t = typed("--p-min"); t && c.params.draft_warping().one_hot()) {
-    usage_error(fmt::format("{} stops a round when the draft's top probability falls below it, but the draft decodes "
-                            "greedily (--temperature 0, the default, --draft-temperature 0 or --top-k 1): its top "
-                            "probability is always 1; give the draft a temperature above 0", *t));
+    usage_error(specsample::io::p_min_with_one_hot_draft_message(*t));
   }
   try {
     specsample::validate(c.params, std::numeric_limits<std::size_t>::max());

@@ -31,6 +31,16 @@ struct argument {
   std::optional<std::string_view> attached;
 };
 
+/// The tools' refusal of `flag` (their --p-min, the library's draft_min_probability) beside a
+/// one-hot draft warping (`sampling_params::one_hot`), where it would never stop a round.
+[[nodiscard]] inline std::string p_min_with_one_hot_draft_message(std::string_view flag) {
+  std::string m(flag);
+  m.append(" stops a round when the draft's top probability falls below it, but the draft decodes greedily "
+           "(--temperature 0, --draft-temperature 0 or --top-k 1): its top probability is always 1; give the "
+           "draft a temperature above 0");
+  return m;
+}
+
 /// The refusal of a value attached to a flag that reads none: "--stream takes no value, got 'yes'".
 [[nodiscard]] inline std::string unread_value_message(const argument& a) {
   std::string m(a.flag);

@@ -77,6 +77,7 @@ class strict_json_builder : public nlohmann::json_sax<nlohmann::json> {
   // open object's member under the last key. Returns where it went. (A pointer into an array
   // stays valid: the array grows again only after that element has closed.)
   nlohmann::json* put(nlohmann::json v) {
+    count();
     if (open_.empty()) {
       root = std::move(v);
       return &root;
@@ -91,7 +92,6 @@ class strict_json_builder : public nlohmann::json_sax<nlohmann::json> {
     return &member;
   }
   bool place(nlohmann::json v) {
-    count();
     (void)put(std::move(v));
     return true;
   }
@@ -99,7 +99,6 @@ class strict_json_builder : public nlohmann::json_sax<nlohmann::json> {
     if (open_.size() == max_json_depth) {
       throw error(fmt::format("{}: {} JSON is nested deeper than {} levels", label_, what_, max_json_depth));
     }
-    count();
     open_.push_back(put(std::move(container)));
     return true;
   }

@@ -468,11 +468,17 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   if (warmup_tokens == 0) throw error("calibrate: warmup_tokens must be >= 1 (acceptance is measured on them)");
   detail::check_model_draft_length(k_max, "calibrate");
   if (prompts.empty()) throw error("calibrate: no prompts");
-  // No warm-up with a round that could draft (the prompts a timing could use): rates() would read 0
-  // at every position, "does not pay", for a draft never measured. (Rounds a draft_min_probability
-  // stopped at their first draft are measured: that draft proposes nothing there, and the
-  // prediction says so.)
-  if (detail::timing_lengths(draft, target, prompts, warmup_tokens, "calibrate").empty()) {
+  // Each prompt's warm-up length (up to warmup_tokens, fewer where the contexts leave less room),
+  // all known, and every prompt checked, before any warm-up runs. None of two tokens or more (no
+  // round that could draft): rates() would read 0 at every position, "does not pay", for a draft
+  // never measured. (Rounds a draft_min_probability stopped at their first draft are measured:
+  // that draft proposes nothing there, and the prediction says so.)
+  std::vector<std::size_t> lengths;
+  lengths.reserve(prompts.size());
+  for (const std::vector<token>& prompt : prompts) {
+    lengths.push_back(detail::warmup_length(draft, target, prompt.size(), warmup_tokens, "calibrate"));
+  }
+  if (std::none_of(lengths.begin(), lengths.end(), [](std::size_t n) { return n >= 2; })) {
     throw error(fmt::format("calibrate: no warm-up round could draft a token, so there is no acceptance to measure: {}",
                             warmup_tokens < 2 ? "warmup_tokens = 1 leaves no round with a draft (a round that "
                                                 "drafts one token decodes two)"
@@ -484,11 +490,9 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   warm.adaptive_draft_length = false;
   warm.eos.reset();  // every warm-up as long as asked: positions are what acceptance is measured on
   position_acceptance positions(k_max);
-  std::vector<std::size_t> lengths;
-  for (const std::vector<token>& prompt : prompts) {
-    warm.max_new_tokens = detail::warmup_length(draft, target, prompt.size(), warmup_tokens, "calibrate");
-    lengths.push_back(warm.max_new_tokens);
-    (void)speculative_sample(draft, target, prompt, warm, rng, positions);
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    warm.max_new_tokens = lengths[i];
+    (void)speculative_sample(draft, target, prompts[i], warm, rng, positions);
   }
   // The costs at the first prompt that leaves room for the widest verification call, else at one
   // that leaves the most, the shortest (a full first prompt would leave room for none: every v[K]
