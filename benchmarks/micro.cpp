@@ -219,18 +219,19 @@ void matmul_args(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_matmul)->Apply(matmul_args)->UseRealTime();
 
-/// range: context length, threads. One new position (T = 1) over a KV cache of that length.
+/// range: context length, threads. One new position (T = 1), its key and value stored, over a KV
+/// cache of that length.
 void BM_attention(benchmark::State& state) {
   const auto len = static_cast<std::size_t>(state.range(0));
   const auto threads = static_cast<std::size_t>(state.range(1));
   const std::size_t C = 384, NH = 6, P = 256;
   const auto qkv = random_floats(3 * C, 1.0f, 7);
-  const auto k = random_floats(gpt2::kernels::kv_layer_size(P, C, NH), 1.0f, 8);
-  const auto v = random_floats(gpt2::kernels::kv_layer_size(P, C, NH), 1.0f, 9);
+  auto k = random_floats(gpt2::kernels::kv_layer_size(P, C, NH), 1.0f, 8);
+  auto v = random_floats(gpt2::kernels::kv_layer_size(P, C, NH), 1.0f, 9);
   std::vector<float> out(C), scratch(threads * gpt2::kernels::attention_scratch(P));
   gpt2::thread_pool* pool = pool_for(threads);
   for (auto _ : state) {
-    gpt2::kernels::attention(out, qkv, k, v, scratch, len - 1, 1, C, NH, P, pool);
+    gpt2::kernels::attention(out, qkv, k, v, scratch, len - 1, 1, 1, C, NH, P, pool);
     benchmark::DoNotOptimize(out.data());
   }
 }

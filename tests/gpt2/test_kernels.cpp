@@ -290,6 +290,38 @@ TEST_CASE("matmul matches its reference twin and is bitwise batch- and thread-in
   }
 }
 
+TEST_CASE("matmul's fused GELU gives gelu of its outputs bit for bit, for every split", "[gpt2][kernels]") {
+  // activation::gelu runs on each chunk's panels on the thread that computed them: the same bits as
+  // gelu over the whole output afterwards, whatever the level, weight format (on AMX tiles too,
+  // where the CPU has them), row count or thread count, a partial last panel included.
+  std::mt19937 rng(12);
+  thread_pool pool2(2), pool3(3);
+  for (const isa level : kernel_levels()) {
+    for (const weight_format f : {weight_format::f32, weight_format::bf16_pairs, weight_format::i8_quads}) {
+      for (const bool tiles : {false, true}) {
+        for (const std::size_t T : {1u, 5u, 17u}) {
+          const std::size_t C = 64, OC = 200;
+          const auto inp = random_vector(T * C, rng);
+          const auto w = random_vector(OC * C, rng, 0.2f);
+          const auto packed = gpt2::weight_matrix::from_floats(f, OC, C, w.data());
+          gpt2::weight_view v = packed.view();
+          v.tiles = tiles;
+          const auto bias = random_vector(OC, rng);
+          std::vector<float> want(T * OC);
+          k::matmul(want, inp, v, bias, T, C, OC, nullptr, level);
+          k::gelu(want, want, level);
+          INFO(gpt2::isa_name(level) << ", format " << static_cast<int>(f) << ", tiles " << tiles << ", T = " << T);
+          for (thread_pool* pool : {static_cast<thread_pool*>(nullptr), &pool2, &pool3}) {
+            std::vector<float> out(T * OC);
+            k::matmul(out, inp, v, bias, T, C, OC, pool, level, nullptr, k::activation::gelu);
+            REQUIRE(bitwise_equal(out.data(), want.data(), out.size()));
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("matmul of streamed weights (blocks shared by the tiles) gives the bits of whole panels",
           "[gpt2][kernels]") {
   // weight_view::streamed makes the AVX-512 kernels take more rows than one tile block by block,
@@ -918,7 +950,9 @@ TEST_CASE("attend_steps counts the steps of the attention's prefetch walk on eve
 }
 
 // `attention` with a KV cache held in F (F32 or F16) against `attention_reference` reading the
-// same stored values, on every level; a multi-threaded run and every query alone bitwise equal.
+// same stored values, on every level: it stores the new keys and values as `store_kv` does (bit
+// for bit, on one thread and on two), and a multi-threaded run, the last n queries alone (n = 0:
+// the store alone) and every query alone give the same bits.
 template <weight_format F>
 void check_attention(std::mt19937& rng) {
   for (const isa level : kernel_levels()) {
@@ -936,8 +970,7 @@ void check_attention(std::mt19937& rng) {
         shapes.insert(shapes.end(), {shape{150, 127, 19}, shape{150, 127, 23}});
         for (const auto& [P, pos0, T] : shapes) {
           const auto qkv = random_vector(T * 3 * C, rng, 2.0f);
-          // Older positions: random keys and values (every layout slot, so also the unused ones);
-          // the new ones stored from qkv as the model does.
+          // Older positions: random keys and values (every layout slot, so also the unused ones).
           // (The size is a parameter: clang++ 14 cannot capture the structured binding P.)
           const auto held = [&rng](std::size_t n) {
             const auto v = random_vector(n, rng);
@@ -949,22 +982,38 @@ void check_attention(std::mt19937& rng) {
             }
             return h;
           };
-          auto k_cache = held(k::kv_layer_size(P, C, NH)), v_cache = held(k::kv_layer_size(P, C, NH));
-          k::store_kv<F>(k_cache, v_cache, qkv, pos0, T, C, NH, P);
-          const std::span<const gpt2::weight_t<F>> kc(k_cache), vc(v_cache);
+          const auto k_old = held(k::kv_layer_size(P, C, NH)), v_old = held(k::kv_layer_size(P, C, NH));
+          auto k_ref = k_old, v_ref = v_old;
+          k::store_kv<F>(k_ref, v_ref, qkv, pos0, T, C, NH, P);
+          const auto stored = [&](const std::vector<gpt2::weight_t<F>>& kc, const std::vector<gpt2::weight_t<F>>& vc) {
+            return std::memcmp(kc.data(), k_ref.data(), kc.size() * sizeof kc[0]) == 0 &&
+                   std::memcmp(vc.data(), v_ref.data(), vc.size() * sizeof vc[0]) == 0;
+          };
           std::vector<float> out(T * C), ref(T * C), out2(T * C), one(C);
           std::vector<float> scratch(k::attention_scratch(P)), scratch2(2 * k::attention_scratch(P));
-          k::attention<F>(out, qkv, kc, vc, scratch, pos0, T, C, NH, P, nullptr, level);
-          k::attention_reference<F>(ref, qkv, kc, vc, pos0, T, C, NH, P);
+          auto kc = k_old, vc = v_old;
+          k::attention<F>(out, qkv, kc, vc, scratch, pos0, T, T, C, NH, P, nullptr, level);
+          k::attention_reference<F>(ref, qkv, k_ref, v_ref, pos0, T, C, NH, P);
           INFO(gpt2::format_name(F) << " cache, " << gpt2::isa_name(level) << ", NH = " << NH << ", C = " << C
                                     << ", pos0 = " << pos0 << ", T = " << T);
+          REQUIRE(stored(kc, vc));
           REQUIRE(max_rel_diff(out, ref) < 1e-5);
           thread_pool pool(2);
-          k::attention<F>(out2, qkv, kc, vc, scratch2, pos0, T, C, NH, P, &pool, level);
+          auto kc2 = k_old, vc2 = v_old;
+          k::attention<F>(out2, qkv, kc2, vc2, scratch2, pos0, T, T, C, NH, P, &pool, level);
+          REQUIRE(stored(kc2, vc2));
           REQUIRE(bitwise_equal(out.data(), out2.data(), out.size()));
+          for (const std::size_t n : {std::size_t{0}, std::size_t{1}, T / 2}) {  // the last n queries
+            INFO("n = " << n);
+            auto kn = k_old, vn = v_old;
+            std::vector<float> last(n * C);
+            k::attention<F>(last, qkv, kn, vn, scratch2, pos0, T, n, C, NH, P, &pool, level);
+            REQUIRE(stored(kn, vn));
+            REQUIRE(bitwise_equal(last.data(), out.data() + (T - n) * C, n * C));
+          }
           for (std::size_t t = 0; t < T; ++t) {
-            k::attention<F>(one, std::span<const float>(qkv).subspan(t * 3 * C, 3 * C), kc, vc, scratch,
-                            pos0 + t, 1, C, NH, P, nullptr, level);
+            k::attention<F>(one, std::span<const float>(qkv).subspan(t * 3 * C, 3 * C), kc, vc, scratch, pos0 + t,
+                            1, 1, C, NH, P, nullptr, level);
             REQUIRE(bitwise_equal(one.data(), out.data() + t * C, C));
           }
         }

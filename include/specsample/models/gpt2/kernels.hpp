@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -151,7 +152,13 @@ struct matmul_operands {
   }
 };
 
-/// out[t, o] = inp[t] · weight[o] + bias[o] (no bias when `bias` is empty). The weight is
+/// What `matmul` applies to each output after the bias.
+enum class activation : std::uint8_t {
+  none,
+  gelu,  ///< `gelu`, elementwise: the same bits as calling it on the matmul's output afterwards
+};
+
+/// out[t, o] = act(inp[t] · weight[o] + bias[o]) (no bias when `bias` is empty). The weight is
 /// (OC, C) in F32, F16, BF16, BF16 pairs or INT8 quads, packed in panels of 64 output channels (simd.hpp; HF Conv1D's
 /// [C, OC] and wte (V, C) are packed at load). A kernel streams one panel and applies every
 /// weight vector to a register tile of up to 6 rows (AVX-512), so the weights are read from
@@ -159,8 +166,9 @@ struct matmul_operands {
 /// weights, whose tiles share each block of a panel; the AVX2 kernels always do). Panels are split
 /// across the pool; every output element is accumulated sequentially in k in one vector lane, so
 /// neither T, the row's place in the batch nor the split changes any result bit (INT8 quads sum
-/// integers, exactly). `level` picks the
-/// kernels (capped at the CPU's).
+/// integers, exactly). `level` picks the kernels (capped at the CPU's). `act` runs on each
+/// chunk's outputs as soon as the chunk's panels are done, on the thread that computed them (the
+/// MLP's GELU: split with the matmul, its inputs still in that thread's cache).
 ///
 /// With `bf16_pairs` weights (`matmul_precision::bf16`) the rows of inp are first rounded to
 /// BF16 (`simd::bf16_operands`), with `i8_quads` weights (`matmul_precision::int8`) quantised to
@@ -171,7 +179,8 @@ inline void matmul(std::span<float> out,          // (T, OC)
                    const weight_view& weight,     // (OC, C) packed
                    std::span<const float> bias,   // (OC) or empty
                    std::size_t T, std::size_t C, std::size_t OC, thread_pool* pool = nullptr,
-                   isa level = isa::best, matmul_operands* operands = nullptr) {
+                   isa level = isa::best, matmul_operands* operands = nullptr,
+                   activation act = activation::none) {
   assert(out.size() >= T * OC && inp.size() >= T * C);
   assert(weight.rows == OC && weight.cols == C);
   assert(bias.empty() || bias.size() >= OC);
@@ -197,6 +206,10 @@ inline void matmul(std::span<float> out,          // (T, OC)
   }
   detail::split(pool, simd::panels(OC), [&](std::size_t begin, std::size_t end, std::size_t) {
     simd::matmul_panels(lv, weight.format, a, begin, end);
+    if (act == activation::gelu) {  // on the panels this thread just wrote, while they are in its cache
+      const std::size_t o0 = begin * simd::panel, o1 = std::min(OC, end * simd::panel);
+      for (std::size_t t = 0; t < T; ++t) simd::gelu(lv, out.data() + t * OC + o0, out.data() + t * OC + o0, o1 - o0);
+    }
   });
 }
 
@@ -286,15 +299,17 @@ inline void residual_add_reference(std::span<float> x, std::span<const float> y)
 /// Stores the keys and values of T new positions (columns [C, 2C) and [2C, 3C) of each qkv row)
 /// in rows [pos0, pos0 + T) of one layer's caches, held in F: F32 (copied) or F16 (rounded to
 /// nearest even, like `simd::narrow`: from magnitude 65520 on a key or value becomes ±inf, which
-/// `model::append` refuses to store).
+/// `model::append` refuses to store). Every head, or only head `only` (< NH) when given.
 template <weight_format F = weight_format::f32>
 void store_kv(std::span<weight_t<F>> k_cache,  // kv_layer_size(P, C, NH)
               std::span<weight_t<F>> v_cache,  // kv_layer_size(P, C, NH)
               std::span<const float> qkv,      // (T, 3C)
-              std::size_t pos0, std::size_t T, std::size_t C, std::size_t NH, std::size_t P) {
+              std::size_t pos0, std::size_t T, std::size_t C, std::size_t NH, std::size_t P,
+              std::optional<std::size_t> only = std::nullopt) {
   static_assert(F == weight_format::f32 || F == weight_format::f16, "the KV cache is F32 or F16");
   const std::size_t HS = C / NH, head = kv_layer_size(P, C, NH) / NH;
   assert(pos0 + T <= P && k_cache.size() >= NH * head && v_cache.size() >= NH * head);
+  assert(!only || *only < NH);
   // Value rows are contiguous: written (narrowed) in place. Keys are scattered into their blocks
   // channel by channel, a channel's new positions one after another (they share a cache line of
   // the block; position by position, a cold 5-token store into the bundled target's six layers
@@ -312,7 +327,7 @@ void store_kv(std::span<weight_t<F>> k_cache,  // kv_layer_size(P, C, NH)
   weight_t<F> buf[direct ? 1 : chunk];
   const std::size_t dd = direct ? HS : std::min(HS, chunk), tt = direct ? T : std::max<std::size_t>(1, chunk / dd);
   const std::size_t ld = 3 * C;
-  for (std::size_t h = 0; h < NH; ++h) {
+  for (std::size_t h = only.value_or(0); h < (only ? *only + 1 : NH); ++h) {
     weight_t<F>* kh = k_cache.data() + h * head;
     for (std::size_t t0 = 0; t0 < T; t0 += tt) {
       const std::size_t nt = std::min(tt, T - t0);
@@ -345,40 +360,49 @@ void store_kv(std::span<weight_t<F>> k_cache,  // kv_layer_size(P, C, NH)
   return simd::query_group * P;
 }
 
-/// Causal multi-head attention of T new positions over one layer's KV cache (`store_kv` has
-/// already stored the new keys and values). Per head the keys are transposed 16-key blocks and
-/// the values (P, HS) rows (simd.hpp, "attention layout"): one contiguous block per head, a
-/// score per vector lane. Position pos0 + t attends to positions [0, pos0 + t]; scores are
-/// scaled by 1/√HS. `scratch` holds `attention_scratch(P)` floats per pool worker. The work is
-/// split across the pool in (head, group) tasks, the T queries cut into the fewest groups of at
-/// most `simd::query_group` queries, of sizes differing by at most one; `simd::attend` runs a
-/// group as tiles of at most `simd::query_tile` queries that share every key and value load,
-/// their passes interleaved. Each query's scores and outputs are computed by one fixed-order
-/// sequence, so results do not depend on T, the grouping, the tiling or the split. While a
-/// worker computes a head, it prefetches the keys and values of its next one
+/// Causal multi-head attention of the last n of T new positions over one layer's KV cache: first
+/// stores the T positions' keys and values (`store_kv`: qkv's rows, at [pos0, pos0 + T)), then
+/// position pos0 + T − n + i attends to positions [0, pos0 + T − n + i] (n = 0: only the store).
+/// Per head the keys are transposed 16-key blocks and the values (P, HS) rows (simd.hpp,
+/// "attention layout"): one contiguous block per head, a score per vector lane. Scores are scaled
+/// by 1/√HS. `scratch` holds `attention_scratch(P)` floats per pool worker. The work is split
+/// across the pool in (head, group) tasks, the n queries cut into the fewest groups of at most
+/// `simd::query_group` queries, of sizes differing by at most one; `simd::attend` runs a group as
+/// tiles of at most `simd::query_tile` queries that share every key and value load, their passes
+/// interleaved. Where a head's queries form one group (n ≤ `simd::query_group`: every
+/// verification of up to 17 drafts), its task stores the head's keys and values first, on the
+/// thread that then reads them (on two threads a 5-token append of the bundled target ~1.5%
+/// faster than storing every head before the split: docs/gpt2.md, "Threads"); otherwise every
+/// head is stored before the split. Each query's scores and outputs are computed by one
+/// fixed-order sequence, so results do not depend on T, n, the grouping, the tiling or the split.
+/// While a worker computes a head, it prefetches the keys and values of its next one
 /// (`simd::prefetch_stream`).
 template <weight_format F = weight_format::f32>
-void attention(std::span<float> out,                  // (T, C)
-               std::span<const float> qkv,            // (T, 3C): q | k | v per row
-               std::span<const weight_t<F>> k_cache,  // kv_layer_size(P, C, NH), F32 or F16
-               std::span<const weight_t<F>> v_cache,  // kv_layer_size(P, C, NH)
-               std::span<float> scratch,              // (workers, attention_scratch(P))
-               std::size_t pos0, std::size_t T, std::size_t C, std::size_t NH, std::size_t P,
+void attention(std::span<float> out,            // (n, C)
+               std::span<const float> qkv,      // (T, 3C): q | k | v per row
+               std::span<weight_t<F>> k_cache,  // kv_layer_size(P, C, NH), F32 or F16
+               std::span<weight_t<F>> v_cache,  // kv_layer_size(P, C, NH)
+               std::span<float> scratch,        // (workers, attention_scratch(P))
+               std::size_t pos0, std::size_t T, std::size_t n, std::size_t C, std::size_t NH, std::size_t P,
                thread_pool* pool = nullptr, isa level = isa::best) {
   const std::size_t HS = C / NH, head = kv_layer_size(P, C, NH) / NH;
   const std::size_t workers = pool != nullptr ? pool->size() : 1;
   const std::size_t stride = scratch.size() / workers, ldatt = stride / simd::query_group;
-  assert(ldatt >= pos0 + T && out.size() >= T * C && qkv.size() >= T * 3 * C);
+  assert(n <= T && ldatt >= pos0 + T && out.size() >= n * C && qkv.size() >= T * 3 * C);
   assert(pos0 + T <= P && k_cache.size() >= NH * head && v_cache.size() >= NH * head);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const isa lv = simd::resolve(level);
-  const std::size_t groups = (T + simd::query_group - 1) / simd::query_group;
-  const std::size_t len = pos0 + T;  // positions the last query of a head reads
+  const std::size_t groups = (n + simd::query_group - 1) / simd::query_group;
+  const std::size_t len = pos0 + T;     // positions the last query of a head reads
+  const std::size_t q0 = pos0 + T - n;  // the first query's position
+  const float* q = qkv.data() + (T - n) * 3 * C;
+  if (groups != 1) store_kv<F>(k_cache, v_cache, qkv, pos0, T, C, NH, P);
   detail::split(pool, NH * groups, [&](std::size_t begin, std::size_t end, std::size_t worker) {
     float* att = scratch.data() + worker * stride;
     for (std::size_t task = begin; task < end; ++task) {
       const std::size_t h = task / groups, group = task % groups;
-      const std::size_t t = group * T / groups, nq = (group + 1) * T / groups - t;
+      const std::size_t t = group * n / groups, nq = (group + 1) * n / groups - t;
+      if (groups == 1) store_kv<F>(k_cache, v_cache, qkv, pos0, T, C, NH, P, h);
       // The first group of a head (the one that reads it from memory) prefetches the keys and
       // values of the next head when this chunk of tasks runs it too, paced over its steps.
       simd::prefetch_stream ahead;
@@ -386,11 +410,11 @@ void attention(std::span<float> out,                  // (T, C)
         ahead = simd::prefetch_stream::of(k_cache.data() + (h + 1) * head,
                                           simd::key_elements(len, HS) * sizeof(weight_t<F>),
                                           v_cache.data() + (h + 1) * head, len * HS * sizeof(weight_t<F>))
-                    .paced(simd::attend_steps(lv, nq, pos0 + t + 1, HS));
+                    .paced(simd::attend_steps(lv, nq, q0 + t + 1, HS));
       }
-      simd::attend<F>(lv, qkv.data() + t * 3 * C + h * HS, 3 * C, nq, k_cache.data() + h * head,
-                   v_cache.data() + h * head, pos0 + t + 1, HS, scale, att, ldatt,
-                   out.data() + t * C + h * HS, C, ahead);
+      simd::attend<F>(lv, q + t * 3 * C + h * HS, 3 * C, nq, k_cache.data() + h * head,
+                      v_cache.data() + h * head, q0 + t + 1, HS, scale, att, ldatt, out.data() + t * C + h * HS,
+                      C, ahead);
     }
   });
 }

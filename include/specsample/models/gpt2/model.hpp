@@ -39,7 +39,7 @@ namespace specsample::gpt2 {
 /// Wall time a model's forward passes spent in each operation, summed over the appends made while
 /// it is attached (`model::time_ops`): where a call's time goes. specsample-bench's table "Where
 /// the target's call goes" compares a single token's call with a 5-token one this way. Attached,
-/// an append reads the clock twice per operation (11 per layer and 3 more: 138 reads for the
+/// an append reads the clock twice per operation (9 per layer and 3 more: 114 reads for the
 /// bundled target's 6 layers); a model with none attached reads no clock. One op_times per model:
 /// models appending concurrently need their own.
 struct op_times {
@@ -47,19 +47,17 @@ struct op_times {
     embed,       ///< token and position embeddings
     layer_norm,  ///< every layer norm (two per layer and the final one)
     qkv,         ///< the attention's input matmul
-    store_kv,    ///< the new positions' keys and values into the cache
-    attention,   ///< scores, softmax and the weighted sum of values
+    attention,   ///< the new keys and values into the cache, scores, softmax, weighted sum of values
     attn_proj,   ///< the attention's output matmul
     residual,    ///< the residual adds
-    mlp_fc,      ///< the MLP's first matmul
-    gelu,        ///< the MLP's activation
+    mlp_fc,      ///< the MLP's first matmul and its GELU (fused: `kernels::activation`)
     mlp_proj,    ///< the MLP's second matmul
     lm_head,     ///< the logits' matmul
   };
   static constexpr std::size_t count = lm_head + 1;
   static constexpr std::array<std::string_view, count> names{
-      "embed", "layer norm", "QKV matmul", "KV store", "attention", "attention projection",
-      "residual add", "MLP matmul (up)", "GELU", "MLP matmul (down)", "lm_head matmul"};
+      "embed", "layer norm", "QKV matmul", "attention", "attention projection", "residual add",
+      "MLP matmul (up) + GELU", "MLP matmul (down)", "lm_head matmul"};
   std::array<double, count> seconds{};  ///< per operation, summed
 
   void clear() noexcept { seconds.fill(0.0); }
@@ -533,13 +531,13 @@ SPECSAMPLE_GPT2_MODEL Eigen::Map<const Eigen::MatrixXf> model::append(std::span<
   const auto pool_for = [&](std::size_t work) {
     return work * n() >= min_parallel_work_ ? pool : nullptr;
   };
-  const auto mm = [&](xt::xtensor<float, 2>& out, const xt::xtensor<float, 2>& in,
-                      const weight_matrix& w, std::span<const float> bias) {
+  const auto mm = [&](xt::xtensor<float, 2>& out, const xt::xtensor<float, 2>& in, const weight_matrix& w,
+                      std::span<const float> bias, kernels::activation act = kernels::activation::none) {
     const std::size_t OC = w.rows(), K = w.cols();
     weight_view v = w.view();
     v.streamed = streamed_;
     v.tiles = amx_;
-    kernels::matmul(buf(out), cbuf(in), v, bias, n(), K, OC, pool_for(OC * K), isa_, &operands_);
+    kernels::matmul(buf(out), cbuf(in), v, bias, n(), K, OC, pool_for(OC * K), isa_, &operands_, act);
   };
 
   // Runs f, its wall time added to the attached op_times (`time_ops`) under `o`.
@@ -565,20 +563,19 @@ SPECSAMPLE_GPT2_MODEL Eigen::Map<const Eigen::MatrixXf> model::append(std::span<
       ln(vec(lw.ln_1_weight), vec(lw.ln_1_bias));
       timed(op_times::qkv, [&] { mm(qkv_, ln_, lw.attn_qkv_weight, vec(lw.attn_qkv_bias)); });
       check_keys_values<F>(l, pos0, pos0 + first, cbuf(qkv_));
-      timed(op_times::store_kv, [&] { kernels::store_kv<F>(k_layer, v_layer, cbuf(qkv_), pos0, T, C, NH, P); });
-      if (l + 1 == cfg_.n_layer) {
-        if (logits == 0) break;
-        first = T - logits;
-      }
+      // Every layer stores all T rows' keys and values; the last computes only the rows whose
+      // logits are asked for (none: the store alone).
+      const std::span<const float> all(qkv_.data(), T * qkv_.shape(1));
+      if (l + 1 == cfg_.n_layer) first = T - logits;
       timed(op_times::attention, [&] {
-        kernels::attention<F>(buf(atty_), cbuf(qkv_), k_layer, v_layer, {att_.data(), att_.size()},
-                              pos0 + first, n(), C, NH, P, pool_for(2 * (pos0 + T) * C), isa_);
+        kernels::attention<F>(buf(atty_), all, k_layer, v_layer, {att_.data(), att_.size()}, pos0, T, n(), C, NH, P,
+                              pool_for(2 * (pos0 + T) * C), isa_);
       });
+      if (n() == 0) break;
       timed(op_times::attn_proj, [&] { mm(proj_, atty_, lw.attn_proj_weight, vec(lw.attn_proj_bias)); });
       residual();
       ln(vec(lw.ln_2_weight), vec(lw.ln_2_bias));
-      timed(op_times::mlp_fc, [&] { mm(fc_, ln_, lw.mlp_fc_weight, vec(lw.mlp_fc_bias)); });
-      timed(op_times::gelu, [&] { kernels::gelu(buf(fc_), cbuf(fc_), isa_); });
+      timed(op_times::mlp_fc, [&] { mm(fc_, ln_, lw.mlp_fc_weight, vec(lw.mlp_fc_bias), kernels::activation::gelu); });
       timed(op_times::mlp_proj, [&] { mm(proj_, fc_, lw.mlp_proj_weight, vec(lw.mlp_proj_bias)); });
       residual();
     }
