@@ -1004,12 +1004,14 @@ void check_attention(std::mt19937& rng) {
           REQUIRE(stored(kc2, vc2));
           REQUIRE(bitwise_equal(out.data(), out2.data(), out.size()));
           for (const std::size_t n : {std::size_t{0}, std::size_t{1}, T / 2}) {  // the last n queries
-            INFO("n = " << n);
-            auto kn = k_old, vn = v_old;
-            std::vector<float> last(n * C);
-            k::attention<F>(last, qkv, kn, vn, scratch2, pos0, T, n, C, NH, P, &pool, level);
-            REQUIRE(stored(kn, vn));
-            REQUIRE(bitwise_equal(last.data(), out.data() + (T - n) * C, n * C));
+            for (thread_pool* on : {static_cast<thread_pool*>(nullptr), &pool}) {
+              INFO("n = " << n << (on != nullptr ? ", 2 threads" : ", 1 thread"));
+              auto kn = k_old, vn = v_old;
+              std::vector<float> last(n * C);
+              k::attention<F>(last, qkv, kn, vn, scratch2, pos0, T, n, C, NH, P, on, level);
+              REQUIRE(stored(kn, vn));
+              REQUIRE(bitwise_equal(last.data(), out.data() + (T - n) * C, n * C));
+            }
           }
           for (std::size_t t = 0; t < T; ++t) {
             k::attention<F>(one, std::span<const float>(qkv).subspan(t * 3 * C, 3 * C), kc, vc, scratch, pos0 + t,

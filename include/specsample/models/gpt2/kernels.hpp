@@ -327,7 +327,8 @@ void store_kv(std::span<weight_t<F>> k_cache,  // kv_layer_size(P, C, NH)
   weight_t<F> buf[direct ? 1 : chunk];
   const std::size_t dd = direct ? HS : std::min(HS, chunk), tt = direct ? T : std::max<std::size_t>(1, chunk / dd);
   const std::size_t ld = 3 * C;
-  for (std::size_t h = only.value_or(0); h < (only ? *only + 1 : NH); ++h) {
+  const std::size_t h0 = only.value_or(0), h1 = only ? *only + 1 : NH;
+  for (std::size_t h = h0; h < h1; ++h) {
     weight_t<F>* kh = k_cache.data() + h * head;
     for (std::size_t t0 = 0; t0 < T; t0 += tt) {
       const std::size_t nt = std::min(tt, T - t0);
@@ -419,7 +420,8 @@ void attention(std::span<float> out,            // (n, C)
   });
 }
 
-/// Plain twin of `attention` (double, no scratch, no threads).
+/// Plain twin of `attention` (double, no scratch, no threads) for all T queries, over caches that
+/// already hold the T new positions' keys and values (`store_kv`).
 template <weight_format F = weight_format::f32>
 void attention_reference(std::span<float> out, std::span<const float> qkv,
                          std::span<const weight_t<F>> k_cache, std::span<const weight_t<F>> v_cache,

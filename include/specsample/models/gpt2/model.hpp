@@ -515,8 +515,8 @@ SPECSAMPLE_GPT2_MODEL Eigen::Map<const Eigen::MatrixXf> model::append(std::span<
 
   thread_pool* pool = pool_.get();
   const std::size_t pos0 = cache_.length;
-  // Rows [first, T) of the activations are computed; every layer but the last runs them all
-  // (their keys and values are needed), the last only those whose logits are asked for.
+  // Rows [first, T) of the activations are computed; every layer runs them all up to its keys and
+  // values (they are stored), the last from its attention on only those whose logits are asked for.
   std::size_t first = 0;
   const auto n = [&] { return T - first; };
   const auto buf = [&](xt::xtensor<float, 2>& b) {
@@ -562,10 +562,10 @@ SPECSAMPLE_GPT2_MODEL Eigen::Map<const Eigen::MatrixXf> model::append(std::span<
       const std::span<weight_t<F>> v_layer = cache_.values<F>(l);
       ln(vec(lw.ln_1_weight), vec(lw.ln_1_bias));
       timed(op_times::qkv, [&] { mm(qkv_, ln_, lw.attn_qkv_weight, vec(lw.attn_qkv_bias)); });
-      check_keys_values<F>(l, pos0, pos0 + first, cbuf(qkv_));
-      // Every layer stores all T rows' keys and values; the last computes only the rows whose
+      const std::span<const float> all = cbuf(qkv_);  // all T rows (first is 0 up to here)
+      check_keys_values<F>(l, pos0, pos0, all);
+      // Every layer stores all T rows' keys and values; the last attends only from the rows whose
       // logits are asked for (none: the store alone).
-      const std::span<const float> all(qkv_.data(), T * qkv_.shape(1));
       if (l + 1 == cfg_.n_layer) first = T - logits;
       timed(op_times::attention, [&] {
         kernels::attention<F>(buf(atty_), all, k_layer, v_layer, {att_.data(), att_.size()}, pos0, T, n(), C, NH, P,
