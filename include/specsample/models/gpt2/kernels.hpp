@@ -372,9 +372,8 @@ void store_kv(std::span<weight_t<F>> k_cache,  // kv_layer_size(P, C, NH)
 /// tiles of at most `simd::query_tile` queries that share every key and value load, their passes
 /// interleaved. Where a head's queries form one group (n ≤ `simd::query_group`: every
 /// verification of up to 17 drafts), its task stores the head's keys and values first, on the
-/// thread that then reads them (with the MLP's GELU run in its matmul's chunks, a 5-token append
-/// of the bundled target on two threads 2–3% faster: docs/gpt2.md, "Threads"); otherwise every
-/// head is stored before the split. Each query's scores and outputs are computed by one
+/// thread that then reads them (measured: docs/gpt2.md, "Threads"); otherwise every head is
+/// stored before the split. Each query's scores and outputs are computed by one
 /// fixed-order sequence, so results do not depend on T, n, the grouping, the tiling or the split.
 /// While a worker computes a head, it prefetches the keys and values of its next one
 /// (`simd::prefetch_stream`).
