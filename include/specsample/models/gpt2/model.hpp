@@ -337,12 +337,12 @@ class model {
     return weight_format::bf16_pairs;
   }
   // Throws, before the keys and values of layer l's rows `qkv` (of 3C: q, k, v; the first at
-  // position row0, the context holding pos0 tokens before the call) are stored, when
+  // position pos0, the context's length before the call) are stored, when
   // one is a NaN or an infinity (the forward pass overflowed) or, for an F16 cache, 65520 or more
   // in magnitude (it would be stored as an infinity): either would poison every later call,
   // including after an append that returns no logits. The context is left as it was.
   template <weight_format F>
-  void check_keys_values(std::size_t l, std::size_t pos0, std::size_t row0, std::span<const float> qkv) const {
+  void check_keys_values(std::size_t l, std::size_t pos0, std::span<const float> qkv) const {
     const std::size_t C = cfg_.n_embd;
     const float bound = F == weight_format::f16 ? 65520.0f : std::numeric_limits<float>::infinity();
     for (std::size_t t = 0; t < qkv.size() / (3 * C); ++t) {
@@ -351,7 +351,7 @@ class model {
       const std::size_t bad = specsample::simd::first_magnitude_at_least(kv.data(), kv.size(), bound);
       const bool finite = specsample::simd::magnitude_bits(kv[bad]) < 0x7f800000u;  // then beyond the F16 bound
       throw error(fmt::format("gpt2: layer {}'s {} {} of the token at position {} is {}: {}; the context stays at {} tokens",
-                              l, bad < C ? "key" : "value", bad % C, row0 + t, kv[bad],
+                              l, bad < C ? "key" : "value", bad % C, pos0 + t, kv[bad],
                               finite ? "an F16 KV cache cannot hold 65520 or more (options::kv_storage F32 can)"
                                      : "the forward pass overflowed (a corrupt checkpoint?)",
                               pos0));
@@ -563,7 +563,7 @@ SPECSAMPLE_GPT2_MODEL Eigen::Map<const Eigen::MatrixXf> model::append(std::span<
       ln(vec(lw.ln_1_weight), vec(lw.ln_1_bias));
       timed(op_times::qkv, [&] { mm(qkv_, ln_, lw.attn_qkv_weight, vec(lw.attn_qkv_bias)); });
       const std::span<const float> all = cbuf(qkv_);  // all T rows (first is 0 up to here)
-      check_keys_values<F>(l, pos0, pos0, all);
+      check_keys_values<F>(l, pos0, all);
       // Every layer stores all T rows' keys and values; the last attends only from the rows whose
       // logits are asked for (none: the store alone).
       if (l + 1 == cfg_.n_layer) first = T - logits;
