@@ -112,7 +112,7 @@ inline float stream_sum(specsample::isa level, const float* p, std::size_t n) {
 // the outputs. Tokens = 0 is the stream alone. The machine floors of specsample-bench take a call
 // as the longer of the stream and the multiply-adds at the peak; this probe measures whether the
 // two overlap that well ("How much of the multiply-adds the stream can hide": Zen 5 in
-// docs/benchmarks.md, Zen 3 in docs/benchmarks-machines.md).
+// docs/benchmarks-notes.md, Zen 3 in docs/benchmarks-machines.md).
 
 #if SPECSAMPLE_X86
 template <int Tokens>
@@ -193,7 +193,7 @@ inline std::optional<float> stream_fma(specsample::isa level, int tokens, const 
 // the loaded weights, into 4 × Tokens accumulators. Up to 6 rows, the kernel's tile (more would
 // spill). How much of a verification's BF16 multiply-adds this core hides under the weight stream
 // when nothing else gets in the way: a bound for the BF16 matmuls, which also round the
-// activations, store the outputs and move from panel to panel (docs/benchmarks.md, "How much of
+// activations, store the outputs and move from panel to panel (docs/benchmarks-notes.md, "How much of
 // the multiply-adds the stream can hide (Zen 5)"). CPUs with AVX512_BF16 only.
 
 #if SPECSAMPLE_X86
