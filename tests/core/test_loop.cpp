@@ -581,6 +581,28 @@ TEST_CASE("an empty prompt is named as such, before any context check", "[loop][
                     Contains("context overflow") && Contains("more than"));
 }
 
+TEST_CASE("max_new_tokens = SIZE_MAX without an EOS is refused where no context limit would stop it", "[loop][errors]") {
+  // SIZE_MAX means "stop at EOS only": a target without max_size() and no eos would generate until
+  // memory ran out. With an eos it runs (and stops there); a bounded target reports the overflow.
+  const auto target = toy::markov::random(4, 1, 1), draft = toy::markov::random(4, 1, 2);
+  std::mt19937_64 rng(1);
+  const std::vector<token> prompt{0};
+  auto params = make_params(std::numeric_limits<std::size_t>::max(), 2);
+  using Catch::Matchers::Contains;
+  auto t = target, d = draft;
+  CHECK_THROWS_WITH(speculative_sample(d, t, prompt, params, rng),
+                    Contains("speculative_params.max_new_tokens = SIZE_MAX caps nothing") && Contains("never end"));
+  CHECK_THROWS_AS(autoregressive_sample(t, prompt, params, rng), parameter_error);
+  params.eos = 3;
+  const auto spec = speculative_sample(d, t, prompt, params, rng);
+  REQUIRE(!spec.tokens.empty());
+  CHECK(spec.tokens.back() == 3);
+  CHECK(autoregressive_sample(t, prompt, params, rng).tokens.back() == 3);
+  params.eos.reset();
+  bounded_model bounded(target), bounded_draft(draft);
+  CHECK_THROWS_WITH(speculative_sample(bounded_draft, bounded, prompt, params, rng), Contains("context overflow"));
+}
+
 TEST_CASE("a model reporting a vocabulary size of 0, a negative one or one past int32 ids is refused", "[loop][errors]") {
   struct odd_vocab : toy::markov {
     odd_vocab(toy::markov m, long long v) : toy::markov(std::move(m)), v(v) {}

@@ -624,6 +624,24 @@ TEST_CASE("the tuning functions refuse what they cannot use, by name", "[tuning]
   std::mt19937_64 rng(1);
   CHECK_THROWS_WITH(calibrate(draft, target, std::span<const std::vector<token>>(prompts), params, rng, huge),
                     Contains("calibrate: K = "));
+  // A bad later prompt, or bad parameters, are named before any warm-up runs (the target records
+  // every call); the warm-ups' own draft length (k_max) stands in for params.draft_length.
+  {
+    recording_markov recorded(target);
+    const std::vector<std::vector<token>> empty_second{{0}, {}}, out_of_range{{0}, {1, 5}};
+    CHECK_THROWS_WITH(calibrate(draft, recorded, std::span<const std::vector<token>>(empty_second), params, rng),
+                      Contains("prompt is empty"));
+    CHECK_THROWS_WITH(calibrate(draft, recorded, std::span<const std::vector<token>>(out_of_range), params, rng),
+                      Contains("prompt token 5 at position 1 is out of range"));
+    speculative_params bad = params;
+    bad.sampling.top_p = 2.0f;
+    CHECK_THROWS_WITH(calibrate(draft, recorded, std::span<const std::vector<token>>(prompts), bad, rng),
+                      Contains("top_p"));
+    CHECK(recorded.calls.empty());
+    speculative_params no_k = params;
+    no_k.draft_length = 0;
+    CHECK_NOTHROW(calibrate(draft, recorded, std::span<const std::vector<token>>(prompts), no_k, rng, 2, 8, 0));
+  }
   // The scan: no positions to average over; a model that returns fewer columns than it was given
   // tokens (which autoregressive decoding, reading only the last, cannot notice).
   const std::vector<double> ratios{0.8, 1.0, 1.2};

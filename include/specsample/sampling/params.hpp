@@ -62,7 +62,9 @@ inline constexpr std::size_t max_draft_length = 256;
 
 /// Parameters of one generation call.
 struct speculative_params {
-  std::size_t max_new_tokens = 128;  ///< emit exactly this many tokens unless `eos` comes first.
+  /// Emit exactly this many tokens unless `eos` comes first. SIZE_MAX: no cap, stop at `eos` only
+  /// (refused without an `eos` when the target has no context limit: nothing would stop it).
+  std::size_t max_new_tokens = 128;
   std::size_t draft_length = 4;      ///< K: tokens the draft proposes per round; 1..max_draft_length.
   sampling_params sampling{};        ///< the target's warping: what the output is distributed as.
   /// How the draft's logits become the distribution q it samples its proposals from; empty (the

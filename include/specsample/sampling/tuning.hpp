@@ -468,6 +468,13 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   if (warmup_tokens == 0) throw error("calibrate: warmup_tokens must be >= 1 (acceptance is measured on them)");
   detail::check_model_draft_length(k_max, "calibrate");
   if (prompts.empty()) throw error("calibrate: no prompts");
+  // The parameters and every prompt checked before any warm-up runs (the warm-ups draft k_max).
+  const std::size_t vocab = detail::vocabulary_of(target, "target");
+  detail::check_vocabularies(detail::vocabulary_of(draft, "draft"), vocab);
+  speculative_params checked = params;
+  checked.draft_length = k_max;
+  validate(checked, vocab);
+  for (const std::vector<token>& prompt : prompts) detail::check_prompt(prompt, vocab);
   // Each prompt's warm-up length (up to warmup_tokens, fewer where the contexts leave less room),
   // all known, and every prompt checked, before any warm-up runs. None of two tokens or more (no
   // round that could draft): rates() would read 0 at every position, "does not pay", for a draft
