@@ -565,6 +565,24 @@ int run(int argc, char** argv) {
   const double load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   c.params.eos = c.no_eos ? std::nullopt : c.eos ? c.eos : target.config().eos_token_id;
+  {  // A prompt too long for the contexts however it encodes is refused before it is encoded (the
+     // BPE of a file of a gigabyte would take minutes and gigabytes): no token spells more than
+     // max_token_bytes, so it encodes to at least as many tokens as that many bytes.
+    std::size_t longest = target.max_size();
+    std::string held_by = "target model";
+    for (std::size_t d = 0; d < drafts.size(); ++d) {
+      if (drafts[d].max_size() + 1 < longest) {  // (a draft model never holds a generation's last two tokens)
+        longest = drafts[d].max_size() + 1;
+        held_by = fmt::format("draft model ({})", candidates[d].string());
+      }
+    }
+    const std::size_t at_least = (c.prompt.size() + tok.max_token_bytes() - 1) / tok.max_token_bytes();
+    if (at_least > longest) {
+      usage_error(fmt::format("the prompt of {} bytes encodes to at least {} tokens (no token of this vocab spells more "
+                              "than {} bytes), but the {} leaves room for a prompt of at most {}; shorten the prompt",
+                              c.prompt.size(), at_least, tok.max_token_bytes(), held_by, longest));
+    }
+  }
   const std::vector<token> prompt = tok.encode(c.prompt);
   if (prompt.empty()) throw specsample::error("the prompt encodes to no tokens");
   // The models' context: the smallest of them, and whose it is.

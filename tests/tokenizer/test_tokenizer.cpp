@@ -257,6 +257,55 @@ TEST_CASE("end-of-text in the input encodes to the special token", "[tokenizer][
   CHECK(tok.decode(ordinary) == "<|endoftext|>");
 }
 
+TEST_CASE("special tokens that overlap encode as the earliest match, the longest where several start there",
+          "[tokenizer]") {
+  // Spellings that are prefixes of one another, share prefixes and overlap; every one is text of
+  // several pre-tokens, so the vocab loads them as special tokens (ids 256..). The reference
+  // takes, at each step, the earliest occurrence of any special token and the longest there (as
+  // encode did by searching for each token in turn), the text between as ordinary text.
+  const std::vector<std::string> specials = {"<|a", "<|a|>", "<|ab|>", "<|a|><|b", "a|>", "|b|>", "<|abc"};
+  temp_dir dir;
+  dir.write("vocab.json", small_vocab_json(specials));
+  dir.write("merges.txt", "#version: 0.2\n");
+  const bpe_tokenizer tok = bpe_tokenizer::load(dir.path);
+  REQUIRE(tok.special_tokens().size() == specials.size());
+  const auto reference = [&](std::string_view text) {
+    std::vector<token> out;
+    std::size_t pos = 0;
+    while (pos < text.size()) {
+      std::size_t at = std::string_view::npos, best = 0;
+      for (std::size_t s = 0; s < specials.size(); ++s) {
+        const std::size_t hit = text.find(specials[s], pos);
+        if (hit < at || (hit == at && hit != std::string_view::npos && specials[s].size() > specials[best].size())) {
+          at = hit;
+          best = s;
+        }
+      }
+      const auto plain = tok.encode_ordinary(text.substr(pos, at == std::string_view::npos ? text.size() - pos : at - pos));
+      out.insert(out.end(), plain.begin(), plain.end());
+      if (at == std::string_view::npos) break;
+      out.push_back(static_cast<token>(256 + best));
+      pos = at + specials[best].size();
+    }
+    return out;
+  };
+  const std::vector<std::string> pieces = {"<", "|", "a", "b", "c", ">", " ", "x", "<|", "|>", "<|a|>"};
+  std::mt19937 rng(7);
+  std::size_t with_special = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::string text;
+    const int n = 1 + static_cast<int>(rng() % 12);
+    for (int i = 0; i < n; ++i) text += pieces[rng() % pieces.size()];
+    const auto got = tok.encode(text);
+    INFO("text: " << text);
+    CHECK(got == reference(text));
+    with_special += std::any_of(got.begin(), got.end(), [](token t) { return t >= 256; }) ? 1 : 0;
+  }
+  CHECK(with_special > 1000);  // the texts do hit the special tokens
+  // Three start at 0 ("<|a", "<|a|>", "<|a|><|b"): the longest; "|b|>" would start inside it.
+  CHECK(tok.encode("<|a|><|b|>") == std::vector<token>{259, '|', '>'});
+}
+
 TEST_CASE("encode then decode round-trips random byte strings including invalid UTF-8",
           "[tokenizer][roundtrip]") {
   const auto& tok = gpt2();
@@ -670,6 +719,15 @@ TEST_CASE("loading rejects a malformed vocab.json naming the file and the proble
       // A NUL byte ends nlohmann's input: the valid vocab before it must not hide what follows.
       {small_vocab_json({}) + std::string("\0{\"extra\": 256}", 15), {"a NUL byte at offset", "not JSON text"}},
   };
+  // More than max_vocab_tokens (2^22) entries: refused as the entry past the limit starts, before
+  // the rest of the file is read (here with a limit of 3, as the loader's reader takes it).
+  static_assert(specsample::detail::max_vocab_tokens == std::size_t{1} << 22);
+  specsample::detail::vocab_reader reader("vocab.json", 3);
+  CHECK_THROWS_WITH(nlohmann::json::sax_parse(std::string("{\"a\": 0, \"b\": 1, \"c\": 2, \"d\": 3, \"e\": 4}"), &reader),
+                    Catch::Contains("vocab.json: more than 3 tokens; a vocab this large is refused"));
+  CHECK(reader.entries.size() == 3);
+  specsample::detail::vocab_reader fits("vocab.json", 3);
+  CHECK(nlohmann::json::sax_parse(std::string("{\"a\": 0, \"b\": 1, \"c\": 2}"), &fits));
   for (const auto& [content, fragments] : cases) {
     INFO("vocab.json: " << content);
     temp_dir dir;

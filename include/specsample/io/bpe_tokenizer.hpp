@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bitset>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -185,11 +186,18 @@ struct string_hash {
   }
 };
 
+/// The most tokens a vocab.json may hold: 2^22, sixteen times the largest vocabularies in use
+/// (~256 000). Each entry costs ~100 bytes while the file is read, over ten times its bytes in the
+/// file: a crafted vocab.json of a gigabyte would otherwise take gigabytes before any id is checked.
+inline constexpr std::size_t max_vocab_tokens = std::size_t{1} << 22;
+
 /// SAX handler that reads vocab.json (a flat object `{"spelling": id, ...}`) without building a
-/// DOM, rejecting anything else with a message naming the file.
+/// DOM, rejecting anything else with a message naming the file, and more than `limit` entries as
+/// soon as the next one starts.
 class vocab_reader : public nlohmann::json_sax<nlohmann::json> {
  public:
-  explicit vocab_reader(std::string file) : file_(std::move(file)) {}
+  explicit vocab_reader(std::string file, std::size_t limit = max_vocab_tokens)
+      : file_(std::move(file)), limit_(limit) {}
 
   std::vector<std::pair<std::string, std::int64_t>> entries;
 
@@ -215,6 +223,10 @@ class vocab_reader : public nlohmann::json_sax<nlohmann::json> {
     return scalar("an object");
   }
   bool key(string_t& k) override {
+    if (entries.size() == limit_) {
+      throw error(fmt::format("{}: more than {} tokens; a vocab this large is refused (max_vocab_tokens)", file_,
+                              limit_));
+    }
     if (!seen_.emplace(k, entries.size()).second) {
       throw error(fmt::format("{}: token \"{}\" appears twice", file_, excerpt(k)));
     }
@@ -245,6 +257,7 @@ class vocab_reader : public nlohmann::json_sax<nlohmann::json> {
   }
 
   std::string file_;
+  std::size_t limit_;
   std::string key_;
   int depth_ = 0;
   std::unordered_map<std::string, std::size_t, string_hash, std::equal_to<>> seen_;
@@ -283,6 +296,11 @@ class bpe_tokenizer {
   /// Number of tokens (ids are `[0, vocab_size())`).
   [[nodiscard]] std::size_t vocab_size() const noexcept { return spellings_.size(); }
 
+  /// The most bytes one token stands for: a text of n bytes encodes to at least
+  /// ceil(n / max_token_bytes()) tokens (a bound to refuse a prompt too long for a context before
+  /// encoding it).
+  [[nodiscard]] std::size_t max_token_bytes() const noexcept { return max_token_bytes_; }
+
   /// Number of merges read from merges.txt.
   [[nodiscard]] std::size_t merge_count() const noexcept { return merge_list_.size(); }
 
@@ -292,31 +310,15 @@ class bpe_tokenizer {
     out.reserve(text.size() / 3 + 1);
     encode_state st;
     std::size_t pos = 0;
-    std::vector<std::size_t> next_hit;  // next occurrence of each special token at or after pos
-    next_hit.reserve(specials_.size());
-    for (const auto& s : specials_) next_hit.push_back(text.find(s.first));
     while (pos < text.size()) {
-      // Earliest special token at or after pos (the longest on ties).
-      std::size_t best_at = std::string_view::npos;
-      std::size_t best = 0;
-      for (std::size_t s = 0; s < specials_.size(); ++s) {
-        if (next_hit[s] != std::string_view::npos && next_hit[s] < pos) {
-          next_hit[s] = text.find(specials_[s].first, pos);
-        }
-        const std::size_t at = next_hit[s];
-        if (at < best_at || (at == best_at && at != std::string_view::npos &&
-                             specials_[s].first.size() > specials_[best].first.size())) {
-          best_at = at;
-          best = s;
-        }
-      }
-      if (best_at == std::string_view::npos) {
+      const auto [at, best] = next_special(text, pos);
+      if (at == std::string_view::npos) {
         encode_plain(text.substr(pos), out, st);
         break;
       }
-      encode_plain(text.substr(pos, best_at - pos), out, st);
+      encode_plain(text.substr(pos, at - pos), out, st);
       out.push_back(specials_[best].second);
-      pos = best_at + specials_[best].first.size();
+      pos = at + specials_[best].first.size();
     }
     return out;
   }
@@ -407,6 +409,31 @@ class bpe_tokenizer {
     std::int32_t rank;
     token result;
   };
+
+  /// The earliest special token in `text` at or after `from`, the longest of those that start
+  /// there: {its position, its index in specials_}, or {npos, 0}. One pass over the text: only
+  /// where a special token's first byte occurs are the spellings (in byte order, special_order_)
+  /// narrowed byte by byte to those the text goes on with, so the cost is the text's length times
+  /// at most the longest spelling, not times the number of special tokens.
+  [[nodiscard]] std::pair<std::size_t, std::size_t> next_special(std::string_view text, std::size_t from) const {
+    const std::uint32_t* order = special_order_.data();
+    for (std::size_t i = from; i < text.size(); ++i) {
+      if (!special_first_[static_cast<unsigned char>(text[i])]) continue;
+      std::size_t lo = 0, hi = special_order_.size(), found = specials_.size();
+      for (std::size_t d = 0; lo < hi; ++d) {
+        // [lo, hi): the spellings that begin with text[i, i + d), a complete one (at most one:
+        // spellings are distinct) sorting first.
+        if (specials_[order[lo]].first.size() == d) found = order[lo++];
+        if (i + d == text.size() || lo == hi) break;
+        const auto c = static_cast<unsigned char>(text[i + d]);
+        const auto byte = [&](std::uint32_t k) { return static_cast<unsigned char>(specials_[k].first[d]); };
+        lo = static_cast<std::size_t>(std::partition_point(order + lo, order + hi, [&](std::uint32_t k) { return byte(k) < c; }) - order);
+        hi = static_cast<std::size_t>(std::partition_point(order + lo, order + hi, [&](std::uint32_t k) { return byte(k) <= c; }) - order);
+      }
+      if (found != specials_.size()) return {i, found};
+    }
+    return {std::string_view::npos, 0};
+  }
 
   /// Scratch buffers reused across the words of one encode call, plus a per-call word cache.
   struct encode_state {
@@ -614,6 +641,7 @@ class bpe_tokenizer {
       ids_.emplace(spellings_[k], static_cast<token>(k));
       auto raw = detail::spelling_to_bytes(spellings_[k]);
       bytes_[k] = raw ? std::move(*raw) : spellings_[k];  // not byte symbols: the literal text
+      max_token_bytes_ = std::max(max_token_bytes_, bytes_[k].size());
     }
     const auto& cps = detail::byte_code_points();
     for (std::size_t b = 0; b < 256; ++b) {
@@ -633,7 +661,8 @@ class bpe_tokenizer {
   void load_merges(const std::filesystem::path& path) {
     const std::string file = path.string();
     const std::string data = io::read_file(path);
-    merges_.reserve(static_cast<std::size_t>(std::count(data.begin(), data.end(), '\n')) + 1);
+    // (a hint: at most a merge a line, and as many as the vocab's tokens; blank lines take none)
+    merges_.reserve(std::min(static_cast<std::size_t>(std::count(data.begin(), data.end(), '\n')) + 1, spellings_.size()));
     io::detail::for_each_line(data, [&](std::size_t line_no, std::string_view line) {
       if (line_no == 1 && line.starts_with("\xEF\xBB\xBF")) line.remove_prefix(3);  // a UTF-8 BOM, as in vocab.json
       if (line_no == 1 && line.starts_with("#version")) return;
@@ -723,6 +752,13 @@ class bpe_tokenizer {
                                 detail::excerpt(text)));
       }
     }
+    special_order_.resize(specials_.size());
+    for (std::size_t s = 0; s < specials_.size(); ++s) {
+      special_order_[s] = static_cast<std::uint32_t>(s);
+      special_first_.set(static_cast<unsigned char>(specials_[s].first[0]));
+    }
+    std::sort(special_order_.begin(), special_order_.end(),
+              [&](std::uint32_t a, std::uint32_t b) { return specials_[a].first < specials_[b].first; });
     eos_ = special_token("<|endoftext|>");
   }
 
@@ -732,7 +768,10 @@ class bpe_tokenizer {
   std::array<token, 256> byte_ids_{};
   std::unordered_map<std::uint64_t, merge_info> merges_;  // (left id << 32 | right id) -> merge
   std::vector<std::pair<token, token>> merge_list_;       // rank -> (left id, right id)
-  std::vector<std::pair<std::string, token>> specials_;   // literal text -> id
+  std::vector<std::pair<std::string, token>> specials_;   // literal text -> id, ascending ids
+  std::vector<std::uint32_t> special_order_;             // indices of specials_ by text, byte order
+  std::bitset<256> special_first_;                       // the bytes a special token's text starts with
+  std::size_t max_token_bytes_ = 1;                      // the longest token's bytes
   std::optional<token> eos_;
 };
 
