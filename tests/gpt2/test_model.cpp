@@ -561,6 +561,11 @@ TEST_CASE("a moved-from model is empty and says so, and the model moved to conti
   REQUIRE(b.size() == 0);  // NOLINT(bugprone-use-after-move)
   a.truncate(7);
   REQUIRE(bitwise_equal(a.append(std::span<const token>(tokens).subspan(7)), want.rightCols(5)));
+  // Moved onto itself (its weights moved away and back into nothing, as a std::vector's are): a
+  // clear refusal, where append used to read past the weights.
+  gpt2::model& alias = a;
+  a = std::move(alias);
+  REQUIRE_THROWS_WITH(a.append(tokens), "gpt2::model: append on a moved-from model (it holds no weights); assign one to it");
 }
 
 TEST_CASE("models sharing one thread pool give their own logits, called in turn or from two threads",
@@ -1017,6 +1022,61 @@ TEST_CASE("a model whose KV cache does not fit in memory is refused with the cac
   REQUIRE(WIFEXITED(status));
   INFO("child exit code " << WEXITSTATUS(status) << " (1: no error, 3: setrlimit failed, 4: another message, "
        "5: another exception)");
+  REQUIRE(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("weights that do not match the config are refused before the KV cache is allocated, and a batch "
+          "whose buffers do not fit in memory is refused with their size", "[gpt2][model][errors]") {
+  if (sanitized) {
+    std::cout << "SKIPPED under the sanitizers (an RLIMIT_AS test): the optimised build runs it\n";
+    return;
+  }
+  // A child process limits its address space to 3 GiB. tiny-random-gpt2 (2 layers, 16 channels,
+  // vocab 50257): (1) its config with n_positions = 2^24 but the weights' own 64-row wpe: the
+  // mismatch is named (the 4.3 GB KV cache was allocated first and named instead); (2) n_positions
+  // = 2^20 with a wpe to match (a 268 MB cache) and 65536 tokens appended at once: their logits
+  // alone need 13.2 GB, and the refusal leaves the model empty and usable.
+  const gpt2::model small = gpt2::model::load(test_models_dir / "tiny-random-gpt2", {.threads = 1});
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const rlimit limit{std::size_t{3} << 30, std::size_t{3} << 30};
+    if (::setrlimit(RLIMIT_AS, &limit) != 0) ::_exit(3);
+    const auto fails_with = [](auto&& f, const char* fragment) {
+      try {
+        f();
+      } catch (const specsample::error& e) {
+        if (std::string(e.what()).find(fragment) != std::string::npos) return true;
+        std::fprintf(stderr, "unexpected message: %s\n", e.what());
+      } catch (...) {
+        std::fprintf(stderr, "another exception\n");
+      }
+      return false;
+    };
+    gpt2::config cfg = small.config();
+    cfg.n_positions = std::size_t{1} << 24;
+    if (!fails_with([&] { (void)gpt2::model(cfg, small.weights(), {.threads = 1}); },
+                    "gpt2::model: weights do not match the config")) {
+      ::_exit(4);
+    }
+    cfg.n_positions = std::size_t{1} << 20;
+    gpt2::weights w = small.weights();
+    w.wpe = xt::zeros<float>({cfg.n_positions, cfg.n_embd});
+    gpt2::model m(cfg, std::move(w), {.threads = 1});
+    const std::vector<token> many(std::size_t{1} << 16, 5);
+    if (!fails_with([&] { (void)m.append(many); },
+                    "gpt2::model: out of memory for the buffers of a batch of 65536 positions (their activations and "
+                    "logits alone: 13.2 GB); append fewer tokens at a time")) {
+      ::_exit(5);
+    }
+    const std::vector<token> few = {5, 6, 7};
+    ::_exit(m.size() == 0 && m.append(few).cols() == 3 && m.size() == 3 ? 0 : 6);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  INFO("child exit code " << WEXITSTATUS(status) << " (3: setrlimit failed, 4: the mismatch not named, 5: the "
+       "batch's refusal not as expected, 6: the model not empty or not usable after it)");
   REQUIRE(WEXITSTATUS(status) == 0);
 }
 

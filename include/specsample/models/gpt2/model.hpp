@@ -204,7 +204,9 @@ class model {
   /// Moves: a moved-from model holds no weights and an empty context (size() 0, threads() 0); its
   /// `append` throws `specsample::error` saying so. Only `truncate(0)`, assignment and destruction
   /// are meaningful then (`config()` and the like still describe the model it was; `weights()`
-  /// holds no data): assign a model to it to use it again.
+  /// holds no data): assign a model to it to use it again. A model moved onto itself is left
+  /// like a moved-from one (its weights gone: `append` throws saying so), as a standard container
+  /// moved onto itself is left valid but unspecified.
   model(model&&) noexcept = default;
   model& operator=(model&&) noexcept = default;
   model(const model&) = delete;
@@ -253,14 +255,21 @@ class model {
     batch = std::min(batch, cfg_.n_positions);  // (so that no buffer size wraps either)
     if (batch <= capacity_) return;
     const std::size_t C = cfg_.n_embd;
-    x_ = xt::xtensor<float, 2>::from_shape({batch, C});
-    ln_ = xt::xtensor<float, 2>::from_shape({batch, C});
-    qkv_ = xt::xtensor<float, 2>::from_shape({batch, 3 * C});
-    atty_ = xt::xtensor<float, 2>::from_shape({batch, C});
-    proj_ = xt::xtensor<float, 2>::from_shape({batch, C});
-    fc_ = xt::xtensor<float, 2>::from_shape({batch, cfg_.n_inner});
-    logits_ = xt::xtensor<float, 2>::from_shape({batch, cfg_.vocab_size});
-    operands_.reserve(w_.output_embedding().format(), batch, std::max(C, cfg_.n_inner));
+    try {  // (a buffer replaced before one failed is only larger: capacity_ still holds)
+      x_ = xt::xtensor<float, 2>::from_shape({batch, C});
+      ln_ = xt::xtensor<float, 2>::from_shape({batch, C});
+      qkv_ = xt::xtensor<float, 2>::from_shape({batch, 3 * C});
+      atty_ = xt::xtensor<float, 2>::from_shape({batch, C});
+      proj_ = xt::xtensor<float, 2>::from_shape({batch, C});
+      fc_ = xt::xtensor<float, 2>::from_shape({batch, cfg_.n_inner});
+      logits_ = xt::xtensor<float, 2>::from_shape({batch, cfg_.vocab_size});
+      operands_.reserve(w_.output_embedding().format(), batch, std::max(C, cfg_.n_inner));
+    } catch (const std::bad_alloc&) {
+      const double floats = static_cast<double>(batch) * static_cast<double>(7 * C + cfg_.n_inner + cfg_.vocab_size);
+      throw error(fmt::format("gpt2::model: out of memory for the buffers of a batch of {} positions (their "
+                              "activations and logits alone: {:.3g} GB); append fewer tokens at a time",
+                              batch, floats * 4 / 1e9));
+    }
     capacity_ = batch;
   }
 
@@ -297,6 +306,25 @@ class model {
   static const gpt2::config& validated(const gpt2::config& cfg) {
     cfg.validate("gpt2::model");
     return cfg;
+  }
+  // `w`, once every parameter has the shape `cfg` gives it (checked before the KV cache is
+  // allocated: a config whose n_positions the weights do not have could ask for gigabytes).
+  static gpt2::weights matching(const gpt2::config& cfg, gpt2::weights w) {
+    const std::size_t L = cfg.n_layer, C = cfg.n_embd, I = cfg.n_inner;
+    const auto shaped = [](const weight_matrix& m, std::size_t r, std::size_t c) { return m.rows() == r && m.cols() == c; };
+    const auto sized = [](const xt::xtensor<float, 1>& v, std::size_t n) { return v.size() == n; };
+    bool ok = w.layers.size() == L && w.wte.shape(0) == cfg.vocab_size && w.wte.shape(1) == C &&
+              w.wpe.shape(0) == cfg.n_positions && w.wpe.shape(1) == C &&
+              shaped(w.output_embedding(), cfg.vocab_size, C) && sized(w.ln_f_weight, C) && sized(w.ln_f_bias, C);
+    for (const layer_weights& lw : w.layers) {
+      ok = ok && shaped(lw.attn_qkv_weight, 3 * C, C) && shaped(lw.attn_proj_weight, C, C) &&
+           shaped(lw.mlp_fc_weight, I, C) && shaped(lw.mlp_proj_weight, C, I) && sized(lw.ln_1_weight, C) &&
+           sized(lw.ln_1_bias, C) && sized(lw.ln_2_weight, C) && sized(lw.ln_2_bias, C) &&
+           sized(lw.attn_qkv_bias, 3 * C) && sized(lw.attn_proj_bias, C) && sized(lw.mlp_fc_bias, I) &&
+           sized(lw.mlp_proj_bias, C);
+    }
+    if (!ok) throw error("gpt2::model: weights do not match the config");
+    return w;
   }
   // The precision the matmul weights are held in for `opts` (nullopt: the checkpoint's).
   static std::optional<weight_format> storage_of(const options& opts) {
@@ -430,35 +458,13 @@ SPECSAMPLE_GPT2_MODEL model model::load(const std::filesystem::path& dir, option
 
 SPECSAMPLE_GPT2_MODEL model::model(const gpt2::config& cfg, gpt2::weights w, options opts) try
     : cfg_(validated(cfg)),
-      w_(std::move(w)),
+      w_(matching(cfg_, std::move(w))),  // (before the KV cache and buffers are allocated)
       pool_(pool_of(checked(opts))),  // (before the KV cache is allocated)
       isa_(kernels_of(opts)),
       min_parallel_work_(opts.min_parallel_work),
       cache_(cfg.n_layer, cfg.n_head, cfg.n_positions, cfg.n_embd, opts.kv_storage) {
   if (const std::optional<weight_format> s = storage_of(opts)) w_.convert(*s);
-  const std::size_t L = cfg_.n_layer, P = cfg_.n_positions, C = cfg_.n_embd;
-  if (w_.layers.size() != L || w_.wte.shape(0) != cfg_.vocab_size || w_.wte.shape(1) != C ||
-      w_.wpe.shape(0) != P || w_.wpe.shape(1) != C) {
-    throw error("gpt2::model: weights do not match the config");
-  }
-  const auto shaped = [](const weight_matrix& m, std::size_t r, std::size_t c) {
-    return m.rows() == r && m.cols() == c;
-  };
-  const auto sized = [](const xt::xtensor<float, 1>& v, std::size_t n) { return v.size() == n; };
-  const std::size_t I = cfg_.n_inner;
-  for (const layer_weights& lw : w_.layers) {
-    if (!shaped(lw.attn_qkv_weight, 3 * C, C) || !shaped(lw.attn_proj_weight, C, C) ||
-        !shaped(lw.mlp_fc_weight, I, C) || !shaped(lw.mlp_proj_weight, C, I) ||
-        !sized(lw.ln_1_weight, C) || !sized(lw.ln_1_bias, C) || !sized(lw.ln_2_weight, C) ||
-        !sized(lw.ln_2_bias, C) || !sized(lw.attn_qkv_bias, 3 * C) || !sized(lw.attn_proj_bias, C) ||
-        !sized(lw.mlp_fc_bias, I) || !sized(lw.mlp_proj_bias, C)) {
-      throw error("gpt2::model: weights do not match the config");
-    }
-  }
-  if (!shaped(w_.output_embedding(), cfg_.vocab_size, C) || !sized(w_.ln_f_weight, C) ||
-      !sized(w_.ln_f_bias, C)) {
-    throw error("gpt2::model: weights do not match the config");
-  }
+  const std::size_t P = cfg_.n_positions;
   // A matmul precision's layout (BF16 pairs, INT8 quads) is all of the matmul weights' or none's.
   for (const weight_format f : {weight_format::bf16_pairs, weight_format::i8_quads}) {
     const bool held = w_.output_embedding().format() == f;
@@ -491,7 +497,9 @@ SPECSAMPLE_GPT2_MODEL model::model(const gpt2::config& cfg, gpt2::weights w, opt
 }
 
 SPECSAMPLE_GPT2_MODEL Eigen::Map<const Eigen::MatrixXf> model::append(std::span<const token> tokens, std::size_t logits) {
-  if (pool_ == nullptr) throw error("gpt2::model: append on a moved-from model (it holds no weights); assign one to it");
+  if (pool_ == nullptr || w_.layers.size() != cfg_.n_layer) {  // (moved onto itself: the weights gone, the pool kept)
+    throw error("gpt2::model: append on a moved-from model (it holds no weights); assign one to it");
+  }
   const std::size_t T = tokens.size();
   const std::size_t V = cfg_.vocab_size, C = cfg_.n_embd, P = cfg_.n_positions;
   const std::size_t NH = cfg_.n_head;
