@@ -164,13 +164,7 @@ int guarded_main(const char* tool, Run&& run) {
     fmt::print(stderr, "{}: error: {}\n", tool, e.what());
     return 2;
   }
-  const bool flush_failed = std::fflush(stdout) != 0;  // (errno names a failure of this flush only)
-  if (flush_failed || std::ferror(stdout) != 0) {
-    fmt::print(stderr, "{}: error: cannot write to standard output{}\n", tool,
-               flush_failed ? fmt::format(": {}", std::strerror(errno)) : std::string());
-    return 2;
-  }
-  return status;
+  return specsample::io::written(tool, status);
 }
 
 }  // namespace specsample_bench

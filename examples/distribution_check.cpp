@@ -312,18 +312,6 @@ bool check_checkpoints(const checkpoints& c, specsample::speculative_params para
   return check(*draft, target, prompt, params, samples, seed, 1e-3, verifier);
 }
 
-// `status`, once standard output is written; 2 when it could not be (a full disk, a closed
-// descriptor): a verdict, or the help, that could not be written is lost.
-int written(int status) {
-  const bool flush_failed = std::fflush(stdout) != 0;  // (errno names a failure of this flush only)
-  if (flush_failed || std::ferror(stdout) != 0) {
-    fmt::print(stderr, "distribution_check: error: cannot write to standard output{}\n",
-               flush_failed ? fmt::format(": {}", std::strerror(errno)) : std::string());
-    return 2;
-  }
-  return status;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -347,7 +335,7 @@ int main(int argc, char** argv) {
       if (a == "--help" || a == "-h") {
         args.refuse_value();
         fmt::print("{}", usage);
-        return written(0);
+        return specsample::io::written("distribution_check", 0);
       }
       if (a == "--vocab") vocab = args.number<std::size_t>();
       else if (a == "--similarity") similarity = args.number<double>();
@@ -487,7 +475,7 @@ int main(int argc, char** argv) {
     const auto run_broken = [&](auto rule) { return run(resampling_from_p<decltype(rule)>{rule}); };
     const bool ok = broken ? specsample::with_verifier(params, run_broken)
                            : run(specsample::testing::verifier_from_params{});
-    return written(ok ? 0 : 1);
+    return specsample::io::written("distribution_check", ok ? 0 : 1);
   } catch (const std::exception& e) {
     fmt::print(stderr, "distribution_check: error: {}\n", e.what());
     return 2;

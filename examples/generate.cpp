@@ -82,18 +82,6 @@ struct cli {
   throw specsample::error(message + " (see specsample-generate --help)");
 }
 
-// `status`, once standard output is written; 2 when it could not be (a full disk, a closed
-// descriptor): the text, the JSON or the help a caller waits for was lost.
-int written(int status) {
-  const bool flush_failed = std::fflush(stdout) != 0;  // (errno names a failure of this flush only)
-  if (flush_failed || std::ferror(stdout) != 0) {
-    fmt::print(stderr, "specsample-generate: error: cannot write to standard output{}\n",
-               flush_failed ? fmt::format(": {}", std::strerror(errno)) : std::string());
-    return 2;
-  }
-  return status;
-}
-
 constexpr std::string_view help = R"(usage: specsample-generate [options]
   (an option's value follows it, or joins a long option after '=': -n 64, --temperature=0.7)
   --target DIR          target checkpoint (config.json, model.safetensors or its shards,
@@ -179,7 +167,7 @@ cli parse(int argc, char** argv) {
       if (a == "--help" || a == "-h") {
         args.refuse_value();
         std::fputs(help.data(), stdout);
-        std::exit(written(0));
+        std::exit(specsample::io::written("specsample-generate", 0));
       } else if (a == "--target") c.target = args.path_value();
       else if (a == "--draft") c.draft = std::string(args.value());
       else if (a == "--prompt-lookup") {
@@ -972,5 +960,5 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "specsample-generate: error: {}\n", e.what());
     return 2;
   }
-  return written(status);
+  return specsample::io::written("specsample-generate", status);
 }

@@ -92,6 +92,37 @@ TEST_CASE("the speculative loop allocates nothing per round in the steady state"
   }
 }
 
+TEST_CASE("a warper with top-k or top-p allocates nothing per column, sparse candidate sets or dense ones",
+          "[warp][allocations]") {
+  // V = 50257: logits N(0, 0.5^2) put most tokens in top-p 0.95's set (the branch-free collection
+  // and the bins of the selection by mass), N(0, 3^2) few (the vector search); top-k 50 on both.
+  constexpr std::size_t V = 50257;
+  std::mt19937 rng(3);
+  for (const float sigma : {0.5f, 3.0f}) {
+    std::normal_distribution<float> normal(0.0f, sigma);
+    Eigen::VectorXf logits(static_cast<Eigen::Index>(V)), probs(static_cast<Eigen::Index>(V));
+    for (Eigen::Index i = 0; i < logits.size(); ++i) logits(i) = normal(rng);
+    for (const bool top_p : {true, false}) {
+      specsample::sampling_params s;
+      s.temperature = 1.0f;
+      if (top_p) s.top_p = 0.95f;
+      else s.top_k = 50;
+      specsample::logit_warper warp(s, V);
+      warp(logits, probs);  // (anything a first call sets up)
+      const std::size_t before = allocation_count();
+      for (int call = 0; call < 5; ++call) {
+        logits(call) += 0.25f;  // a column of its own each time
+        warp(logits, probs);
+      }
+      const std::size_t after = allocation_count();  // (before INFO, whose message allocates)
+      INFO("sigma " << sigma << (top_p ? ", top-p 0.95: " : ", top-k 50: ") << after - before
+                    << " allocations over 5 columns; kept " << (probs.array() > 0).count());
+      CHECK(after == before);
+      CHECK((probs.array() > 0).count() > (top_p && sigma < 1 ? 20000 : 10));
+    }
+  }
+}
+
 TEST_CASE("the loop allocates nothing per round for a generation longer than 65536 tokens in a bounded context",
           "[loop][allocations]") {
   // It reserved min(max_new_tokens, 65536) tokens whatever the context, so the context and the

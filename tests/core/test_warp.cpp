@@ -102,7 +102,7 @@ TEST_CASE("top-p keeps the smallest most-probable set with mass >= top_p", "[war
   check_close(warp(logits_of({0.1, 0.45, 0.45}), s), {0, 1, 0});
 }
 
-TEST_CASE("top-p works beyond its first sorted block on a large vocabulary", "[warp][top_p]") {
+TEST_CASE("top-p keeps 900 of 1000 equally probable tokens, the lower ids", "[warp][top_p]") {
   Eigen::VectorXf l = Eigen::VectorXf::Zero(1000);  // uniform: the nucleus needs 900 tokens
   sampling_params s;
   s.top_p = 0.9f;

@@ -13,7 +13,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstddef>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -21,6 +24,19 @@
 #include <vector>
 
 namespace specsample::io {
+
+/// A tool's exit status `status` once its standard output is written; else 2, saying so on stderr
+/// ("`tool`: error: cannot write to standard output[: the reason]"): output that a full disk or a
+/// closed descriptor lost (a report, a verdict, the help) is a failure, not a success.
+[[nodiscard]] inline int written(std::string_view tool, int status) {
+  const bool flush_failed = std::fflush(stdout) != 0;  // (errno names a failure of this flush only)
+  if (flush_failed || std::ferror(stdout) != 0) {
+    fmt::print(stderr, "{}: error: cannot write to standard output{}\n", tool,
+               flush_failed ? fmt::format(": {}", std::strerror(errno)) : std::string());
+    return 2;
+  }
+  return status;
+}
 
 /// A command-line argument split at its first '=' when it is a long option (`--temperature=0.7`:
 /// flag "--temperature", attached "0.7"; `--prompt=a=b`: "--prompt" and "a=b"; `--stream=`: an

@@ -21,6 +21,7 @@
 #include <bitset>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <limits>
@@ -413,12 +414,20 @@ class bpe_tokenizer {
   /// The earliest special token in `text` at or after `from`, the longest of those that start
   /// there: {its position, its index in specials_}, or {npos, 0}. One pass over the text: only
   /// where a special token's first byte occurs are the spellings (in byte order, special_order_)
-  /// narrowed byte by byte to those the text goes on with, so the cost is the text's length times
-  /// at most the longest spelling, not times the number of special tokens.
+  /// narrowed byte by byte (two binary searches each) to those the text goes on with: the text's
+  /// length times at most the longest spelling times log2 of their number, not times their
+  /// number. Where they all start with one byte (GPT-2's '<'), memchr skips to it.
   [[nodiscard]] std::pair<std::size_t, std::size_t> next_special(std::string_view text, std::size_t from) const {
     const std::uint32_t* order = special_order_.data();
+    if (special_order_.empty()) return {std::string_view::npos, 0};
     for (std::size_t i = from; i < text.size(); ++i) {
-      if (!special_first_[static_cast<unsigned char>(text[i])]) continue;
+      if (special_single_first_ >= 0) {
+        const void* hit = std::memchr(text.data() + i, special_single_first_, text.size() - i);
+        if (hit == nullptr) break;
+        i = static_cast<std::size_t>(static_cast<const char*>(hit) - text.data());
+      } else if (!special_first_[static_cast<unsigned char>(text[i])]) {
+        continue;
+      }
       std::size_t lo = 0, hi = special_order_.size(), found = specials_.size();
       for (std::size_t d = 0; lo < hi; ++d) {
         // [lo, hi): the spellings that begin with text[i, i + d), a complete one (at most one:
@@ -759,6 +768,7 @@ class bpe_tokenizer {
     }
     std::sort(special_order_.begin(), special_order_.end(),
               [&](std::uint32_t a, std::uint32_t b) { return specials_[a].first < specials_[b].first; });
+    if (special_first_.count() == 1) special_single_first_ = static_cast<unsigned char>(specials_[0].first[0]);
     eos_ = special_token("<|endoftext|>");
   }
 
@@ -771,6 +781,7 @@ class bpe_tokenizer {
   std::vector<std::pair<std::string, token>> specials_;   // literal text -> id, ascending ids
   std::vector<std::uint32_t> special_order_;             // indices of specials_ by text, byte order
   std::bitset<256> special_first_;                       // the bytes a special token's text starts with
+  int special_single_first_ = -1;                        // that byte when it is one, else -1
   std::size_t max_token_bytes_ = 1;                      // the longest token's bytes
   std::optional<token> eos_;
 };

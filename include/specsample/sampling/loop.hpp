@@ -147,9 +147,9 @@ std::size_t check_generation(const Drafter& drafter, const Target& target, std::
   check_prompt(prompt, vocab);
   check_fits(target, "target", prompt.size(), params.max_new_tokens);
   if constexpr (has_draft) check_fits(drafter, "draft", prompt.size(), params.max_new_tokens, 2);
-  // SIZE_MAX means "stop at EOS only": with no EOS and no context limit nothing would stop it.
-  if (params.max_new_tokens == std::numeric_limits<std::size_t>::max() && !params.eos &&
-      max_context(target) == std::numeric_limits<std::size_t>::max()) {
+  // SIZE_MAX means "stop at EOS only": with no EOS nothing would stop it (a target with a context
+  // limit was refused by check_fits already).
+  if (params.max_new_tokens == std::numeric_limits<std::size_t>::max() && !params.eos) {
     throw parameter_error("speculative_params.max_new_tokens",
                           " = SIZE_MAX caps nothing (stop at EOS only), but eos is not set and the target has no "
                           "context limit: the generation would never end");

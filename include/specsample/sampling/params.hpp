@@ -63,7 +63,8 @@ inline constexpr std::size_t max_draft_length = 256;
 /// Parameters of one generation call.
 struct speculative_params {
   /// Emit exactly this many tokens unless `eos` comes first. SIZE_MAX: no cap, stop at `eos` only
-  /// (refused without an `eos` when the target has no context limit: nothing would stop it).
+  /// (refused without an `eos`: nothing would stop it). A finite cap is taken as given, however
+  /// large: without an `eos` or a context limit, the generation runs until it is reached.
   std::size_t max_new_tokens = 128;
   std::size_t draft_length = 4;      ///< K: tokens the draft proposes per round; 1..max_draft_length.
   sampling_params sampling{};        ///< the target's warping: what the output is distributed as.

@@ -324,6 +324,17 @@ calibration cost_ratios(Draft& draft, Target& target, std::span<const token> con
   return m;
 }
 
+/// The checks a run over several prompts makes before it generates anything: the two models'
+/// vocabularies, `params` as the runs use them, and every prompt.
+template <class Draft, class Target>
+void check_runs(const Draft& draft, const Target& target, std::span<const std::vector<token>> prompts,
+                const speculative_params& params) {
+  const std::size_t vocab = vocabulary_of(target, "target");
+  check_vocabularies(vocabulary_of(draft, "draft"), vocab);
+  validate(params, vocab);
+  for (const std::vector<token>& prompt : prompts) check_prompt(prompt, vocab);
+}
+
 /// How many tokens a warm-up may generate after a prompt of `prompt` tokens: `wanted`, or fewer
 /// where the smaller of the two models' contexts ends sooner (the loop's `check_fits`: prompt +
 /// max_new_tokens − 1 positions). Throws `specsample::error` when the prompt alone overflows it.
@@ -382,10 +393,7 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
   if (tokens < 2) {
     throw error(fmt::format("measure_speedup: tokens must be >= 2 (a round with a draft decodes two), got {}", tokens));
   }
-  const std::size_t vocab = detail::vocabulary_of(target, "target");
-  detail::check_vocabularies(detail::vocabulary_of(draft, "draft"), vocab);
-  validate(params, vocab);
-  for (const std::vector<token>& prompt : prompts) detail::check_prompt(prompt, vocab);
+  detail::check_runs(draft, target, prompts, params);
   const auto usable = detail::timing_lengths(draft, target, prompts, tokens, "measure_speedup");
   if (usable.empty()) throw error("measure_speedup: no prompt leaves the models' contexts room for two tokens");
   speculative_params run = params;
@@ -468,15 +476,11 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
   if (warmup_tokens == 0) throw error("calibrate: warmup_tokens must be >= 1 (acceptance is measured on them)");
   detail::check_model_draft_length(k_max, "calibrate");
   if (prompts.empty()) throw error("calibrate: no prompts");
-  // The parameters and every prompt checked before any warm-up runs (the warm-ups draft k_max).
-  const std::size_t vocab = detail::vocabulary_of(target, "target");
-  detail::check_vocabularies(detail::vocabulary_of(draft, "draft"), vocab);
   speculative_params checked = params;
-  checked.draft_length = k_max;
-  validate(checked, vocab);
-  for (const std::vector<token>& prompt : prompts) detail::check_prompt(prompt, vocab);
+  checked.draft_length = k_max;  // (the warm-ups draft k_max)
+  detail::check_runs(draft, target, prompts, checked);
   // Each prompt's warm-up length (up to warmup_tokens, fewer where the contexts leave less room),
-  // all known, and every prompt checked, before any warm-up runs. None of two tokens or more (no
+  // all known before any warm-up runs. None of two tokens or more (no
   // round that could draft): rates() would read 0 at every position, "does not pay", for a draft
   // never measured. (Rounds a draft_min_probability stopped at their first draft are measured:
   // that draft proposes nothing there, and the prediction says so.)

@@ -150,7 +150,7 @@ class logit_warper {
   // prefix that decides top-k or top-p lies inside the first such set that is large (k tokens) or
   // heavy (top_p of the mass) enough. The thresholds are max p · 2^-j for j = 1..16, then
   // coarser, then 0 (every positive token); `simd::tally_above` counts and weighs the sets of
-  // tally_width thresholds in one vector pass, and only the chosen set is ordered.
+  // tally_width thresholds in one vector pass, and only the chosen set is searched.
   static constexpr int threshold_exponents[] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12,
                                                 13, 14, 15, 16, 20, 24, 32, 48, 64, 96, 128};
   static constexpr std::size_t thresholds = std::size(threshold_exponents) + 1;  // + the final 0
@@ -160,10 +160,15 @@ class logit_warper {
     return j + 1 < thresholds ? std::ldexp(m, -threshold_exponents[j]) : 0.0f;
   }
 
+  // A candidate set: the index of its threshold and its number of tokens.
+  struct candidate_set {
+    std::size_t j, count;
+  };
+
   // The first threshold from `from` on whose set has at least `count` tokens (by_count) or at least
-  // `mass` of probability (else), or `thresholds` when none has.
-  [[nodiscard]] std::size_t first_threshold(const float* p, float m, std::size_t from, bool by_count,
-                                            std::size_t count, double mass) const {
+  // `mass` of probability (else), or {thresholds, vocab_} when none has.
+  [[nodiscard]] candidate_set first_threshold(const float* p, float m, std::size_t from, bool by_count,
+                                              std::size_t count, double mass) const {
     for (std::size_t j0 = from; j0 < thresholds; j0 += simd::tally_width) {
       const std::size_t nt = std::min(simd::tally_width, thresholds - j0);
       float t[simd::tally_width];
@@ -172,43 +177,41 @@ class logit_warper {
       for (std::size_t j = 0; j < nt; ++j) t[j] = threshold(m, j0 + j);
       simd::tally_above(isa_, p, vocab_, t, nt, c, w);
       for (std::size_t j = 0; j < nt; ++j) {
-        if (by_count ? c[j] >= count : w[j] >= mass) return j0 + j;
+        if (by_count ? c[j] >= count : w[j] >= mass) return {j0 + j, c[j]};
       }
     }
-    return thresholds;
+    return {thresholds, vocab_};
   }
 
-  // The keys of the tokens with p > t, in best_ (unordered): the vector search skips to each one,
-  // until the set turns out dense (a flat distribution's: a quarter of the tokens so far, 64 or
-  // more), where a search per token would cost more than testing the rest one by one, without a
-  // branch (every key written, the count advanced by the test). best_ holds at most vocab_ keys,
-  // one per token: its capacity, reserved up front.
-  void collect_above(const float* p, float t) {
+  // The keys of the tokens with p > t, in best_ (unordered); `count` of them (the tally's). A
+  // sparse set by the vector search, which skips to each one; a dense one (over a quarter of the
+  // vocabulary: a flat distribution's), where a search per token would cost more, by testing every
+  // token without a branch (every key written, the count advanced by the test). best_ holds at
+  // most vocab_ keys, one per token: its capacity, reserved up front.
+  void collect_above(const float* p, float t, std::size_t count) {
     best_.clear();
-    std::size_t i = 0;
-    for (; (i += simd::find_greater(isa_, p + i, vocab_ - i, t)) < vocab_; ++i) {
-      best_.push_back(key(p[i], i));
-      if (best_.size() >= 64 && 4 * best_.size() > i) break;
+    if (4 * count <= vocab_) {
+      for (std::size_t i = 0; (i += simd::find_greater(isa_, p + i, vocab_ - i, t)) < vocab_; ++i) {
+        best_.push_back(key(p[i], i));
+      }
+      return;
     }
-    if (++i >= vocab_) return;
-    const std::size_t kept = best_.size();
-    best_.resize(kept + (vocab_ - i));
-    std::uint64_t* out = best_.data() + kept;
+    best_.resize(vocab_);
     std::size_t n = 0;
-    for (; i < vocab_; ++i) {
-      out[n] = key(p[i], i);
+    for (std::size_t i = 0; i < vocab_; ++i) {
+      best_[n] = key(p[i], i);
       n += p[i] > t ? 1 : 0;
     }
-    best_.resize(kept + n);
+    best_.resize(n);
   }
 
   void keep_top_k(Eigen::Ref<Eigen::VectorXf> probs) {
     const auto k = static_cast<std::size_t>(params_.top_k);
     const float* p = probs.data();
     const float m = simd::max_value(isa_, p, vocab_);
-    const std::size_t j = first_threshold(p, m, 0, true, k, 0.0);
-    if (j == thresholds) return;  // fewer than k tokens have p > 0: top-k keeps them all
-    collect_above(p, threshold(m, j));
+    const candidate_set s = first_threshold(p, m, 0, true, k, 0.0);
+    if (s.j == thresholds) return;  // fewer than k tokens have p > 0: top-k keeps them all
+    collect_above(p, threshold(m, s.j), s.count);
     std::nth_element(best_.begin(), best_.begin() + static_cast<std::ptrdiff_t>(k - 1), best_.end(), std::greater<>());
     keep_down_to(probs, best_[k - 1]);
   }
@@ -221,15 +224,15 @@ class logit_warper {
     // The masses from tally_above are approximate, so a set may turn out too light (its prefix
     // sum stays under top_p: the next heavy-looking set is tried) or none may look heavy enough
     // (then the last set, every positive token, decides).
-    for (std::size_t j = first_threshold(p, m, 0, false, 0, target);;
-         j = first_threshold(p, m, j + 1, false, 0, target)) {
-      j = std::min(j, thresholds - 1);
-      collect_above(p, threshold(m, j));
+    for (candidate_set s = first_threshold(p, m, 0, false, 0, target);;
+         s = first_threshold(p, m, s.j + 1, false, 0, target)) {
+      if (s.j == thresholds) s = {thresholds - 1, vocab_};  // (every positive token: assume dense)
+      collect_above(p, threshold(m, s.j), s.count);
       if (const std::optional<std::uint64_t> last = top_p_last(target)) {
         keep_down_to(probs, *last);
         return;
       }
-      if (j == thresholds - 1) break;
+      if (s.j == thresholds - 1) break;
     }
     // Every positive token together stays just under top_p by rounding: keep everything.
   }
@@ -242,10 +245,12 @@ class logit_warper {
   // under what is still missing, keeps it whole and goes on in the lower half, else in the upper
   // one; only the last few dozen keys are sorted. (A sort of the flat distribution of a high
   // temperature, ~44 000 of 50257 tokens in the set, cost ~3 ms per column.) Masses are summed in
-  // double, bin by bin and chunk by chunk.
+  // double, bin by bin and chunk by chunk: once a step has found the cut inside [lo, hi), sums
+  // of the same keys in another order that fall an ulp short keep all of it.
   [[nodiscard]] std::optional<std::uint64_t> top_p_last(double target) {
     auto lo = best_.begin(), hi = best_.end();  // undecided; every key before lo is kept
     double kept = 0.0;                           // their mass, under target
+    bool reached = false;                        // a step found [lo, hi) to reach target
     if (hi - lo > 256) {
       constexpr auto bin = [](std::uint64_t k) noexcept { return static_cast<std::size_t>(k >> 52); };  // < 2048
       std::array<double, 2048> mass{};
@@ -256,6 +261,7 @@ class logit_warper {
       const std::size_t cut = b - 1;  // the bin that reaches target
       hi = std::partition(lo, hi, [&](std::uint64_t k) { return bin(k) >= cut; });
       lo = std::partition(lo, hi, [&](std::uint64_t k) { return bin(k) > cut; });
+      reached = true;
     }
     while (hi - lo > 32) {
       const auto mid = lo + (hi - lo) / 2;
@@ -264,6 +270,7 @@ class logit_warper {
       for (auto it = lo; it <= mid; ++it) upper += static_cast<double>(probability(*it));
       if (kept + upper >= target) {
         hi = mid + 1;
+        reached = true;
       } else {
         kept += upper;
         lo = mid + 1;
@@ -274,6 +281,7 @@ class logit_warper {
       kept += static_cast<double>(probability(*it));
       if (kept >= target) return *it;
     }
+    if (reached) return *(hi - 1);  // (non-empty: a bin holding the cut has keys, so has [lo, mid])
     return std::nullopt;
   }
 

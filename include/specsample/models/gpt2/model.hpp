@@ -185,7 +185,7 @@ inline void require_model_directory(const std::filesystem::path& dir) {
 /// nothing is copied between the views.
 /// `append` runs all new positions in one batched pass; the logits of a position are bitwise
 /// identical whether it is appended alone or in a batch, and for every thread count.
-class model {
+class model final {
  public:
   /// Loads `dir/config.json` and `dir/model.safetensors` (a Hugging Face GPT-2 directory), or
   /// the shards `dir/model.safetensors.index.json` lists when model.safetensors is not a regular
@@ -204,11 +204,18 @@ class model {
   /// Moves: a moved-from model holds no weights and an empty context (size() 0, threads() 0); its
   /// `append` throws `specsample::error` saying so. Only `truncate(0)`, assignment and destruction
   /// are meaningful then (`config()` and the like still describe the model it was; `weights()`
-  /// holds no data): assign a model to it to use it again. A model moved onto itself is left
-  /// like a moved-from one (its weights gone: `append` throws saying so), as a standard container
-  /// moved onto itself is left valid but unspecified.
+  /// holds no data): assign a model to it to use it again. A model moved onto itself is unchanged.
   model(model&&) noexcept = default;
-  model& operator=(model&&) noexcept = default;
+  /// The move constructor's work, member by member, in place (hence `final`: no derived object
+  /// is ever half replaced); nothing for a model moved onto itself, whose members moved onto
+  /// themselves would be emptied.
+  model& operator=(model&& other) noexcept {
+    if (this != &other) {
+      std::destroy_at(this);
+      std::construct_at(this, std::move(other));
+    }
+    return *this;
+  }
   model(const model&) = delete;
   model& operator=(const model&) = delete;
   ~model() = default;
@@ -267,7 +274,8 @@ class model {
     } catch (const std::bad_alloc&) {
       const double floats = static_cast<double>(batch) * static_cast<double>(7 * C + cfg_.n_inner + cfg_.vocab_size);
       throw error(fmt::format("gpt2::model: out of memory for the buffers of a batch of {} positions (their "
-                              "activations and logits alone: {:.3g} GB); append fewer tokens at a time",
+                              "activations and logits alone: {:.3g} GB); a smaller batch needs less (fewer tokens "
+                              "per append, a smaller options::batch_capacity)",
                               batch, floats * 4 / 1e9));
     }
     capacity_ = batch;
@@ -497,9 +505,7 @@ SPECSAMPLE_GPT2_MODEL model::model(const gpt2::config& cfg, gpt2::weights w, opt
 }
 
 SPECSAMPLE_GPT2_MODEL Eigen::Map<const Eigen::MatrixXf> model::append(std::span<const token> tokens, std::size_t logits) {
-  if (pool_ == nullptr || w_.layers.size() != cfg_.n_layer) {  // (moved onto itself: the weights gone, the pool kept)
-    throw error("gpt2::model: append on a moved-from model (it holds no weights); assign one to it");
-  }
+  if (pool_ == nullptr) throw error("gpt2::model: append on a moved-from model (it holds no weights); assign one to it");
   const std::size_t T = tokens.size();
   const std::size_t V = cfg_.vocab_size, C = cfg_.n_embd, P = cfg_.n_positions;
   const std::size_t NH = cfg_.n_head;
