@@ -983,84 +983,75 @@ TEST_CASE("an option holding no value of its enumeration is refused, naming it, 
   }
 }
 
-TEST_CASE("a model whose KV cache does not fit in memory is refused with the cache's size",
-          "[gpt2][model][errors]") {
-  if (sanitized) {
-    // ASan reserves terabytes of shadow address space, so an address-space limit cannot be set
-    // under it; the optimised build runs this test.
-    std::cout << "SKIPPED under the sanitizers (an RLIMIT_AS test): the optimised build runs it\n";
-    return;
-  }
-  // tiny-random-gpt2's weights with n_positions = 2^24 (wpe 1 GiB of it, uninitialised): its KV
-  // cache needs 2 x 2 layers x 2^24 positions x 16 channels x 4 bytes = 4.3 GB. A child process
-  // limits its address space to 3 GiB, so the wpe fits and the cache does not.
-  const gpt2::model small = gpt2::model::load(test_models_dir / "tiny-random-gpt2", {.threads = 1});
+namespace {
+// Runs `body` in a child process whose address space is limited to 3 GiB and returns its exit
+// code: `body`'s result, 3 when the limit could not be set, 2 for an exception it let through.
+// ASan reserves terabytes of shadow address space, so the limit cannot be set under it: the
+// tests that use this run in the optimised build.
+template <class Body>
+int in_3_gib(Body&& body) {
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
     const rlimit limit{std::size_t{3} << 30, std::size_t{3} << 30};
     if (::setrlimit(RLIMIT_AS, &limit) != 0) ::_exit(3);
-    int code = 1;
+    int code = 2;
     try {
-      gpt2::config cfg = small.config();
-      cfg.n_positions = std::size_t{1} << 24;
-      gpt2::weights w = small.weights();
-      w.wpe = xt::xtensor<float, 2>::from_shape({cfg.n_positions, cfg.n_embd});
-      (void)gpt2::model(cfg, std::move(w), {.threads = 1});
-    } catch (const specsample::error& e) {
-      const std::string what = e.what();
-      code = what.find("gpt2::model: out of memory for its buffers (the KV cache alone, for 16777216 positions: "
-                       "2 layers x 2 (keys, values)") != std::string::npos &&
-                     what.find("= 4.29 GB)") != std::string::npos
-                 ? 0
-                 : 4;
-      if (code != 0) std::fprintf(stderr, "unexpected message: %s\n", what.c_str());
-    } catch (...) {
-      code = 5;
+      code = body();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "unexpected exception: %s\n", e.what());
     }
     ::_exit(code);
   }
   int status = 0;
   REQUIRE(::waitpid(pid, &status, 0) == pid);
   REQUIRE(WIFEXITED(status));
-  INFO("child exit code " << WEXITSTATUS(status) << " (1: no error, 3: setrlimit failed, 4: another message, "
-       "5: another exception)");
-  REQUIRE(WEXITSTATUS(status) == 0);
+  return WEXITSTATUS(status);
 }
 
-TEST_CASE("weights that do not match the config are refused before the KV cache is allocated, and a batch "
-          "whose buffers do not fit in memory is refused with their size", "[gpt2][model][errors]") {
+// Whether `f` throws specsample::error with `fragment` in its message (else says what it did).
+template <class F>
+bool fails_with(F&& f, std::string_view fragment) {
+  try {
+    f();
+    std::fprintf(stderr, "no error\n");
+  } catch (const specsample::error& e) {
+    if (std::string_view(e.what()).find(fragment) != std::string_view::npos) return true;
+    std::fprintf(stderr, "unexpected message: %s\n", e.what());
+  }
+  return false;
+}
+}  // namespace
+
+TEST_CASE("memory a model cannot have is refused with its size: a KV cache, a batch's buffers; weights that do "
+          "not match the config are named before the cache is allocated", "[gpt2][model][errors]") {
   if (sanitized) {
     std::cout << "SKIPPED under the sanitizers (an RLIMIT_AS test): the optimised build runs it\n";
     return;
   }
-  // A child process limits its address space to 3 GiB. tiny-random-gpt2 (2 layers, 16 channels,
-  // vocab 50257): (1) its config with n_positions = 2^24 but the weights' own 64-row wpe: the
-  // mismatch is named (the 4.3 GB KV cache was allocated first and named instead); (2) n_positions
-  // = 2^20 with a wpe to match (a 268 MB cache) and 65536 tokens appended at once: their logits
-  // alone need 13.2 GB, and the refusal leaves the model empty and usable.
+  // tiny-random-gpt2 (2 layers, 16 channels, vocab 50257, 64 positions) in the child's 3 GiB:
+  // (1) n_positions = 2^24 with a wpe to match (1 GiB, uninitialised): its KV cache needs 2 x 2
+  // layers x 2^24 positions x 16 channels x 4 bytes = 4.3 GB; (2) the same config over the
+  // weights' own 64-row wpe: the mismatch is named (the cache was allocated first, and named
+  // instead); (3) n_positions = 2^20 with a wpe to match (a 268 MB cache) and 65536 tokens
+  // appended at once: their logits alone need 13.2 GB, and the refusal leaves the model empty and
+  // usable.
   const gpt2::model small = gpt2::model::load(test_models_dir / "tiny-random-gpt2", {.threads = 1});
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    const rlimit limit{std::size_t{3} << 30, std::size_t{3} << 30};
-    if (::setrlimit(RLIMIT_AS, &limit) != 0) ::_exit(3);
-    const auto fails_with = [](auto&& f, const char* fragment) {
-      try {
-        f();
-      } catch (const specsample::error& e) {
-        if (std::string(e.what()).find(fragment) != std::string::npos) return true;
-        std::fprintf(stderr, "unexpected message: %s\n", e.what());
-      } catch (...) {
-        std::fprintf(stderr, "another exception\n");
-      }
-      return false;
-    };
+  const int code = in_3_gib([&] {
     gpt2::config cfg = small.config();
     cfg.n_positions = std::size_t{1} << 24;
+    {
+      gpt2::weights w = small.weights();
+      w.wpe = xt::xtensor<float, 2>::from_shape({cfg.n_positions, cfg.n_embd});
+      if (!fails_with([&] { (void)gpt2::model(cfg, std::move(w), {.threads = 1}); },
+                      "gpt2::model: out of memory for its buffers (the KV cache alone, for 16777216 positions: "
+                      "2 layers x 2 (keys, values) x 268435456 elements x 4 bytes = 4.29 GB)")) {
+        return 4;
+      }
+    }
     if (!fails_with([&] { (void)gpt2::model(cfg, small.weights(), {.threads = 1}); },
                     "gpt2::model: weights do not match the config")) {
-      ::_exit(4);
+      return 5;
     }
     cfg.n_positions = std::size_t{1} << 20;
     gpt2::weights w = small.weights();
@@ -1070,17 +1061,14 @@ TEST_CASE("weights that do not match the config are refused before the KV cache 
     if (!fails_with([&] { (void)m.append(many); },
                     "gpt2::model: out of memory for the buffers of a batch of 65536 positions (their activations and "
                     "logits alone: 13.2 GB); a smaller batch needs less")) {
-      ::_exit(5);
+      return 6;
     }
     const std::vector<token> few = {5, 6, 7};
-    ::_exit(m.size() == 0 && m.append(few).cols() == 3 && m.size() == 3 ? 0 : 6);
-  }
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  REQUIRE(WIFEXITED(status));
-  INFO("child exit code " << WEXITSTATUS(status) << " (3: setrlimit failed, 4: the mismatch not named, 5: the "
-       "batch's refusal not as expected, 6: the model not empty or not usable after it)");
-  REQUIRE(WEXITSTATUS(status) == 0);
+    return m.size() == 0 && m.append(few).cols() == 3 && m.size() == 3 ? 0 : 7;
+  });
+  INFO("child exit code " << code << " (2: another exception, 3: setrlimit failed, 4: the KV cache's refusal, 5: "
+       "the mismatch, 6: the batch's refusal not as expected, 7: the model not empty or not usable after it)");
+  REQUIRE(code == 0);
 }
 
 TEST_CASE("bad tokens and context overflow throw before touching the state", "[gpt2][model]") {
