@@ -1023,8 +1023,8 @@ bool fails_with(F&& f, std::string_view fragment) {
 }
 }  // namespace
 
-TEST_CASE("memory a model cannot have is refused with its size: a KV cache, a batch's buffers; weights that do "
-          "not match the config are named before the cache is allocated", "[gpt2][model][errors]") {
+TEST_CASE("memory a model cannot have is refused with its size (a KV cache, a batch's buffers), and weights that "
+          "do not match the config are named before the cache is allocated", "[gpt2][model][errors]") {
   if (sanitized) {
     std::cout << "SKIPPED under the sanitizers (an RLIMIT_AS test): the optimised build runs it\n";
     return;
