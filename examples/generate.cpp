@@ -565,22 +565,29 @@ int run(int argc, char** argv) {
   const double load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   c.params.eos = c.no_eos ? std::nullopt : c.eos ? c.eos : target.config().eos_token_id;
+  // The model whose context binds the prompt and -n, and the longest prompt it leaves room for: the
+  // target holds prompt + n - 1 tokens, a draft model one fewer (it never holds a generation's last
+  // two), so a prompt of at most target.max_size() or draft.max_size() + 1 tokens leaves room for one.
+  std::size_t holds = target.max_size(), longest_prompt = target.max_size();
+  std::string bound_by = "target model";
+  bool draft_binds = false;
+  for (std::size_t d = 0; d < drafts.size(); ++d) {
+    const std::size_t held = drafts[d].max_size();
+    if (held < longest_prompt - 1) {  // (held + 1 < longest_prompt, which cannot wrap)
+      holds = held;
+      longest_prompt = held + 1;
+      bound_by = fmt::format("draft model ({})", candidates[d].string());
+      draft_binds = true;
+    }
+  }
   {  // A prompt too long for the contexts however it encodes is refused before it is encoded (the
      // BPE of a file of a gigabyte would take minutes and gigabytes): no token spells more than
      // max_token_bytes, so it encodes to at least as many tokens as that many bytes.
-    std::size_t longest = target.max_size();
-    std::string held_by = "target model";
-    for (std::size_t d = 0; d < drafts.size(); ++d) {
-      if (drafts[d].max_size() + 1 < longest) {  // (a draft model never holds a generation's last two tokens)
-        longest = drafts[d].max_size() + 1;
-        held_by = fmt::format("draft model ({})", candidates[d].string());
-      }
-    }
     const std::size_t at_least = (c.prompt.size() + tok.max_token_bytes() - 1) / tok.max_token_bytes();
-    if (at_least > longest) {
+    if (at_least > longest_prompt) {
       usage_error(fmt::format("the prompt of {} bytes encodes to at least {} tokens (no token of this vocab spells more "
                               "than {} bytes), but the {} leaves room for a prompt of at most {}; shorten the prompt",
-                              c.prompt.size(), at_least, tok.max_token_bytes(), held_by, longest));
+                              c.prompt.size(), at_least, tok.max_token_bytes(), bound_by, longest_prompt));
     }
   }
   const std::vector<token> prompt = tok.encode(c.prompt);
@@ -603,30 +610,19 @@ int run(int argc, char** argv) {
                             "{}), in which no suffix of {} or more tokens can recur",
                             c.prompt_lookup, drafted_from, whose, limit, drafted_from));
   }
-  {  // -n against the models' contexts, named as typed (the library names max_new_tokens): the target
-     // holds prompt + n - 1 tokens, a draft model one fewer
-    std::size_t fits = specsample::max_new_tokens_within(target.max_size(), prompt.size());
-    std::size_t bound = target.max_size(), longest_prompt = target.max_size();
-    std::string bound_by = "target model";
-    for (std::size_t d = 0; d < drafts.size(); ++d) {
-      const std::size_t f = specsample::draft_max_new_tokens_within(drafts[d].max_size(), prompt.size());
-      if (f < fits) {
-        fits = f;
-        bound = drafts[d].max_size();
-        longest_prompt = bound + 1;
-        bound_by = fmt::format("draft model ({})", candidates[d].string());
-      }
-    }
+  {  // -n against the binding model's context, named as typed (the library names max_new_tokens)
+    const std::size_t fits = draft_binds ? specsample::draft_max_new_tokens_within(holds, prompt.size())
+                                         : specsample::max_new_tokens_within(holds, prompt.size());
     const std::size_t n = c.params.max_new_tokens;
     if (fits == 0) {  // no -n helps (-n is >= 1): the prompt alone does not fit
       usage_error(fmt::format("the prompt of {} tokens does not fit: the {} holds at most {} tokens, so a prompt of "
                               "at most {} leaves room for a new one; shorten the prompt",
-                              prompt.size(), bound_by, bound, longest_prompt));
+                              prompt.size(), bound_by, holds, longest_prompt));
     }
     if (n > fits) {
       usage_error(fmt::format("-n {} is too many after a prompt of {} tokens: the {} holds at most {} tokens "
                               "(at most {} new {} here); lower -n",
-                              n, prompt.size(), bound_by, bound, fits, fits == 1 ? "one" : "ones"));
+                              n, prompt.size(), bound_by, holds, fits, fits == 1 ? "one" : "ones"));
     }
   }
 
