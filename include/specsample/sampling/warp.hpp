@@ -53,7 +53,7 @@ class logit_warper {
       if (vocab > std::size_t{0xFFFFFFFFu}) {
         throw error(fmt::format("logit_warper: top-k / top-p support vocabularies below 2^32 tokens, got {}", vocab));
       }
-      best_.reserve(vocab);
+      best_.resize(vocab);  // (sized once: the dense collection writes every token's key)
     }
   }
 
@@ -183,26 +183,24 @@ class logit_warper {
     return {thresholds, vocab_};
   }
 
-  // The keys of the tokens with p > t, in best_ (unordered); `count` of them (the tally's). A
-  // sparse set by the vector search, which skips to each one; a dense one (over a quarter of the
-  // vocabulary: a flat distribution's), where a search per token would cost more, by testing every
-  // token without a branch (every key written, the count advanced by the test). best_ holds at
-  // most vocab_ keys, one per token: its capacity, reserved up front.
-  void collect_above(const float* p, float t, std::size_t count) {
-    best_.clear();
+  // The keys of the tokens with p > t, unordered, into the front of best_ (vocab_ keys long: one
+  // per token at most); returns their end. `count` is their number by the tally. A sparse set by
+  // the vector search, which skips to each one; a dense one (over a quarter of the vocabulary: a
+  // flat distribution's), where a search per token would cost more, by testing every token without
+  // a branch (every key written, the count advanced by the test).
+  [[nodiscard]] std::vector<std::uint64_t>::iterator collect_above(const float* p, float t, std::size_t count) {
+    std::size_t n = 0;
     if (4 * count <= vocab_) {
       for (std::size_t i = 0; (i += simd::find_greater(isa_, p + i, vocab_ - i, t)) < vocab_; ++i) {
-        best_.push_back(key(p[i], i));
+        best_[n++] = key(p[i], i);
       }
-      return;
+    } else {
+      for (std::size_t i = 0; i < vocab_; ++i) {
+        best_[n] = key(p[i], i);
+        n += p[i] > t ? 1 : 0;
+      }
     }
-    best_.resize(vocab_);
-    std::size_t n = 0;
-    for (std::size_t i = 0; i < vocab_; ++i) {
-      best_[n] = key(p[i], i);
-      n += p[i] > t ? 1 : 0;
-    }
-    best_.resize(n);
+    return best_.begin() + static_cast<std::ptrdiff_t>(n);
   }
 
   void keep_top_k(Eigen::Ref<Eigen::VectorXf> probs) {
@@ -211,8 +209,8 @@ class logit_warper {
     const float m = simd::max_value(isa_, p, vocab_);
     const candidate_set s = first_threshold(p, m, 0, true, k, 0.0);
     if (s.j == thresholds) return;  // fewer than k tokens have p > 0: top-k keeps them all
-    collect_above(p, threshold(m, s.j), s.count);
-    std::nth_element(best_.begin(), best_.begin() + static_cast<std::ptrdiff_t>(k - 1), best_.end(), std::greater<>());
+    const auto end = collect_above(p, threshold(m, s.j), s.count);
+    std::nth_element(best_.begin(), best_.begin() + static_cast<std::ptrdiff_t>(k - 1), end, std::greater<>());
     keep_down_to(probs, best_[k - 1]);
   }
 
@@ -227,8 +225,7 @@ class logit_warper {
     for (candidate_set s = first_threshold(p, m, 0, false, 0, target);;
          s = first_threshold(p, m, s.j + 1, false, 0, target)) {
       if (s.j == thresholds) s = {thresholds - 1, vocab_};  // (every positive token: assume dense)
-      collect_above(p, threshold(m, s.j), s.count);
-      if (const std::optional<std::uint64_t> last = top_p_last(target)) {
+      if (const std::optional<std::uint64_t> last = top_p_last(collect_above(p, threshold(m, s.j), s.count), target)) {
         keep_down_to(probs, *last);
         return;
       }
@@ -237,8 +234,8 @@ class logit_warper {
     // Every positive token together stays just under top_p by rounding: keep everything.
   }
 
-  // The key of the last token of the smallest prefix of best_, in key order, whose mass reaches
-  // `target`; none when all of best_ stays under it. Selected, not sorted, in linear time on
+  // The key of the last token of the smallest prefix of [best_.begin(), end), in key order, whose
+  // mass reaches `target`; none when all of it stays under. Selected, not sorted, in linear time on
   // average: a large set is first narrowed to the keys of one bin of probabilities (the float's
   // exponent and top 3 mantissa bits: a factor of 2^(1/8)) by the bins' masses; then each step
   // splits the undecided keys at their median (nth_element) and, when the upper half's mass stays
@@ -247,9 +244,9 @@ class logit_warper {
   // temperature, ~44 000 of 50257 tokens in the set, cost ~3 ms per column.) Masses are summed in
   // double, bin by bin and chunk by chunk: once a step has found the cut inside [lo, hi), sums
   // of the same keys in another order that fall an ulp short keep all of it.
-  [[nodiscard]] std::optional<std::uint64_t> top_p_last(double target) {
-    auto lo = best_.begin(), hi = best_.end();  // undecided; every key before lo is kept
-    double kept = 0.0;                           // their mass, under target
+  [[nodiscard]] std::optional<std::uint64_t> top_p_last(std::vector<std::uint64_t>::iterator end, double target) {
+    auto lo = best_.begin(), hi = end;  // undecided; every key ordered before them is kept
+    double kept = 0.0;                  // their mass, under target
     bool reached = false;                        // a step found [lo, hi) to reach target
     if (hi - lo > 256) {
       constexpr auto bin = [](std::uint64_t k) noexcept { return static_cast<std::size_t>(k >> 52); };  // < 2048
@@ -259,8 +256,7 @@ class logit_warper {
       while (b > 0 && kept + mass[b - 1] < target) kept += mass[--b];
       if (b == 0) return std::nullopt;
       const std::size_t cut = b - 1;  // the bin that reaches target
-      hi = std::partition(lo, hi, [&](std::uint64_t k) { return bin(k) >= cut; });
-      lo = std::partition(lo, hi, [&](std::uint64_t k) { return bin(k) > cut; });
+      hi = std::partition(lo, hi, [&](std::uint64_t k) { return bin(k) == cut; });  // (the keys above it: kept)
       reached = true;
     }
     while (hi - lo > 32) {
@@ -295,7 +291,7 @@ class logit_warper {
   std::size_t vocab_;
   const char* model_ = nullptr;     // named in the errors, when set
   isa isa_ = simd::detected();      // the vector kernels (exp, max, sums, search)
-  std::vector<std::uint64_t> best_;  // scratch of top-k / top-p: keys of the most probable tokens
+  std::vector<std::uint64_t> best_;  // scratch of top-k / top-p (vocab_ keys): the most probable tokens
 };
 
 /// Convenience: the warped distribution of one logits vector (allocates; loops use logit_warper).
