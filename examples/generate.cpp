@@ -676,17 +676,21 @@ int run(int argc, char** argv) {
     } else {
       const std::vector<double> ratios{0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5};
       const auto one = static_cast<std::size_t>(std::find(ratios.begin(), ratios.end(), 1.0) - ratios.begin());
-      fmt::print(out, "draft temperature (expected acceptance along the target's own 64 tokens from each of {} prompt(s), "
-                      "per ratio R to --temperature {:g}):\n", warmup.size(), c.params.sampling.temperature);
+      constexpr std::size_t scan_tokens = 64;  // per prompt, fewer where a prompt leaves less room
+      fmt::print(out, "draft temperature (expected acceptance along the target's own text, up to {} tokens after each of "
+                      "{} prompt(s), per ratio R to --temperature {:g}):\n",
+                 scan_tokens, warmup.size(), c.params.sampling.temperature);
       for (std::size_t d = 0; d < drafts.size(); ++d) {
         std::mt19937_64 rng(c.seed);
         const auto scan = specsample::scan_draft_temperature(drafts[d], target, std::span<const std::vector<token>>(warmup),
-                                                             c.params, std::span<const double>(ratios), rng, 64);
+                                                             c.params, std::span<const double>(ratios), rng, scan_tokens);
         draft_params[d] = scan.apply(c.params);
-        fmt::print(out, "  {}: R = {:g}, the draft at T = {:g} (alpha {:.3f}; {:.3f} at R = 1)\n", candidates[d].string(),
-                   scan.best_ratio(), draft_params[d].draft_sampling->temperature,
-                   *std::max_element(scan.alpha.begin(), scan.alpha.end()), scan.alpha[one]);
-        temperature_scans.push_back({{"draft", candidates[d].string()}, {"ratios", scan.ratios}, {"alpha", scan.alpha},
+        fmt::print(out, "  {}: R = {:g}, the draft at T = {:g} (alpha {:.3f}; {:.3f} at R = 1; over {} {})\n",
+                   candidates[d].string(), scan.best_ratio(), draft_params[d].draft_sampling->temperature,
+                   *std::max_element(scan.alpha.begin(), scan.alpha.end()), scan.alpha[one], scan.positions,
+                   scan.positions == 1 ? "position" : "positions");
+        temperature_scans.push_back({{"draft", candidates[d].string()}, {"positions", scan.positions},
+                                     {"ratios", scan.ratios}, {"alpha", scan.alpha},
                                      {"best_ratio", scan.best_ratio()},
                                      {"draft_temperature", draft_params[d].draft_sampling->temperature}});
       }
