@@ -667,6 +667,16 @@ TEST_CASE("weights stay in the checkpoint's precision", "[gpt2][model]") {
           2 * (4096u * 384u + 6u * (3u * 384u * 384u + 384u * 384u + 2u * 4u * 384u * 384u)));
   const auto f32 = gpt2::model::load(test_models_dir / "tiny-random-gpt2", {.threads = 1});
   REQUIRE(f32.weights().wte.format() == gpt2::weight_format::f32);
+  // A decode reads the matmul weights (wte tied; their panels padded to 64 output channels), the
+  // layer norms and biases (13 C per layer: 2 + 3 + 1 + 2 + 4 + 1 C, then 2 C of ln_f) and one row
+  // of wpe, in F32 here: not the file's 3,282,096 bytes, which also hold the whole wpe (64 rows),
+  // the two layers' 64 x 64 attn.bias masks and the header.
+  {
+    constexpr std::size_t C = 16, L = 2;
+    REQUIRE(f32.weights().matmul_bytes() == 4 * (50304 * C + L * (64 * C + 64 * C + 64 * C + 64 * 64)));
+    REQUIRE(f32.weights().decode_bytes() == f32.weights().matmul_bytes() + 4 * (L * 13 * C + 2 * C + C));
+    REQUIRE(target.weights().decode_bytes() == target.weights().matmul_bytes() + 4 * (6 * 13 * 384 + 2 * 384 + 384));
+  }
   const auto bf16 = gpt2::model::load(test_models_dir / "tiny-random-gpt2-bf16", {.threads = 1});
   REQUIRE(bf16.weights().wte.format() == gpt2::weight_format::bf16);
   REQUIRE(bf16.weights().layers[1].attn_qkv_weight.format() == gpt2::weight_format::bf16);

@@ -396,6 +396,22 @@ struct weights {
     return n;
   }
 
+  /// Bytes of weights a single-token forward pass reads, as held: `matmul_bytes()`, every layer
+  /// norm's and bias's F32 vector, one row of wpe (the position's) and, where the logits use a
+  /// separate lm_head, one row of wte (the token's embedding; tied, wte is read whole as the output
+  /// embedding). What the decode's bandwidth is measured in; not the checkpoint file's size, which
+  /// also holds the whole wpe, the `attn.bias` masks the loader ignores and the header.
+  [[nodiscard]] std::size_t decode_bytes() const noexcept {
+    std::size_t floats = ln_f_weight.size() + ln_f_bias.size() + (wpe.shape(0) > 0 ? wpe.shape(1) : 0);
+    for (const layer_weights& l : layers) {
+      floats += l.ln_1_weight.size() + l.ln_1_bias.size() + l.attn_qkv_bias.size() + l.attn_proj_bias.size() +
+                l.ln_2_weight.size() + l.ln_2_bias.size() + l.mlp_fc_bias.size() + l.mlp_proj_bias.size();
+    }
+    std::size_t n = matmul_bytes() + floats * sizeof(float);
+    if (lm_head.size() != 0 && wte.rows() > 0) n += wte.bytes() / wte.rows();
+    return n;
+  }
+
   /// Loads and checks every tensor against `cfg` (`config_name` names the config in errors).
   /// Accepts keys with or without the `transformer.` prefix, ignores `h.N.attn.bias` /
   /// `h.N.attn.masked_bias` buffers and anything else unknown; uses `lm_head.weight` (required) when
