@@ -28,6 +28,7 @@ struct broken_block_verifier {
   bool skip_clip = false;              // w_i = w_{i-1} p/q without min(1, ·)
   bool residual_weight_ahead = false;  // residual weighted by w_{τ+1} instead of w_τ
   bool lowest_success = false;         // τ = the smallest i with η_i < h_i, not the largest
+  bool unweighted_residual = false;    // residual norm(max(0, p - q)): the weight w_τ left out
 
   template <class Rng>
   verify_result operator()(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
@@ -61,6 +62,7 @@ struct broken_block_verifier {
     }
     if (tau == k) return {static_cast<std::size_t>(k), sample_categorical(p.col(k), rng), true};
     if (residual_weight_ahead) w_tau = ws[static_cast<std::size_t>(tau) + 1];
+    if (unweighted_residual) w_tau = 1.0;
     return {static_cast<std::size_t>(tau), sample_residual(p.col(tau), q.col(tau), rng, w_tau), false};
   }
 };
@@ -109,6 +111,18 @@ TEST_CASE("block verification matches the target's exact distribution for every 
       check_exact_and_broken(draft, target, c.k, c.length, {}, broken);
     }
   }
+}
+
+TEST_CASE("block verification weights the correction's residual by the selected position's weight",
+          "[block][exactness]") {
+  // After position τ the correction comes from norm(max(0, w_τ p − q)). Drawing it from
+  // norm(max(0, p − q)), the weight left out, shows only where the residual has several positive
+  // entries whose shares the weight changes: six tokens and an unrelated draft (w_τ well below 1,
+  // the residual wide). In most cells above the two residuals hardly differ (at V = 3 mostly one
+  // positive entry), and no broken variant there leaves the weight out.
+  auto target = toy::markov::random(6, 1, 7, 0.8f);
+  auto draft = toy::markov::similar_to(target, 0.0, 99, 0.8f);
+  check_exact_and_broken(draft, target, 3, 4, {}, broken_block_verifier{.unweighted_residual = true});
 }
 
 TEST_CASE("block verification is exact across temperatures and filters", "[block][exactness]") {
@@ -274,6 +288,16 @@ TEST_CASE("output that stops at EOS is exact for token-wise and block verificati
   }
   SECTION("block") {
     test::check_exact_and_broken(d, target, {0}, params, block_verifier{},
+                                 broken_block_verifier{.stop_at_first_failure = true});
+  }
+  // A prompt that is EOS (how a generation starts from nothing) does not stop it: the search for
+  // EOS starts at the new tokens (one that started at the prompt would emit one token each time,
+  // every sample impossible).
+  SECTION("a prompt of EOS, token-wise") {
+    test::check_exact_and_broken(d, target, {1}, params, tokenwise_verifier{}, test::resample_from_target{});
+  }
+  SECTION("a prompt of EOS, block") {
+    test::check_exact_and_broken(d, target, {1}, params, block_verifier{},
                                  broken_block_verifier{.stop_at_first_failure = true});
   }
 }

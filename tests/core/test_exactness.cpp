@@ -229,22 +229,27 @@ TEST_CASE("a draft with its own warping (draft_sampling) is exact", "[exactness]
   auto& params = pair.params;
   const std::vector<token> prompt{0};
   params.sampling.temperature = 0.8f;
-  // A hotter draft, cut to its 3 most probable tokens: another q than the target's warping gives.
-  params.draft_sampling = sampling_params{.temperature = 1.6f, .top_k = 3};
-  // The loop's own drafter (speculative_sample with a draft model), the rule params name.
-  for (const verification rule : {verification::token_wise, verification::block}) {
-    DYNAMIC_SECTION((rule == verification::block ? "block" : "token-wise") << " verification") {
-      params.verify = rule;
-      std::mt19937_64 rng(2024);
-      const auto good = testing::speculative_fit(draft, target, prompt, params, 100'000, rng);
-      INFO("exact:  X2 = " << good.statistic << ", dof = " << good.dof << ", p = " << good.p_value);
-      CHECK(good.impossible == 0);
-      CHECK(good.p_value > pass_threshold);
-      // Broken: the drafts drawn with draft_sampling, q reported with sampling.
-      mislabelled_drafter broken{&draft, logit_warper(params.draft_warping(), 4), logit_warper(params.sampling, 4)};
-      const auto bad = test::fit_drafter(broken, target, prompt, params, testing::verifier_from_params{});
-      INFO("broken: X2 = " << bad.statistic << ", dof = " << bad.dof << ", p = " << bad.p_value);
-      CHECK(bad.p_value < fail_threshold);
+  // A hotter draft, cut to its 3 most probable tokens: another q than the target's warping gives;
+  // and a greedy draft under the sampling target, every proposal one-hot (q = 1).
+  for (const auto& [name, drafted] : {std::pair{"T = 1.6, top-k 3", sampling_params{.temperature = 1.6f, .top_k = 3}},
+                                      std::pair{"greedy", sampling_params{.temperature = 0.0f}}}) {
+    params.draft_sampling = drafted;
+    // The loop's own drafter (speculative_sample with a draft model), the rule params name.
+    for (const verification rule : {verification::token_wise, verification::block}) {
+      DYNAMIC_SECTION("a draft at " << name << ", " << (rule == verification::block ? "block" : "token-wise")
+                                    << " verification") {
+        params.verify = rule;
+        std::mt19937_64 rng(2024);
+        const auto good = testing::speculative_fit(draft, target, prompt, params, 100'000, rng);
+        INFO("exact:  X2 = " << good.statistic << ", dof = " << good.dof << ", p = " << good.p_value);
+        CHECK(good.impossible == 0);
+        CHECK(good.p_value > pass_threshold);
+        // Broken: the drafts drawn with draft_sampling, q reported with sampling.
+        mislabelled_drafter broken{&draft, logit_warper(params.draft_warping(), 4), logit_warper(params.sampling, 4)};
+        const auto bad = test::fit_drafter(broken, target, prompt, params, testing::verifier_from_params{});
+        INFO("broken: X2 = " << bad.statistic << ", dof = " << bad.dof << ", p = " << bad.p_value);
+        CHECK(bad.p_value < fail_threshold);
+      }
     }
   }
 }
