@@ -2274,11 +2274,12 @@ int run(int argc, char** argv) {
           sc->perfect_split());
     }
   }
+  const std::size_t verify_tokens = std::min<std::size_t>(5, c.k_max + 1);  // K + 1 = 5, or the most the cost table has
   out("\n#### The loop's own cost per round (synthetic models, K = 4{}, {} tokens, median (min–max) over {} "
-      "generations)\n\n| vocabulary | T | µs per round outside the models | share of a bundled-target "
-      "verification call (K + 1 = 5 tokens) |\n|---|---|---|---|\n",
-      c.verify == specsample::verification::block ? ", block verification" : "", c.n, loop_generations);
-  const double verify5 = costs.target_j[std::min<std::size_t>(5, c.k_max + 1) - 1].median;
+      "generations)\n\n| vocabulary | T | µs per round outside the models | share of this target's "
+      "verification call of {} tokens |\n|---|---|---|---|\n",
+      c.verify == specsample::verification::block ? ", block verification" : "", c.n, loop_generations, verify_tokens);
+  const double verify5 = costs.target_j[verify_tokens - 1].median;
   for (const auto& lc : loop_costs) {
     out("| {} | {} | {} | {:.1f}% |\n", lc.vocab, fmt_t(lc.temperature),
         fmt_range({lc.seconds_per_round.median * 1e6, lc.seconds_per_round.min * 1e6, lc.seconds_per_round.max * 1e6}, 1),
@@ -2310,12 +2311,21 @@ int run(int argc, char** argv) {
         "called beyond this machine's limits.\n\n");
   }
   out("| target | measured in this run | verdict |\n|---|---|---|\n");
+  // The same figures and verdicts for sweep.json (the verdict without its markdown).
+  json targets_json = {{"floors_hold", floors_hold}};
+  const auto plain = [](std::string_view v) {
+    std::string r(v);
+    std::erase(r, '*');
+    return r;
+  };
   const double fraction = target_bw.fraction;
   out("| single-token decode reads the target's weights at ≥ 70% of the probe's bandwidth at that size | {:.1f}% "
       "({:.1f} of {:.1f} GB/s, side by side; {:.1f}% of a probe over its working set, the KV cache's bytes "
       "counted) | {} |\n",
       100.0 * fraction, target_bw.decode_gbs.median, target_bw.probe_gbs.median,
       100.0 * target_bw.working_set_fraction, verdict(fraction >= 0.7));
+  targets_json["decode_fraction"] = {{"fraction", fraction}, {"working_set_fraction", target_bw.working_set_fraction},
+                                     {"goal", 0.7}, {"verdict", plain(verdict(fraction >= 0.7))}};
   if (c.k_max >= 4) {
     const double r5 = costs.verify_ratio(5);
     // Impossible only if 5 tokens at their floor (the longer of the weight stream and the FMA peak)
@@ -2325,6 +2335,8 @@ int run(int argc, char** argv) {
     out("| target append of 5 tokens ≤ 1.3 × append of 1 | {:.2f}× (with both calls at the machine floors: {:.2f}×; "
         "5 tokens at their floor against the measured single token: {:.2f}×) | {} |\n", r5, v_floor(5), bound,
         verdict_or_limit(r5 <= 1.3, bound <= 1.3));
+    targets_json["append_5_over_1"] = {{"ratio", r5}, {"at_floors", v_floor(5)}, {"floor_5_over_measured_1", bound},
+                                       {"goal", 1.3}, {"verdict", plain(verdict_or_limit(r5 <= 1.3, bound <= 1.3))}};
   }
   {
     // c as the loop pays it: draft seconds per draft call over target seconds per autoregressive
@@ -2337,6 +2349,9 @@ int run(int argc, char** argv) {
         "{:.3f} with the draft's at its floor beside the target's as measured in the loop | {} |\n",
         c_loop, fmt_t(b->temperature), b->measured->k, costs.c(), c_floor, c_reach,
         verdict_or_limit(c_loop <= 0.08, c_reach <= 0.08));
+    targets_json["cost_ratio"] = {{"c_loop", c_loop}, {"temperature", b->temperature}, {"k", b->measured->k},
+                                  {"c_cold", costs.c()}, {"c_floor", c_floor}, {"c_draft_at_floor", c_reach},
+                                  {"goal", 0.08}, {"verdict", plain(verdict_or_limit(c_loop <= 0.08, c_reach <= 0.08))}};
   }
   constexpr double formula_share = 0.9;  // of the classic formula's prediction, the loop's goal
   for (const auto& [temp, goal] : {std::pair{0.0, 1.8}, std::pair{1.0, 1.9}}) {
@@ -2364,6 +2379,16 @@ int run(int argc, char** argv) {
           100.0 * b->measured->speedup_pooled / b->measured->predicted_verify, b->measured->predicted_verify,
           goal_pct, b->measured->k + 1, (ck + 1.0) / formula_share - ck, b->measured->verify_ratio_stats,
           v_floor(b->measured->k + 1), verdict(ratio >= formula_share));
+      targets_json["speedup"].push_back(
+          {{"temperature", temp}, {"k", b->measured->k}, {"block", block}, {"pooled", measured},
+           {"paired_median", b->measured->speedup.median}, {"target_calls_at_floors", top}, {"all_calls_at_floors", top_all},
+           {"goal", goal}, {"verdict", plain(verdict_or_limit(measured >= goal, top_all >= goal))},
+           {"predicted", b->measured->predicted}, {"share_of_predicted", ratio},
+           {"predicted_with_verify_cost", b->measured->predicted_verify},
+           {"share_of_predicted_with_verify_cost", measured / b->measured->predicted_verify},
+           {"verify_needed", (ck + 1.0) / formula_share - ck}, {"verify_in_loop", b->measured->verify_ratio_stats},
+           {"verify_at_floors", v_floor(b->measured->k + 1)}, {"share_goal", formula_share},
+           {"share_verdict", plain(verdict(ratio >= formula_share))}});
     }
   }
   {
@@ -2372,16 +2397,25 @@ int run(int argc, char** argv) {
     out("| time outside model forward passes ≤ 3% of generation time (V = {}) | {:.1f}% at worst over the best-K "
         "cells, {:.1f}% in the worst cell of the sweep | {} |\n", target.vocab_size(), 100.0 * at_best,
         100.0 * max_overhead, verdict(max_overhead <= 0.03));
+    targets_json["outside_models"] = {{"at_best_k", at_best}, {"worst_cell", max_overhead}, {"goal", 0.03},
+                                      {"verdict", plain(verdict(max_overhead <= 0.03))}};
   }
   if (scaling5) {
     // The perfect split is a note, not a verdict: an estimate from blocks measured apart.
-    out("| two threads ≥ 1.6x on the target's append of {} tokens | {:.2f}x (meanwhile: {}; the worker{} at {:.2f} of the "
+    // (With --threads N > 2 the row times N threads against one: the goal, for two, is not measured.)
+    const bool two = scaling5->threads == 2;
+    const std::string threads_verdict = two ? verdict(scaling5->ratio() >= 1.6) : "**not measured** (not two threads)";
+    out("| two threads ≥ 1.6x on the target's append of {} tokens | {:.2f}x{} (meanwhile: {}; the worker{} at {:.2f} of the "
         "caller's speed, the caller beside busy neighbours at {:.2f} of its speed alone: a perfect split at those "
         "speeds ~{:.2f}x) | {} |\n",
-        scaling5->tokens, scaling5->ratio(), fmt_contention(scaling5->meanwhile), scaling5->speeds.size() == 1 ? "" : "s",
-        fmt::join(scaling5->speeds, ", "), scaling5->caller_beside(), scaling5->perfect_split(),
-        verdict(scaling5->ratio() >= 1.6));
+        scaling5->tokens, scaling5->ratio(), two ? std::string() : fmt::format(" with {} threads", scaling5->threads),
+        fmt_contention(scaling5->meanwhile), scaling5->speeds.size() == 1 ? "" : "s",
+        fmt::join(scaling5->speeds, ", "), scaling5->caller_beside(), scaling5->perfect_split(), threads_verdict);
+    targets_json["threads"] = {{"threads", scaling5->threads}, {"tokens", scaling5->tokens}, {"speedup", scaling5->ratio()},
+                               {"perfect_split", scaling5->perfect_split()}, {"goal", 1.6},
+                               {"verdict", plain(threads_verdict)}};
   } else {
+    targets_json["threads"] = {{"tokens", scale_tokens}, {"usable_cpus", usable_cpus}, {"verdict", "not measured"}};
     out("| two threads ≥ 1.6x on the target's append of {} tokens | not measured: this process may run on {} CPU "
         "(its affinity) | **not measured** |\n", scale_tokens, usable_cpus);
   }
@@ -2393,6 +2427,7 @@ int run(int argc, char** argv) {
     json j;
     j["command"] = command;
     j["machine"] = machine_json(date, load_start, load_end, total_seconds);
+    j["targets"] = targets_json;
     j["config"] = {{"target", target_dir.string()},
                    {"draft", draft_dir.string()},
                    {"prompts_file", prompts_file.string()},

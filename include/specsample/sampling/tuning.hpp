@@ -189,7 +189,9 @@ struct calibration {
   /// [K] = what a round with K drafts costs besides K draft calls at cost_ratio, in single-token
   /// target calls: verify_cost[K] plus what its first draft call costs beyond cost_ratio ([0] = 1,
   /// no draft). best_k and predicted come from `best_draft_length` / `predicted_speedup` with it as
-  /// their verify_cost, so that c·K + round_cost[K] = c_first + c·(K − 1) + verify_cost[K].
+  /// their verify_cost, so that c·K + round_cost[K] = c_first + c·(K − 1) + verify_cost[K] where
+  /// the first call costs more (a first call measured cheaper than cost_ratio adds nothing: the
+  /// extra is clamped at 0, so the round is never predicted cheaper than K calls at cost_ratio).
   /// Throws `specsample::parameter_error` ("calibration.cost_ratio", say) when cost_ratio or
   /// first_cost_ratio is not finite and >= 0 (a NaN
   /// counted as no extra cost).
