@@ -626,11 +626,10 @@ struct cell {
     acceptance = drafted ? static_cast<double>(accepted) / static_cast<double>(drafted) : 0.0;
     alpha = accepted + corrections ? static_cast<double>(accepted) / static_cast<double>(accepted + corrections) : 0.0;
     tokens_per_call = tcalls ? static_cast<double>(tokens) / static_cast<double>(tcalls) : 0.0;
-    const double t_ar_call = ar_tsec / static_cast<double>(ar_calls);
-    ar_call_seconds = t_ar_call;
+    ar_call_seconds = ar_tsec / static_cast<double>(ar_calls);
     draft_call_seconds = dsec / static_cast<double>(dcalls);
-    c_stats = draft_call_seconds / t_ar_call;
-    verify_ratio_stats = (tsec / static_cast<double>(tcalls)) / t_ar_call;
+    c_stats = draft_call_seconds / ar_call_seconds;
+    verify_ratio_stats = (tsec / static_cast<double>(tcalls)) / ar_call_seconds;
     // The performance model with the costs this cell's generations actually paid: c as the loop
     // pays it, and (second form) the measured cost of the (K+1)-token verification call.
     predicted = specsample::predicted_speedup(alpha, c_stats, k);
@@ -2319,24 +2318,26 @@ int run(int argc, char** argv) {
     return r;
   };
   const double fraction = target_bw.fraction;
+  const char* const decode_verdict = verdict(fraction >= 0.7);
   out("| single-token decode reads the target's weights at ≥ 70% of the probe's bandwidth at that size | {:.1f}% "
       "({:.1f} of {:.1f} GB/s, side by side; {:.1f}% of a probe over its working set, the KV cache's bytes "
       "counted) | {} |\n",
       100.0 * fraction, target_bw.decode_gbs.median, target_bw.probe_gbs.median,
-      100.0 * target_bw.working_set_fraction, verdict(fraction >= 0.7));
+      100.0 * target_bw.working_set_fraction, decode_verdict);
   targets_json["decode_fraction"] = {{"fraction", fraction}, {"working_set_fraction", target_bw.working_set_fraction},
-                                     {"goal", 0.7}, {"verdict", plain(verdict(fraction >= 0.7))}};
+                                     {"goal", 0.7}, {"verdict", plain(decode_verdict)}};
   if (c.k_max >= 4) {
     const double r5 = costs.verify_ratio(5);
     // Impossible only if 5 tokens at their floor (the longer of the weight stream and the FMA peak)
     // already cost more than 1.3 × the measured single token; the ratio of the two floors says what
     // a kernel at both limits would show.
     const double bound = floor_seconds(5) / costs.target_j.front().median;
+    const char* const append_verdict = verdict_or_limit(r5 <= 1.3, bound <= 1.3);
     out("| target append of 5 tokens ≤ 1.3 × append of 1 | {:.2f}× (with both calls at the machine floors: {:.2f}×; "
         "5 tokens at their floor against the measured single token: {:.2f}×) | {} |\n", r5, v_floor(5), bound,
-        verdict_or_limit(r5 <= 1.3, bound <= 1.3));
+        append_verdict);
     targets_json["append_5_over_1"] = {{"ratio", r5}, {"at_floors", v_floor(5)}, {"floor_5_over_measured_1", bound},
-                                       {"goal", 1.3}, {"verdict", plain(verdict_or_limit(r5 <= 1.3, bound <= 1.3))}};
+                                       {"goal", 1.3}, {"verdict", plain(append_verdict)}};
   }
   {
     // c as the loop pays it: draft seconds per draft call over target seconds per autoregressive
@@ -2344,14 +2345,14 @@ int run(int argc, char** argv) {
     const best* b = best_at(0.0) != nullptr ? best_at(0.0) : &bests.front();
     const double c_loop = b->measured->c_stats;
     const double c_reach = draft_floor / b->measured->ar_call_seconds;  // the draft alone at its floor
+    const char* const c_verdict = verdict_or_limit(c_loop <= 0.08, c_reach <= 0.08);
     out("| draft / target cost ratio c ≤ 0.08 | {:.3f} in the generation loop (T = {}, K = {}); {:.3f} when every "
         "draft call follows a target call (the cold-cache cost table above); {:.3f} with both calls at their floors, "
         "{:.3f} with the draft's at its floor beside the target's as measured in the loop | {} |\n",
-        c_loop, fmt_t(b->temperature), b->measured->k, costs.c(), c_floor, c_reach,
-        verdict_or_limit(c_loop <= 0.08, c_reach <= 0.08));
+        c_loop, fmt_t(b->temperature), b->measured->k, costs.c(), c_floor, c_reach, c_verdict);
     targets_json["cost_ratio"] = {{"c_loop", c_loop}, {"temperature", b->temperature}, {"k", b->measured->k},
                                   {"c_cold", costs.c()}, {"c_floor", c_floor}, {"c_draft_at_floor", c_reach},
-                                  {"goal", 0.08}, {"verdict", plain(verdict_or_limit(c_loop <= 0.08, c_reach <= 0.08))}};
+                                  {"goal", 0.08}, {"verdict", plain(c_verdict)}};
   }
   constexpr double formula_share = 0.9;  // of the classic formula's prediction, the loop's goal
   for (const auto& [temp, goal] : {std::pair{0.0, 1.8}, std::pair{1.0, 1.9}}) {
@@ -2362,43 +2363,47 @@ int run(int argc, char** argv) {
       // At T = 0 the two rules decide alike; under block verification α is the rounds' accepted /
       // (accepted + corrections), the constant-α model's reading of the block's counts.
       const bool block = temp > 0.0 && c.verify == specsample::verification::block;
+      const char* const speedup_verdict = verdict_or_limit(measured >= goal, top_all >= goal);
       out("| best-K speedup at T = {} ≥ {:.1f}x{} | {:.2f}x pooled (K = {}; the median of its pairs {:.2f}x; {:.2f}x "
           "with every target call at its machine floor, {:.2f}x with the draft's too) | {} |\n", fmt_t(temp), goal,
           block ? ", block verification" : "", measured, b->measured->k, b->measured->speedup.median, top, top_all,
-          verdict_or_limit(measured >= goal, top_all >= goal));
+          speedup_verdict);
       // The formula takes the (K + 1)-token verification call to cost one single token. A loop that
       // wastes nothing measures the same tokens per round over cK + v instead, so 90% of the
       // formula needs (cK + 1) / (cK + v) ≥ formula_share: v ≤ (cK + 1) / formula_share − cK (less
       // the time outside the models, which the loop spends besides).
       const double ck = b->measured->c_stats * static_cast<double>(b->measured->k);
+      const double verify_needed = (ck + 1.0) / formula_share - ck;
       const double goal_pct = 100.0 * formula_share;
+      const char* const share_verdict = verdict(ratio >= formula_share);
       out("| … and ≥ {:.0f}% of the formula's prediction from the measured α{} and c | {:.1f}% of {:.2f}x (with the "
           "measured verification cost: {:.1f}% of {:.2f}x; {:.0f}% needs the {}-token verification call at ≤ {:.2f} "
           "single tokens: {:.2f} in the loop, {:.2f} at the machine floors) | {} |\n",
           goal_pct, block ? " (accepted / (accepted + corrections) of the block rounds)" : "", 100.0 * ratio, b->measured->predicted,
           100.0 * b->measured->speedup_pooled / b->measured->predicted_verify, b->measured->predicted_verify,
-          goal_pct, b->measured->k + 1, (ck + 1.0) / formula_share - ck, b->measured->verify_ratio_stats,
-          v_floor(b->measured->k + 1), verdict(ratio >= formula_share));
+          goal_pct, b->measured->k + 1, verify_needed, b->measured->verify_ratio_stats,
+          v_floor(b->measured->k + 1), share_verdict);
       targets_json["speedup"].push_back(
           {{"temperature", temp}, {"k", b->measured->k}, {"block", block}, {"pooled", measured},
            {"paired_median", b->measured->speedup.median}, {"target_calls_at_floors", top}, {"all_calls_at_floors", top_all},
-           {"goal", goal}, {"verdict", plain(verdict_or_limit(measured >= goal, top_all >= goal))},
+           {"goal", goal}, {"verdict", plain(speedup_verdict)},
            {"predicted", b->measured->predicted}, {"share_of_predicted", ratio},
            {"predicted_with_verify_cost", b->measured->predicted_verify},
            {"share_of_predicted_with_verify_cost", measured / b->measured->predicted_verify},
-           {"verify_needed", (ck + 1.0) / formula_share - ck}, {"verify_in_loop", b->measured->verify_ratio_stats},
+           {"verify_needed", verify_needed}, {"verify_in_loop", b->measured->verify_ratio_stats},
            {"verify_at_floors", v_floor(b->measured->k + 1)}, {"share_goal", formula_share},
-           {"share_verdict", plain(verdict(ratio >= formula_share))}});
+           {"share_verdict", plain(share_verdict)}});
     }
   }
   {
     double at_best = 0.0;
     for (const auto& b : bests) at_best = std::max(at_best, b.measured->overhead_spec);
+    const char* const outside_verdict = verdict(max_overhead <= 0.03);
     out("| time outside model forward passes ≤ 3% of generation time (V = {}) | {:.1f}% at worst over the best-K "
         "cells, {:.1f}% in the worst cell of the sweep | {} |\n", target.vocab_size(), 100.0 * at_best,
-        100.0 * max_overhead, verdict(max_overhead <= 0.03));
+        100.0 * max_overhead, outside_verdict);
     targets_json["outside_models"] = {{"at_best_k", at_best}, {"worst_cell", max_overhead}, {"goal", 0.03},
-                                      {"verdict", plain(verdict(max_overhead <= 0.03))}};
+                                      {"verdict", plain(outside_verdict)}};
   }
   if (scaling5) {
     // The perfect split is a note, not a verdict: an estimate from blocks measured apart.
