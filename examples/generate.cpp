@@ -771,7 +771,7 @@ int run(int argc, char** argv) {
                               {"cost_ratio", cal[d].cost_ratio}, {"first_cost_ratio", cal[d].first_cost_ratio},
                               {"best_k", cal[d].best_k}, {"predicted_speedup", cal[d].predicted},
                               {"checked_speedup", m ? nlohmann::json(m->speedup()) : nlohmann::json(nullptr)},
-                              {"checked_ratios", m ? nlohmann::json(m->ratios) : nlohmann::json(nullptr)},
+                              {"checked_ratios", m ? nlohmann::json(m->ratios()) : nlohmann::json(nullptr)},
                               {"pays", decided[d] || !(cal[d].predicted > 1.0) ? nlohmann::json(cal[d].pays())
                                                                                : nlohmann::json(nullptr)}});
     }

@@ -223,14 +223,22 @@ TEST_CASE("measure_speedup times speculation against autoregressive decoding in 
   std::mt19937_64 rng(3);
   const auto fast = measure_speedup(free_copy, target, std::span<const std::vector<token>>(prompts), params, rng, 3, 20);
   CHECK(fast.draft_length == 4);
-  REQUIRE(fast.ratios.size() == 3);
+  REQUIRE(fast.pairs.size() == 3);
+  for (const auto& p : fast.pairs) CHECK(p.tokens == 20);
   INFO("free draft " << fast.speedup());
   CHECK(fast.speedup() > 2.5);
   const auto slow = measure_speedup(poor, target, std::span<const std::vector<token>>(prompts), params, rng, 3, 20);
   INFO("dear, poor draft " << slow.speedup());
   CHECK(slow.speedup() < 0.5);
-  CHECK(fast.speedup() == detail::median(fast.ratios));
+  double ar = 0, spec = 0;
+  for (const auto& p : fast.pairs) {
+    ar += p.autoregressive_seconds;
+    spec += p.speculative_seconds;
+  }
+  CHECK(fast.speedup() == ar / spec);
+  CHECK(fast.median_ratio() == detail::median(fast.ratios()));
   CHECK(std::isnan(speedup_measurement{}.speedup()));
+  CHECK(std::isnan(speedup_measurement{}.median_ratio()));
   // What it cannot measure, by name.
   using Catch::Matchers::Contains;
   const std::vector<std::vector<token>> none;
@@ -266,7 +274,7 @@ TEST_CASE("calibration checks a prediction that pays by timing it, and pays only
     CHECK(c.predicted > 2.0);
     REQUIRE(c.measured);
     CHECK(c.measured->draft_length == c.best_k);
-    CHECK(c.measured->ratios.size() == 3);
+    CHECK(c.measured->pairs.size() == 3);
     INFO("measured " << c.measured->speedup());
     CHECK(c.measured->speedup() > 1.5);
     CHECK(c.pays());
@@ -297,9 +305,14 @@ TEST_CASE("calibration checks a prediction that pays by timing it, and pays only
   CHECK_FALSE(c.pays());
   c.predicted = 1.3;
   CHECK(c.pays());
-  c.measured = speedup_measurement{2, {0.8, 1.1, 0.9}};
+  // Pooled, not the median of the pairs: two pairs at 1.25x and one at 0.5x over as many tokens
+  // (median 1.25x) decode 96 tokens in 2.4 s speculatively against 2.0 s autoregressively.
+  c.measured = speedup_measurement{2, {{32, 0.5, 0.4}, {32, 0.5, 1.0}, {32, 1.0, 0.8}}};
+  CHECK(c.measured->median_ratio() == Approx(1.25));
+  CHECK(c.measured->speedup() == Approx(2.0 / 2.2));
   CHECK_FALSE(c.pays());
-  c.measured->ratios = {1.2, 0.9, 1.1};
+  c.measured->pairs[1].speculative_seconds = 0.45;
+  CHECK(c.measured->speedup() == Approx(2.0 / 1.65));
   CHECK(c.pays());
 }
 
@@ -312,7 +325,7 @@ TEST_CASE("a calibration at a fixed K predicts that K, and check_prediction time
   c.verify_cost = {1.0, 1.05, 1.1, 1.3};  // measured up to k_max = 3
   c.best_k = best_draft_length(c.acceptance, c.cost_ratio, 3, c.round_cost());
   c.predicted = predicted_speedup(c.acceptance, c.cost_ratio, c.best_k, c.round_cost());
-  c.measured = speedup_measurement{c.best_k, {1.5}};
+  c.measured = speedup_measurement{c.best_k, {{16, 1.5, 1.0}}};
   for (std::size_t k = 1; k <= 3; ++k) {
     const calibration f = c.at(k);
     CHECK(f.best_k == k);
@@ -341,7 +354,7 @@ TEST_CASE("a calibration at a fixed K predicts that K, and check_prediction time
   check_prediction(two, draft, target, span, params, rng, 3, 24);
   REQUIRE(two.measured);
   CHECK(two.measured->draft_length == 2);
-  CHECK(two.measured->ratios.size() == 3);
+  CHECK(two.measured->pairs.size() == 3);
   INFO("K = 2 measured " << two.measured->speedup());
   CHECK(two.measured->speedup() > 1.5);  // ~3 tokens per 1 ms target call
   CHECK(two.pays());
@@ -572,8 +585,8 @@ TEST_CASE("warm-ups shorten to the room a prompt leaves in the models' contexts"
   const std::vector<std::vector<token>> with_full{std::vector<token>(10, 1), {0, 1, 2, 3, 4, 5, 0}, {1}};
   params.draft_length = 2;
   const auto m = measure_speedup(draft, target, std::span<const std::vector<token>>(with_full), params, rng, 3, 64);
-  REQUIRE(m.ratios.size() == 3);
-  for (const double r : m.ratios) CHECK((std::isfinite(r) && r > 0.0));
+  REQUIRE(m.pairs.size() == 3);
+  for (const double r : m.ratios()) CHECK((std::isfinite(r) && r > 0.0));
   const std::vector<double> ratios{0.5, 1.0, 2.0};
   const auto scan = scan_draft_temperature(draft, target, std::span<const std::vector<token>>(prompts), params,
                                            std::span<const double>(ratios), rng, 64);

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cassert>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -157,14 +158,40 @@ class position_acceptance {
 /// What `measure_speedup` timed: speculative decoding at one draft length against autoregressive
 /// decoding of the same prompts, in back-to-back pairs.
 struct speedup_measurement {
+  /// One pair: both sides decoded `tokens` tokens from the same prompt, back to back.
+  struct pair {
+    std::size_t tokens = 0;
+    double autoregressive_seconds = 0.0;  ///< decode time (the prompt's prefill excluded, as the
+    double speculative_seconds = 0.0;     ///< performance model excludes it)
+    /// The pair's speedup: autoregressive over speculative decode time.
+    [[nodiscard]] double ratio() const { return autoregressive_seconds / speculative_seconds; }
+  };
   std::size_t draft_length = 0;  ///< K of the speculative side
-  /// Per pair: the autoregressive decode time per token over the speculative one (prompt prefill
-  /// excluded from both, as the performance model excludes it).
-  std::vector<double> ratios;
+  std::vector<pair> pairs;
 
-  /// The measured speedup: the median of the pairs' ratios (drift of a shared machine between
-  /// pairs cancels instead of favouring one side). NaN for no pairs.
-  [[nodiscard]] double speedup() const { return detail::median(ratios); }
+  /// The measured speedup: the pooled throughput ratio, all pairs' autoregressive decode time over
+  /// all their speculative decode time (both sides decode the same tokens). It is the estimate that
+  /// the performance model's pooled acceptance and costs predict (`calibration::predicted`); a pair
+  /// in a slow phase of a shared machine slows both its sides, so drift weighs the pairs rather
+  /// than favouring one side. NaN for no pairs.
+  [[nodiscard]] double speedup() const {
+    double ar = 0.0, spec = 0.0;
+    for (const pair& p : pairs) {
+      ar += p.autoregressive_seconds;
+      spec += p.speculative_seconds;
+    }
+    return pairs.empty() ? std::numeric_limits<double>::quiet_NaN() : ar / spec;
+  }
+  /// The pairs' ratios (`pair::ratio`), in the order they ran.
+  [[nodiscard]] std::vector<double> ratios() const {
+    std::vector<double> r;
+    r.reserve(pairs.size());
+    for (const pair& p : pairs) r.push_back(p.ratio());
+    return r;
+  }
+  /// The median of the pairs' ratios: reads above `speedup()` where the gain varies from prompt to
+  /// prompt (docs/benchmarks.md, "What the table says"). NaN for no pairs.
+  [[nodiscard]] double median_ratio() const { return detail::median(ratios()); }
 };
 
 /// What a warm-up measured for one draft.
@@ -374,10 +401,10 @@ template <class Draft, class Target>
 /// pair i decodes `tokens` tokens each way from the i-th of `prompts` (cyclically; fewer tokens
 /// where a prompt leaves the models' contexts less room, and prompts that leave room for fewer
 /// than two skipped; EOS ignored, so that both sides decode as many), the two sides in
-/// alternating order, and records the ratio of their decode times per token. It measures the
+/// alternating order, and records both decode times. It measures the
 /// loop as it will run (acceptance on these texts, the calls' costs inside the loop, the time
 /// outside the models), where `calibrate`'s prediction is built from calls timed apart. Timings:
-/// each pair is noisy on a shared machine; `speedup()` is their median. Throws
+/// each pair is noisy on a shared machine; `speedup()` pools them (throughput ratio). Throws
 /// `specsample::error`, before timing anything, for no prompts, pairs = 0, tokens < 2 (a round
 /// with a draft decodes two), parameters or prompts `speculative_sample` refuses (an empty prompt,
 /// an out-of-range token, mismatched vocabularies, draft_length 0), a prompt that alone overflows
@@ -401,15 +428,24 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
   speculative_params run = params;
   run.eos.reset();
   speedup_measurement m{params.draft_length, {}};
-  const auto per_token = [](const generation_result& g) {  // (a toy model's call can take 0 s)
-    return std::max(g.stats.decode_seconds(), 1e-9) / static_cast<double>(g.stats.tokens);
+  const auto seconds = [](const generation_result& g) {  // (a toy model's call can take 0 s)
+    return std::max(g.stats.decode_seconds(), 1e-9);
   };
   for (std::size_t i = 0; i < pairs; ++i) {
     const auto& [index, length] = usable[i % usable.size()];
     const std::vector<token>& prompt = prompts[index];
     run.max_new_tokens = length;
-    const auto ar = [&] { return per_token(autoregressive_sample(target, prompt, run, rng)); };
-    const auto spec = [&] { return per_token(speculative_sample(draft, target, prompt, run, rng)); };
+    std::size_t ar_tokens = 0, spec_tokens = 0;
+    const auto ar = [&] {
+      const generation_result g = autoregressive_sample(target, prompt, run, rng);
+      ar_tokens = g.stats.tokens;
+      return seconds(g);
+    };
+    const auto spec = [&] {
+      const generation_result g = speculative_sample(draft, target, prompt, run, rng);
+      spec_tokens = g.stats.tokens;
+      return seconds(g);
+    };
     double t_ar = 0.0, t_spec = 0.0;
     if (i % 2 == 0) {
       t_ar = ar();
@@ -418,7 +454,10 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
       t_spec = spec();
       t_ar = ar();
     }
-    m.ratios.push_back(t_ar / t_spec);
+    // Both sides decode `length` tokens (EOS ignored, room checked): the pooled ratio needs it.
+    assert(ar_tokens == length && spec_tokens == length);
+    (void)spec_tokens;
+    m.pairs.push_back({ar_tokens, t_ar, t_spec});
   }
   return m;
 }
