@@ -149,12 +149,55 @@ TEST_CASE("n-gram drafting at temperature 0 equals greedy decoding and accepts r
   CHECK(spec.stats.tokens_per_target_call() > 4.5);  // K + 1 = 6 once the cycle is in context
 }
 
+namespace {
+
+/// A broken p_min: the draft is drawn first and dropped when its own probability falls below the
+/// threshold, so the stop depends on the drawn token and the drafts that reach the verifier are
+/// no longer distributed as q says (the exact rule decides on q alone, before drawing). Wraps a
+/// model_drafter without a threshold; the model keeps the dropped drafts' inputs, which the loop's
+/// `sync` cuts back as it cuts back rejected drafts.
+struct stop_on_the_drawn_draft {
+  model_drafter<toy::markov> inner;
+  float min_probability;
+
+  [[nodiscard]] std::size_t vocab_size() const { return inner.vocab_size(); }
+  [[nodiscard]] std::size_t max_size() const { return inner.max_size(); }
+  void begin(std::span<const token> ctx) { inner.begin(ctx); }
+  void sync(std::span<const token> ctx) { inner.sync(ctx); }
+  template <std::uniform_random_bit_generator Rng>
+  proposal propose(std::span<const token> ctx, std::size_t k, Eigen::Ref<Eigen::MatrixXf> q, std::span<token> out,
+                   Rng& rng) {
+    proposal made = inner.propose(ctx, k, q, out, rng);
+    for (std::size_t i = 0; i < made.tokens; ++i) {
+      if (q(static_cast<Eigen::Index>(out[i]), static_cast<Eigen::Index>(i)) < min_probability) {
+        made.tokens = i;
+        break;
+      }
+    }
+    return made;
+  }
+};
+static_assert(drafter<stop_on_the_drawn_draft>);
+
+}  // namespace
+
 TEST_CASE("stopping the draft early below a probability threshold stays exact", "[drafters][p_min][exactness]") {
   draft_length_pair pair;
   auto& params = pair.params;
   params.draft_min_probability = 0.5f;
   model_drafter<toy::markov> d(pair.draft, params.sampling, params.draft_min_probability);
   check_exact_and_broken(d, pair.target, {0}, params, tokenwise_verifier{}, resample_from_target{});
+  // The same statistic rejects the drafter that decides the stop on the drawn draft's own
+  // probability, under either verification rule.
+  stop_on_the_drawn_draft broken{model_drafter<toy::markov>(pair.draft, params.sampling), params.draft_min_probability};
+  for (const verification rule : {verification::token_wise, verification::block}) {
+    params.verify = rule;
+    const auto bad = fit_drafter(broken, pair.target, {0}, params, testing::verifier_from_params{});
+    INFO("broken drafter, rule " << static_cast<int>(rule) << ": X2 = " << bad.statistic << ", dof = " << bad.dof
+                                 << ", p = " << bad.p_value);
+    CHECK(bad.p_value < fail_threshold);
+  }
+  params.verify = verification::token_wise;
   // It does stop early: fewer drafts than K per round on average.
   std::mt19937_64 rng(2);
   params.max_new_tokens = 200;
