@@ -106,7 +106,10 @@ TEST_CASE("position acceptance counts each position only when it was reached", "
   CHECK(r[1] == 0.5);
   CHECK(r[2] == 1.0);
   CHECK(pa.reached(2) == 1);
+  CHECK(pa.accepted(1) == 1);
+  CHECK(pa.accepted(2) == 1);
   CHECK_THROWS_WITH(pa.reached(3), "position_acceptance: position 3 is past the 3 positions tracked");
+  CHECK_THROWS_WITH(pa.accepted(3), "position_acceptance: position 3 is past the 3 positions tracked");
 }
 
 TEST_CASE("calibration picks a longer draft for a better draft model", "[tuning]") {

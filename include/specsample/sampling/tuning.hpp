@@ -150,6 +150,11 @@ class position_acceptance {
     }
     return reached_[i];
   }
+  /// Rounds whose draft i was accepted. Throws `specsample::error` for i >= the positions tracked.
+  [[nodiscard]] std::size_t accepted(std::size_t i) const {
+    (void)reached(i);  // (the range check)
+    return accepted_[i];
+  }
 
  private:
   std::vector<std::size_t> reached_, accepted_;
