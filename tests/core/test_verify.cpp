@@ -154,6 +154,34 @@ TEST_CASE("categorical and residual draws are exact across many blocks of the bl
   }), want_p);
   INFO("broken: X2 = " << broken.statistic << ", p = " << broken.p_value);
   CHECK(broken.p_value < 1e-6);
+
+  // Block verification's residual, norm(max(0, w·p − q)) with w < 1, from contiguous columns (the
+  // float path) and from strided rows (the per-entry path); the broken variant leaves the weight
+  // out, and the same statistic must reject it.
+  constexpr double w = 0.6;
+  xt::xarray<double> want_w = xt::zeros<double>({V});
+  double mass_w = 0.0;
+  for (std::size_t i = 0; i < V; ++i) {
+    const auto j = static_cast<Eigen::Index>(i);
+    want_w(i) = std::max(0.0, w * static_cast<double>(p(j)) - static_cast<double>(q(j)));
+    mass_w += want_w(i);
+  }
+  want_w /= mass_w;
+  Eigen::MatrixXf rows(2, V);
+  rows.row(0) = p.transpose();
+  rows.row(1) = q.transpose();
+  for (const bool strided : {false, true}) {
+    const auto weighted = testing::chi_square_test(draws([&](auto& rng) {
+      return strided ? sample_residual(rows.row(0), rows.row(1), rng, w) : sample_residual(p, q, rng, w);
+    }), want_w);
+    INFO((strided ? "strided" : "contiguous") << " residual, w = " << w << ": X2 = " << weighted.statistic
+                                               << ", dof = " << weighted.dof << ", p = " << weighted.p_value);
+    CHECK(weighted.impossible == 0);
+    CHECK(weighted.p_value > 1e-3);
+  }
+  const auto unweighted = testing::chi_square_test(draws([&](auto& rng) { return sample_residual(p, q, rng); }), want_w);
+  INFO("the weight left out: X2 = " << unweighted.statistic << ", p = " << unweighted.p_value);
+  CHECK(unweighted.p_value < 1e-6);
 }
 
 TEST_CASE("a draw reads its stored block sums and sums any later block again, to the same token",
