@@ -477,8 +477,8 @@ SPECSAMPLE_GPT2_MODEL model::model(const gpt2::config& cfg, gpt2::weights w, opt
   for (const weight_format f : {weight_format::bf16_pairs, weight_format::i8_quads}) {
     const bool held = w_.output_embedding().format() == f;
     for (const layer_weights& lw : w_.layers) {
-      for (const weight_matrix* m : {&lw.attn_qkv_weight, &lw.attn_proj_weight, &lw.mlp_fc_weight, &lw.mlp_proj_weight}) {
-        if ((m->format() == f) != held) {
+      for (const auto m : layer_weights::matmuls) {
+        if (((lw.*m).format() == f) != held) {
           throw error(fmt::format("gpt2::model: the matmul weights must be all {} (matmul_precision {}) or none",
                                   format_name(f), f == weight_format::bf16_pairs ? "BF16" : "INT8"));
         }

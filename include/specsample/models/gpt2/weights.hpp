@@ -358,6 +358,15 @@ struct layer_weights {
   xt::xtensor<float, 1> mlp_fc_bias;             // (I)
   weight_matrix mlp_proj_weight;                 // (C, I)    HF mlp.c_proj.weight [I, C]
   xt::xtensor<float, 1> mlp_proj_bias;           // (C)
+
+  /// The block's four matmul weights and its eight F32 vectors (layer norms and biases), the
+  /// lists every count over a block's tensors walks.
+  static constexpr std::array matmuls{&layer_weights::attn_qkv_weight, &layer_weights::attn_proj_weight,
+                                      &layer_weights::mlp_fc_weight, &layer_weights::mlp_proj_weight};
+  static constexpr std::array vectors{&layer_weights::ln_1_weight,    &layer_weights::ln_1_bias,
+                                      &layer_weights::attn_qkv_bias,  &layer_weights::attn_proj_bias,
+                                      &layer_weights::ln_2_weight,    &layer_weights::ln_2_bias,
+                                      &layer_weights::mlp_fc_bias,    &layer_weights::mlp_proj_bias};
 };
 
 /// All GPT-2 parameters.
@@ -375,12 +384,9 @@ struct weights {
 
   /// Number of parameters held (a separate lm_head counted once).
   [[nodiscard]] std::size_t parameter_count() const noexcept {
-    std::size_t n = wte.size() + wpe.size() + ln_f_weight.size() + ln_f_bias.size() + lm_head.size();
+    std::size_t n = wte.size() + wpe.size() + lm_head.size() + vector_floats();
     for (const layer_weights& l : layers) {
-      n += l.ln_1_weight.size() + l.ln_1_bias.size() + l.attn_qkv_weight.size() +
-           l.attn_qkv_bias.size() + l.attn_proj_weight.size() + l.attn_proj_bias.size() +
-           l.ln_2_weight.size() + l.ln_2_bias.size() + l.mlp_fc_weight.size() + l.mlp_fc_bias.size() +
-           l.mlp_proj_weight.size() + l.mlp_proj_bias.size();
+      for (const auto m : layer_weights::matmuls) n += (l.*m).size();
     }
     return n;
   }
@@ -390,8 +396,7 @@ struct weights {
   [[nodiscard]] std::size_t matmul_bytes() const noexcept {
     std::size_t n = output_embedding().bytes();
     for (const layer_weights& l : layers) {
-      n += l.attn_qkv_weight.bytes() + l.attn_proj_weight.bytes() + l.mlp_fc_weight.bytes() +
-           l.mlp_proj_weight.bytes();
+      for (const auto m : layer_weights::matmuls) n += (l.*m).bytes();
     }
     return n;
   }
@@ -402,11 +407,7 @@ struct weights {
   /// embedding). What the decode's bandwidth is measured in; not the checkpoint file's size, which
   /// also holds the whole wpe, the `attn.bias` masks the loader ignores and the header.
   [[nodiscard]] std::size_t decode_bytes() const noexcept {
-    std::size_t floats = ln_f_weight.size() + ln_f_bias.size() + (wpe.shape(0) > 0 ? wpe.shape(1) : 0);
-    for (const layer_weights& l : layers) {
-      floats += l.ln_1_weight.size() + l.ln_1_bias.size() + l.attn_qkv_bias.size() + l.attn_proj_bias.size() +
-                l.ln_2_weight.size() + l.ln_2_bias.size() + l.mlp_fc_bias.size() + l.mlp_proj_bias.size();
-    }
+    const std::size_t floats = vector_floats() + (wpe.shape(0) > 0 ? wpe.shape(1) : 0);
     std::size_t n = matmul_bytes() + floats * sizeof(float);
     if (lm_head.size() != 0 && wte.rows() > 0) n += wte.bytes() / wte.rows();
     return n;
@@ -431,10 +432,20 @@ struct weights {
       if (m.size() != 0 && m.format() != format) m = m.converted(format);
     };
     for (layer_weights& l : layers) {
-      for (weight_matrix* m : {&l.attn_qkv_weight, &l.attn_proj_weight, &l.mlp_fc_weight, &l.mlp_proj_weight}) to(*m);
+      for (const auto m : layer_weights::matmuls) to(l.*m);
     }
     to(wte);
     to(lm_head);
+  }
+
+ private:
+  // Floats of the F32 vectors: ln_f's and every block's layer norms and biases.
+  [[nodiscard]] std::size_t vector_floats() const noexcept {
+    std::size_t n = ln_f_weight.size() + ln_f_bias.size();
+    for (const layer_weights& l : layers) {
+      for (const auto v : layer_weights::vectors) n += (l.*v).size();
+    }
+    return n;
   }
 };
 
