@@ -252,16 +252,11 @@ bool check_checkpoints(const checkpoints& c, specsample::speculative_params para
   }
   params.eos = c.eos ? eos_id : target.config().eos_token_id;
   {  // --length against the models' contexts, named as typed (the library names max_new_tokens)
-    std::size_t fits = specsample::max_new_tokens_within(target.max_size(), prompt.size());
-    std::size_t bound = target.max_size();
-    std::string bound_by = "target";
-    if (draft) {
-      if (const std::size_t f = specsample::draft_max_new_tokens_within(draft->max_size(), prompt.size()); f < fits) {
-        fits = f;
-        bound = draft->max_size();
-        bound_by = "draft";
-      }
-    }
+    const std::vector<std::size_t> draft_limits =
+        draft ? std::vector<std::size_t>{draft->max_size()} : std::vector<std::size_t>{};
+    const specsample::context_binding binding = specsample::binding_context(target.max_size(), draft_limits);
+    const std::size_t fits = binding.new_tokens_within(prompt.size()), bound = binding.holds;
+    const char* const bound_by = binding.draft ? "draft" : "target";
     if (fits == 0) {  // no --length helps (it is >= 1)
       throw specsample::error(fmt::format("the --prompt of {} tokens does not fit: the {} model holds at most {} "
                                           "tokens; shorten --prompt", prompt.size(), bound_by, bound));

@@ -568,18 +568,12 @@ int run(int argc, char** argv) {
   // The model whose context binds the prompt and -n, and the longest prompt it leaves room for: the
   // target holds prompt + n - 1 tokens, a draft model one fewer (it never holds a generation's last
   // two), so a prompt of at most target.max_size() or draft.max_size() + 1 tokens leaves room for one.
-  std::size_t holds = target.max_size(), longest_prompt = target.max_size();
-  std::string bound_by = "target model";
-  bool draft_binds = false;
-  for (std::size_t d = 0; d < drafts.size(); ++d) {
-    const std::size_t held = drafts[d].max_size();
-    if (held < longest_prompt - 1) {  // (held + 1 < longest_prompt, which cannot wrap)
-      holds = held;
-      longest_prompt = held + 1;
-      bound_by = fmt::format("draft model ({})", candidates[d].string());
-      draft_binds = true;
-    }
-  }
+  std::vector<std::size_t> draft_limits;
+  for (const auto& d : drafts) draft_limits.push_back(d.max_size());
+  const specsample::context_binding binding = specsample::binding_context(target.max_size(), draft_limits);
+  const std::size_t holds = binding.holds, longest_prompt = binding.longest_prompt();
+  const std::string bound_by =
+      binding.draft ? fmt::format("draft model ({})", candidates[*binding.draft].string()) : "target model";
   {  // A prompt too long for the contexts however it encodes is refused before it is encoded (the
      // BPE of a file of a gigabyte would take minutes and gigabytes): no token spells more than
      // max_token_bytes, so it encodes to at least as many tokens as that many bytes.
@@ -611,8 +605,7 @@ int run(int argc, char** argv) {
                             c.prompt_lookup, drafted_from, whose, limit, drafted_from));
   }
   {  // -n against the binding model's context, named as typed (the library names max_new_tokens)
-    const std::size_t fits = draft_binds ? specsample::draft_max_new_tokens_within(holds, prompt.size())
-                                         : specsample::max_new_tokens_within(holds, prompt.size());
+    const std::size_t fits = binding.new_tokens_within(prompt.size());
     const std::size_t n = c.params.max_new_tokens;
     if (fits == 0) {  // no -n helps (-n is >= 1): the prompt alone does not fit
       usage_error(fmt::format("the prompt of {} tokens does not fit: the {} holds at most {} tokens, so a prompt of "

@@ -487,6 +487,22 @@ TEST_CASE("a context that cannot hold the generation is refused up front", "[loo
   CHECK(draft_max_new_tokens_within(8, 9) == 1);  // (the prompt but its last token: 8, and no round drafts)
   CHECK(draft_max_new_tokens_within(8, 10) == 0);
   CHECK(draft_max_new_tokens_within(std::numeric_limits<std::size_t>::max(), 1) == std::numeric_limits<std::size_t>::max());
+  // Which model binds: the one leaving the shortest longest prompt, the target on a tie.
+  constexpr std::size_t unlimited = std::numeric_limits<std::size_t>::max();
+  const std::vector<std::size_t> drafts{300, 64, 63 + 1, unlimited};
+  const context_binding short_draft = binding_context(256, drafts);
+  CHECK(short_draft.draft == std::optional<std::size_t>(1));  // (the first of the two of 64)
+  CHECK(short_draft.holds == 64);
+  CHECK(short_draft.longest_prompt() == 65);
+  CHECK(short_draft.new_tokens_within(2) == 64);
+  CHECK(short_draft.new_tokens_within(66) == 0);
+  const std::vector<std::size_t> one_shorter{255};  // a draft of one position fewer leaves as long a prompt
+  CHECK_FALSE(binding_context(256, one_shorter).draft);
+  CHECK(binding_context(256, one_shorter).new_tokens_within(2) == 255);
+  CHECK_FALSE(binding_context(256, {}).draft);
+  CHECK(binding_context(0, one_shorter).holds == 0);  // (no wrap below a target of no positions)
+  const std::vector<std::size_t> none{unlimited};
+  CHECK_FALSE(binding_context(unlimited, none).draft);
   CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, make_params(7, 4), rng),
                     Equals("context overflow: a prompt of 3 tokens plus max_new_tokens = 7 needs a context of 9 "
                            "tokens (the last new token is never fed to a model), but the target model holds at most 8"));

@@ -23,6 +23,7 @@
 #include <initializer_list>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -52,6 +53,34 @@ namespace specsample {
   if (held > limit) return 0;
   const std::size_t room = limit - held;
   return room == std::numeric_limits<std::size_t>::max() ? room : room + 1;
+}
+
+/// Which model's context bounds a generation's prompt and `max_new_tokens`, of a target of
+/// `target_limit` positions and draft models of `draft_limits` (`binding_context`).
+struct context_binding {
+  std::size_t holds = 0;             ///< the binding model's positions (its `max_context`)
+  std::optional<std::size_t> draft;  ///< the index in draft_limits of the draft that binds; empty: the target
+  /// The longest prompt that leaves room for one new token: `holds` for the target, one more for a
+  /// draft model (it never holds the generation's last two tokens).
+  [[nodiscard]] std::size_t longest_prompt() const noexcept { return draft ? holds + 1 : holds; }
+  /// The most new tokens after a prompt of `prompt` tokens: `max_new_tokens_within` or
+  /// `draft_max_new_tokens_within` of the binding model (0: the prompt alone does not fit).
+  [[nodiscard]] std::size_t new_tokens_within(std::size_t prompt) const noexcept {
+    return draft ? draft_max_new_tokens_within(holds, prompt) : max_new_tokens_within(holds, prompt);
+  }
+};
+
+/// The model whose context binds: the one that leaves the fewest new tokens after any prompt (the
+/// shortest longest prompt), the target on a tie, else the first such draft. For programs that
+/// check a prompt and a length before generating and name their own options and models.
+[[nodiscard]] inline context_binding binding_context(std::size_t target_limit,
+                                                     std::span<const std::size_t> draft_limits) noexcept {
+  context_binding b{target_limit, {}};
+  for (std::size_t d = 0; d < draft_limits.size(); ++d) {
+    const std::size_t longest = b.longest_prompt();
+    if (draft_limits[d] < longest && draft_limits[d] + 1 < longest) b = {draft_limits[d], d};  // (cannot wrap)
+  }
+  return b;
 }
 
 namespace detail {
