@@ -739,8 +739,8 @@ int run(int argc, char** argv) {
     fmt::print(out, "draft choice (warm-up of {} tokens{} at K = {} from each of {} prompt(s); K = {}; predicted = E[tokens per "
                     "round] / (c_1st + c(K - 1) + v[K]), c_1st = a round's first draft call, v[K] = measured cost of a "
                     "(K+1)-token target call over a 1-token call (above K = 8 interpolated between powers of two); "
-                    "checked = speculation at that K{} timed against autoregressive decoding, median of {} pairs of {} "
-                    "tokens, where predicted > 1, in order of prediction until one pays):\n", warm_up,
+                    "checked = speculation at that K{} timed against autoregressive decoding, pooled over {} pairs of {} "
+                    "tokens (all the autoregressive decode time over all the speculative), where predicted > 1, in order of prediction until one pays):\n", warm_up,
                fewest < warmup_tokens ? " (the context leaves no more)" : "", k_max, warmup.size(),
                c.auto_k ? "the best predicted (-k auto)" : fmt::format("{} (-k)", k_max),
                c.prompt_lookup > 0 ? " with prompt lookup first (the prediction: the draft model alone)" : "",
