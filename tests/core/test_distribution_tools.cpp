@@ -486,6 +486,46 @@ TEST_CASE("the chi-square survival function matches known quantiles", "[testing]
   }
 }
 
+TEST_CASE("a test of two bins takes the binomial's exact p-value, whose level holds where chi-square's does not",
+          "[testing]") {
+  // {0.9, 0.1} at 50 samples: the references are R's binom.test two-sided p-values (every count no
+  // more likely than the one observed), computed with exact integers (Python's math.comb).
+  const auto two = [](double rare) {
+    return testing::chi_square_test(xt::xarray<double>{50.0 - rare, rare}, xt::xarray<double>{0.9, 0.1});
+  };
+  for (const auto& [rare, want] : {std::pair{0.0, 0.008373696343230036}, std::pair{5.0, 1.0},
+                                    std::pair{10.0, 0.029691710911911612}, std::pair{12.0, 0.0032199211359099167},
+                                    std::pair{15.0, 7.383868610314855e-05}, std::pair{20.0, 2.36859935818419e-08}}) {
+    INFO(rare << " of 50 in the cell of 0.1");
+    CHECK(two(rare).dof == 1);
+    CHECK(two(rare).p_value == Approx(want).epsilon(1e-9));
+  }
+  // The level: the probability that a correct sampler's 50 samples read p <= alpha is at most
+  // alpha (0.29 and 0.76 of it); by chi-square's tail on the same bins it was 3.2 and 17.5 times alpha.
+  for (const double alpha : {1e-3, 1e-6}) {
+    double exact = 0.0, asymptotic = 0.0;
+    for (double k = 0.0; k <= 50.0; k += 1.0) {
+      const double mass = std::exp(std::lgamma(51.0) - std::lgamma(k + 1.0) - std::lgamma(51.0 - k) +
+                                   k * std::log(0.1) + (50.0 - k) * std::log(0.9));
+      const auto fit = two(k);
+      if (fit.p_value <= alpha) exact += mass;
+      if (std::erfc(std::sqrt(fit.statistic / 2.0)) <= alpha) asymptotic += mass;  // χ²(1)'s tail
+    }
+    INFO("alpha " << alpha << ": exact " << exact << ", chi-square " << asymptotic);
+    CHECK(exact <= alpha);
+    CHECK(asymptotic > 3.0 * alpha);
+  }
+  // Many samples: 270 of 1000 at 0.3 (binom.test: 0.03843892964748352); the mode reads 1, and a
+  // count far in the tail a tiny p-value, quickly at 10^7 samples.
+  CHECK(testing::chi_square_test(xt::xarray<double>{730.0, 270.0}, xt::xarray<double>{0.7, 0.3}).p_value ==
+        Approx(0.03843892964748352).epsilon(1e-9));
+  CHECK(testing::chi_square_test(xt::xarray<double>{5e6, 5e6}, xt::xarray<double>{0.5, 0.5}).p_value ==
+        Approx(1.0).epsilon(1e-9));
+  const auto far = testing::chi_square_test(xt::xarray<double>{4.99e6, 5.01e6}, xt::xarray<double>{0.5, 0.5});
+  CHECK(far.p_value > 0.0);
+  CHECK(far.p_value < 1e-9);
+}
+
 TEST_CASE("speculative_fit reports what its samples drafted and rejected", "[testing]") {
   // A check that rejected nothing never reached the residual, one that drafted nothing tested the
   // target alone: the fit says so (distribution_check prints it beside its verdict).
