@@ -1924,11 +1924,13 @@ int run(int argc, char** argv) {
                fmt_duration(elapsed / static_cast<double>(done) * static_cast<double>(total_pairs - done)));
     return cl;
   };
+  std::vector<std::size_t> best_cell;  // per temperature, the index in cells of the highest pooled speedup
   for (std::size_t ti = 0; ti < c.temperatures.size(); ++ti) {
     const std::size_t first = cells.size();
     for (std::size_t k = 1; k <= c.k_max; ++k) cells.push_back(run_cell(ti, k, 0, ""));
     const auto chosen = std::max_element(cells.begin() + static_cast<std::ptrdiff_t>(first), cells.end(),
                                          [](const cell& a, const cell& b) { return a.speedup_pooled < b.speedup_pooled; });
+    best_cell.push_back(static_cast<std::size_t>(chosen - cells.begin()));
     confirmations.push_back(run_cell(ti, chosen->k, c.reps, ", confirmation"));
   }
 
@@ -2070,11 +2072,9 @@ int run(int argc, char** argv) {
   std::vector<best> bests;
   for (std::size_t ti = 0; ti < c.temperatures.size(); ++ti) {
     const double temp = c.temperatures[ti];
-    best b{temp, nullptr, nullptr, &confirmations[ti]};
+    best b{temp, &cells[best_cell[ti]], nullptr, &confirmations[ti]};
     for (const auto& cl : cells) {
-      if (cl.temperature != temp) continue;
-      if (!b.measured || cl.speedup_pooled > b.measured->speedup_pooled) b.measured = &cl;
-      if (!b.predicted || cl.predicted > b.predicted->predicted) b.predicted = &cl;
+      if (cl.temperature == temp && (!b.predicted || cl.predicted > b.predicted->predicted)) b.predicted = &cl;
     }
     bests.push_back(b);
   }
