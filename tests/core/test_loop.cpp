@@ -146,6 +146,37 @@ TEST_CASE("generation stops right after emitting EOS, even inside an accepted ru
   CHECK((ar.tokens.size() == 50 || ar.tokens.back() == 2));
 }
 
+TEST_CASE("an observer sees the verifier's decisions: drafts accepted after an EOS stay accepted, unemitted",
+          "[loop][eos][observer]") {
+  // Identical models accept every draft, so an EOS inside a run leaves accepted drafts after it.
+  auto target = toy::markov::random(4, 1, 21);
+  auto draft = target;
+  std::mt19937_64 rng(5);
+  auto params = make_params(50, 6);
+  params.eos = 2;
+  std::size_t cut_rounds = 0;
+  for (int i = 0; i < 100; ++i) {
+    std::size_t emitted_accepted = 0;
+    position_acceptance positions(6);
+    const auto r = speculative_sample(draft, target, std::vector<token>{0}, params, rng, [&](const round_event& e) {
+      positions(e);
+      std::size_t accepted = 0;
+      for (const auto& d : e.drafts) accepted += d.accepted ? 1 : 0;
+      CHECK(accepted == e.drafts.size());  // identical models: every draft passes
+      if (e.eos && e.emitted.size() <= accepted) {  // the EOS was a draft with accepted ones after it
+        CHECK(e.emitted.back() == 2);
+        CHECK_FALSE(e.bonus);
+        ++cut_rounds;
+      }
+      emitted_accepted += std::min(accepted, e.emitted.size());
+    });
+    CHECK(r.stats.accepted == emitted_accepted);  // the statistics count only what was emitted
+    CHECK(positions.reached(0) == r.stats.rounds);
+    CHECK(positions.accepted(0) == positions.reached(0));  // the verifier's decisions, EOS or not
+  }
+  CHECK(cut_rounds > 10);
+}
+
 TEST_CASE("after a call the models hold a prefix of the context and generation can continue", "[loop][state]") {
   auto target = toy::markov::random(6, 2, 8, 0.5f);
   auto draft = toy::markov::similar_to(target, 0.5, 9, 0.5f);

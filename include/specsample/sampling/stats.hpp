@@ -71,6 +71,9 @@ struct draft_event {
   /// the first rejection untested (block verification reads every draft's up to the first whose
   /// p is 0).
   float p = 0.0f;
+  /// The verifier accepted it. An EOS among the accepted drafts ends the output there
+  /// (`round_event::emitted`): the drafts after it may be accepted and not emitted, and
+  /// `generation_stats::accepted` counts only the emitted ones.
   bool accepted = false;
 };
 
