@@ -121,6 +121,8 @@ cli parse(int argc, char** argv) {
   }
   for (const double b : c.leniency) {  // before any row runs (the library's own check comes at the row)
     if (!(b > 0.0 && b <= 1.0)) usage_error(fmt::format("--leniency: {} must be in (0, 1] (1 = exact)", b));
+    // (each value is one row of the table: a repeat would only run it again)
+    if (std::count(c.leniency.begin(), c.leniency.end(), b) > 1) usage_error(fmt::format("--leniency: {} is listed twice", b));
   }
   // Both comparison columns are against the exact rule's row.
   if (std::find(c.leniency.begin(), c.leniency.end(), 1.0) == c.leniency.end()) {

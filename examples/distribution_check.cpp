@@ -59,6 +59,7 @@ constexpr const char* usage =
 #include <specsample/gpt2.hpp>
 #include <specsample/io/argument.hpp>
 #include <specsample/io/number.hpp>
+#include <specsample/io/prompt_list.hpp>
 #include <specsample/sampling/drafter.hpp>
 #include <specsample/specsample.hpp>
 #include <specsample/testing/distribution.hpp>
@@ -71,6 +72,7 @@ constexpr const char* usage =
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
@@ -158,6 +160,14 @@ bool check(Draft& draft, Target& target, std::span<const specsample::token> prom
     fmt::print(stderr, "the target's exact distribution: at most {:.0f} calls, ~{:.3g} ms each: ~{:.3g} s; then {} "
                        "samples, ~{:.3g} ms each: ~{:.3g} s\n",
                calls, 1e3 * call, call * calls, samples, 1e3 * each, each * static_cast<double>(samples));
+    // Where more sequences than the table holds are possible, whether they come depends on the
+    // logits (an EOS ends some, top-p or min-p cut, a probability rounding to 0): said, not refused.
+    if (const double possible = std::pow(width, static_cast<double>(L));
+        possible > static_cast<double>(specsample::testing::max_sequences)) {
+      fmt::print(stderr, "note: up to {:.0f}^{} = {:.3g} sequences may have positive probability; past {} the "
+                         "enumeration stops with an error (a smaller --top-k or --length keeps them fewer)\n",
+                 width, L, possible, specsample::testing::max_sequences);
+    }
   }
   std::mt19937_64 rng(seed);
   // A drafter of two (prompt lookup, else a draft model) counts whose drafts each round took.
@@ -336,7 +346,7 @@ int main(int argc, char** argv) {
       else if (a == "--similarity") similarity = args.number<double>();
       else if (a == "--target") pair.target = args.path_value();
       else if (a == "--draft") pair.draft = args.path_value();
-      else if (a == "--prompt") pair.prompt = args.value();
+      else if (a == "--prompt") pair.prompt = specsample::io::check_prompt_argument(args.value(), a);
       else if (a == "--eos") pair.eos = args.value();
       else if (a == "--threads") pair.threads = specsample::gpt2::threads_option(a, args.number<std::size_t>());
       else if (specsample::gpt2::is_option_flag(a)) specsample::gpt2::set_option(pair.model, a, args.value());
@@ -426,10 +436,6 @@ int main(int argc, char** argv) {
                                           params.max_new_tokens));
     }
     if (draft_temperature) params = params.with_draft_temperature(*draft_temperature);  // the target's filters
-    // A one-hot draft distribution's top probability is always 1: --p-min would never stop a round.
-    if (std::find(given.begin(), given.end(), "--p-min") != given.end() && params.draft_warping().one_hot()) {
-      throw specsample::error(specsample::io::p_min_with_one_hot_draft_message("--p-min"));
-    }
     try {
       specsample::validate(params, std::numeric_limits<std::size_t>::max());
     } catch (const specsample::parameter_error& e) {  // the library names its fields; this names the flags
@@ -445,6 +451,11 @@ int main(int argc, char** argv) {
         if (e.field() == field) throw specsample::error(fmt::format("{}{}", flag, e.reason()));
       }
       throw;
+    }
+    // A one-hot draft distribution's top probability is always 1: --p-min would never stop a round
+    // (checked after the values' domains, so a NaN --p-min is refused as such).
+    if (std::find(given.begin(), given.end(), "--p-min") != given.end() && params.draft_warping().one_hot()) {
+      throw specsample::error(specsample::io::p_min_with_one_hot_draft_message("--p-min"));
     }
     const auto& w = params.sampling;
     std::string filters;

@@ -173,7 +173,7 @@ cli parse(int argc, char** argv) {
       else if (a == "--prompt-lookup") {
         c.prompt_lookup = args.number<std::size_t>(1);
       }
-      else if (a == "--prompt") c.prompt = args.value();
+      else if (a == "--prompt") c.prompt = specsample::io::check_prompt_argument(args.value(), a);
       else if (a == "--prompt-file") c.prompt_file = args.path_value();
       else if (a == "--calibration-prompts") c.calibration_prompts = args.path_value();
       else if (a == "-n" || a == "--max-new-tokens") c.params.max_new_tokens = args.number<std::size_t>(1);
@@ -249,6 +249,29 @@ cli parse(int argc, char** argv) {
   const auto has = [&](std::string_view flag) { return typed(flag).has_value(); };
   if (has("--prompt") && has("--prompt-file")) usage_error("--prompt and --prompt-file both give the prompt: use one");
   if (c.stream && c.json) usage_error("--stream prints the text as it comes, --json one document at the end: use one");
+  // Each value in its domain first: a NaN --p-min is refused as such, not for the greedy draft
+  // it would meet below.
+  try {
+    if (c.draft_temperature) {
+      c.params = c.params.with_draft_temperature(*c.draft_temperature);  // the target's filters
+    }
+    specsample::validate(c.params, std::numeric_limits<std::size_t>::max());
+  } catch (const specsample::parameter_error& e) {
+    // The library names its fields; the message names the option, as typed, that set the field.
+    static constexpr std::pair<std::string_view, std::string_view> set_by[] = {
+        {"speculative_params.draft_length", "--draft-length"},
+        {"speculative_params.draft_min_probability", "--p-min"},
+        {"speculative_params.leniency", "--leniency"},
+        {"speculative_params.sampling.temperature", "--temperature"},
+        {"speculative_params.sampling.top_k", "--top-k"},
+        {"speculative_params.sampling.top_p", "--top-p"},
+        {"speculative_params.sampling.min_p", "--min-p"},
+        {"speculative_params.draft_sampling.temperature", "--draft-temperature"}};
+    for (const auto& [field, flag] : set_by) {
+      if (e.field() == field) usage_error(fmt::format("{}{}", typed(flag).value_or(flag), e.reason()));
+    }
+    throw;
+  }
   if (has("--repeat") && c.mode != "compare") {
     usage_error(fmt::format("--repeat runs both modes R times: it needs --mode compare, not {}", c.mode));
   }
@@ -303,30 +326,9 @@ cli parse(int argc, char** argv) {
   if (c.calibration_prompts && !c.auto_k && !draft_list && !c.auto_draft_temperature) {
     usage_error("--calibration-prompts warms up -k auto, a --draft list or --draft-temperature auto: none is given");
   }
-  if (c.draft_temperature) {
-    c.params = c.params.with_draft_temperature(*c.draft_temperature);  // the target's filters
-  }
   // A one-hot draft distribution's top probability is always 1: --p-min would never stop a round.
   if (const auto t = typed("--p-min"); t && c.params.draft_warping().one_hot()) {
     usage_error(specsample::io::p_min_with_one_hot_draft_message(*t));
-  }
-  try {
-    specsample::validate(c.params, std::numeric_limits<std::size_t>::max());
-  } catch (const specsample::parameter_error& e) {
-    // The library names its fields; the message names the option, as typed, that set the field.
-    static constexpr std::pair<std::string_view, std::string_view> set_by[] = {
-        {"speculative_params.draft_length", "--draft-length"},
-        {"speculative_params.draft_min_probability", "--p-min"},
-        {"speculative_params.leniency", "--leniency"},
-        {"speculative_params.sampling.temperature", "--temperature"},
-        {"speculative_params.sampling.top_k", "--top-k"},
-        {"speculative_params.sampling.top_p", "--top-p"},
-        {"speculative_params.sampling.min_p", "--min-p"},
-        {"speculative_params.draft_sampling.temperature", "--draft-temperature"}};
-    for (const auto& [field, flag] : set_by) {
-      if (e.field() == field) usage_error(fmt::format("{}{}", typed(flag).value_or(flag), e.reason()));
-    }
-    throw;
   }
   // The prompt's file last, once every flag is known good (standard input can wait for a terminal).
   if (c.prompt_file) {  // UTF-8 text only, its byte order mark dropped

@@ -166,3 +166,19 @@ TEST_CASE("check_prompt_text checks a whole-file prompt and returns it without a
   CHECK_THROWS_WITH(check_prompt_text("hi\n\x80", "p.txt"),
                     "p.txt:2: not UTF-8 text: byte 0x80 at byte offset 3 begins no valid character; save it as UTF-8");
 }
+
+TEST_CASE("check_prompt_argument holds a prompt given on the command line to UTF-8, naming the flag",
+          "[io][prompts]") {
+  using specsample::io::check_prompt_argument;
+  const std::string text = "caf\xC3\xA9\n\xEF\xBB\xBF";  // returned as given: a view of the same bytes
+  CHECK(check_prompt_argument(text, "--prompt").data() == text.data());
+  CHECK(check_prompt_argument(text, "--prompt").size() == text.size());
+  CHECK(check_prompt_argument("", "--prompt").empty());
+  CHECK_THROWS_WITH(check_prompt_argument("ab\xFF\xFE", "--prompt"),
+                    "--prompt: not UTF-8 text: byte 0xFF at byte offset 2 begins no valid character (is the terminal "
+                    "set to another encoding?)");
+  // Strict RFC 3629, as for files: an overlong, a surrogate, a character cut short.
+  CHECK_THROWS_WITH(check_prompt_argument("x\xC0\xAF", "--prompt"), Catch::Contains("byte 0xC0 at byte offset 1"));
+  CHECK_THROWS_WITH(check_prompt_argument("\xED\xA0\x80", "--prompt"), Catch::Contains("byte 0xED at byte offset 0"));
+  CHECK_THROWS_WITH(check_prompt_argument("ok\xE2\x82", "--prompt"), Catch::Contains("byte 0xE2 at byte offset 2"));
+}

@@ -235,13 +235,17 @@ inline std::size_t utf8_char_length(std::string_view s, std::size_t i) noexcept 
   return 0;
 }
 
-/// Whether `s` is valid UTF-8 (see `utf8_char_length`).
-inline bool valid_utf8(std::string_view s) noexcept {
+/// The byte offset of the first character of `s` that is not valid UTF-8 (see
+/// `utf8_char_length`), or s.size() when every one is.
+inline std::size_t first_invalid_utf8(std::string_view s) noexcept {
   for (std::size_t i = 0, len = 0; i < s.size(); i += len) {
-    if ((len = utf8_char_length(s, i)) == 0) return false;
+    if ((len = utf8_char_length(s, i)) == 0) return i;
   }
-  return true;
+  return s.size();
 }
+
+/// Whether `s` is valid UTF-8 (see `utf8_char_length`).
+inline bool valid_utf8(std::string_view s) noexcept { return first_invalid_utf8(s) == s.size(); }
 
 // The character of `text` at `i` as an error message quotes it (control bytes, DEL and bytes that
 // are not UTF-8 as \xNN, a backslash as \\), and the number of bytes it takes in `text`.

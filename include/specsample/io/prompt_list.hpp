@@ -65,15 +65,26 @@ namespace specsample::io {
                             "order mark?); save it as UTF-8",
                             label, line_of(at), at));
   }
-  for (std::size_t i = 0, len = 0; i < bytes.size(); i += len) {
-    if ((len = detail::utf8_char_length(bytes, i)) == 0) {
-      throw error(fmt::format("{}:{}: not UTF-8 text: byte 0x{:02X} at byte offset {} begins no valid character; "
-                              "save it as UTF-8",
-                              label, line_of(i), static_cast<unsigned char>(bytes[i]), i));
-    }
+  if (const std::size_t i = detail::first_invalid_utf8(bytes); i < bytes.size()) {
+    throw error(fmt::format("{}:{}: not UTF-8 text: byte 0x{:02X} at byte offset {} begins no valid character; "
+                            "save it as UTF-8",
+                            label, line_of(i), static_cast<unsigned char>(bytes[i]), i));
   }
   if (bytes.starts_with("\xEF\xBB\xBF")) bytes.remove_prefix(3);
   return bytes;
+}
+
+/// `text` when it is UTF-8 (as `check_prompt_text` reads a file) — the prompt a flag gave on the
+/// command line; else throws `specsample::error` naming the flag: "--prompt: not UTF-8 text: byte
+/// 0xFF at byte offset 2 begins no valid character (is the terminal set to another encoding?)".
+/// The tools check a prompt given as an argument as they check one read from a file.
+[[nodiscard]] inline std::string_view check_prompt_argument(std::string_view text, std::string_view flag) {
+  if (const std::size_t i = detail::first_invalid_utf8(text); i < text.size()) {
+    throw error(fmt::format("{}: not UTF-8 text: byte 0x{:02X} at byte offset {} begins no valid character (is the "
+                            "terminal set to another encoding?)",
+                            flag, static_cast<unsigned char>(text[i]), i));
+  }
+  return text;
 }
 
 /// Reads the prompts of `path` (LF, CRLF or CR line ends); throws `specsample::error` naming the file
