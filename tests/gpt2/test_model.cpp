@@ -947,6 +947,9 @@ TEST_CASE("a model built from parameters in memory checks every parameter's size
       {"fc bias of 3", [](gpt2::weights& w) { w.layers[1].mlp_fc_bias = vec::from_shape({3}); }},
       {"proj bias of 2C", [&](gpt2::weights& w) { w.layers[1].mlp_proj_bias = vec::from_shape({2 * C}); }},
       {"ln_f bias of 0", [](gpt2::weights& w) { w.ln_f_bias = vec(); }},
+      // the right shape over no storage (it would be read through a null pointer)
+      {"proj weight without storage",
+       [&](gpt2::weights& w) { w.layers[1].attn_proj_weight = gpt2::weight_matrix(gpt2::weight_format::f32, C, C, nullptr); }},
   };
   for (const auto& [what, apply] : breaks) {
     INFO(what);

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cfenv>
 #include <chrono>
 #include <cstddef>
 #include <limits>
@@ -295,6 +296,57 @@ TEST_CASE("an exception a chunk throws reaches the caller, and the pool stays wh
     for (std::size_t i = b; i < e; ++i) ++hits[i];
   });
   REQUIRE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
+}
+
+TEST_CASE("a thread pool's workers compute under the caller's rounding mode and flush-to-zero", "[gpt2][thread_pool]") {
+  // A chunk's bits must not depend on the thread that ran it (batch invariance for every thread
+  // count): the workers take on the caller's floating-point controls.
+  std::fenv_t saved;
+  REQUIRE(std::fegetenv(&saved) == 0);
+  struct restore {
+    std::fenv_t* env;
+    ~restore() { std::fesetenv(env); }
+  } guard{&saved};
+  thread_pool pool(2);
+  volatile float one = 1.0f, three = 3.0f, smallest = std::numeric_limits<float>::min(), half = 0.5f;
+  const auto third = [&] { return one / three; };
+  const auto below_normal = [&] { return smallest * half; };  // subnormal, or 0 when flushed
+  const auto on_the_worker = [&](auto compute) {  // chunk 1, run beside the caller's chunk 0
+    std::atomic<bool> second{false};
+    float value = -1.0f;
+    bool beside = false;
+    pool.parallel_for(2, [&](std::size_t, std::size_t, std::size_t chunk) {
+      if (chunk == 1) {
+        value = compute();
+        second.store(true);
+        return;
+      }
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (!second.load() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+      beside = second.load();
+    });
+    REQUIRE(beside);
+    return value;
+  };
+  const float nearest = third();
+  REQUIRE(std::fesetround(FE_DOWNWARD) == 0);
+  const float down = third();
+  const float worker_down = on_the_worker(third);
+  REQUIRE(std::fesetround(FE_TONEAREST) == 0);
+  REQUIRE(down != nearest);  // the mode changes this quotient
+  CHECK(worker_down == down);
+  CHECK(on_the_worker(third) == nearest);  // and back
+#if defined(__x86_64__) || defined(__i386__)
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040U);  // flush-to-zero (bit 15) and denormals-are-zero (bit 6)
+  const float flushed = below_normal();
+  const float worker_flushed = on_the_worker(below_normal);
+  _mm_setcsr(csr);
+  REQUIRE(flushed == 0.0f);
+  CHECK(worker_flushed == 0.0f);
+  REQUIRE(below_normal() > 0.0f);
+  CHECK(on_the_worker(below_normal) > 0.0f);
+#endif
 }
 
 TEST_CASE("a thread pool's spin is clamped to [0, max_spin]: never sleeping, or at once", "[gpt2][thread_pool]") {

@@ -319,7 +319,9 @@ class model final {
   // allocated: a config whose n_positions the weights do not have could ask for gigabytes).
   static gpt2::weights matching(const gpt2::config& cfg, gpt2::weights w) {
     const std::size_t L = cfg.n_layer, C = cfg.n_embd, I = cfg.n_inner;
-    const auto shaped = [](const weight_matrix& m, std::size_t r, std::size_t c) { return m.rows() == r && m.cols() == c; };
+    const auto shaped = [](const weight_matrix& m, std::size_t r, std::size_t c) {  // (and storage to read)
+      return m.rows() == r && m.cols() == c && m.data() != nullptr;
+    };
     const auto sized = [](const xt::xtensor<float, 1>& v, std::size_t n) { return v.size() == n; };
     bool ok = w.layers.size() == L && w.wte.shape(0) == cfg.vocab_size && w.wte.shape(1) == C &&
               w.wpe.shape(0) == cfg.n_positions && w.wpe.shape(1) == C &&

@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cfenv>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -55,6 +56,28 @@ inline void cpu_relax() noexcept {
   asm volatile("yield" ::: "memory");
 #endif
 }
+
+/// The calling thread's floating-point control state, which a pool's workers take on for each
+/// chunk they run: the rounding mode, and on x86 flush-to-zero and denormals-are-zero (MXCSR,
+/// which every kernel's SSE/AVX arithmetic reads; the x87 unit computes nothing here). A chunk's
+/// bits must not depend on the thread that ran it. Elsewhere the whole `std::fenv_t`.
+struct float_controls {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned csr = 0;
+  [[nodiscard]] static float_controls of_this_thread() noexcept { return {_mm_getcsr()}; }
+  void apply() const noexcept {
+    if (_mm_getcsr() != csr) _mm_setcsr(csr);
+  }
+#else
+  std::fenv_t env{};
+  [[nodiscard]] static float_controls of_this_thread() noexcept {
+    float_controls c;
+    std::fegetenv(&c.env);
+    return c;
+  }
+  void apply() const noexcept { std::fesetenv(&env); }
+#endif
+};
 }  // namespace detail
 
 /// The hardware threads this process may run on: its CPU affinity's count on Linux (`taskset -c 0`
@@ -145,7 +168,10 @@ class thread_pool {
   /// Calls `f(begin, end, chunk)` on disjoint contiguous chunks covering [0, n), w = min(size(),
   /// n) chunks, chunk c (c = 0..w−1) at least one index, its share of n proportional to
   /// `speed(c)`; the chunks lie along [0, n) from chunk w − 1 to chunk 0, the caller's chunk last
-  /// (measured faster than first: docs/gpt2.md, "Threads"). Returns when all are done. If a chunk
+  /// (measured faster than first: docs/gpt2.md, "Threads"). The workers run their chunks under the
+  /// caller's floating-point controls (rounding mode; flush-to-zero and denormals-are-zero on x86:
+  /// `detail::float_controls`), so no result depends on which thread computed it; the exception
+  /// flags a worker's arithmetic raises stay on the worker. Returns when all are done. If a chunk
   /// throws, chunks not started yet may be skipped, and the first exception is rethrown on the
   /// calling thread once no chunk runs any more (the pool stays whole). Thread-safe: while the
   /// workers run one call, any other call (from another thread, or from inside a chunk) runs all
@@ -164,6 +190,7 @@ class thread_pool {
     // done_'s acquire. The caller rewrites any of them only after every claimed chunk reported
     // done, so they never race.
     ctx_ = const_cast<void*>(static_cast<const void*>(std::addressof(f)));
+    controls_ = detail::float_controls::of_this_thread();
     call_ = [](void* ctx, std::size_t b, std::size_t e, std::size_t id) {
       (*static_cast<fn_t*>(ctx))(b, e, id);
     };
@@ -267,6 +294,7 @@ class thread_pool {
     k.runner = self;
     k.seconds = 0.0;
     if (failed_.load(std::memory_order_relaxed)) return;
+    if (self != 0) controls_.apply();  // (the caller's own chunks run under its state already)
     try {
       const auto t0 = std::chrono::steady_clock::now();
       call_(ctx_, ranges_[c].begin, ranges_[c].end, c);
@@ -331,6 +359,7 @@ class thread_pool {
   // The task (written by the caller only while no other thread reads it).
   alignas(64) void* ctx_ = nullptr;
   void (*call_)(void*, std::size_t, std::size_t, std::size_t) = nullptr;
+  detail::float_controls controls_{};  // the caller's, for the workers' chunks (published with task_)
 };
 
 /// A tool's kernel-thread count as given with `flag` (e.g. `--threads`): `threads` itself when it is
