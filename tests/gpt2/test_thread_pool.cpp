@@ -11,6 +11,7 @@
 #include <cfenv>
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -235,11 +236,14 @@ namespace {
 // Whether chunk 1 of a two-chunk loop runs beside chunk 0 on a worker: chunk 0 (the caller's)
 // waits up to 10 s for it to start. A pool whose workers no longer take tasks runs chunk 1 after
 // chunk 0, on the caller, once the wait has timed out.
-bool runs_chunks_side_by_side(thread_pool& pool) {
+// Whether chunk 1 of a 2-chunk loop ran beside the caller's chunk 0, so on a worker (`second`, when
+// given, runs in it first).
+bool runs_chunks_side_by_side(thread_pool& pool, const std::function<void()>& second = {}) {
   std::atomic<bool> second_started{false};
   bool seen = false;
   pool.parallel_for(2, [&](std::size_t, std::size_t, std::size_t chunk) {
     if (chunk == 1) {
+      if (second) second();
       second_started.store(true);
       return;
     }
@@ -311,21 +315,9 @@ TEST_CASE("a thread pool's workers compute under the caller's rounding mode and 
   volatile float one = 1.0f, three = 3.0f, smallest = std::numeric_limits<float>::min(), half = 0.5f;
   const auto third = [&] { return one / three; };
   const auto below_normal = [&] { return smallest * half; };  // subnormal, or 0 when flushed
-  const auto on_the_worker = [&](auto compute) {  // chunk 1, run beside the caller's chunk 0
-    std::atomic<bool> second{false};
+  const auto on_the_worker = [&](auto compute) {
     float value = -1.0f;
-    bool beside = false;
-    pool.parallel_for(2, [&](std::size_t, std::size_t, std::size_t chunk) {
-      if (chunk == 1) {
-        value = compute();
-        second.store(true);
-        return;
-      }
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      while (!second.load() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
-      beside = second.load();
-    });
-    REQUIRE(beside);
+    REQUIRE(runs_chunks_side_by_side(pool, [&] { value = compute(); }));
     return value;
   };
   const float nearest = third();
