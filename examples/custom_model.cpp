@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <vector>
 
@@ -52,7 +53,11 @@ static_assert(specsample::language_model<hashing_model>);
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) {  // nothing to configure: an argument is a mistake, not something to ignore
+    std::fprintf(stderr, "usage: custom_model (takes no arguments, got '%s')\n", argv[1]);
+    return 2;
+  }
   hashing_model target(8);
   // A draft as a plain function of the context: prefers the token after the last one.
   auto draft = specsample::toy::callable_model(8, [](std::span<const specsample::token> ctx) {

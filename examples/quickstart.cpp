@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <map>
 #include <random>
 #include <string>
@@ -80,7 +81,11 @@ struct char_vocab {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) {  // nothing to configure: an argument is a mistake, not something to ignore
+    std::fprintf(stderr, "usage: quickstart (takes no arguments, got '%s')\n", argv[1]);
+    return 2;
+  }
   const std::string text = passage;
   const char_vocab vocab(text);
   const auto corpus = vocab.encode(text);
