@@ -178,7 +178,7 @@ bool check(Draft& draft, Target& target, std::span<const specsample::token> prom
     second_rounds = draft.second_rounds();
   }
   const auto fit = specsample::testing::speculative_fit(draft, target, prompt, params, samples, rng, verifier);
-  fmt::print("samples: {}, sequence length: {}, bins: {} (sequences of expected count >= 5, and one of the rest)\n",
+  fmt::print("samples: {}, sequence length: {}, bins: {} (sequences of expected count >= 5, the rest pooled)\n",
              samples, params.max_new_tokens, fit.bins);
   fmt::print("X2 = {:.2f}, degrees of freedom = {}, p-value = {:.4g}, impossible samples = {}\n", fit.statistic,
              fit.dof, fit.p_value, fit.impossible);

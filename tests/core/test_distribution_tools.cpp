@@ -526,6 +526,22 @@ TEST_CASE("a test of two bins takes the binomial's exact p-value, whose level ho
   CHECK(far.p_value < 1e-9);
 }
 
+TEST_CASE("a test of two bins takes the binomial's probability from both bins, whatever their order", "[testing]") {
+  // Probabilities summing to 1 + 1e-7 (accepted: within 1e-6): the first bin's own expected count
+  // over n put that error into the second bin's probability, 2e-7, and a perfect fit read p ~ 1e-18
+  // in this order, 1 in the other.
+  const double n = 1e9;
+  const auto fit = testing::chi_square_test(xt::xarray<double>{n - 200.0, 200.0}, xt::xarray<double>{1.0 - 1e-7, 2e-7});
+  const auto swapped = testing::chi_square_test(xt::xarray<double>{200.0, n - 200.0}, xt::xarray<double>{2e-7, 1.0 - 1e-7});
+  CHECK(fit.dof == 1);
+  CHECK(fit.p_value > 0.9);
+  CHECK(swapped.p_value == Approx(fit.p_value).epsilon(1e-6));
+  // A first bin at probability 1 or just above it (within the sum's tolerance) gave p = 0 for
+  // every count: log1p of -1 or less.
+  CHECK(testing::chi_square_test(xt::xarray<double>{1e8 - 10.0, 10.0}, xt::xarray<double>{1.0, 1e-7}).p_value > 0.5);
+  CHECK(testing::chi_square_test(xt::xarray<double>{2e7 - 8.0, 8.0}, xt::xarray<double>{1.0000005, 4e-7}).p_value > 0.5);
+}
+
 TEST_CASE("speculative_fit reports what its samples drafted and rejected", "[testing]") {
   // A check that rejected nothing never reached the residual, one that drafted nothing tested the
   // target alone: the fit says so (distribution_check prints it beside its verdict).

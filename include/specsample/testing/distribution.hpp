@@ -355,7 +355,8 @@ struct fit_result {
   std::size_t dof = 0;         ///< bins - 1; 0 where one sequence is possible: only an impossible sample fails
   double p_value = 1.0;        ///< P(χ²(dof) >= X²), or with two bins the binomial's exact two-sided
                                ///< p-value; 0 when a sample has probability zero
-  std::size_t bins = 0;        ///< cells with E >= min_expected, plus one pooled bin of the rest
+  std::size_t bins = 0;        ///< cells with E >= min_expected, and the pool of the rest when it
+                               ///< reaches min_expected (else merged into the smallest cell)
   std::size_t impossible = 0;  ///< samples that fell in cells of probability zero
   /// What the samples' rounds did (`speculative_fit`): drafts proposed, and drafts rejected and
   /// replaced by a draw from the residual. With none rejected the check did not reach the
@@ -514,9 +515,11 @@ inline fit_result pearson(const std::vector<std::pair<double, double>>& outcomes
   for (const auto& [o, e] : bins) x2 += (o - e) * (o - e) / e;
   r.statistic = x2;
   // Two bins are a binomial: its exact p-value, where χ²'s tail runs several times too heavy
-  // (binomial_p_value); more bins, χ²'s.
+  // (binomial_p_value); more bins, χ²'s. The binomial's probability is the first bin's share of
+  // both bins' expected counts, not its own expected count over n: the probabilities may sum to
+  // 1 ± 1e-6, and a first bin near 1 would take that error into the second's tiny one (or past 1).
   r.p_value = r.dof == 0   ? 1.0
-              : r.dof == 1 ? binomial_p_value(bins[0].first, n, bins[0].second / n)
+              : r.dof == 1 ? binomial_p_value(bins[0].first, n, bins[0].second / (bins[0].second + bins[1].second))
                            : gamma_q(0.5 * static_cast<double>(r.dof), 0.5 * x2);
   return r;
 }
