@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -26,7 +27,9 @@
 
 namespace specsample::gpt2 {
 
-class thread_pool;  // thread_pool.hpp
+template <class Clock>
+class basic_thread_pool;  // thread_pool.hpp
+using thread_pool = basic_thread_pool<std::chrono::steady_clock>;
 
 /// How the matmuls multiply (`options::matmul_precision`).
 enum class matmul_precision : std::uint8_t {

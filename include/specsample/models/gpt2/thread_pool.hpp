@@ -108,7 +108,13 @@ struct float_controls {
 /// what; where the boundaries fall varies with the measured speeds, so a loop whose results may
 /// depend only on each index (the kernels': each output of a matmul panel, each attention task)
 /// gets the same bits whatever the split.
-class thread_pool {
+///
+/// `Clock` times the chunks for the speeds (`now()` on the thread that runs the chunk, before and
+/// after it); the library's pool is `thread_pool`, timed by `std::chrono::steady_clock`. Another
+/// clock serves tests: one that counts each thread's simulated work gives speeds that do not
+/// depend on how busy the machine is.
+template <class Clock>
+class basic_thread_pool {
  public:
   /// How long an idle worker spins before it sleeps.
   static constexpr std::chrono::microseconds default_spin{50};
@@ -126,7 +132,7 @@ class thread_pool {
   /// `threads` workers in total including the calling thread; 0 = one per usable hardware thread
   /// (at most `max_threads`); idle workers spin for `spin` (clamped to [0, `max_spin`]), then sleep.
   /// Throws `error` for more than `max_threads`.
-  explicit thread_pool(std::size_t threads, std::chrono::microseconds spin = default_spin)
+  explicit basic_thread_pool(std::size_t threads, std::chrono::microseconds spin = default_spin)
       : spin_(std::clamp(spin, std::chrono::microseconds{0}, max_spin)) {
     if (threads > max_threads) {
       throw error(fmt::format("thread_pool: {} threads requested; at most {}", threads, max_threads));
@@ -145,9 +151,9 @@ class thread_pool {
                               e.what()));
     }
   }
-  thread_pool(const thread_pool&) = delete;
-  thread_pool& operator=(const thread_pool&) = delete;
-  ~thread_pool() { stop(); }
+  basic_thread_pool(const basic_thread_pool&) = delete;
+  basic_thread_pool& operator=(const basic_thread_pool&) = delete;
+  ~basic_thread_pool() { stop(); }
 
   /// Most threads a pool runs; more are refused. A limit of policy (the claims and the split are
   /// per thread, so a larger pool would only cost memory).
@@ -296,9 +302,9 @@ class thread_pool {
     if (failed_.load(std::memory_order_relaxed)) return;
     if (self != 0) controls_.apply();  // (the caller's own chunks run under its state already)
     try {
-      const auto t0 = std::chrono::steady_clock::now();
+      const auto t0 = Clock::now();
       call_(ctx_, ranges_[c].begin, ranges_[c].end, c);
-      k.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      k.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     } catch (...) {
       if (!failed_.exchange(true, std::memory_order_acq_rel)) error_ = std::current_exception();
     }
@@ -361,6 +367,9 @@ class thread_pool {
   void (*call_)(void*, std::size_t, std::size_t, std::size_t) = nullptr;
   detail::float_controls controls_{};  // the caller's, for the workers' chunks (published with task_)
 };
+
+/// The library's pool: chunks timed by the steady clock.
+using thread_pool = basic_thread_pool<std::chrono::steady_clock>;
 
 /// A tool's kernel-thread count as given with `flag` (e.g. `--threads`): `threads` itself when it is
 /// 0 (one per CPU the process may run on) to `thread_pool::max_threads`, else a
