@@ -14,7 +14,7 @@
 #                               results go to docs/benchmarks/ unless ARGS has --out DIR
 #   scripts/bench.sh --quick --out /tmp/b   smoke test (< 30 s)
 #   scripts/bench.sh --strategies [ARGS...] the strategy comparison (specsample-bench --strategies;
-#                               ~3 min): strategies.md/.json in docs/benchmarks/ (or --out DIR),
+#                               ~3-5 min): strategies.md/.json in docs/benchmarks/ (or --out DIR),
 #                               with token-wise at the best K of that directory's sweep.json
 #   scripts/bench.sh --strategies --quick --out /tmp/s   its smoke test (< 30 s)
 #   scripts/bench.sh --leniency [ARGS...]   the lossy leniency trade-off on a toy Markov pair
