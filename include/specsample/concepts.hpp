@@ -89,7 +89,8 @@ concept has_append_last = requires(M& m, std::span<const token> t, std::size_t n
 /// then check up front that the prompt and `max_new_tokens` fit. Optionally, `m.append(t, n)`
 /// appends `t` like `m.append(t)` and returns only the last `n` columns, (V, n); the loops then
 /// ask only for the logits they read (none for a prompt's prefill, one when a draft catches up).
-/// See docs/models.md.
+/// Optionally, a member type `M::clock` (a std::chrono clock) times the model's calls instead of
+/// std::chrono::steady_clock; a draft and its target share it. See docs/models.md.
 template <class M>
 concept language_model = detail::has_vocab_size<M> && detail::has_context_size<M> &&
                          detail::has_append<M> && detail::has_truncate<M>;

@@ -7,6 +7,7 @@
 
 #include <Eigen/Core>
 
+#include <chrono>
 #include <cstddef>
 #include <random>
 #include <span>
@@ -53,6 +54,11 @@ struct untruncatable_model {
   Eigen::MatrixXf append(std::span<const token> t) { return Eigen::MatrixXf::Zero(4, static_cast<Eigen::Index>(t.size())); }
 };
 
+// A model that times its calls on a clock of its own (docs/models.md, item 7).
+struct clocked_model : model {
+  using clock = std::chrono::system_clock;
+};
+
 // A drafter without sync: proposes nothing.
 struct syncless_drafter {
   [[nodiscard]] std::size_t vocab_size() const { return 4; }
@@ -97,6 +103,9 @@ int main() {
   (void)specsample::speculative_sample(draft, target, std::vector<token>{0}, params, rng);  // a temporary prompt
   const token ids[] = {0, 1};
   (void)specsample::autoregressive_sample(target, ids, params, rng);
+  clocked_model timed_draft, timed_target;
+  (void)specsample::speculative_sample(timed_draft, timed_target, prompt, params, rng);  // one clock
+  (void)specsample::speculative_sample(lookup, timed_target, prompt, params, rng);
 #elif SPECSAMPLE_COMPILE_ERROR_CASE == 1  // a drafter without sync
   syncless_drafter d;
   (void)specsample::speculative_sample(d, target, prompt, params, rng);
@@ -134,6 +143,9 @@ int main() {
   (void)specsample::speculative_sample(draft, target, {0, 1}, params, rng);
 #elif SPECSAMPLE_COMPILE_ERROR_CASE == 13  // autoregressive sampling with a generator passed as a temporary
   (void)specsample::autoregressive_sample(target, prompt, params, std::mt19937_64(1));
+#elif SPECSAMPLE_COMPILE_ERROR_CASE == 14  // a draft model and a target on different clocks
+  clocked_model timed;
+  (void)specsample::speculative_sample(draft, timed, prompt, params, rng);
 #endif
   (void)draft;
   (void)target;

@@ -10,7 +10,6 @@
 #include <cmath>
 #include <limits>
 #include <random>
-#include <thread>
 
 using namespace specsample;
 
@@ -32,16 +31,31 @@ struct recording_markov : toy::markov {
   }
 };
 
-// A toy model whose every `append` call also sleeps `delay` once a context holds `from` tokens:
-// a call that costs the same for one token or several (a model bound by reading its weights), and
-// one whose cost can change with the context, so that calls timed at a short context mislead.
+// Simulated time: what the calls of the models below cost, and nothing else. The library times a
+// model's calls on the model's `clock` (docs/models.md, item 7), so the tuning functions measure
+// these costs exactly, whatever else the machine runs: no sleeps, no margins for late wake-ups.
+struct simulated_clock {
+  using duration = std::chrono::nanoseconds;
+  using rep = duration::rep;
+  using period = duration::period;
+  using time_point = std::chrono::time_point<simulated_clock>;
+  static constexpr bool is_steady = true;
+  static time_point now() noexcept { return time_point(elapsed); }
+  static inline duration elapsed{0};
+};
+
+// A toy model whose every `append` call also costs `delay` of simulated time once a context holds
+// `from` tokens: a call that costs the same for one token or several (a model bound by reading its
+// weights), and one whose cost can change with the context, so that calls timed at a short
+// context mislead.
 struct slow_markov : toy::markov {
+  using clock = simulated_clock;
   slow_markov(toy::markov m, std::chrono::microseconds delay, std::size_t from = 0)
       : toy::markov(std::move(m)), delay(delay), from(from) {}
   std::chrono::microseconds delay;
   std::size_t from;
   Eigen::MatrixXf append(std::span<const token> t) {
-    if (size() + t.size() >= from) std::this_thread::sleep_for(delay);
+    if (size() + t.size() >= from) simulated_clock::elapsed += delay;
     return toy::markov::append(t);
   }
 };
@@ -211,12 +225,42 @@ TEST_CASE("a calibration pays only when its best K is predicted to beat autoregr
   }
 }
 
+TEST_CASE("the loop times each model's calls on the model's clock", "[tuning]") {
+  using namespace std::chrono_literals;
+  // A 1 ms target and a 250 us draft equal to it, greedy, K = 4: every draft passes. The prompt's
+  // prefill is one call of each model; then 20 tokens in four rounds of four draft calls (the
+  // first catching the draft up on the last round's final draft and bonus token) and one 5-token
+  // target call. All of it simulated time: the statistics come out exact.
+  const auto markov = toy::markov::random(8, 1, 1, 0.3f);
+  slow_markov target(markov, 1ms), draft(markov, 250us);
+  speculative_params params;
+  params.sampling.temperature = 0.0f;
+  params.draft_length = 4;
+  params.max_new_tokens = 20;
+  const std::vector<token> prompt{0, 1, 2};
+  std::mt19937_64 rng(1);
+  const generation_stats spec = speculative_sample(draft, target, prompt, params, rng).stats;
+  REQUIRE(spec.tokens == 20);
+  CHECK(spec.target_calls == 4);
+  CHECK(spec.draft_calls == 16);
+  CHECK(spec.prefill_seconds == Approx(1.25e-3));
+  CHECK(spec.target_seconds == Approx(4e-3));
+  CHECK(spec.draft_seconds == Approx(4e-3));
+  CHECK(spec.decode_seconds() == Approx(8e-3));
+  CHECK(spec.overhead_seconds() == Approx(0.0).margin(1e-12));
+  const generation_stats ar = autoregressive_sample(target, prompt, params, rng).stats;
+  CHECK(ar.target_calls == 20);
+  CHECK(ar.prefill_seconds == Approx(1e-3));
+  CHECK(ar.target_seconds == Approx(20e-3));
+  CHECK(ar.decode_seconds() == Approx(20e-3));
+}
+
 TEST_CASE("measure_speedup times speculation against autoregressive decoding in pairs", "[tuning]") {
   using namespace std::chrono_literals;
-  // A target call costs 1 ms whatever it holds. A free draft equal to the target passes every
-  // draft at T = 0: K + 1 tokens per target call, about 5x at K = 4. A poor draft that costs
-  // as much as the target: ~1.2 tokens per 5 ms, about 0.25x. Sleeps, so load only stretches
-  // both sides; the bounds leave a factor of two either way.
+  // A target call costs 1 ms of simulated time whatever it holds. A free draft equal to the
+  // target passes every draft at T = 0: 20 tokens in four 5-token target calls against twenty
+  // single tokens, 5x at K = 4. A poor draft that costs as much as the target: rounds of four
+  // draft calls and one target call that mostly keep one token, 20 tokens in 90 ms of calls.
   const auto markov = toy::markov::random(8, 1, 1, 0.3f);
   slow_markov target(markov, 1ms), free_copy(markov, 0us), poor(toy::markov::similar_to(markov, 0.05, 3, 0.3f), 1ms);
   speculative_params params;
@@ -229,10 +273,10 @@ TEST_CASE("measure_speedup times speculation against autoregressive decoding in 
   REQUIRE(fast.pairs.size() == 3);
   for (const auto& p : fast.pairs) CHECK(p.tokens == 20);
   INFO("free draft " << fast.speedup());
-  CHECK(fast.speedup() > 2.5);
+  CHECK(fast.speedup() == Approx(5.0));
   const auto slow = measure_speedup(poor, target, std::span<const std::vector<token>>(prompts), params, rng, 3, 20);
   INFO("dear, poor draft " << slow.speedup());
-  CHECK(slow.speedup() < 0.5);
+  CHECK(slow.speedup() == Approx(20.0 / 90.0));
   double ar = 0, spec = 0;
   for (const auto& p : fast.pairs) {
     ar += p.autoregressive_seconds;
@@ -274,12 +318,12 @@ TEST_CASE("calibration checks a prediction that pays by timing it, and pays only
     std::mt19937_64 rng(1);
     const auto c = calibrate(draft, target, std::span<const std::vector<token>>(prompts), params, rng, 4, 24, 3);
     INFO("predicted " << c.predicted);
-    CHECK(c.predicted > 2.0);
+    CHECK(c.predicted == Approx(5.0));  // every draft passes at K = 4, the draft's calls free
     REQUIRE(c.measured);
     CHECK(c.measured->draft_length == c.best_k);
     CHECK(c.measured->pairs.size() == 3);
     INFO("measured " << c.measured->speedup());
-    CHECK(c.measured->speedup() > 1.5);
+    CHECK(c.measured->speedup() == Approx(4.8));  // 24 tokens in 4 target calls of 5 and one of 4
     CHECK(c.pays());
   }
   {  // The same draft turns dear past the prompt: timed at the prompt it looks free (predicted
@@ -292,7 +336,7 @@ TEST_CASE("calibration checks a prediction that pays by timing it, and pays only
     CHECK(c.predicted > 1.0);
     REQUIRE(c.measured);
     INFO("measured " << c.measured->speedup());
-    CHECK(c.measured->speedup() < 1.0);  // ~0.4-0.5 (late wake-ups from the sleeps pull it toward 1)
+    CHECK(c.measured->speedup() == Approx(24.0 / 59.0));  // 59 ms of calls for 24 tokens
     CHECK_FALSE(c.pays());
     // Without the check, the prediction alone decides; the caller's generator advances the same.
     std::mt19937_64 a(1), b(1);
@@ -359,7 +403,7 @@ TEST_CASE("a calibration at a fixed K predicts that K, and check_prediction time
   CHECK(two.measured->draft_length == 2);
   CHECK(two.measured->pairs.size() == 3);
   INFO("K = 2 measured " << two.measured->speedup());
-  CHECK(two.measured->speedup() > 1.5);  // ~3 tokens per 1 ms target call
+  CHECK(two.measured->speedup() == Approx(3.0));  // 3 tokens per 1 ms target call
   CHECK(two.pays());
   // Any drafter, as the generation will run it: here prompt lookup first, the free draft where
   // it finds nothing (specsample-generate --prompt-lookup).
@@ -369,7 +413,7 @@ TEST_CASE("a calibration at a fixed K predicts that K, and check_prediction time
   REQUIRE(looked_up.measured);
   CHECK(looked_up.measured->draft_length == 2);
   INFO("K = 2 with prompt lookup first " << looked_up.measured->speedup());
-  CHECK(looked_up.measured->speedup() > 1.2);
+  CHECK(looked_up.measured->speedup() == Approx(3.0));  // every round keeps 3 tokens, lookup's drafts too
   CHECK(both.first_rounds() > 0);  // lookup drafted rounds
   // A prediction that does not pay is not timed, and a measurement of before is cleared.
   two.predicted = 0.9;

@@ -92,10 +92,26 @@ namespace detail {
 template <class D>
 concept writes_distributions = std::is_same_v<typename D::writes_distributions, D>;
 
-using clock = std::chrono::steady_clock;
+// The clock the library times a model's calls with (`generation_stats`, `cost_ratios`, and so
+// `calibrate` and `measure_speedup`): the model's own `clock` type where it names one (a
+// std::chrono clock), else std::chrono::steady_clock. A model can name a clock that waits for
+// its device, or a test's model one that counts the time its calls simulate
+// (tests/core/test_tuning.cpp).
+template <class M>
+struct model_clock {
+  using type = std::chrono::steady_clock;
+};
+template <class M>
+  requires requires { typename M::clock; }
+struct model_clock<M> {
+  using type = typename M::clock;
+};
+template <class M>
+using model_clock_t = typename model_clock<std::remove_cvref_t<M>>::type;
 
-inline double seconds_since(clock::time_point t0) {
-  return std::chrono::duration<double>(clock::now() - t0).count();
+template <class Clock>
+double seconds_since(typename Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 // m.vocab_size() as a size, checked: at least 1, and at most 2^31 (token ids are int32).
@@ -126,10 +142,12 @@ decltype(auto) naming_role(const char* role, Call&& call) {
 // Appends t to m and hands the (V, n) logits of its last n tokens to `use` (n <= t.size()): via
 // m.append(t, n) when the model has it, else the last n columns of m.append(t). Checks first that
 // the model kept its side of the contract (shape, and size() growing by t.size()). Returns the
-// seconds spent in m.append alone (the forward pass; not the checks, not `use`). The append's
+// seconds spent in m.append alone (the forward pass; not the checks, not `use`), on the model's
+// clock (`model_clock_t`). The append's
 // errors name the role (`naming_role`: an overflowed forward pass, say).
 template <class M, class F>
 double forward(M& m, std::span<const token> t, std::size_t n, std::size_t vocab, const char* role, F&& use) {
+  using clock = model_clock_t<M>;
   const auto before = static_cast<std::size_t>(m.size());
   const auto t0 = clock::now();
   auto&& out = naming_role(role, [&]() -> decltype(auto) {
@@ -139,7 +157,7 @@ double forward(M& m, std::span<const token> t, std::size_t n, std::size_t vocab,
       return m.append(t);
     }
   });
-  const double seconds = seconds_since(t0);
+  const double seconds = seconds_since<clock>(t0);
   const auto after = static_cast<std::size_t>(m.size());
   if (after != before + t.size()) {
     throw error(fmt::format("{} model reports size() = {} after appending {} tokens to a context of {}",

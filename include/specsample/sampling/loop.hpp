@@ -227,11 +227,25 @@ class lazy_columns {
   isa level_ = simd::detected();
 };
 
+// The statistics add a model drafter's calls to the target's: both models on one clock (a
+// model's `clock` type, `model_clock_t`). A function of the two types alone, so that the loop's
+// instantiations for each verifier share one diagnostic.
+template <class Drafter, class Target>
+constexpr void check_clocks() {
+  if constexpr (requires(Drafter& d) { d.model(); }) {
+    static_assert(std::is_same_v<model_clock_t<decltype(std::declval<Drafter&>().model())>, model_clock_t<Target>>,
+                  "the draft and the target model time their calls on different clocks (a model's `clock` "
+                  "type): generation_stats would add one's seconds to the other's");
+  }
+}
+
 // The one loop. With Drafter = no_draft it is autoregressive sampling: every round verifies zero
 // drafts, so its single token is drawn from p directly.
 template <class Drafter, class Target, class Rng, class Observer, class Verifier>
 generation_result generate(Drafter& drafter, Target& target, std::span<const token> prompt,
                            const speculative_params& params, Rng& rng, Observer& observer, Verifier& verify) {
+  check_clocks<Drafter, Target>();
+  using clock = model_clock_t<Target>;
   const auto t_start = clock::now();
   constexpr bool has_draft = !std::is_same_v<Drafter, no_draft>;
   const std::size_t vocab = check_generation(drafter, target, prompt, params);
@@ -263,7 +277,7 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
     const auto t0 = clock::now();
     prefill(target, ctx, vocab, "target");
     if constexpr (has_draft) drafter.begin(ctx);
-    stats.prefill_seconds = seconds_since(t0);
+    stats.prefill_seconds = seconds_since<clock>(t0);
   }
 
   while (result.tokens.size() < max_new) {
@@ -378,7 +392,7 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
     }
     if (hit_eos) break;
   }
-  stats.total_seconds = seconds_since(t_start);
+  stats.total_seconds = seconds_since<clock>(t_start);
   return result;
 }
 

@@ -309,6 +309,9 @@ template <class Target>
 template <language_model Draft, language_model Target>
 calibration cost_ratios(Draft& draft, Target& target, std::span<const token> context, std::size_t k_max,
                         std::size_t reps = 15) {
+  static_assert(std::is_same_v<detail::model_clock_t<Draft>, detail::model_clock_t<Target>>,
+                "cost_ratios: the draft and the target model time their calls on different clocks (a model's "
+                "`clock` type): their ratio would mean nothing");
   if (context.empty()) throw error("cost_ratios: the context must hold at least one token");
   if (reps == 0) throw error("cost_ratios: reps must be >= 1 (every ratio is a median over reps rounds)");
   const std::size_t keep = context.size() - 1;
@@ -318,9 +321,10 @@ calibration cost_ratios(Draft& draft, Target& target, std::span<const token> con
   const std::vector<std::size_t> ks = verify_timing_lengths(k_fit);
   const auto timed = [&](auto& m, std::size_t n, const char* role) {
     const std::vector<token> batch(n, context.back());
-    const auto t0 = std::chrono::steady_clock::now();
+    using clock = detail::model_clock_t<decltype(m)>;
+    const auto t0 = clock::now();
     (void)detail::naming_role(role, [&]() -> decltype(auto) { return m.append(batch); });
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double s = detail::seconds_since<clock>(t0);
     detail::truncate_to(m, keep, role);
     return s;
   };
