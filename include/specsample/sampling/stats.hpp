@@ -12,7 +12,9 @@ namespace specsample {
 
 /// Counters and timings of one generation call. All counts describe the emitted output: when an
 /// EOS cuts a round short, only the drafts actually emitted count as accepted, so
-/// `tokens == accepted + corrections + bonus` always holds.
+/// `tokens == accepted + corrections + bonus` always holds. The seconds are the models' clock's
+/// (a model's `clock` type, which a draft model shares with its target; else
+/// std::chrono::steady_clock: wall time).
 struct generation_stats {
   std::size_t rounds = 0;        ///< verification rounds (autoregressive: one per token)
   std::size_t target_calls = 0;  ///< target forward calls after the prompt prefill
@@ -27,7 +29,7 @@ struct generation_stats {
   double prefill_seconds = 0.0;  ///< both models' prompt prefill
   double draft_seconds = 0.0;    ///< time inside the draft model's `append` calls (after prefill)
   double target_seconds = 0.0;   ///< time inside the target's `append` calls (after prefill)
-  double total_seconds = 0.0;    ///< wall time of the whole call, prefill included
+  double total_seconds = 0.0;    ///< the whole call, prefill included
 
   /// accepted / drafted (0 when nothing was drafted).
   [[nodiscard]] double acceptance_rate() const noexcept {
