@@ -109,6 +109,15 @@ struct model_clock<M> {
 template <class M>
 using model_clock_t = typename model_clock<std::remove_cvref_t<M>>::type;
 
+// Two models whose times the library compares or adds (a draft and its target) must share a
+// clock: one diagnostic, wherever the pair meets (the loop's statistics, cost_ratios).
+template <class DraftModel, class Target>
+constexpr void check_clocks() {
+  static_assert(std::is_same_v<model_clock_t<DraftModel>, model_clock_t<Target>>,
+                "the draft and the target model time their calls on different clocks (a model's `clock` "
+                "type): the library compares and adds their seconds");
+}
+
 template <class Clock>
 double seconds_since(typename Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();

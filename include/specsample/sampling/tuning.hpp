@@ -309,9 +309,7 @@ template <class Target>
 template <language_model Draft, language_model Target>
 calibration cost_ratios(Draft& draft, Target& target, std::span<const token> context, std::size_t k_max,
                         std::size_t reps = 15) {
-  static_assert(std::is_same_v<detail::model_clock_t<Draft>, detail::model_clock_t<Target>>,
-                "cost_ratios: the draft and the target model time their calls on different clocks (a model's "
-                "`clock` type): their ratio would mean nothing");
+  detail::check_clocks<Draft, Target>();
   if (context.empty()) throw error("cost_ratios: the context must hold at least one token");
   if (reps == 0) throw error("cost_ratios: reps must be >= 1 (every ratio is a median over reps rounds)");
   const std::size_t keep = context.size() - 1;
