@@ -2,6 +2,7 @@
 // diagnose with a sentence of their own (tests/core/CMakeLists.txt compiles this file once per
 // SPECSAMPLE_COMPILE_ERROR_CASE, -fsyntax-only, and matches the sentence). Case 0 is every call
 // written correctly: it must compile, so each other case fails for its one mistake.
+#include <specsample/drafters/fallback.hpp>
 #include <specsample/drafters/ngram.hpp>
 #include <specsample/sampling/loop.hpp>
 
@@ -106,6 +107,9 @@ int main() {
   clocked_model timed_draft, timed_target;
   (void)specsample::speculative_sample(timed_draft, timed_target, prompt, params, rng);  // one clock
   (void)specsample::speculative_sample(lookup, timed_target, prompt, params, rng);
+  specsample::drafters::fallback timed_fallback(specsample::drafters::ngram(4),
+                                                specsample::model_drafter(timed_draft, params.draft_warping()));
+  (void)specsample::speculative_sample(timed_fallback, timed_target, prompt, params, rng);  // one clock
 #elif SPECSAMPLE_COMPILE_ERROR_CASE == 1  // a drafter without sync
   syncless_drafter d;
   (void)specsample::speculative_sample(d, target, prompt, params, rng);
@@ -146,6 +150,11 @@ int main() {
 #elif SPECSAMPLE_COMPILE_ERROR_CASE == 14  // a draft model and a target on different clocks
   clocked_model timed;
   (void)specsample::speculative_sample(draft, timed, prompt, params, rng);
+#elif SPECSAMPLE_COMPILE_ERROR_CASE == 15  // the same, the draft model behind prompt lookup
+  clocked_model timed;
+  specsample::drafters::fallback lookup_then_model(specsample::drafters::ngram(4),
+                                                   specsample::model_drafter(draft, params.draft_warping()));
+  (void)specsample::speculative_sample(lookup_then_model, timed, prompt, params, rng);
 #endif
   (void)draft;
   (void)target;

@@ -227,12 +227,20 @@ class lazy_columns {
   isa level_ = simd::detected();
 };
 
-// A model drafter's model and the target on one clock (`check_clocks`): a function of the two
-// types alone, so that the loop's instantiations for each verifier share one diagnostic.
+// A model drafter's model and the target on one clock (`check_clocks`), and so every model
+// drafter inside a drafter made of two (`drafters::fallback`: its first() and second()): a
+// function of the types alone, so that the loop's instantiations for each verifier share one
+// diagnostic.
 template <class Drafter, class Target>
 constexpr void check_drafter_clock() {
   if constexpr (requires(Drafter& d) { d.model(); }) {
     check_clocks<decltype(std::declval<Drafter&>().model()), Target>();
+  } else if constexpr (requires(Drafter& d) {
+                         d.first();
+                         d.second();
+                       }) {
+    check_drafter_clock<std::remove_reference_t<decltype(std::declval<Drafter&>().first())>, Target>();
+    check_drafter_clock<std::remove_reference_t<decltype(std::declval<Drafter&>().second())>, Target>();
   }
 }
 
