@@ -60,6 +60,11 @@ struct clocked_model : model {
   using clock = std::chrono::system_clock;
 };
 
+// Another model on that clock.
+struct other_clocked_model : model {
+  using clock = std::chrono::system_clock;
+};
+
 // A drafter without sync: proposes nothing.
 struct syncless_drafter {
   [[nodiscard]] std::size_t vocab_size() const { return 4; }
@@ -155,6 +160,12 @@ int main() {
   specsample::drafters::fallback lookup_then_model(specsample::drafters::ngram(4),
                                                    specsample::model_drafter(draft, params.draft_warping()));
   (void)specsample::speculative_sample(lookup_then_model, timed, prompt, params, rng);
+#elif SPECSAMPLE_COMPILE_ERROR_CASE == 16  // two draft models of one clock, the target on another: one diagnostic
+  clocked_model first;
+  other_clocked_model second;
+  specsample::drafters::fallback both(specsample::model_drafter(first, params.draft_warping()),
+                                      specsample::model_drafter(second, params.draft_warping()));
+  (void)specsample::speculative_sample(both, target, prompt, params, rng);
 #endif
   (void)draft;
   (void)target;

@@ -110,12 +110,17 @@ template <class M>
 using model_clock_t = typename model_clock<std::remove_cvref_t<M>>::type;
 
 // Two models whose times the library compares or adds (a draft and its target) must share a
-// clock: one diagnostic, wherever the pair meets (the loop's statistics, cost_ratios).
-template <class DraftModel, class Target>
-constexpr void check_clocks() {
-  static_assert(std::is_same_v<model_clock_t<DraftModel>, model_clock_t<Target>>,
+// clock: one diagnostic per pair of clocks, wherever the pair meets (the loop's statistics,
+// cost_ratios) and whichever models name them (the assertion is a function of the clocks alone).
+template <class DraftClock, class TargetClock>
+constexpr void check_same_clock() {
+  static_assert(std::is_same_v<DraftClock, TargetClock>,
                 "the draft and the target model time their calls on different clocks (a model's `clock` "
                 "type): the library compares and adds their seconds");
+}
+template <class DraftModel, class Target>
+constexpr void check_clocks() {
+  check_same_clock<model_clock_t<DraftModel>, model_clock_t<Target>>();
 }
 
 template <class Clock>
