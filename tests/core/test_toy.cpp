@@ -1,11 +1,13 @@
 #include <specsample/specsample.hpp>
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <cmath>
 #include <limits>
 #include <random>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 using namespace specsample;
@@ -128,7 +130,28 @@ TEST_CASE("the callable adapter calls the function with the context so far", "[t
   CHECK(autoregressive_sample(m, std::vector<token>{0}, p, rng).tokens == std::vector<token>{1, 2, 0, 1});
 
   toy::callable_model bad(3, [](std::span<const token>) { return Eigen::VectorXf(Eigen::VectorXf::Zero(2)); });
-  CHECK_THROWS_WITH(bad.append(std::vector<token>{0}), Catch::Matchers::Contains("returned 2 logits"));
+  CHECK_THROWS_WITH(bad.append(std::vector<token>{0}), Catch::Matchers::Contains("returned 2 × 1 logits"));
+}
+
+TEST_CASE("the callable adapter checks the shape of what the callable returns", "[toy][callable][errors]") {
+  // A matrix of other columns than one is refused, naming its shape (assigned to a vector, it
+  // asserted in Eigen, or without assertions was taken as garbage); a row of V logits serves as a
+  // column.
+  for (const auto& [rows, cols] : {std::pair{3, 3}, std::pair{2, 2}, std::pair{3, 0}}) {
+    toy::callable_model m(3, [rows = rows, cols = cols](std::span<const token>) { return Eigen::MatrixXf::Zero(rows, cols).eval(); });
+    CHECK_THROWS_WITH(m.append(std::vector<token>{0}),
+                      Catch::Matchers::Contains(fmt::format("returned {} × {} logits for a vocabulary of 3", rows, cols)));
+    CHECK(m.size() == 0);
+  }
+  toy::callable_model row(3, [](std::span<const token>) {
+    Eigen::MatrixXf l(1, 3);
+    l << 1.0f, 2.0f, 3.0f;
+    return l;
+  });
+  const Eigen::MatrixXf logits = row.append(std::vector<token>{0});
+  CHECK(logits.rows() == 3);
+  CHECK(logits.cols() == 1);
+  CHECK(logits(2, 0) == 3.0f);
 }
 
 TEST_CASE("a failed append leaves the callable adapter's context unchanged", "[toy][callable][errors]") {
@@ -162,7 +185,7 @@ TEST_CASE("a failed append leaves the callable adapter's context unchanged", "[t
 
   // The callable returns the wrong length on the third token: rolled back as well.
   short_at = 5;
-  CHECK_THROWS_WITH(m.append(std::vector<token>{2, 0, 1}), Contains("returned 2 logits"));
+  CHECK_THROWS_WITH(m.append(std::vector<token>{2, 0, 1}), Contains("returned 2 × 1 logits"));
   CHECK(context() == before);
   short_at = 0;
 

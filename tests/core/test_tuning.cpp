@@ -189,6 +189,23 @@ TEST_CASE("calibration picks a longer draft for a better draft model", "[tuning]
   CHECK_FALSE(p.pays());
 }
 
+TEST_CASE("a calibration of models whose calls read 0 s on their clock takes verification at one token's "
+          "cost",
+          "[tuning]") {
+  // Every call of both models costs no simulated time: the (K+1)-token call read 0 s and was
+  // divided by the single token's floor of 1 ns, v = 0, which calibrate then refused in
+  // predicted_speedup's words ("the verification cost v[1] must be finite and > 0").
+  slow_markov target(toy::markov::random(8, 1, 1, 0.3f), std::chrono::microseconds(0));
+  slow_markov draft(toy::markov::similar_to(target, 0.9, 2, 0.3f), std::chrono::microseconds(0));
+  const std::vector<token> prompt{0, 1};
+  speculative_params params;
+  std::mt19937_64 rng(1);
+  const auto cal = calibrate(draft, target, prompt, params, rng, 4, 100, 0);
+  REQUIRE(cal.verify_cost.size() == 5);
+  for (const double v : cal.verify_cost) CHECK(v == 1.0);
+  CHECK(cal.cost_ratio == 0.0);
+}
+
 TEST_CASE("a calibration charges a round's first draft call apart", "[tuning]") {
   calibration c;
   c.cost_ratio = 0.08;
@@ -580,6 +597,13 @@ TEST_CASE("the draft temperature scan finds the ratio at which a sharpened draft
   CHECK_THROWS_WITH(scan_draft_temperature(draft, t, std::span<const std::vector<token>>(prompts), params,
                                            std::span<const double>(ratios), rng, 20),
                     Contains("temperature must be > 0"));
+  // A temperature that is no temperature is named as such (it read as a ratio's fault, or as 0's).
+  for (const float nonsense : {std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    params.sampling.temperature = nonsense;
+    CHECK_THROWS_WITH(scan_draft_temperature(draft, t, std::span<const std::vector<token>>(prompts), params,
+                                             std::span<const double>(ratios), rng, 20),
+                      Contains("speculative_params.sampling.temperature must be finite and >= 0"));
+  }
   params.sampling.temperature = 1.0f;
   const std::vector<double> bad{1.0, 0.0};
   CHECK_THROWS_WITH(scan_draft_temperature(draft, t, std::span<const std::vector<token>>(prompts), params,

@@ -102,6 +102,27 @@ TEST_CASE("top-p keeps the smallest most-probable set with mass >= top_p", "[war
   check_close(warp(logits_of({0.1, 0.45, 0.45}), s), {0, 1, 0});
 }
 
+TEST_CASE("top-p after top-k: a prefix whose exact mass is top_p reaches it despite the renormalisation's "
+          "rounding",
+          "[warp][top_p]") {
+  // Softmax {1, 1, 0} cut to two tokens renormalises them to 0.49999997 each (the float
+  // reciprocal of their sum): their exact mass 0.5 still reaches top_p = 0.5 with the first alone,
+  // as without the third token (where no renormalisation happens). Compared exactly: every
+  // entry either 1 or 0.
+  sampling_params s;
+  s.top_k = 2;
+  s.top_p = 0.5f;
+  Eigen::VectorXf three(3), two(2);
+  three << 1.0f, 1.0f, 0.0f;
+  two << 1.0f, 1.0f;
+  const Eigen::VectorXf p3 = warp(three, s), p2 = warp(two, s);
+  CHECK(p3(0) == 1.0f);
+  CHECK(p3(1) == 0.0f);
+  CHECK(p3(2) == 0.0f);
+  CHECK(p2(0) == 1.0f);
+  CHECK(p2(1) == 0.0f);
+}
+
 TEST_CASE("top-p keeps 900 of 1000 equally probable tokens, the lower ids", "[warp][top_p]") {
   Eigen::VectorXf l = Eigen::VectorXf::Zero(1000);  // uniform: the nucleus needs 900 tokens
   sampling_params s;
@@ -149,7 +170,8 @@ TEST_CASE("top-k and top-p keep exactly the prefix of a full sort on large vocab
         INFO("V = " << V << ", sigma = " << sigma << ", top_p = " << top_p);
         double mass = 0.0;
         std::size_t keep = 0;
-        while (keep < V && mass < static_cast<double>(top_p)) mass += static_cast<double>(base(order[keep++]));
+        const double reach = static_cast<double>(top_p) * (1.0 - 0x1p-22);  // (the warper's rounding allowance)
+        while (keep < V && mass < reach) mass += static_cast<double>(base(order[keep++]));
         sampling_params s;
         s.top_p = top_p;
         check_prefix(warp(logits, s), keep);

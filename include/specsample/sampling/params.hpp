@@ -21,7 +21,7 @@ namespace specsample {
 struct sampling_params {
   float temperature = 1.0f;  ///< 0 = greedy (argmax, lowest id on ties); must be >= 0.
   int top_k = 0;             ///< keep the k most probable tokens; 0 = off; must be >= 0.
-  float top_p = 1.0f;        ///< keep the smallest most-probable set with mass >= top_p; in (0, 1].
+  float top_p = 1.0f;        ///< keep the smallest most-probable set with mass >= top_p (within 2^-22 of it); in (0, 1].
   float min_p = 0.0f;        ///< keep tokens with p >= min_p * max p; in [0, 1).
 
   /// Whether every distribution this warping makes is one-hot (temperature 0, or top_k = 1): its

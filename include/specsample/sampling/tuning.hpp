@@ -326,16 +326,19 @@ calibration cost_ratios(Draft& draft, Target& target, std::span<const token> con
     detail::truncate_to(m, keep, role);
     return s;
   };
+  // A target call can read 0 s (a toy model's, or a clock coarser than the call): every target
+  // time counts as at least 1 ns, so two calls that both read 0 cost alike (v = 1), not v = 0.
+  const auto timed_target = [&](std::size_t n) { return std::max(timed(target, n, "target"), 1e-9); };
   std::vector<double> c, first;                      // c, c_first
   std::vector<std::vector<double>> ratio(ks.size());  // [i]: (ks[i]+1)-token / 1-token call
   for (std::size_t r = 0; r < reps; ++r) {
     (void)timed(target, 1, "target");
-    const double t1 = std::max(timed(target, 1, "target"), 1e-9);  // (a toy model's call can round to 0 s)
+    const double t1 = timed_target(1);
     first.push_back(timed(draft, 1, "draft") / t1);
     c.push_back(timed(draft, 1, "draft") / t1);
     for (std::size_t i = 0; i < ks.size(); ++i) {
       (void)timed(draft, 1, "draft");
-      ratio[i].push_back(timed(target, ks[i] + 1, "target") / t1);
+      ratio[i].push_back(timed_target(ks[i] + 1) / t1);
     }
   }
   calibration m;
@@ -627,6 +630,7 @@ template <language_model Draft, language_model Target, std::uniform_random_bit_g
                                                             const speculative_params& params,
                                                             std::span<const double> ratios, Rng& rng,
                                                             std::size_t tokens = 64) {
+  validate(params.sampling, "speculative_params.sampling");  // (a NaN or infinite temperature, by its name)
   const float t = params.sampling.temperature;
   if (!(t > 0.0f)) throw error("scan_draft_temperature: the target's temperature must be > 0 (at 0 both models are greedy)");
   if (prompts.empty()) throw error("scan_draft_temperature: no prompts");

@@ -32,7 +32,8 @@ namespace specsample {
 /// Steps (docs/algorithm.md): softmax(logits / T) (the exponentials with the vector exp of the best
 /// instruction set this CPU has, the same one for every call: a probability below 2^-126 times
 /// the most probable token's is 0); keep the top_k most probable; keep the smallest
-/// most-probable prefix with mass >= top_p; keep p >= min_p * max p; renormalise after each step.
+/// most-probable prefix with mass >= top_p (within 2^-22 of top_p: the rounding of a float
+/// renormalisation); keep p >= min_p * max p; renormalise after each step.
 /// Ties are ordered by the lower token id. T = 0 gives the one-hot argmax (lowest id on ties).
 /// Every T > 0 is softmax(logits / T) as written, however small: a subnormal T (whose reciprocal
 /// overflows float) is divided in double, so as T -> 0+ the result tends to the greedy one-hot
@@ -214,9 +215,13 @@ class logit_warper {
     keep_down_to(probs, best_[k - 1]);
   }
 
-  // The smallest most-probable prefix with mass >= top_p (`top_p_last`).
+  // The smallest most-probable prefix with mass >= top_p (`top_p_last`), where a mass short of
+  // top_p by at most 2^-22 of it reaches it: more than the float renormalisation before this step
+  // (≤ 2^-23 per entry) may take from a prefix whose exact mass is top_p. Softmax {1, 1, 0} cut to top_k = 2 leaves two
+  // tokens of 0.49999997 (scaled by the float reciprocal of their sum), whose exact mass 0.5
+  // reaches top_p = 0.5 with the first of them alone, as it does with no third token.
   void keep_top_p(Eigen::Ref<Eigen::VectorXf> probs) {
-    const double target = static_cast<double>(params_.top_p);
+    const double target = static_cast<double>(params_.top_p) * (1.0 - 0x1p-22);
     const float* p = probs.data();
     const float m = simd::max_value(isa_, p, vocab_);
     // The masses from tally_above are approximate, so a set may turn out too light (its prefix

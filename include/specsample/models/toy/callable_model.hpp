@@ -17,7 +17,7 @@
 namespace specsample::toy {
 
 /// Wraps `F: (std::span<const token> context) -> logits` (anything assignable to an
-/// `Eigen::VectorXf` of length `vocab`) as a `language_model`: the adapter keeps the token list,
+/// `Eigen::MatrixXf`, holding a column or a row of `vocab` logits; another shape is an error) as a `language_model`: the adapter keeps the token list,
 /// and `append` calls `f` once per appended token with the whole context so far. No KV cache, so
 /// each call costs whatever `f` costs; good for tests, prototypes and models with their own cache.
 template <class F>
@@ -48,12 +48,19 @@ class callable_model {
     try {
       for (std::size_t j = 0; j < t.size(); ++j) {
         context_.push_back(t[j]);
-        Eigen::VectorXf logits = f_(std::span<const token>(context_));
-        if (static_cast<std::size_t>(logits.size()) != vocab_) {
-          throw error(fmt::format("toy::callable_model: the callable returned {} logits for a vocabulary of {}",
-                                  logits.size(), vocab_));
+        // Held as a matrix first: a vector's shape is checked, not assumed (assigning a (V, 3)
+        // matrix to a vector asserts in Eigen, or without assertions keeps garbage).
+        const Eigen::MatrixXf logits = f_(std::span<const token>(context_));
+        const auto v = static_cast<Eigen::Index>(vocab_);
+        if (logits.rows() == v && logits.cols() == 1) {
+          out.col(static_cast<Eigen::Index>(j)) = logits.col(0);
+        } else if (logits.rows() == 1 && logits.cols() == v) {
+          out.col(static_cast<Eigen::Index>(j)) = logits.row(0).transpose();
+        } else {
+          throw error(fmt::format("toy::callable_model: the callable returned {} × {} logits for a vocabulary of {} "
+                                  "(a vector of {} expected)",
+                                  logits.rows(), logits.cols(), vocab_, vocab_));
         }
-        out.col(static_cast<Eigen::Index>(j)) = logits;
       }
     } catch (...) {
       context_.resize(before);  // shrinking: no-throw
