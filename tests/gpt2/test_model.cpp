@@ -1539,6 +1539,19 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
       CHECK(m.size() < 300 + st.string().size() + cfg.string().size());
     }
   }
+  SECTION("a block number past 2^20 is named as the tensor writes it") {
+    // Read only up to 2^20 (no overflow), it was reported cut short: block 1234567 for h.123456789.
+    for (const auto& [name, block] : {std::pair<std::string, std::string>{"h.123456789.attn.bias", "123456789"},
+                                      {"h." + std::string(1'000'000, '9') + ".x", "9999"}}) {
+      rewrite([&extra = name](std::vector<io::tensor_data>& ts) {
+        ts.push_back(io::make_tensor(extra, {1}, std::vector<float>{0.0f}));
+      });
+      const std::string m = load_error(dir);
+      INFO(m.substr(0, 600));
+      CHECK_THAT(m, Contains(" belongs to block " + block) && Contains(" says n_layer = 2"));
+      CHECK(m.size() < 500 + st.string().size() + cfg.string().size());
+    }
+  }
   SECTION("an invalid config") {
     set_config("n_head", 3);
     REQUIRE_THAT(load_error(dir), Contains(cfg.string()) && Contains("not divisible by n_head"));

@@ -324,7 +324,7 @@ TEST_CASE("every kind of malformed file is rejected with a message naming file a
     REQUIRE_THAT(error_of(file(R"("a":{"dtype":"F32","shape":[4],"data_offsets":[0]})")),
                  Contains("\"data_offsets\" is not an array [begin, end]"));
     REQUIRE_THAT(error_of(file(R"("a":{"dtype":"F32","shape":[4],"data_offsets":[0,"16"]})")),
-                 Contains("not non-negative integers"));
+                 Contains("[0,\"16\"]: the end is not a non-negative integer"));
   }
   SECTION("an unknown dtype is named") {
     REQUIRE_THAT(error_of(file(entry("a", "F128", "[1]", "[0,16]"))),
@@ -359,6 +359,16 @@ TEST_CASE("every kind of malformed file is rejected with a message naming file a
                  Contains("not a non-negative integer"));
     REQUIRE_THAT(error_of(file(entry("a", "F32", "[\"4\"]", "[0,16]"))),
                  Contains("not a non-negative integer"));
+    // An integer of 2^64 or more (which the JSON parser holds as a float) is too large, not a
+    // non-integer; likewise in data_offsets, which say which of the two is at fault.
+    REQUIRE_THAT(error_of(file(entry("a", "F32", "[18446744073709551616]", "[0,16]"))),
+                 Contains("shape entry 1.8446744073709552e+19 is too large (2^64 or more)"));
+    REQUIRE_THAT(error_of(file(entry("a", "F32", "[4]", "[0,18446744073709551616]"))),
+                 Contains("\"data_offsets\" [0,1.8446744073709552e+19]: the end is too large (2^64 or more)"));
+    REQUIRE_THAT(error_of(file(entry("a", "F32", "[4]", "[-1,16]"))),
+                 Contains("\"data_offsets\" [-1,16]: the begin is not a non-negative integer"));
+    REQUIRE_THAT(error_of(file(entry("a", "F32", "[4]", "[0,1.6e1]"))),
+                 Contains("the end is not a non-negative integer"));
   }
   SECTION("a shape whose element or byte count overflows") {
     REQUIRE_THAT(error_of(file(entry("a", "F32", "[4294967296,4294967296]", "[0,16]"))),
@@ -632,7 +642,7 @@ TEST_CASE("names and values from a file are quoted escaped and cut short in mess
            {R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,)" + zeros + R"(],"data_offsets":[0,4]}})", 4,
             {"tensor 'a': shape [4294967296,4294967296,0,0,", "(600023 bytes) overflows the element count"}},
            {R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[)" + mb_quoted + R"(,4]}})", 4,
-            {"tensor 'a': \"data_offsets\" [\"nnnn", "(1000006 bytes) are not non-negative integers"}},
+            {"tensor 'a': \"data_offsets\" [\"nnnn", "(1000006 bytes): the begin is not a non-negative integer"}},
            {R"({"a":{"dtype":"F32","shape":[)" + zeros + R"(],"data_offsets":[0,4]}})", 4,
             {"tensor 'a': data_offsets [0, 4] hold 4 bytes but dtype F32 with shape [0, 0, 0,",
              "(900000 bytes) needs 0 bytes"}}}) {

@@ -711,6 +711,10 @@ TEST_CASE("loading rejects a malformed vocab.json naming the file and the proble
       {"{\"a\": 2, \"b\": 1, \"c\": 3}", {"for n = 3 tokens", "but no token has id 0 and token \"c\" has id 3"}},
       {"{\"a\": -1}", {"no token has id 0 and token \"a\" has id -1", "contiguous"}},
       {"{\"a\": 18446744073709551615}", {"id 18446744073709551615 of token \"a\"", "out of range"}},
+      // Integers past 64 bits, which the parser holds as floats: out of range too, not "not an integer".
+      {"{\"a\": 100000000000000000000}", {"id 100000000000000000000 of token \"a\" is out of range", "contiguous"}},
+      {"{\"a\": -9223372036854775809}", {"id -9223372036854775809 of token \"a\" is out of range", "contiguous"}},
+      {"{\"a\": 1e3}", {"id of token \"a\" is 1e3", "expected an integer"}},
       // Keys and lines are quoted in part: a wrong file can hold megabytes in one.
       {"{\"" + std::string(100000, 'k') + "\": 1}", {"token \"kkkk", "... (100000 bytes)\" has id 1"}},
       {"{\"" + std::string(100000, 'k'), {"missing closing quote", "kkkk'; expected string literal"}},  // unterminated

@@ -213,7 +213,15 @@ class vocab_reader : public nlohmann::json_sax<nlohmann::json> {
     }
     return integer(static_cast<std::int64_t>(v));
   }
-  bool number_float(number_float_t, const string_t& s) override { return scalar(s); }
+  bool number_float(number_float_t, const string_t& s) override {
+    // An integer literal past 64 bits comes here too (the parser holds it as a float): out of
+    // range, like one past 2^63, not "not an integer".
+    if (depth_ != 0 && !s.empty() && s.find_first_of(".eE") == string_t::npos) {
+      throw error(fmt::format("{}: id {} of token \"{}\" is out of range: ids must be contiguous 0..n-1", file_,
+                              excerpt(s), excerpt(key_)));
+    }
+    return scalar(s);
+  }
   bool string(string_t&) override { return scalar("a string"); }
   bool binary(binary_t&) override { return scalar("binary data"); }
   bool start_object(std::size_t) override {

@@ -174,6 +174,16 @@ struct parsed_header {
   return 0;
 }
 
+// Why `json_size` refused j, for a message: nlohmann parses an integer of 2^64 or more as a
+// float, which is not "not an integer".
+[[nodiscard]] inline const char* json_size_problem(const nlohmann::json& j) {
+  if (j.is_number_float() && j.get<double>() >= 0x1p64 && j.get<double>() == std::floor(j.get<double>())) {
+    return "too large (2^64 or more)";
+  }
+  if (j.is_number_unsigned()) return "too large for a size on this platform";
+  return "not a non-negative integer";
+}
+
 /// Validates the whole file layout and returns views into `file`.
 [[nodiscard]] inline parsed_header parse_safetensors(std::span<const std::byte> file,
                                                      const std::string& label) {
@@ -250,8 +260,7 @@ struct parsed_header {
       bool ok = true;
       const std::size_t dim = json_size(d, ok);
       if (!ok) {
-        throw error(fmt::format("{}: shape entry {} is not a non-negative integer", where(),
-                                excerpt(d.dump())));
+        throw error(fmt::format("{}: shape entry {} is {}", where(), excerpt(d.dump()), json_size_problem(d)));
       }
       if (mul_overflows(numel, dim, numel)) {
         throw error(fmt::format("{}: shape {} overflows the element count", where(), excerpt(sh->dump(), 160)));
@@ -269,8 +278,10 @@ struct parsed_header {
     const std::size_t begin = json_size((*off)[0], ok);
     const std::size_t end = json_size((*off)[1], ok);
     if (!ok) {
-      throw error(fmt::format("{}: \"data_offsets\" {} are not non-negative integers", where(),
-                              excerpt(off->dump(), 160)));
+      bool first_ok = true;
+      (void)json_size((*off)[0], first_ok);
+      throw error(fmt::format("{}: \"data_offsets\" {}: {} is {}", where(), excerpt(off->dump(), 160),
+                              first_ok ? "the end" : "the begin", json_size_problem((*off)[first_ok ? 1 : 0])));
     }
     if (begin > end) {
       throw error(fmt::format("{}: data_offsets [{}, {}] have begin > end", where(), begin, end));

@@ -623,16 +623,21 @@ class tensor_loader {
       std::size_t layer = 0;
       std::size_t i = h.size();
       bool digits = false;
-      while (i < t.name.size() && t.name[i] >= '0' && t.name[i] <= '9' && layer < (1u << 20)) {
+      const auto digit = [&](std::size_t at) { return at < t.name.size() && t.name[at] >= '0' && t.name[at] <= '9'; };
+      while (digit(i) && layer < (1u << 20)) {  // (the value up to 2^20 · 10: no overflow)
         layer = layer * 10 + static_cast<std::size_t>(t.name[i] - '0');
         digits = true;
         ++i;
       }
       if (digits && layer >= cfg_.n_layer) {
+        // The block as the name writes it where the value was cut short (a number past 2^20).
+        std::size_t end = i;
+        while (digit(end)) ++end;
+        const std::string block = end > i ? t.name.substr(h.size(), end - h.size()) : std::to_string(layer);
         throw error(fmt::format("{}: tensor '{}' belongs to block {} but {} says n_layer = {}; "
                                 "the config does not match the tensors",
-                                file_.path_of(t).string(), io::detail::excerpt(t.name), layer, config_name_,
-                                cfg_.n_layer));
+                                file_.path_of(t).string(), io::detail::excerpt(t.name), io::detail::excerpt(block),
+                                config_name_, cfg_.n_layer));
       }
     }
   }
