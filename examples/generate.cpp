@@ -641,6 +641,15 @@ int run(int argc, char** argv) {
   if (c.calibration_prompts) {
     warmup.clear();
     for (const std::string& text : specsample::io::read_prompt_list(*c.calibration_prompts)) {
+      // Too long however it encodes: refused before it is encoded, as the prompt is above.
+      const std::size_t at_least = (text.size() + tok.max_token_bytes() - 1) / tok.max_token_bytes();
+      if (at_least >= limit) {
+        throw specsample::error(fmt::format("{}: prompt {} of {} bytes encodes to at least {} tokens (no token of this "
+                                            "vocab spells more than {} bytes), which leaves the {} (of {}) no room for "
+                                            "a warm-up round (two new tokens); shorten it",
+                                            c.calibration_prompts->string(), warmup.size() + 1, text.size(), at_least,
+                                            tok.max_token_bytes(), whose, limit));
+      }
       warmup.push_back(tok.encode(text));
       if (warmup.back().empty()) {
         throw specsample::error(fmt::format("{}: prompt {} encodes to no tokens", c.calibration_prompts->string(),
