@@ -576,10 +576,14 @@ int run(int argc, char** argv) {
   const std::size_t holds = binding.holds, longest_prompt = binding.longest_prompt();
   const std::string bound_by =
       binding.draft ? fmt::format("draft model ({})", candidates[*binding.draft].string()) : "target model";
-  {  // A prompt too long for the contexts however it encodes is refused before it is encoded (the
-     // BPE of a file of a gigabyte would take minutes and gigabytes): no token spells more than
-     // max_token_bytes, so it encodes to at least as many tokens as that many bytes.
-    const std::size_t at_least = (c.prompt.size() + tok.max_token_bytes() - 1) / tok.max_token_bytes();
+  // A prompt too long for the contexts however it encodes is refused before it is encoded (the BPE
+  // of a file of a gigabyte would take minutes and gigabytes): no token spells more than
+  // max_token_bytes, so a text encodes to at least this many tokens.
+  const auto fewest_tokens = [&](const std::string& text) {
+    return (text.size() + tok.max_token_bytes() - 1) / tok.max_token_bytes();
+  };
+  {
+    const std::size_t at_least = fewest_tokens(c.prompt);
     if (at_least > longest_prompt) {
       usage_error(fmt::format("the prompt of {} bytes encodes to at least {} tokens (no token of this vocab spells more "
                               "than {} bytes), but the {} leaves room for a prompt of at most {}; shorten the prompt",
@@ -642,7 +646,7 @@ int run(int argc, char** argv) {
     warmup.clear();
     for (const std::string& text : specsample::io::read_prompt_list(*c.calibration_prompts)) {
       // Too long however it encodes: refused before it is encoded, as the prompt is above.
-      const std::size_t at_least = (text.size() + tok.max_token_bytes() - 1) / tok.max_token_bytes();
+      const std::size_t at_least = fewest_tokens(text);
       if (at_least >= limit) {
         throw specsample::error(fmt::format("{}: prompt {} of {} bytes encodes to at least {} tokens (no token of this "
                                             "vocab spells more than {} bytes), which leaves the {} (of {}) no room for "

@@ -207,19 +207,13 @@ class vocab_reader : public nlohmann::json_sax<nlohmann::json> {
   bool number_integer(number_integer_t v) override { return integer(v); }
   bool number_unsigned(number_unsigned_t v) override {
     if (depth_ == 0) return scalar("a number");
-    if (v > static_cast<number_unsigned_t>(std::numeric_limits<std::int64_t>::max())) {
-      throw error(fmt::format("{}: id {} of token \"{}\" is out of range: ids must be contiguous 0..n-1", file_,
-                              v, excerpt(key_)));
-    }
+    if (v > static_cast<number_unsigned_t>(std::numeric_limits<std::int64_t>::max())) out_of_range(std::to_string(v));
     return integer(static_cast<std::int64_t>(v));
   }
   bool number_float(number_float_t, const string_t& s) override {
     // An integer literal past 64 bits comes here too (the parser holds it as a float): out of
     // range, like one past 2^63, not "not an integer".
-    if (depth_ != 0 && !s.empty() && s.find_first_of(".eE") == string_t::npos) {
-      throw error(fmt::format("{}: id {} of token \"{}\" is out of range: ids must be contiguous 0..n-1", file_,
-                              excerpt(s), excerpt(key_)));
-    }
+    if (depth_ != 0 && !s.empty() && s.find_first_of(".eE") == string_t::npos) out_of_range(s);
     return scalar(s);
   }
   bool string(string_t&) override { return scalar("a string"); }
@@ -250,6 +244,11 @@ class vocab_reader : public nlohmann::json_sax<nlohmann::json> {
   }
 
  private:
+  // An integer id outside int64 (as the file spells it).
+  [[noreturn]] void out_of_range(const std::string& id) const {
+    throw error(fmt::format("{}: id {} of token \"{}\" is out of range: ids must be contiguous 0..n-1", file_,
+                            excerpt(id), excerpt(key_)));
+  }
   bool scalar(const std::string& what) {
     if (depth_ == 0) {
       throw error(fmt::format("{}: expected a JSON object mapping token strings to ids, got {}",

@@ -274,14 +274,12 @@ struct parsed_header {
     if (!off->is_array() || off->size() != 2) {
       throw error(fmt::format("{}: \"data_offsets\" is not an array [begin, end]", where()));
     }
-    bool ok = true;
-    const std::size_t begin = json_size((*off)[0], ok);
-    const std::size_t end = json_size((*off)[1], ok);
-    if (!ok) {
-      bool first_ok = true;
-      (void)json_size((*off)[0], first_ok);
+    bool begin_ok = true, end_ok = true;
+    const std::size_t begin = json_size((*off)[0], begin_ok);
+    const std::size_t end = json_size((*off)[1], end_ok);
+    if (!begin_ok || !end_ok) {
       throw error(fmt::format("{}: \"data_offsets\" {}: {} is {}", where(), excerpt(off->dump(), 160),
-                              first_ok ? "the end" : "the begin", json_size_problem((*off)[first_ok ? 1 : 0])));
+                              begin_ok ? "the end" : "the begin", json_size_problem((*off)[begin_ok ? 1 : 0])));
     }
     if (begin > end) {
       throw error(fmt::format("{}: data_offsets [{}, {}] have begin > end", where(), begin, end));

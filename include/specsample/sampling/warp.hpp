@@ -217,9 +217,9 @@ class logit_warper {
 
   // The smallest most-probable prefix with mass >= top_p (`top_p_last`), where a mass short of
   // top_p by at most 2^-22 of it reaches it: more than the float renormalisation before this step
-  // (≤ 2^-23 per entry) may take from a prefix whose exact mass is top_p. Softmax {1, 1, 0} cut to top_k = 2 leaves two
-  // tokens of 0.49999997 (scaled by the float reciprocal of their sum), whose exact mass 0.5
-  // reaches top_p = 0.5 with the first of them alone, as it does with no third token.
+  // (≤ 2^-23 per entry) may take from a prefix whose exact mass is top_p. Softmax {1, 1, 0} cut to
+  // top_k = 2 leaves two tokens of 0.49999997 (scaled by the float reciprocal of their sum), whose
+  // exact mass 0.5 reaches top_p = 0.5 with the first of them alone, as without a third token.
   void keep_top_p(Eigen::Ref<Eigen::VectorXf> probs) {
     const double target = static_cast<double>(params_.top_p) * (1.0 - 0x1p-22);
     const float* p = probs.data();

@@ -17,9 +17,10 @@
 namespace specsample::toy {
 
 /// Wraps `F: (std::span<const token> context) -> logits` (anything assignable to an
-/// `Eigen::MatrixXf`, holding a column or a row of `vocab` logits; another shape is an error) as a `language_model`: the adapter keeps the token list,
-/// and `append` calls `f` once per appended token with the whole context so far. No KV cache, so
-/// each call costs whatever `f` costs; good for tests, prototypes and models with their own cache.
+/// `Eigen::MatrixXf`, holding a column or a row of `vocab` logits; another shape is an error) as a
+/// `language_model`: the adapter keeps the token list, and `append` calls `f` once per appended
+/// token with the whole context so far. No KV cache, so each call costs whatever `f` costs; good
+/// for tests, prototypes and models with their own cache.
 template <class F>
   requires std::invocable<F&, std::span<const token>>
 class callable_model {
