@@ -309,6 +309,12 @@ TEST_CASE("every kind of malformed file is rejected with a message naming file a
   SECTION("a header that is JSON but not an object") {
     REQUIRE_THAT(error_of(raw_file("[1,2,3]", 0)), Contains("not a JSON object"));
   }
+  SECTION("a header that does not begin with '{' (JSON parsers skip a byte order mark and whitespace)") {
+    REQUIRE_THAT(error_of(raw_file("\xEF\xBB\xBF{}", 0)),
+                 Contains("bad.safetensors: header has 3 bytes before its opening '{' (a UTF-8 byte order mark)"));
+    REQUIRE_THAT(error_of(raw_file(" \n{}", 0)), Contains("header has 2 bytes before its opening '{' (whitespace)"));
+    REQUIRE(error_of(raw_file("{}  ", 0)).empty());  // (writers pad the header with spaces after it)
+  }
   SECTION("absurdly nested JSON") {
     REQUIRE_THAT(error_of(raw_file("{\"a\":" + std::string(1000, '[') + std::string(1000, ']') + "}", 0)),
                  Contains("nested deeper"));
@@ -391,6 +397,16 @@ TEST_CASE("every kind of malformed file is rejected with a message naming file a
     REQUIRE_THAT(error_of(file(entry("a", "F32", "[3]", "[0,12]") + "," +
                                entry("b", "F32", "[2]", "[8,16]"))),
                  Contains("tensors 'a' [0, 12] and 'b' [8, 16] overlap"));
+  }
+  SECTION("an empty tensor lies where the one before it ends, not inside it") {
+    REQUIRE_THAT(error_of(file(entry("a", "F32", "[3]", "[0,12]") + "," + entry("e", "F32", "[0]", "[4,4]"), 12)),
+                 Contains("empty tensor 'e' at data offset 4 lies inside tensor 'a' [0, 12]"));
+    for (const char* at : {"[0,0]", "[12,12]"}) {  // before the first tensor, after the last
+      REQUIRE(error_of(file(entry("a", "F32", "[3]", "[0,12]") + "," + entry("e", "F32", "[0]", at), 12)).empty());
+    }
+    REQUIRE(error_of(file(entry("a", "F32", "[1]", "[0,4]") + "," + entry("e", "F32", "[0]", "[4,4]") + "," +
+                          entry("f", "F32", "[0]", "[4,4]") + "," + entry("b", "F32", "[2]", "[4,12]"), 12))
+                .empty());
   }
   SECTION("holes in the data section (the format requires it fully indexed)") {
     REQUIRE_THAT(error_of(file(entry("a", "F32", "[1]", "[0,4]") + "," + entry("b", "F32", "[1]", "[8,12]"))),

@@ -210,6 +210,11 @@ struct parsed_header {
   if (!header.is_object()) {
     throw error(fmt::format("{}: header is not a JSON object", label));
   }
+  if (text.front() != '{') {  // (JSON parsers skip a UTF-8 byte order mark and whitespace; the format does not)
+    throw error(fmt::format("{}: header has {} bytes before its opening '{{' ({}); a safetensors header begins "
+                            "with '{{', as the format's reference reader requires",
+                            label, text.find('{'), text.starts_with("\xEF\xBB\xBF") ? "a UTF-8 byte order mark" : "whitespace"));
+  }
   const std::span<const std::byte> data_section = file.subspan(8 + header_len);
 
   parsed_header out;
@@ -298,17 +303,24 @@ struct parsed_header {
     ranges.push_back({begin, end, out.tensors.size()});
     out.tensors.push_back(std::move(view));
   }
-  // Non-overlapping (empty tensors occupy no bytes and cannot overlap anything).
-  std::erase_if(ranges, [](const range& r) { return r.begin == r.end; });
-  std::sort(ranges.begin(), ranges.end(),
-            [](const range& a, const range& b) { return a.begin < b.begin; });
-  // The authors' rule: the data section is entirely indexed, without holes (no room for a
-  // second payload, as in polyglot files), exactly as their reference implementation checks.
+  // The authors' rule: the tensors, in the order of their offsets, lie one after another and cover
+  // the data section without holes (no room for a second payload, as in polyglot files) — an empty
+  // tensor too lies where the one before it ends, not inside it — exactly as their reference
+  // implementation checks.
+  std::sort(ranges.begin(), ranges.end(), [](const range& a, const range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
   std::size_t covered = 0;
   for (std::size_t i = 0; i < ranges.size(); ++i) {
     const auto& b = ranges[i];
     if (b.begin < covered) {
-      const auto& a = ranges[i - 1];
+      const auto& a = ranges[i - 1];  // (it ends at `covered`, and is not empty: b would begin after it)
+      if (b.begin == b.end) {
+        throw error(fmt::format("{}: empty tensor '{}' at data offset {} lies inside tensor '{}' [{}, {}] (each "
+                                "tensor begins where the one before it ends)",
+                                label, excerpt(out.tensors[b.index].name), b.begin,
+                                excerpt(out.tensors[a.index].name), a.begin, a.end));
+      }
       throw error(fmt::format("{}: tensors '{}' [{}, {}] and '{}' [{}, {}] overlap", label,
                               excerpt(out.tensors[a.index].name), a.begin, a.end,
                               excerpt(out.tensors[b.index].name), b.begin, b.end));
