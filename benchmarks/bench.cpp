@@ -177,7 +177,8 @@ using specsample_bench::load_average;
 using specsample_bench::usage_error;
 
 constexpr std::string_view help = R"(usage: specsample-bench [options]
-  (an option's value follows it, or joins a long option after '=': -n 64, --k-max=6)
+  (an option's value follows it, or joins a long option after '=': -n 64, --k-max=6;
+   a value that begins with -- must join it after '=')
   --target DIR          target checkpoint (default: the bundled models/shakespeare-target)
   --draft DIR           draft checkpoint (default: models/shakespeare-draft; try
                         models/shakespeare-draft-distilled)

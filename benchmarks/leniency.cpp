@@ -48,7 +48,8 @@ using specsample_bench::load_average;
 using specsample_bench::usage_error;
 
 constexpr std::string_view help = R"(usage: specsample-leniency [options]
-  (an option's value follows it, or joins a long option after '=': --vocab 5, --vocab=5)
+  (an option's value follows it, or joins a long option after '=': --vocab 5, --vocab=5;
+   a value that begins with -- must join it after '=')
   --vocab V          toy vocabulary size (default 5)
   --order N          Markov order of both models (default 2)
   --length L         sequence length enumerated (default 4; V^L cells)

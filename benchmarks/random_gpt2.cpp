@@ -113,7 +113,8 @@ struct cli {
 
 constexpr const char* usage =
     "usage: specsample-random-gpt2 --shape NAME --out DIR [options]\n"
-    "  (an option's value follows it, or joins a long option after '=': --shape gpt2, --shape=gpt2)\n"
+    "  (an option's value follows it, or joins a long option after '=': --shape gpt2, --shape=gpt2;\n"
+    "   a value that begins with -- must join it after '=')\n"
     "  Writes a GPT-2 checkpoint directory in the released layout with random weights; refuses one\n"
     "  larger than this machine's memory or than the space free at DIR before writing anything.\n"
     "  --shape NAME       gpt2, gpt2-medium, gpt2-large, gpt2-xl, or LxCxH (n_layer x n_embd x n_head)\n"

@@ -83,7 +83,8 @@ struct cli {
 }
 
 constexpr std::string_view help = R"(usage: specsample-generate [options]
-  (an option's value follows it, or joins a long option after '=': -n 64, --temperature=0.7)
+  (an option's value follows it, or joins a long option after '=': -n 64, --temperature=0.7;
+   a value that begins with -- must join it after '=')
   --target DIR          target checkpoint (config.json, model.safetensors or its shards,
                         vocab.json, merges.txt); default: the bundled models/shakespeare-target
                         ($SPECSAMPLE_MODELS, next to the binary, or the source tree)
@@ -337,7 +338,9 @@ cli parse(int argc, char** argv) {
       std::fputs("specsample-generate: reading the prompt from standard input (end it with Ctrl-D)\n", stderr);
     }
     const std::string text = in ? specsample::io::read_standard_input() : specsample::io::read_file(*c.prompt_file);
-    c.prompt = specsample::io::check_prompt_text(text, in ? "standard input" : c.prompt_file->string());
+    const std::string label = in ? "standard input" : c.prompt_file->string();
+    c.prompt = specsample::io::check_prompt_text(text, label);
+    if (c.prompt.empty()) usage_error(fmt::format("--prompt-file: {} holds no text: a prompt needs at least one character", label));
   }
   return c;
 }

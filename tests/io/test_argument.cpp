@@ -90,9 +90,13 @@ TEST_CASE("argument_reader reads a flag's value attached after '=' or following 
   const auto take = [&](specsample::io::argument_reader& args) {
     if (args.flag() != "--stream") values.emplace_back(args.value());
   };
-  CHECK(read_all({"--prompt", "--x", "--temperature=0.7", "--stream", "-k", "3", "--prompt=a=b"}, take) ==
-        std::vector<std::string>{"--prompt", "--temperature", "--stream", "-k", "--prompt"});
-  CHECK(values == std::vector<std::string>{"--x", "0.7", "3", "a=b"});  // "--x" is --prompt's value, not a flag
+  CHECK(read_all({"--prompt", "-x", "--temperature=0.7", "--stream", "-k", "3", "--prompt=a=b", "--prompt=--x",
+                  "--seed", "--", "--top-k", "-1"},
+                 take) ==
+        std::vector<std::string>{"--prompt", "--temperature", "--stream", "-k", "--prompt", "--prompt", "--seed",
+                                 "--top-k"});
+  // "-x", "--" and "-1" are values; a value that begins with "--" is attached.
+  CHECK(values == std::vector<std::string>{"-x", "0.7", "3", "a=b", "--x", "--", "-1"});
 
   // Read once: a second value() is the same value, not the next argument.
   values.clear();
@@ -113,6 +117,11 @@ TEST_CASE("argument_reader refuses a missing value, an unread attached one and a
     if (args.flag() == "--out") static_cast<void>(args.path_value());
   };
   CHECK_THROWS_WITH(read_all({"--seed", "1", "--top-k"}, take), "--top-k needs a value");
+  // A flag whose value was forgotten does not swallow the flag after it.
+  CHECK_THROWS_WITH(read_all({"--out", "--stream", "x"}, take),
+                    "--out needs a value, got the flag --stream (a value that begins with \"--\" is attached with "
+                    "'=': --out=--stream)");
+  CHECK_THROWS_WITH(read_all({"--seed", "--top-k=3"}, take), Catch::StartsWith("--seed needs a value, got the flag --top-k=3"));
   CHECK_THROWS_WITH(read_all({"--stream=yes", "--seed", "1"}, take), "--stream takes no value, got 'yes'");
   CHECK_THROWS_WITH(read_all({"--seed", "1", "--stream="}, take), "--stream takes no value, got ''");  // the last flag too
   CHECK_THROWS_WITH(read_all({"--help=x"}, take), "--help takes no value, got 'x'");

@@ -173,7 +173,7 @@ TEST_CASE("check_prompt_argument holds a prompt given on the command line to UTF
   const std::string text = "caf\xC3\xA9\n\xEF\xBB\xBF";  // returned as given: a view of the same bytes
   CHECK(check_prompt_argument(text, "--prompt").data() == text.data());
   CHECK(check_prompt_argument(text, "--prompt").size() == text.size());
-  CHECK(check_prompt_argument("", "--prompt").empty());
+  CHECK_THROWS_WITH(check_prompt_argument("", "--prompt"), "--prompt is empty: a prompt needs at least one character");
   CHECK_THROWS_WITH(check_prompt_argument("ab\xFF\xFE", "--prompt"),
                     "--prompt: not UTF-8 text: byte 0xFF at byte offset 2 begins no valid character (is the terminal "
                     "set to another encoding?)");

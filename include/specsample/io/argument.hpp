@@ -104,12 +104,26 @@ class argument_reader {
   [[nodiscard]] std::string_view flag() const noexcept { return current_.flag; }
 
   /// The flag's value: the one attached after '=', else the next argument ("--top-k needs a value"
-  /// at the end); read once, so a second call gives the same value.
+  /// at the end); read once, so a second call gives the same value. A next argument that reads as
+  /// a long option is not taken as the value ("--target needs a value, got the flag --mode"): a
+  /// flag whose value was forgotten would swallow the flag after it. A value that begins with "--"
+  /// is attached: `--prompt=--- ROMEO ---`.
   [[nodiscard]] std::string_view value() {
     if (!value_) {
-      if (current_.attached) value_ = current_.attached;
-      else if (index_ + 1 < argc_) value_ = std::string_view(argv_[++index_]);
-      else throw error(fmt::format("{} needs a value", current_.flag));
+      if (current_.attached) {
+        value_ = current_.attached;
+      } else if (index_ + 1 < argc_) {
+        const std::string_view next(argv_[index_ + 1]);
+        if (next.size() > 2 && next.starts_with("--")) {
+          throw error(fmt::format("{0} needs a value, got the flag {1} (a value that begins with \"--\" is attached "
+                                  "with '=': {0}={1})",
+                                  current_.flag, next));
+        }
+        value_ = next;
+        ++index_;
+      } else {
+        throw error(fmt::format("{} needs a value", current_.flag));
+      }
     }
     return *value_;
   }

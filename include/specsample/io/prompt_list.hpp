@@ -74,11 +74,13 @@ namespace specsample::io {
   return bytes;
 }
 
-/// `text` when it is UTF-8 (as `check_prompt_text` reads a file) — the prompt a flag gave on the
-/// command line; else throws `specsample::error` naming the flag: "--prompt: not UTF-8 text: byte
-/// 0xFF at byte offset 2 begins no valid character (is the terminal set to another encoding?)".
-/// The tools check a prompt given as an argument as they check one read from a file.
+/// `text` when it is UTF-8 (as `check_prompt_text` reads a file) and not empty — the prompt a flag
+/// gave on the command line; else throws `specsample::error` naming the flag: "--prompt: not UTF-8
+/// text: byte 0xFF at byte offset 2 begins no valid character (is the terminal set to another
+/// encoding?)", "--prompt is empty: a prompt needs at least one character". The tools check a
+/// prompt given as an argument as they check one read from a file, before they load a model.
 [[nodiscard]] inline std::string_view check_prompt_argument(std::string_view text, std::string_view flag) {
+  if (text.empty()) throw error(fmt::format("{} is empty: a prompt needs at least one character", flag));
   if (const std::size_t i = detail::first_invalid_utf8(text); i < text.size()) {
     throw error(fmt::format("{}: not UTF-8 text: byte 0x{:02X} at byte offset {} begins no valid character (is the "
                             "terminal set to another encoding?)",
