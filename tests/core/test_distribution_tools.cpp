@@ -146,6 +146,31 @@ TEST_CASE("exact_sequences enumerates a large vocabulary under top-k: one call p
   CHECK(calls <= 22);
 }
 
+TEST_CASE("exact_sequences keeps the sequences whose probability underflows a double, so the cap still counts them",
+          "[testing]") {
+  // Token 0 at e^-69 (~1e-30) of the other: ten of them in a sequence make its probability ~1e-300,
+  // eleven underflow a double to 0. Skipping those paths lost sequences (and made an enumeration
+  // without a filter endless: every call under such a path, none of its sequences counted against
+  // the cap).
+  std::size_t calls = 0;
+  toy::callable_model m(2, [&](std::span<const token>) {
+    ++calls;
+    Eigen::VectorXf logits = Eigen::VectorXf::Zero(2);
+    logits(0) = -69.0f;
+    return logits;
+  });
+  const auto table = testing::exact_sequences(m, std::vector<token>{1}, 11, {});
+  CHECK(table.size() == 2048);  // every sequence of 11 tokens is possible
+  CHECK(calls == 2047);         // one per prefix of 0 to 10 tokens
+  CHECK(table[std::vector<token>(11, 0)] == 0.0);
+  std::vector<token> ten_zeros(11, 0);
+  ten_zeros.back() = 1;
+  CHECK(table[ten_zeros] > 0.0);
+  double sum = 0.0;
+  for (const auto& [sequence, p] : table) sum += p;
+  CHECK(sum == Approx(1.0).epsilon(1e-12));
+}
+
 TEST_CASE("sequence tables add values per sequence and refuse another length", "[testing]") {
   using Catch::Matchers::Contains;
   testing::sequence_table t(2);
