@@ -726,6 +726,18 @@ TEST_CASE("the tuning functions refuse what they cannot use, by name", "[tuning]
     no_k.draft_length = 0;
     CHECK_NOTHROW(calibrate(draft, recorded, std::span<const std::vector<token>>(prompts), no_k, rng, 2, 8, 0));
   }
+  // SIZE_MAX tokens per warm-up or timed generation, on models without a context limit: those ignore
+  // EOS, so each would never end (the cap to the context left made it SIZE_MAX - prompt + 1, which
+  // the loop accepts, where it refuses SIZE_MAX itself).
+  const std::string never_ends = "SIZE_MAX tokens to generate from each prompt caps nothing, and a timed generation "
+                                 "ignores EOS: it would never end";
+  CHECK_THROWS_WITH(calibrate(draft, target, std::span<const std::vector<token>>(prompts), params, rng, 4, huge, 0),
+                    "calibrate: " + never_ends + "; give a number of tokens");
+  CHECK_THROWS_WITH(measure_speedup(draft, target, std::span<const std::vector<token>>(prompts), params, rng, 1, huge),
+                    Contains(never_ends));
+  CHECK_THROWS_WITH(scan_draft_temperature(draft, target, std::span<const std::vector<token>>(prompts), params,
+                                           std::span<const double>(std::vector<double>{1.0}), rng, huge),
+                    Contains("scan_draft_temperature: " + never_ends));
   // The scan: no positions to average over; a model that returns fewer columns than it was given
   // tokens (which autoregressive decoding, reading only the last, cannot notice).
   const std::vector<double> ratios{0.8, 1.0, 1.2};

@@ -377,10 +377,17 @@ void check_runs(const Draft& draft, const Target& target, std::span<const std::v
 
 /// How many tokens a warm-up may generate after a prompt of `prompt` tokens: `wanted`, or fewer
 /// where the smaller of the two models' contexts ends sooner (the loop's `check_fits`: prompt +
-/// max_new_tokens − 1 positions). Throws `specsample::error` when the prompt alone overflows it.
+/// max_new_tokens − 1 positions). Throws `specsample::error` when the prompt alone overflows it, or
+/// `wanted` is SIZE_MAX (the loop's "no cap": a warm-up ignores EOS, so on models without a context
+/// limit it would never end; the cap below turned it into SIZE_MAX − prompt + 1, which the loop takes).
 template <class Draft, class Target>
 [[nodiscard]] std::size_t warmup_length(const Draft& draft, const Target& target, std::size_t prompt,
                                         std::size_t wanted, const char* who) {
+  if (wanted == std::numeric_limits<std::size_t>::max()) {
+    throw error(fmt::format("{}: SIZE_MAX tokens to generate from each prompt caps nothing, and a timed generation "
+                            "ignores EOS: it would never end; give a number of tokens",
+                            who));
+  }
   const std::size_t limit = std::min(max_context(draft), max_context(target));
   if (prompt == 0) return wanted;  // (the entry points report the empty prompt)
   if (prompt > limit) {
