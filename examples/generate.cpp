@@ -626,6 +626,14 @@ int run(int argc, char** argv) {
                               "(at most {} new {} here); lower -n",
                               n, prompt.size(), bound_by, holds, fits, fits == 1 ? "one" : "ones"));
     }
+    // This generation's rounds draft from at most prompt + n - 2 tokens (a round decodes two at
+    // least), as distribution_check bounds its own: no suffix of that many recurs in them.
+    if (c.prompt_lookup > 0 && n >= 2 && c.prompt_lookup >= prompt.size() + n - 2) {
+      usage_error(fmt::format("--prompt-lookup {} is too long: this generation's rounds draft from at most {} tokens (a "
+                              "prompt of {} and -n {}, less the two a drafting round decodes), in which no suffix of {} "
+                              "or more tokens can recur",
+                              c.prompt_lookup, prompt.size() + n - 2, prompt.size(), n, prompt.size() + n - 2));
+    }
   }
 
   // Several candidates or -k auto: measure each on a warm-up and keep the best predicted speedup
