@@ -2236,9 +2236,9 @@ int run(int argc, char** argv) {
       "c_floor = {:.3f} of "
       "the target's floor.\n\nSpeedup with the calls at the machine floors — each cell's measured tokens per call, "
       "the single-token and the (K + 1)-token target calls at their floors: tokens per call / (c·K + "
-      "v_floor(K + 1)), with the cell's measured c or with c_floor as well (tokens per call depend on the models' "
-      "acceptance, not on the kernels: at this run's acceptance no kernel of this level that reads the weights "
-      "once per call beats the last column, up to the noise of the probes); the best K per temperature:\n\n"
+      "v_floor(K + 1)), with c the draft's measured time per call in the loop over the target's single-token floor, "
+      "or with c_floor as well: what-ifs, not bounds on the measured speedup (a ratio, whose two terms the floors "
+      "both move: docs/benchmarks.md, Targets); the best K per temperature:\n\n"
       "| T | measured best | target calls at their floors | draft's calls too |\n|---|---|---|---|\n",
       static_cast<double>(draft.weights().matmul_bytes()) * 1e-6, probe_at(draft_bytes), macs_draft * 1e-6,
       draft_fma.vectors.instruction, draft_fma.vectors.gmacs.median,
@@ -2396,7 +2396,10 @@ int run(int argc, char** argv) {
       // At T = 0 the two rules decide alike; under block verification α is the rounds' accepted /
       // (accepted + corrections), the constant-α model's reading of the block's counts.
       const bool block = temp > 0.0 && c.verify == specsample::verification::block;
-      const char* const speedup_verdict = verdict_or_limit(measured >= goal, top_all >= goal);
+      // No "beyond this machine's limits" here: the speedup is a ratio, and the figures at the floors
+      // move both its terms (the baseline's single token to its bandwidth floor, the (K + 1)-token
+      // call to its FMA floor), so they bound nothing (published cells measured above them).
+      const char* const speedup_verdict = verdict(measured >= goal);
       out("| best-K speedup at T = {} ≥ {:.1f}x{} | {:.2f}x pooled (K = {}, the sweep's best at {:.2f}x, confirmed on "
           "fresh runs; the median of their pairs {:.2f}x; {:.2f}x with every target call at its machine floor, {:.2f}x "
           "with the draft's too) | {} |\n", fmt_t(temp), goal, block ? ", block verification" : "", measured, f.k,
