@@ -173,6 +173,7 @@ struct cli {
   std::vector<double> repetitive_temperatures{0.0, 0.7};
 };
 
+using specsample_bench::fmt_beside_goal;
 using specsample_bench::load_average;
 using specsample_bench::usage_error;
 
@@ -2146,10 +2147,14 @@ int run(int argc, char** argv) {
   out("\n#### The best K confirmed on fresh runs\n\nThe best of {} noisy cells reads high by its selection: at "
       "each temperature the sweep's best K ran once more, {} rep{} of every prompt on seeds the sweep did not use "
       "(its autoregressive side too), right after that temperature's cells. The Targets below take the best K's "
-      "speedup, α, c and verification cost from these runs.\n\n"
+      "speedup, α, c and verification cost from these runs.{}\n\n"
       "| T | K | the sweep's cell, pooled (median) | confirmed, pooled (median) | α | tok/call | c stats | verify "
       "| predicted | meas/pred | pred. w/ verify | overhead |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-      c.k_max, c.reps, c.reps == 1 ? "" : "s");
+      c.k_max, c.reps, c.reps == 1 ? "" : "s",
+      std::ranges::any_of(bests, [](const best& b) { return b.temperature == 0.0; })
+          ? " At T = 0 the seeds change nothing (greedy): those runs repeat the cell's generations, so their α and "
+            "tokens per call are the cell's, and only the times are measured afresh."
+          : "");
   for (const auto& b : bests) {
     const cell& f = *b.confirmed;
     out("| {} | {} | {:.2f}x ({:.2f}x) | {:.2f}x ({:.2f}x) | {:.3f} | {:.2f} | {:.3f} | {:.2f} | {:.2f} | {:.3f} | "
@@ -2350,10 +2355,10 @@ int run(int argc, char** argv) {
   };
   const double fraction = target_bw.fraction;
   const char* const decode_verdict = verdict(fraction >= 0.7);
-  out("| single-token decode reads the target's weights at ≥ 70% of the probe's bandwidth at that size | {:.1f}% "
+  out("| single-token decode reads the target's weights at ≥ 70% of the probe's bandwidth at that size | {}% "
       "({:.1f} of {:.1f} GB/s, side by side; {:.1f}% of a probe over its working set, the KV cache's bytes "
       "counted) | {} |\n",
-      100.0 * fraction, target_bw.decode_gbs.median, target_bw.probe_gbs.median,
+      fmt_beside_goal(100.0 * fraction, 100.0 * 0.7, 1), target_bw.decode_gbs.median, target_bw.probe_gbs.median,
       100.0 * target_bw.working_set_fraction, decode_verdict);
   targets_json["decode_fraction"] = {{"fraction", fraction}, {"working_set_fraction", target_bw.working_set_fraction},
                                      {"goal", 0.7}, {"verdict", plain(decode_verdict)}};
@@ -2364,8 +2369,9 @@ int run(int argc, char** argv) {
     // a kernel at both limits would show.
     const double bound = floor_seconds(5) / costs.target_j.front().median;
     const char* const append_verdict = verdict_or_limit(r5 <= 1.3, bound <= 1.3);
-    out("| target append of 5 tokens ≤ 1.3 × append of 1 | {:.2f}× (with both calls at the machine floors: {:.2f}×; "
-        "5 tokens at their floor against the measured single token: {:.2f}×) | {} |\n", r5, v_floor(5), bound,
+    out("| target append of 5 tokens ≤ 1.3 × append of 1 | {}× (with both calls at the machine floors: {:.2f}×; "
+        "5 tokens at their floor against the measured single token: {}×) | {} |\n", fmt_beside_goal(r5, 1.3, 2),
+        v_floor(5), fmt_beside_goal(bound, 1.3, 2),
         append_verdict);
     targets_json["append_5_over_1"] = {{"ratio", r5}, {"at_floors", v_floor(5)}, {"floor_5_over_measured_1", bound},
                                        {"goal", 1.3}, {"verdict", plain(append_verdict)}};
@@ -2378,10 +2384,11 @@ int run(int argc, char** argv) {
     const double c_loop = f.c_stats;
     const double c_reach = draft_floor / f.ar_call_seconds;  // the draft alone at its floor
     const char* const c_verdict = verdict_or_limit(c_loop <= 0.08, c_reach <= 0.08);
-    out("| draft / target cost ratio c ≤ 0.08 | {:.3f} in the generation loop (T = {}, K = {}); {:.3f} when every "
+    out("| draft / target cost ratio c ≤ 0.08 | {} in the generation loop (T = {}, K = {}); {:.3f} when every "
         "draft call follows a target call (the cold-cache cost table above); {:.3f} with both calls at their floors, "
-        "{:.3f} with the draft's at its floor beside the target's as measured in the loop | {} |\n",
-        c_loop, fmt_t(b->temperature), f.k, costs.c(), c_floor, c_reach, c_verdict);
+        "{} with the draft's at its floor beside the target's as measured in the loop | {} |\n",
+        fmt_beside_goal(c_loop, 0.08, 3), fmt_t(b->temperature), f.k, costs.c(), c_floor,
+        fmt_beside_goal(c_reach, 0.08, 3), c_verdict);
     targets_json["cost_ratio"] = {{"c_loop", c_loop}, {"temperature", b->temperature}, {"k", f.k},
                                   {"c_cold", costs.c()}, {"c_floor", c_floor}, {"c_draft_at_floor", c_reach},
                                   {"goal", 0.08}, {"verdict", plain(c_verdict)}};
@@ -2400,9 +2407,10 @@ int run(int argc, char** argv) {
       // move both its terms (the baseline's single token to its bandwidth floor, the (K + 1)-token
       // call to its FMA floor), so they bound nothing (published cells measured above them).
       const char* const speedup_verdict = verdict(measured >= goal);
-      out("| best-K speedup at T = {} ≥ {:.1f}x{} | {:.2f}x pooled (K = {}, the sweep's best at {:.2f}x, confirmed on "
+      out("| best-K speedup at T = {} ≥ {:.1f}x{} | {}x pooled (K = {}, the sweep's best at {:.2f}x, confirmed on "
           "fresh runs; the median of their pairs {:.2f}x; {:.2f}x with every target call at its machine floor, {:.2f}x "
-          "with the draft's too) | {} |\n", fmt_t(temp), goal, block ? ", block verification" : "", measured, f.k,
+          "with the draft's too) | {} |\n", fmt_t(temp), goal, block ? ", block verification" : "",
+          fmt_beside_goal(measured, goal, 2), f.k,
           b->measured->speedup_pooled, f.speedup.median, top, top_all, speedup_verdict);
       // The formula takes the (K + 1)-token verification call to cost one single token. A loop that
       // wastes nothing measures the same tokens per round over cK + v instead, so 90% of the
@@ -2412,10 +2420,11 @@ int run(int argc, char** argv) {
       const double verify_needed = (ck + 1.0) / formula_share - ck;
       const double goal_pct = 100.0 * formula_share;
       const char* const share_verdict = verdict(ratio >= formula_share);
-      out("| … and ≥ {:.0f}% of the formula's prediction from the measured α{} and c | {:.1f}% of {:.2f}x (with the "
+      out("| … and ≥ {:.0f}% of the formula's prediction from the measured α{} and c | {}% of {:.2f}x (with the "
           "measured verification cost: {:.1f}% of {:.2f}x; {:.0f}% needs the {}-token verification call at ≤ {:.2f} "
           "single tokens: {:.2f} in the loop, {:.2f} at the machine floors) | {} |\n",
-          goal_pct, block ? " (accepted / (accepted + corrections) of the block rounds)" : "", 100.0 * ratio, f.predicted,
+          goal_pct, block ? " (accepted / (accepted + corrections) of the block rounds)" : "",
+          fmt_beside_goal(100.0 * ratio, goal_pct, 1), f.predicted,
           100.0 * f.speedup_pooled / f.predicted_verify, f.predicted_verify, goal_pct, f.k + 1, verify_needed,
           f.verify_ratio_stats, v_floor(f.k + 1), share_verdict);
       targets_json["speedup"].push_back(
@@ -2435,9 +2444,10 @@ int run(int argc, char** argv) {
     double at_best = 0.0;
     for (const auto& b : bests) at_best = std::max(at_best, b.confirmed->overhead_spec);
     const char* const outside_verdict = verdict(std::max(at_best, max_overhead) <= 0.03);
-    out("| time outside model forward passes ≤ 3% of generation time (V = {}) | {:.1f}% at worst over the best "
-        "K's confirmation runs, {:.1f}% in the worst cell of the sweep | {} |\n", target.vocab_size(), 100.0 * at_best,
-        100.0 * max_overhead, outside_verdict);
+    out("| time outside model forward passes ≤ 3% of decode time (V = {}) | {}% at worst over the best K's "
+        "confirmation runs, {}% in the worst cell of the sweep | {} |\n", target.vocab_size(),
+        fmt_beside_goal(100.0 * at_best, 100.0 * 0.03, 1), fmt_beside_goal(100.0 * max_overhead, 100.0 * 0.03, 1),
+        outside_verdict);
     targets_json["outside_models"] = {{"at_best_k", at_best}, {"worst_cell", max_overhead}, {"goal", 0.03},
                                       {"verdict", plain(outside_verdict)}};
   }
@@ -2446,10 +2456,10 @@ int run(int argc, char** argv) {
     // (With --threads N > 2 the row times N threads against one: the goal, for two, is not measured.)
     const bool two = scaling5->threads == 2;
     const std::string threads_verdict = two ? verdict(scaling5->ratio() >= 1.6) : "**not measured** (not two threads)";
-    out("| two threads ≥ 1.6x on the target's append of {} tokens | {:.2f}x{} (meanwhile: {}; the worker{} at {:.2f} of the "
+    out("| two threads ≥ 1.6x on the target's append of {} tokens | {}x{} (meanwhile: {}; the worker{} at {:.2f} of the "
         "caller's speed, the caller beside busy neighbours at {:.2f} of its speed alone: a perfect split at those "
         "speeds ~{:.2f}x) | {} |\n",
-        scaling5->tokens, scaling5->ratio(), two ? std::string() : fmt::format(" with {} threads", scaling5->threads),
+        scaling5->tokens, fmt_beside_goal(scaling5->ratio(), 1.6, 2), two ? std::string() : fmt::format(" with {} threads", scaling5->threads),
         fmt_contention(scaling5->meanwhile), scaling5->speeds.size() == 1 ? "" : "s",
         fmt::join(scaling5->speeds, ", "), scaling5->caller_beside(), scaling5->perfect_split(), threads_verdict);
     targets_json["threads"] = {{"threads", scaling5->threads}, {"tokens", scaling5->tokens}, {"speedup", scaling5->ratio()},

@@ -29,6 +29,17 @@ namespace specsample_bench {
   throw specsample::error(message + " (see --help)");
 }
 
+/// `value` with `precision` decimals, or with as many more (at most 6) as it takes to tell it from
+/// `goal` where the two would print alike: a figure beside a verdict never reads as its goal while
+/// the verdict, which compares the unrounded values, says otherwise (0.6996 of a goal of 0.7 shows
+/// "0.6996", not "0.700" beside "not met").
+inline std::string fmt_beside_goal(double value, double goal, int precision) {
+  for (int p = precision;; ++p) {
+    std::string shown = fmt::format("{:.{}f}", value, p);
+    if (value == goal || p == precision + 6 || shown != fmt::format("{:.{}f}", goal, p)) return shown;
+  }
+}
+
 /// The 1, 5 and 15 minute load averages from /proc/loadavg.
 inline std::string load_average() {
   std::ifstream in("/proc/loadavg");
