@@ -87,6 +87,12 @@ TEST_CASE("the performance model matches its closed form", "[tuning]") {
   for (const double c : {-1.0, std::nan(""), HUGE_VAL}) {
     CHECK_THROWS_WITH(predicted_speedup(0.6, c, 4), Contains("cost ratio c must be finite and >= 0"));
   }
+  // So is an acceptance rate outside [0, 1], at K = 0 too, where no position reads it (it returned 1).
+  for (const double alpha : {-0.1, 1.5, std::nan("")}) {
+    for (const std::size_t k : {0u, 4u}) {
+      CHECK_THROWS_WITH(predicted_speedup(alpha, 0.1, k), Contains("acceptance rate α must be in [0, 1], got"));
+    }
+  }
   // Costs measured up to K = 3 say nothing of K = 4..8: refused, not taken as free (best K was 6).
   const std::vector<double> short_verify(verify.begin(), verify.begin() + 4);
   CHECK_THROWS_WITH(predicted_speedup(a, 0.075, 4, short_verify),

@@ -96,8 +96,12 @@ inline void check_model_draft_length(std::size_t k, const char* who) {
 }
 
 /// The same with one acceptance probability α for every position: (1 - α^(K+1)) / ((1 - α)(cK + 1)).
+/// α is checked at every K, K = 0 (which reads no position) included.
 [[nodiscard]] inline double predicted_speedup(double alpha, double c, std::size_t k) {
   detail::check_model_draft_length(k, "predicted_speedup");
+  if (!(alpha >= 0.0 && alpha <= 1.0)) {
+    throw error(fmt::format("predicted_speedup: the acceptance rate α must be in [0, 1], got {}", alpha));
+  }
   const std::vector<double> a(k, alpha);
   return predicted_speedup(std::span<const double>(a), c, k);
 }
