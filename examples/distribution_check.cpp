@@ -283,13 +283,14 @@ bool check_checkpoints(const checkpoints& c, specsample::speculative_params para
   }
   // A round drafts from at most prompt + length - 2 tokens (it decodes two at least), in which no
   // suffix of that many recurs: lookup would run, draft nothing, and the check test nothing of it.
+  const std::size_t drafted_from = specsample::longest_drafting_context(prompt.size(), params.max_new_tokens);
   if (c.prompt_lookup > 0 && params.max_new_tokens >= 2 &&
-      c.prompt_lookup >= prompt.size() + params.max_new_tokens - 2) {
+      !specsample::drafters::ngram::from_shortest(target.vocab_size(), c.prompt_lookup).can_match_in(drafted_from)) {
     throw specsample::error(fmt::format("--prompt-lookup {} is too long: the rounds draft from at most {} tokens (a "
                                         "--prompt of {} and --length {}, less the two a drafting round decodes), in "
                                         "which no suffix of {} or more tokens can recur",
-                                        c.prompt_lookup, prompt.size() + params.max_new_tokens - 2, prompt.size(),
-                                        params.max_new_tokens, prompt.size() + params.max_new_tokens - 2));
+                                        c.prompt_lookup, drafted_from, prompt.size(), params.max_new_tokens,
+                                        drafted_from));
   }
   const auto described = [](const std::filesystem::path& dir, const specsample::gpt2::model& m) {
     std::string matmuls = specsample::gpt2::precision_name(m.matmul_precision());

@@ -595,7 +595,7 @@ int run(int argc, char** argv) {
   }
   const std::vector<token> prompt = tok.encode(c.prompt);
   if (prompt.empty()) throw specsample::error("the prompt encodes to no tokens");
-  // The models' context: the smallest of them, and whose it is.
+  // The models' context: the smallest of them, and whose it is (the warm-ups' bound below).
   std::size_t limit = target.max_size();
   std::string whose = "target model";
   for (std::size_t d = 0; d < drafts.size(); ++d) {
@@ -604,15 +604,9 @@ int run(int argc, char** argv) {
       whose = fmt::format("draft model ({})", candidates[d].string());
     }
   }
-  // The longest context a round drafts from: it decodes two tokens at least, of which the target
-  // holds all but the last (target limit - 1) and a draft model neither (its limit). A suffix of N
-  // tokens recurs in it only if N is shorter: else lookup would run and draft nothing.
-  const std::size_t drafted_from = std::min(limit, target.max_size() - 1);
-  if (c.prompt_lookup > 0 && c.prompt_lookup >= drafted_from) {
-    usage_error(fmt::format("--prompt-lookup {} is too long: a round drafts from at most {} tokens here (the {} holds "
-                            "{}), in which no suffix of {} or more tokens can recur",
-                            c.prompt_lookup, drafted_from, whose, limit, drafted_from));
-  }
+  // --prompt-lookup: lookup first, the draft model where it finds nothing (the timed check and the
+  // generation both run this drafter).
+  auto lookup = specsample::drafters::ngram::from_shortest(target.vocab_size(), std::max<std::size_t>(1, c.prompt_lookup));
   {  // -n against the binding model's context, named as typed (the library names max_new_tokens)
     const std::size_t fits = binding.new_tokens_within(prompt.size());
     const std::size_t n = c.params.max_new_tokens;
@@ -627,21 +621,20 @@ int run(int argc, char** argv) {
                               n, prompt.size(), bound_by, holds, fits, fits == 1 ? "one" : "ones"));
     }
     // This generation's rounds draft from at most prompt + n - 2 tokens (a round decodes two at
-    // least), as distribution_check bounds its own: no suffix of that many recurs in them.
-    if (c.prompt_lookup > 0 && n >= 2 && c.prompt_lookup >= prompt.size() + n - 2) {
+    // least; -n fits the contexts, so they hold them), as distribution_check bounds its own: no
+    // suffix of that many recurs in them. (At -n 1 no round drafts, with or without lookup.)
+    const std::size_t drafted_from = specsample::longest_drafting_context(prompt.size(), n);
+    if (c.prompt_lookup > 0 && n >= 2 && !lookup.can_match_in(drafted_from)) {
       usage_error(fmt::format("--prompt-lookup {} is too long: this generation's rounds draft from at most {} tokens (a "
                               "prompt of {} and -n {}, less the two a drafting round decodes), in which no suffix of {} "
                               "or more tokens can recur",
-                              c.prompt_lookup, prompt.size() + n - 2, prompt.size(), n, prompt.size() + n - 2));
+                              c.prompt_lookup, drafted_from, prompt.size(), n, drafted_from));
     }
   }
 
   // Several candidates or -k auto: measure each on a warm-up and keep the best predicted speedup
   // among the candidates whose check pays (all of them when none does).
   cli run_cli = c;
-  // --prompt-lookup: lookup first, the draft model where it finds nothing (the timed check and the
-  // generation both run this drafter).
-  auto lookup = specsample::drafters::ngram::from_shortest(target.vocab_size(), std::max<std::size_t>(1, c.prompt_lookup));
   const auto lookup_first = [&](specsample::gpt2::model& draft, const specsample::speculative_params& p) {
     return specsample::drafters::fallback(lookup, specsample::model_drafter(draft, p.draft_warping(),
                                                                             p.draft_min_probability));

@@ -54,6 +54,20 @@ TEST_CASE("the n-gram drafter proposes the continuation of the longest earlier s
   CHECK_THROWS_AS(drafters::ngram(10, 1, 2), error);
 }
 
+TEST_CASE("can_match_in says whether a context of that size can hold a match at all", "[drafters][ngram]") {
+  // The most repetitive context of each size: a match wherever can_match_in says one can be, and
+  // none (whatever the tokens) where it says none can.
+  for (const std::size_t min_n : {1u, 2u, 5u}) {
+    const auto d = drafters::ngram::from_shortest(3, min_n);
+    for (std::size_t size = 0; size <= min_n + 2; ++size) {
+      CAPTURE(min_n, size);
+      const std::vector<token> same(size, 1);
+      CHECK(d.can_match_in(size) == (size > min_n));
+      CHECK((d.match(same) != drafters::ngram::npos) == d.can_match_in(size));
+    }
+  }
+}
+
 TEST_CASE("a drafter called with buffers too small for its drafts says so, writing nothing", "[drafters]") {
   // The loops always size them; a direct call with one column of q for four drafts wrote past it.
   drafters::ngram d(3, 2, 1);

@@ -594,6 +594,40 @@ TEST_CASE("a draft model holds at most prompt + max_new_tokens - 2 tokens", "[lo
   CHECK(most == prompt.size() + 20 - 2);  // reached
 }
 
+namespace {
+// A drafter that proposes nothing and records the longest context it was asked to draft from.
+struct recording_drafter {
+  std::size_t vocab = 0, most = 0, calls = 0;
+  [[nodiscard]] std::size_t vocab_size() const noexcept { return vocab; }
+  void begin(std::span<const token>) {}
+  template <class Rng>
+  proposal propose(std::span<const token> ctx, std::size_t, Eigen::Ref<Eigen::MatrixXf>, std::span<token>, Rng&) {
+    most = std::max(most, ctx.size());
+    ++calls;
+    return {};
+  }
+  void sync(std::span<const token>) {}
+};
+}  // namespace
+
+TEST_CASE("a drafter is asked to propose from at most longest_drafting_context tokens, and from that many",
+          "[loop][context]") {
+  // Every round emits one token (no proposal), so the rounds start at every context from the prompt
+  // on, and the last one that drafts shows the bound reached.
+  const auto target = toy::markov::random(4, 1, 5);
+  const std::vector<token> prompt{0, 1, 2};
+  std::mt19937_64 rng(3);
+  for (const std::size_t max_new : {1u, 2u, 3u, 9u}) {
+    CAPTURE(max_new);
+    recording_drafter d{target.vocab_size()};
+    auto t = target;
+    (void)speculative_sample(d, t, prompt, make_params(max_new, 4), rng);
+    CHECK(d.calls == (max_new < 2 ? 0 : max_new - 1));
+    CHECK(d.most == longest_drafting_context(prompt.size(), max_new));  // 0 where no round drafts
+  }
+  CHECK(longest_drafting_context(5, std::numeric_limits<std::size_t>::max()) == std::numeric_limits<std::size_t>::max());
+}
+
 TEST_CASE("one object as both draft and target is refused, not read out of bounds", "[loop][errors]") {
   using Catch::Matchers::Contains;
   auto model = toy::markov::random(4, 1, 21);

@@ -48,6 +48,10 @@ class ngram {
   /// The shortest and the longest suffix looked up.
   [[nodiscard]] std::size_t min_n() const noexcept { return min_n_; }
   [[nodiscard]] std::size_t max_n() const noexcept { return max_n_; }
+  /// Whether a context of `size` tokens can hold a match at all: a suffix of min_n tokens and an
+  /// earlier occurrence of it need more than min_n (`match` looks up suffixes of at most size - 1).
+  /// Beside `longest_drafting_context`, a program can refuse a lookup that would never propose.
+  [[nodiscard]] bool can_match_in(std::size_t size) const noexcept { return size > min_n_; }
 
   void begin(std::span<const token>) {}
 

@@ -55,6 +55,18 @@ namespace specsample {
   return room == std::numeric_limits<std::size_t>::max() ? room : room + 1;
 }
 
+/// The longest context a drafter is asked to propose from when `max_new_tokens` follow a prompt of
+/// `prompt` tokens: a round drafts only while two new tokens or more remain (a draft never reaches
+/// past max_new_tokens), so from at most prompt + max_new_tokens - 2 tokens; 0 when no round drafts
+/// (max_new_tokens < 2). With `drafters::ngram::can_match_in`, a program can refuse a lookup that
+/// could never propose in this generation.
+[[nodiscard]] constexpr std::size_t longest_drafting_context(std::size_t prompt, std::size_t max_new_tokens) noexcept {
+  if (max_new_tokens < 2) return 0;
+  const std::size_t more = max_new_tokens - 2;
+  return more > std::numeric_limits<std::size_t>::max() - prompt ? std::numeric_limits<std::size_t>::max()
+                                                                 : prompt + more;
+}
+
 /// Which model's context bounds a generation's prompt and `max_new_tokens`, of a target of
 /// `target_limit` positions and draft models of `draft_limits` (`binding_context`).
 struct context_binding {
