@@ -1084,6 +1084,65 @@ TEST_CASE("memory a model cannot have is refused with its size (a KV cache, a ba
   REQUIRE(code == 0);
 }
 
+TEST_CASE("weights in memory whose conversion does not fit are named as such, not as the KV cache",
+          "[gpt2][model][errors]") {
+  if (sanitized) {
+    std::cout << "SKIPPED under the sanitizers (an RLIMIT_AS test): the optimised build runs it\n";
+    return;
+  }
+  // A wte of 2^22 tokens x 16 channels in F32 (268 MB) held in F16 (134 MB), in a child whose
+  // address space has 64 MB left: the 16 KB KV cache would fit, the conversion does not (the
+  // refusal blamed the KV cache).
+  const gpt2::model small = gpt2::model::load(test_models_dir / "tiny-random-gpt2", {.threads = 1});
+  gpt2::config cfg = small.config();
+  cfg.vocab_size = std::size_t{1} << 22;
+  cfg.eos_token_id.reset();
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    gpt2::weights w = small.weights();
+    w.wte = gpt2::weight_matrix(gpt2::weight_format::f32, cfg.vocab_size, cfg.n_embd);
+    std::size_t vm = 0;
+    {
+      std::ifstream status("/proc/self/status");
+      for (std::string key; status >> key;) {
+        if (key == "VmSize:") status >> vm;  // kB
+      }
+    }
+    const rlimit limit{vm * 1024 + (std::size_t{64} << 20), RLIM_INFINITY};
+    if (vm == 0 || ::setrlimit(RLIMIT_AS, &limit) != 0) ::_exit(3);
+    const bool named = fails_with(
+        [&] { (void)gpt2::model(cfg, std::move(w), {.threads = 1, .weight_storage = gpt2::weight_format::f16}); },
+        "gpt2::model: out of memory converting the matmul weights (0.268 GB as held) to F16");
+    ::_exit(named ? 0 : 4);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  INFO("child exit code " << WEXITSTATUS(status) << " (3: setrlimit failed, 4: not the conversion's refusal)");
+  REQUIRE(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("weights in memory must hold an lm_head exactly when the config unties the embeddings",
+          "[gpt2][model][errors]") {
+  // As load reads a checkpoint: untied, the logits come from lm_head (the model took wte's when
+  // it had none); tied, from wte (it took an lm_head the weights held, against the config).
+  const gpt2::model small = gpt2::model::load(test_models_dir / "tiny-random-gpt2", {.threads = 1});
+  gpt2::config cfg = small.config();
+  REQUIRE(cfg.tie_word_embeddings);
+  cfg.tie_word_embeddings = false;
+  REQUIRE_THROWS_WITH(gpt2::model(cfg, gpt2::weights(small.weights()), {.threads = 1}),
+                      "gpt2::model: the config unties the word embeddings (tie_word_embeddings false), so the logits "
+                      "come from lm_head, but the weights hold none");
+  gpt2::weights with_head = small.weights();
+  with_head.lm_head = with_head.wte;
+  (void)gpt2::model(cfg, gpt2::weights(with_head), {.threads = 1});  // untied with one: fine
+  cfg.tie_word_embeddings = true;
+  REQUIRE_THROWS_WITH(gpt2::model(cfg, std::move(with_head), {.threads = 1}),
+                      "gpt2::model: the config ties the word embeddings (tie_word_embeddings true), so the logits come "
+                      "from wte, but the weights also hold an lm_head: drop it, or untie the config");
+}
+
 TEST_CASE("bad tokens and context overflow throw before touching the state", "[gpt2][model]") {
   gpt2::model m = gpt2::model::load(test_models_dir / "tiny-random-gpt2");
   const std::vector<token> bad = {5, 50257};

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cfenv>
 #include <chrono>
@@ -16,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #if defined(__linux__)
@@ -140,6 +142,26 @@ TEST_CASE("a thread pool runs loops issued concurrently or from inside a chunk, 
   std::vector<std::size_t> expected;  // chunk c = [10c/3, 10(c+1)/3): 3 + 3 + 4 indices
   for (std::size_t c = 0; c < 3; ++c) expected.insert(expected.end(), 10 * (c + 1) / 3 - 10 * c / 3, c);
   for (const auto& row : chunk_of) REQUIRE(row == expected);
+  // Chunk bounds past SIZE_MAX / w in a loop issued from inside a chunk (the pool busy): n·c
+  // would wrap (chunks [0, 3074457345618258602), [3074457345618258602, 0), [0, ...) for n = 2^63).
+  // The bounds only: no index is run. floor(n·c/3) for c = 0..3, worked out by hand.
+  const std::pair<std::size_t, std::array<std::size_t, 4>> huge[] = {
+      {std::size_t{1} << 63, {0, 3074457345618258602u, 6148914691236517205u, std::size_t{1} << 63}},
+      {std::numeric_limits<std::size_t>::max(),
+       {0, 6148914691236517205u, 12297829382473034410u, std::numeric_limits<std::size_t>::max()}}};
+  for (const auto& [n, expected_bounds] : huge) {
+    std::vector<std::array<std::size_t, 2>> bounds;
+    pool.parallel_for(3, [&](std::size_t, std::size_t, std::size_t c) {
+      if (c != 0) return;
+      pool.parallel_for(n, [&](std::size_t ib, std::size_t ie, std::size_t) { bounds.push_back({ib, ie}); });
+    });
+    CAPTURE(n);
+    REQUIRE(bounds.size() == 3);
+    for (std::size_t c = 0; c < 3; ++c) {
+      CHECK(bounds[c][0] == expected_bounds[c]);
+      CHECK(bounds[c][1] == expected_bounds[c + 1]);
+    }
+  }
   // From two threads at once (two models sharing a pool, used from two threads): each caller's
   // loops still cover their indices exactly once.
   const int rounds = 2000;

@@ -53,7 +53,8 @@ enum class matmul_precision : std::uint8_t {
 
 /// Options for `model::load` and the in-memory `model` constructor.
 struct options {
-  /// Worker threads for the kernels (the calling thread included); 0 = all hardware threads.
+  /// Worker threads for the kernels (the calling thread included); 0 = as many as the CPUs this
+  /// process may run on (its affinity).
   /// Results are bitwise identical for every thread count.
   std::size_t threads = 0;
   /// A pool to run the kernels on, shared with other models; null (default): the model starts its

@@ -195,10 +195,11 @@ class model final {
   /// value of its enumeration (an integer cast to it) or contradicts another.
   [[nodiscard]] static model load(const std::filesystem::path& dir, options opts = {});
 
-  /// Builds a model from parameters already in memory (they must match `cfg`), converting the
-  /// matmul weights to `opts.weight_storage` when it is set (`weights::convert`). Throws
-  /// `specsample::error` when they do not match, for the options `load` refuses, or when the KV
-  /// cache does not fit in memory.
+  /// Builds a model from parameters already in memory (they must match `cfg`, and hold an lm_head
+  /// exactly when `cfg.tie_word_embeddings` is false, as `load` gives them), converting the matmul
+  /// weights to `opts.weight_storage` when it is set (`weights::convert`). Throws
+  /// `specsample::error` when they do not match, for the options `load` refuses, or when the
+  /// conversion or the KV cache does not fit in memory (each named).
   model(const gpt2::config& cfg, gpt2::weights w, options opts = {});
 
   /// Moves: a moved-from model holds no weights and an empty context (size() 0, threads() 0); its
@@ -334,6 +335,15 @@ class model final {
            sized(lw.mlp_proj_bias, C);
     }
     if (!ok) throw error("gpt2::model: weights do not match the config");
+    // The logits' matrix as `load` takes it: lm_head exactly when the config unties the embeddings.
+    if (!cfg.tie_word_embeddings && w.lm_head.size() == 0) {
+      throw error("gpt2::model: the config unties the word embeddings (tie_word_embeddings false), so the logits come "
+                  "from lm_head, but the weights hold none");
+    }
+    if (cfg.tie_word_embeddings && w.lm_head.size() != 0) {
+      throw error("gpt2::model: the config ties the word embeddings (tie_word_embeddings true), so the logits come "
+                  "from wte, but the weights also hold an lm_head: drop it, or untie the config");
+    }
     return w;
   }
   // The precision the matmul weights are held in for `opts` (nullopt: the checkpoint's).
@@ -473,7 +483,16 @@ SPECSAMPLE_GPT2_MODEL model::model(const gpt2::config& cfg, gpt2::weights w, opt
       isa_(kernels_of(opts)),
       min_parallel_work_(opts.min_parallel_work),
       cache_(cfg.n_layer, cfg.n_head, cfg.n_positions, cfg.n_embd, opts.kv_storage) {
-  if (const std::optional<weight_format> s = storage_of(opts)) w_.convert(*s);
+  if (const std::optional<weight_format> s = storage_of(opts)) {
+    try {  // (not the KV cache, which the handler below names)
+      w_.convert(*s);
+    } catch (const std::bad_alloc&) {
+      throw error(fmt::format("gpt2::model: out of memory converting the matmul weights ({:.3g} GB as held) to {} "
+                              "(options.weight_storage or matmul_precision; matrix by matrix, each beside its "
+                              "original)",
+                              static_cast<double>(w_.matmul_bytes()) / 1e9, format_name(*s)));
+    }
+  }
   const std::size_t P = cfg_.n_positions;
   // A matmul precision's layout (BF16 pairs, INT8 quads) is all of the matmul weights' or none's.
   for (const weight_format f : {weight_format::bf16_pairs, weight_format::i8_quads}) {

@@ -181,12 +181,16 @@ class basic_thread_pool {
   /// throws, chunks not started yet may be skipped, and the first exception is rethrown on the
   /// calling thread once no chunk runs any more (the pool stays whole). Thread-safe: while the
   /// workers run one call, any other call (from another thread, or from inside a chunk) runs all
-  /// its chunks on its calling thread, in order, chunk c = [n·c/w, n·(c+1)/w).
+  /// its chunks on its calling thread, in order, chunk c = [n·c/w, n·(c+1)/w) (computed without
+  /// overflow for any n).
   template <class F>
   void parallel_for(std::size_t n, F&& f) {
     const std::size_t w = std::min(size(), n);
     if (w <= 1 || busy_.exchange(true, std::memory_order_acquire)) {
-      for (std::size_t c = 0; c < w; ++c) f(n * c / w, n * (c + 1) / w, c);
+      // n·c/w = c·(n/w) + (n%w)·c/w: no product past n (n·c would wrap for n > SIZE_MAX / w).
+      const std::size_t q = n / w, r = n % w;
+      const auto bound = [&](std::size_t c) { return c * q + r * c / w; };
+      for (std::size_t c = 0; c < w; ++c) f(bound(c), bound(c + 1), c);
       return;
     }
     using fn_t = std::remove_reference_t<F>;
