@@ -4,7 +4,9 @@
 //
 // Shapes are shakespeare-target's (C = 384, 4C = 1536, V = 4096, 6 heads) unless stated. Matmul
 // weights are F16 like the bundled checkpoints. Counters: `weight_GB/s` = weight bytes streamed per
-// second (one pass over the weights per call, whatever T), `tok/s` = positions per second. The
+// second (one pass over the weights per call, whatever T), `GB/s` = the bytes a probe or matmul
+// reads per second (both in 10^9 bytes, as specsample-bench's figures: Google Benchmark's own
+// bytes_per_second prints GiB/s as "G/s"), `tok/s` = positions per second. The
 // machine probes (probes.hpp, shared with specsample-bench): the stream read sums a buffer
 // allocated as weights are, with the widest vector loads the CPU has and the kernels' prefetch —
 // its GB/s is the machine's bandwidth for that many bytes, the ceiling of a single-token decode;
@@ -32,6 +34,12 @@ namespace gpt2 = specsample::gpt2;
 using specsample::token;
 
 namespace {
+
+// `bytes` read per iteration, as decimal GB/s (SetBytesProcessed would print GiB/s as "G/s").
+void set_gbs(benchmark::State& state, std::size_t bytes) {
+  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(bytes) * 1e-9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
 
 const std::filesystem::path models_dir = std::filesystem::path(SPECSAMPLE_SOURCE_DIR) / "models";
 
@@ -92,8 +100,7 @@ void BM_stream_read(benchmark::State& state) {
     }
     benchmark::DoNotOptimize(total);
   }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
-                          static_cast<std::int64_t>(n * sizeof(float)));
+  set_gbs(state, n * sizeof(float));
   state.counters["MB"] = static_cast<double>(n * sizeof(float)) / 1e6;
 }
 
@@ -134,7 +141,7 @@ void time_stream_probe(benchmark::State& state, std::size_t bytes, Probe probe, 
     return;
   }
   for (auto _ : state) benchmark::DoNotOptimize(probe(level, tokens, buf.get(), n));
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(n * sizeof(float)));
+  set_gbs(state, n * sizeof(float));
   state.counters["GMAC/s"] = benchmark::Counter(static_cast<double>(n * sizeof(float) / 2 * static_cast<std::size_t>(tokens)) * 1e-9,
                                                 benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(gpt2::isa_name(level));
@@ -196,8 +203,7 @@ void BM_matmul(benchmark::State& state) {
     benchmark::DoNotOptimize(out.data());
   }
   state.SetLabel(gpt2::isa_name(level));
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
-                          static_cast<std::int64_t>(w.bytes()));
+  set_gbs(state, w.bytes());
   state.counters["GMAC/s"] = benchmark::Counter(static_cast<double>(T * C * OC) * 1e-9,
                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
@@ -321,11 +327,17 @@ void BM_append_matmuls(benchmark::State& state) {
   const auto x = random_floats(n * widest, 1.0f, 12);
   std::vector<float> out(n * widest);
   gpt2::kernels::matmul_operands operands;  // (BF16: the rounded activations, reused as the model does)
+  // The views as the model's forward pass sets them: AMX tiles where it uses them, and the
+  // streamed flag of weights above streamed_weight_bytes.
+  const bool streamed = w.matmul_bytes() > gpt2::streamed_weight_bytes;
   for (auto _ : state) {
     for (const call& c : calls) {
       const std::size_t OC = c.weight->rows(), K = c.weight->cols();
-      gpt2::kernels::matmul(std::span<float>(out.data(), n * OC), std::span<const float>(x.data(), n * K),
-                            c.weight->view(), c.bias, n, K, OC, nullptr, m.kernels(), &operands);
+      gpt2::weight_view v = c.weight->view();
+      v.streamed = streamed;
+      v.tiles = m.amx();
+      gpt2::kernels::matmul(std::span<float>(out.data(), n * OC), std::span<const float>(x.data(), n * K), v, c.bias,
+                            n, K, OC, nullptr, m.kernels(), &operands);
     }
     benchmark::DoNotOptimize(out.data());
   }
