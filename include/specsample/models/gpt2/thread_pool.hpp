@@ -188,8 +188,8 @@ class basic_thread_pool {
     const std::size_t w = std::min(size(), n);
     if (w <= 1 || busy_.exchange(true, std::memory_order_acquire)) {
       // n·c/w = c·(n/w) + (n%w)·c/w: no product past n (n·c would wrap for n > SIZE_MAX / w).
-      const std::size_t q = n / w, r = n % w;
-      const auto bound = [&](std::size_t c) { return c * q + r * c / w; };
+      // (Divided only inside the loop: w is 0 for n = 0.)
+      const auto bound = [&](std::size_t c) { return c * (n / w) + (n % w) * c / w; };
       for (std::size_t c = 0; c < w; ++c) f(bound(c), bound(c + 1), c);
       return;
     }
