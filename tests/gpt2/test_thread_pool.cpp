@@ -149,7 +149,9 @@ TEST_CASE("a thread pool runs loops issued concurrently or from inside a chunk, 
       {std::size_t{1} << 63, {0, 3074457345618258602u, 6148914691236517205u, std::size_t{1} << 63}},
       {std::numeric_limits<std::size_t>::max(),
        {0, 6148914691236517205u, 12297829382473034410u, std::numeric_limits<std::size_t>::max()}}};
-  for (const auto& [n, expected_bounds] : huge) {
+  for (const auto& entry : huge) {
+    const std::size_t n = entry.first;  // (not a structured binding: clang 14 cannot capture one)
+    const std::array<std::size_t, 4>& expected_bounds = entry.second;
     std::vector<std::array<std::size_t, 2>> bounds;
     pool.parallel_for(3, [&](std::size_t, std::size_t, std::size_t c) {
       if (c != 0) return;
