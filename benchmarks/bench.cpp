@@ -952,29 +952,6 @@ overhead_result measure_loop_overhead(Model& draft, Model& target, std::size_t k
 }
 
 // ---------------------------------------------------------------------------------------------
-// Runs work(w) for w = 1 .. threads - 1 on threads of their own and work(0) on this one, and
-// returns when all are done. A thread that cannot start (no memory for its stack, a process
-// limit) is an error naming `who`, thrown after the started ones are joined: a std::thread left
-// joinable would terminate the program. `work` must not throw.
-template <class Work>
-void on_threads(std::size_t threads, const Work& work, const char* who) {
-  std::vector<std::thread> others;
-  others.reserve(threads > 0 ? threads - 1 : 0);
-  const auto join = [&] {
-    for (std::thread& t : others) t.join();
-  };
-  try {
-    for (std::size_t w = 1; w < threads; ++w) others.emplace_back([&work, w] { work(w); });
-  } catch (const std::exception& e) {  // std::system_error, or std::bad_alloc for the thread's state
-    const std::size_t started = others.size();
-    join();
-    throw specsample::error(
-        fmt::format("{}: cannot start helper thread {} of {}: {}", who, started + 1, threads - 1, e.what()));
-  }
-  work(0);
-  join();
-}
-
 // ---------------------------------------------------------------------------------------------
 // Memory bandwidth probe: `specsample_bench::stream_sum` (probes.hpp) over a buffer allocated as
 // the weights are, split across `threads` threads; GB/s = bytes read / seconds (1 GB = 1e9 bytes).
@@ -1162,12 +1139,16 @@ struct fma_probe_result {
 
 fma_peak probe_loop(const specsample_bench::fma_loop& loop, std::size_t reps, std::size_t threads) {
   volatile float sink = loop.run(1000);  // warm up (and wake the wide vector units)
-  // `iters` iterations on every thread at once: this one and threads - 1 others.
+  // `iters` iterations on every thread at once: this one and threads - 1 others (a pool's, as the
+  // stream probe's: one index per thread).
+  specsample::gpt2::thread_pool pool(threads);
   const auto run_all = [&](std::size_t iters) {
-    on_threads(threads, [&](std::size_t t) {
-      const float r = loop.run(iters);
-      if (t == 0) sink = r;
-    }, "the FMA probe");
+    pool.parallel_for(threads, [&](std::size_t b, std::size_t e, std::size_t) {
+      for (std::size_t t = b; t < e; ++t) {
+        const float r = loop.run(iters);
+        if (t == 0) sink = r;
+      }
+    });
   };
   std::size_t iters = std::size_t{1} << 16;
   for (;;) {  // ~20 ms per sample
