@@ -28,7 +28,18 @@ class hashing_model {
   std::size_t size() const { return states_.size(); }
   std::size_t max_size() const { return 1024; }  // optional: the loops check the context fits
 
+  // What a model refuses, with a message naming the problem (docs/models.md): a token outside the
+  // vocabulary and a context past max_size(), before anything changes.
   Eigen::MatrixXf append(std::span<const specsample::token> tokens) {
+    for (const specsample::token x : tokens) {
+      if (!specsample::in_vocabulary(x, vocab_)) {
+        throw specsample::error(fmt::format("hashing_model: token {} is not in the vocabulary of {}", x, vocab_));
+      }
+    }
+    if (tokens.size() > max_size() - states_.size()) {
+      throw specsample::error(fmt::format("hashing_model: {} tokens after {} exceed the context of {}", tokens.size(),
+                                          states_.size(), max_size()));
+    }
     Eigen::MatrixXf logits(static_cast<Eigen::Index>(vocab_), static_cast<Eigen::Index>(tokens.size()));
     for (std::size_t j = 0; j < tokens.size(); ++j) {
       const std::uint64_t prev = states_.empty() ? 1469598103934665603ull : states_.back();
@@ -42,7 +53,12 @@ class hashing_model {
     return logits;
   }
 
-  void truncate(std::size_t n) { states_.resize(n); }  // O(1) rollback: drop cached positions
+  void truncate(std::size_t n) {  // O(1) rollback: drop cached positions (never add any)
+    if (n > states_.size()) {
+      throw specsample::error(fmt::format("hashing_model: truncate({}) past the {} tokens held", n, states_.size()));
+    }
+    states_.resize(n);
+  }
 
  private:
   std::size_t vocab_;

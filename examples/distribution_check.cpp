@@ -164,11 +164,17 @@ bool check(Draft& draft, Target& target, std::span<const specsample::token> prom
                calls, 1e3 * call, call * calls, samples, 1e3 * each, each * static_cast<double>(samples));
     // Where more sequences than the table holds are possible, whether they come depends on the
     // logits (an EOS ends some, top-p or min-p cut, a probability rounding to 0): said, not refused.
+    // With nothing of those but the rounding to prune them, the error is all but certain: said so.
     if (const double possible = std::pow(width, static_cast<double>(L));
         possible > static_cast<double>(specsample::testing::max_sequences)) {
+      const specsample::sampling_params& sp = params.sampling;
+      const bool nothing_prunes = !params.eos && sp.top_p >= 1.0f && sp.min_p <= 0.0f;
       fmt::print(stderr, "note: up to {:.0f}^{} = {:.3g} sequences may have positive probability; past {} the "
-                         "enumeration stops with an error (a smaller --top-k or --length keeps them fewer)\n",
-                 width, L, possible, specsample::testing::max_sequences);
+                         "enumeration stops with an error{} (a smaller --top-k or --length keeps them fewer)\n",
+                 width, L, possible, specsample::testing::max_sequences,
+                 nothing_prunes ? ", and with no EOS, top-p or min-p to end or cut any of them it will unless a "
+                                  "probability rounds to 0: expect it after the enumeration's time above"
+                                : "");
     }
   }
   std::mt19937_64 rng(seed);
@@ -252,21 +258,14 @@ bool check_checkpoints(const checkpoints& c, specsample::speculative_params para
   }
   const std::vector<specsample::token> prompt = tok.encode(c.prompt.value());
   if (prompt.empty()) throw specsample::error("--prompt encodes to no tokens");
-  auto opts = c.model;
-  opts.pool = std::make_shared<specsample::gpt2::thread_pool>(c.threads);
-  auto target = specsample::gpt2::model::load(target_dir, opts);
-  specsample::check_model_vocabulary(target.vocab_size(), tok, target_dir.string());
-  std::optional<specsample::gpt2::model> draft;
-  if (!c.ngram()) {
-    draft.emplace(specsample::gpt2::model::load(
-        draft_dir, c.draft_matmul ? specsample::gpt2::with_matmul_precision(opts, *c.draft_matmul) : opts));
-    specsample::check_model_vocabulary(draft->vocab_size(), tok, draft_dir.string());  // (its tokenizer is tok's)
-  }
-  params.eos = c.eos ? eos_id : target.config().eos_token_id;
+  // --length and --prompt-lookup are checked on the models' config.json files, before any weights
+  // load: a model's context is its config's n_positions (gpt2::model::max_size).
+  const specsample::gpt2::config target_config = specsample::gpt2::config::load(target_dir / "config.json");
   {  // --length against the models' contexts, named as typed (the library names max_new_tokens)
     const std::vector<std::size_t> draft_limits =
-        draft ? std::vector<std::size_t>{draft->max_size()} : std::vector<std::size_t>{};
-    const specsample::context_binding binding = specsample::binding_context(target.max_size(), draft_limits);
+        c.ngram() ? std::vector<std::size_t>{}
+                  : std::vector<std::size_t>{specsample::gpt2::config::load(draft_dir / "config.json").n_positions};
+    const specsample::context_binding binding = specsample::binding_context(target_config.n_positions, draft_limits);
     const std::size_t fits = binding.new_tokens_within(prompt.size()), bound = binding.holds;
     const char* const bound_by = binding.draft ? "draft" : "target";
     if (fits == 0) {  // no --length helps (it is >= 1)
@@ -285,13 +284,24 @@ bool check_checkpoints(const checkpoints& c, specsample::speculative_params para
   // suffix of that many recurs: lookup would run, draft nothing, and the check test nothing of it.
   const std::size_t drafted_from = specsample::longest_drafting_context(prompt.size(), params.max_new_tokens);
   if (c.prompt_lookup > 0 && params.max_new_tokens >= 2 &&
-      !specsample::drafters::ngram::from_shortest(target.vocab_size(), c.prompt_lookup).can_match_in(drafted_from)) {
+      !specsample::drafters::ngram::from_shortest(target_config.vocab_size, c.prompt_lookup).can_match_in(drafted_from)) {
     throw specsample::error(fmt::format("--prompt-lookup {} is too long: the rounds draft from at most {} tokens (a "
                                         "--prompt of {} and --length {}, less the two a drafting round decodes), in "
                                         "which no suffix of {} or more tokens can recur",
                                         c.prompt_lookup, drafted_from, prompt.size(), params.max_new_tokens,
                                         drafted_from));
   }
+  auto opts = c.model;
+  opts.pool = std::make_shared<specsample::gpt2::thread_pool>(c.threads);
+  auto target = specsample::gpt2::model::load(target_dir, opts);
+  specsample::check_model_vocabulary(target.vocab_size(), tok, target_dir.string());
+  std::optional<specsample::gpt2::model> draft;
+  if (!c.ngram()) {
+    draft.emplace(specsample::gpt2::model::load(
+        draft_dir, c.draft_matmul ? specsample::gpt2::with_matmul_precision(opts, *c.draft_matmul) : opts));
+    specsample::check_model_vocabulary(draft->vocab_size(), tok, draft_dir.string());  // (its tokenizer is tok's)
+  }
+  params.eos = c.eos ? eos_id : target.config().eos_token_id;
   const auto described = [](const std::filesystem::path& dir, const specsample::gpt2::model& m) {
     std::string matmuls = specsample::gpt2::precision_name(m.matmul_precision());
     for (char& ch : matmuls) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
@@ -345,7 +355,7 @@ int main(int argc, char** argv) {
         fmt::print("{}", usage);
         return specsample::io::written("distribution_check", 0);
       }
-      if (a == "--vocab") vocab = args.number<std::size_t>();
+      if (a == "--vocab") vocab = args.number<std::size_t>(2);  // (one token passes any sampler)
       else if (a == "--similarity") similarity = args.number<double>();
       else if (a == "--target") pair.target = args.path_value();
       else if (a == "--draft") pair.draft = args.path_value();
@@ -420,7 +430,6 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "distribution_check: note: {}\n", note);
     }
     // The toy pair's and the test's own numbers, named as flags (the library names its functions).
-    if (vocab < 2) throw specsample::error(fmt::format("--vocab must be >= 2 (one token passes any sampler), got {}", vocab));
     constexpr std::size_t table = specsample::toy::markov::max_table_entries;
     constexpr std::size_t max_vocab = [] {  // the toy pair's order-1 table: vocab × (vocab + 1) entries
       std::size_t v = 1;

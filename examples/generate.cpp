@@ -324,8 +324,14 @@ cli parse(int argc, char** argv) {
     }
   }
   const bool draft_list = c.draft && c.draft->find(',') != std::string::npos;
-  if (c.calibration_prompts && !c.auto_k && !draft_list && !c.auto_draft_temperature) {
-    usage_error("--calibration-prompts warms up -k auto, a --draft list or --draft-temperature auto: none is given");
+  if (c.calibration_prompts && !c.auto_k && !draft_list) {
+    if (!c.auto_draft_temperature) {
+      usage_error("--calibration-prompts warms up -k auto, a --draft list or --draft-temperature auto: none is given");
+    }
+    if (c.params.sampling.temperature == 0.0f) {
+      usage_error("--calibration-prompts warms up --draft-temperature auto, which has nothing to choose at --temperature 0 "
+                  "(both models greedy; the default): give a temperature above 0, -k auto or a --draft list");
+    }
   }
   // A one-hot draft distribution's top probability is always 1: --p-min would never stop a round.
   if (const auto t = typed("--p-min"); t && c.params.draft_warping().one_hot()) {
@@ -550,32 +556,23 @@ int run(int argc, char** argv) {
   }
 
   const auto load_start = std::chrono::steady_clock::now();
-  if (!c.json) fmt::print(stderr, "loading {}...\n", target_dir.string());
   const auto tok = specsample::bpe_tokenizer::load(target_dir);
-  if (c.eos && !specsample::in_vocabulary(*c.eos, tok.vocab_size())) {  // before the models load
+  if (c.eos && !specsample::in_vocabulary(*c.eos, tok.vocab_size())) {
     usage_error(fmt::format("--eos {} is not a token of the target's vocabulary of {}", *c.eos, tok.vocab_size()));
   }
-  specsample::gpt2::options opts = c.model;
-  opts.pool = std::make_shared<specsample::gpt2::thread_pool>(c.threads);  // one pool for every model
-  auto target = specsample::gpt2::model::load(target_dir, opts);
-  specsample::check_model_vocabulary(target.vocab_size(), tok, target_dir.string());
-  std::vector<specsample::gpt2::model> drafts;
   for (const auto& dir : candidates) {
-    if (!c.json) fmt::print(stderr, "loading {}...\n", dir.string());
     specsample::check_same_vocabulary(specsample::bpe_tokenizer::load(dir), tok, dir.string(), target_dir.string());
-    drafts.push_back(specsample::gpt2::model::load(
-        dir, c.draft_matmul ? specsample::gpt2::with_matmul_precision(opts, *c.draft_matmul) : opts));
-    specsample::check_model_vocabulary(drafts.back().vocab_size(), tok, dir.string());  // (its tokenizer is tok's)
   }
-  const double load_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
-  c.params.eos = c.no_eos ? std::nullopt : c.eos ? c.eos : target.config().eos_token_id;
+  // Every check of the prompt, -n, --prompt-lookup and the warm-up prompts runs on the models'
+  // config.json files and the tokenizer, before any weights load (a checkpoint of gigabytes takes
+  // a while): a model's context is its config's n_positions (gpt2::model::max_size).
+  const specsample::gpt2::config target_config = specsample::gpt2::config::load(target_dir / "config.json");
+  std::vector<std::size_t> draft_limits;
+  for (const auto& dir : candidates) draft_limits.push_back(specsample::gpt2::config::load(dir / "config.json").n_positions);
   // The model whose context binds the prompt and -n, and the longest prompt it leaves room for: the
   // target holds prompt + n - 1 tokens, a draft model one fewer (it never holds a generation's last
   // two), so a prompt of at most target.max_size() or draft.max_size() + 1 tokens leaves room for one.
-  std::vector<std::size_t> draft_limits;
-  for (const auto& d : drafts) draft_limits.push_back(d.max_size());
-  const specsample::context_binding binding = specsample::binding_context(target.max_size(), draft_limits);
+  const specsample::context_binding binding = specsample::binding_context(target_config.n_positions, draft_limits);
   const std::size_t holds = binding.holds, longest_prompt = binding.longest_prompt();
   const std::string bound_by =
       binding.draft ? fmt::format("draft model ({})", candidates[*binding.draft].string()) : "target model";
@@ -596,17 +593,17 @@ int run(int argc, char** argv) {
   const std::vector<token> prompt = tok.encode(c.prompt);
   if (prompt.empty()) throw specsample::error("the prompt encodes to no tokens");
   // The models' context: the smallest of them, and whose it is (the warm-ups' bound below).
-  std::size_t limit = target.max_size();
+  std::size_t limit = target_config.n_positions;
   std::string whose = "target model";
-  for (std::size_t d = 0; d < drafts.size(); ++d) {
-    if (drafts[d].max_size() < limit) {
-      limit = drafts[d].max_size();
+  for (std::size_t d = 0; d < candidates.size(); ++d) {
+    if (draft_limits[d] < limit) {
+      limit = draft_limits[d];
       whose = fmt::format("draft model ({})", candidates[d].string());
     }
   }
   // --prompt-lookup: lookup first, the draft model where it finds nothing (the timed check and the
   // generation both run this drafter).
-  auto lookup = specsample::drafters::ngram::from_shortest(target.vocab_size(), std::max<std::size_t>(1, c.prompt_lookup));
+  auto lookup = specsample::drafters::ngram::from_shortest(target_config.vocab_size, std::max<std::size_t>(1, c.prompt_lookup));
   {  // -n against the binding model's context, named as typed (the library names max_new_tokens)
     const std::size_t fits = binding.new_tokens_within(prompt.size());
     const std::size_t n = c.params.max_new_tokens;
@@ -632,17 +629,6 @@ int run(int argc, char** argv) {
     }
   }
 
-  // Several candidates or -k auto: measure each on a warm-up and keep the best predicted speedup
-  // among the candidates whose check pays (all of them when none does).
-  cli run_cli = c;
-  const auto lookup_first = [&](specsample::gpt2::model& draft, const specsample::speculative_params& p) {
-    return specsample::drafters::fallback(lookup, specsample::model_drafter(draft, p.draft_warping(),
-                                                                            p.draft_min_probability));
-  };
-  std::string mode = c.mode;  // -k auto may turn speculative into autoregressive (below)
-  bool fell_back = false;
-  std::size_t chosen = 0;
-  nlohmann::json calibrations = nlohmann::json::array(), temperature_scans = nlohmann::json::array();
   // The warm-up prompts: the prompt itself, or a few from --calibration-prompts (acceptance
   // varies from one text to the next; 64 tokens from each, pooled).
   std::vector<std::vector<token>> warmup{prompt};
@@ -672,12 +658,40 @@ int run(int argc, char** argv) {
                                             limit));
       }
     }
-  } else if (!drafts.empty() && (drafts.size() > 1 || c.auto_k) && prompt.size() >= limit) {
+  } else if (!candidates.empty() && (candidates.size() > 1 || c.auto_k) && prompt.size() >= limit) {
     usage_error(fmt::format("{} warms up on the prompt, but a prompt of {} tokens leaves the {} (of {}) no room for a "
                             "round with a draft (two new tokens): give --calibration-prompts FILE{}",
                             c.auto_k ? "-k auto" : "a --draft list", prompt.size(), whose, limit,
                             c.auto_k ? " or -k N" : ""));
   }
+  // The weights, every check above passed.
+  specsample::gpt2::options opts = c.model;
+  opts.pool = std::make_shared<specsample::gpt2::thread_pool>(c.threads);  // one pool for every model
+  if (!c.json) fmt::print(stderr, "loading {}...\n", target_dir.string());
+  auto target = specsample::gpt2::model::load(target_dir, opts);
+  specsample::check_model_vocabulary(target.vocab_size(), tok, target_dir.string());
+  std::vector<specsample::gpt2::model> drafts;
+  for (const auto& dir : candidates) {
+    if (!c.json) fmt::print(stderr, "loading {}...\n", dir.string());
+    drafts.push_back(specsample::gpt2::model::load(
+        dir, c.draft_matmul ? specsample::gpt2::with_matmul_precision(opts, *c.draft_matmul) : opts));
+    specsample::check_model_vocabulary(drafts.back().vocab_size(), tok, dir.string());  // (its tokenizer is tok's)
+  }
+  const double load_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  c.params.eos = c.no_eos ? std::nullopt : c.eos ? c.eos : target.config().eos_token_id;
+
+  // Several candidates or -k auto: measure each on a warm-up and keep the best predicted speedup
+  // among the candidates whose check pays (all of them when none does).
+  cli run_cli = c;
+  const auto lookup_first = [&](specsample::gpt2::model& draft, const specsample::speculative_params& p) {
+    return specsample::drafters::fallback(lookup, specsample::model_drafter(draft, p.draft_warping(),
+                                                                            p.draft_min_probability));
+  };
+  std::string mode = c.mode;  // -k auto may turn speculative into autoregressive (below)
+  bool fell_back = false;
+  std::size_t chosen = 0;
+  nlohmann::json calibrations = nlohmann::json::array(), temperature_scans = nlohmann::json::array();
   // Each draft's parameters: --draft-temperature auto scans its ratio to the target's temperature.
   std::vector<specsample::speculative_params> draft_params(drafts.size(), c.params);
   if (c.auto_draft_temperature && !drafts.empty()) {
@@ -933,11 +947,14 @@ int run(int argc, char** argv) {
   };
   if (!spec_runs.empty()) {
     const auto& s = spec_runs.front().result.stats;
+    // No draft proposed (-n 1, or prompt lookup that never matched): no acceptance to state.
+    const std::string acceptance =
+        s.drafted == 0 ? std::string("no draft proposed")
+                       : fmt::format("acceptance {:.3f} (alpha {:.3f})", s.acceptance_rate(), s.estimated_alpha());
     fmt::print("speculative:    {} tokens{} in {:.3f} s ({:.1f} tokens/s) after a {:.1f} ms prefill; K = {}, {} rounds, "
-               "acceptance {:.3f} (alpha {:.3f}), {:.2f} tokens per target call\n",
+               "{}, {:.2f} tokens per target call\n",
                s.tokens, up_to_eos(spec_runs.front()), median(spec_s), static_cast<double>(s.tokens) / median(spec_s), s.prefill_seconds * 1e3,
-               run_cli.params.draft_length, s.rounds, s.acceptance_rate(), s.estimated_alpha(),
-               s.tokens_per_target_call());
+               run_cli.params.draft_length, s.rounds, acceptance, s.tokens_per_target_call());
     if (c.prompt_lookup > 0) {
       fmt::print("prompt lookup drafted {} of the {} rounds, the draft model the others\n", lookup_rounds, s.rounds);
     }
@@ -957,6 +974,9 @@ int run(int argc, char** argv) {
                median(ar_all_t) / median(spec_all_t),
                spec_tokens == ar_tokens ? std::string()
                                         : fmt::format(" (time per token: {} tokens against {})", spec_tokens, ar_tokens));
+    if (std::all_of(spec_runs.begin(), spec_runs.end(), [](const run_record& r) { return r.result.stats.drafted == 0; })) {
+      fmt::print("note: no draft was proposed, so both modes made the same target calls: the speedup is timing noise\n");
+    }
     if (greedy) fmt::print("outputs identical at temperature 0: {}\n", identical ? "yes" : "NO");
   }
   return compare && greedy && !identical ? 1 : 0;

@@ -16,6 +16,8 @@
 #include <specsample/testing/distribution.hpp>
 #include <specsample/toy.hpp>
 
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <random>
 #include <string_view>
@@ -44,6 +46,15 @@ template <class Draft, class Target, class Rng>
 std::vector<token> generate(Draft& draft, Target& target, std::span<const token> prompt, std::size_t n,
                             std::size_t K, const specsample::sampling_params& sampling, Rng& rng, bool broken) {
   const std::size_t V = target.vocab_size();
+  // What the library's loop refuses before it starts, this one too (a loop of your own checks its
+  // inputs: prompt.first(prompt.size() - 1) below needs a token).
+  if (prompt.empty()) throw specsample::error("generate: the prompt is empty; it needs at least one token");
+  if (K == 0) throw specsample::error("generate: K = 0 drafts per round; give at least 1");
+  for (const token x : prompt) {
+    if (!specsample::in_vocabulary(x, V)) {
+      throw specsample::error(fmt::format("generate: prompt token {} is not in the vocabulary of {}", x, V));
+    }
+  }
   specsample::logit_warper warp_draft(sampling, V, "draft"), warp_target(sampling, V, "target");
   std::vector<token> context(prompt.begin(), prompt.end());
   target.truncate(0);
