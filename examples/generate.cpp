@@ -555,7 +555,6 @@ int run(int argc, char** argv) {
     if (candidates.empty()) usage_error("--draft needs a directory, a comma-separated list or ngram");
   }
 
-  const auto load_start = std::chrono::steady_clock::now();
   const auto tok = specsample::bpe_tokenizer::load(target_dir);
   if (c.eos && !specsample::in_vocabulary(*c.eos, tok.vocab_size())) {
     usage_error(fmt::format("--eos {} is not a token of the target's vocabulary of {}", *c.eos, tok.vocab_size()));
@@ -665,6 +664,7 @@ int run(int argc, char** argv) {
                             c.auto_k ? " or -k N" : ""));
   }
   // The weights, every check above passed.
+  const auto load_start = std::chrono::steady_clock::now();
   specsample::gpt2::options opts = c.model;
   opts.pool = std::make_shared<specsample::gpt2::thread_pool>(c.threads);  // one pool for every model
   if (!c.json) fmt::print(stderr, "loading {}...\n", target_dir.string());
@@ -947,7 +947,7 @@ int run(int argc, char** argv) {
   };
   if (!spec_runs.empty()) {
     const auto& s = spec_runs.front().result.stats;
-    // No draft proposed (-n 1, or prompt lookup that never matched): no acceptance to state.
+    // No draft proposed (-n 1, or --draft ngram that never matched): no acceptance to state.
     const std::string acceptance =
         s.drafted == 0 ? std::string("no draft proposed")
                        : fmt::format("acceptance {:.3f} (alpha {:.3f})", s.acceptance_rate(), s.estimated_alpha());
