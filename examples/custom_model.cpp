@@ -95,5 +95,19 @@ int main(int argc, char** argv) {
              spec.stats.tokens_per_target_call());
   const bool same = spec.tokens == ar.tokens;
   fmt::print("identical at temperature 0: {}\n", same ? "yes" : "NO");
+  // What the model refuses (the loops never ask it; a caller's bug could), the model unchanged.
+  const auto attempt = [](auto&& call) {
+    try {
+      call();
+      return std::string("accepted");
+    } catch (const specsample::error& e) {
+      return fmt::format("refused ({})", e.what());
+    }
+  };
+  target.truncate(0);
+  (void)target.append(prompt);
+  fmt::print("truncate past the context: {}\n", attempt([&] { target.truncate(target.size() + 1); }));
+  const std::vector<specsample::token> outside{8};
+  fmt::print("a token outside the vocabulary: {}\n", attempt([&] { (void)target.append(outside); }));
   return same ? 0 : 1;
 }

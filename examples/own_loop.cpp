@@ -118,6 +118,13 @@ int main(int argc, char** argv) {
     const bool same = mine == specsample::autoregressive_sample(target, prompt, params, rng).tokens;
     std::printf("temperature 0: %zu tokens, identical to autoregressive_sample: %s\n", mine.size(),
                 same ? "yes" : "no");
+    // What the loop refuses before it starts, as speculative_sample does: an empty prompt.
+    try {
+      (void)generate(draft, target, std::span<const token>(), 4, K, greedy, rng, broken);
+      std::printf("an empty prompt: accepted\n");
+    } catch (const specsample::error& e) {
+      std::printf("an empty prompt: refused (%s)\n", e.what());
+    }
 
     // The first L tokens at temperature 1 against the target's exact distribution of them.
     constexpr std::size_t L = 4, samples = 40000;
