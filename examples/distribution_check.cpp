@@ -260,11 +260,14 @@ bool check_checkpoints(const checkpoints& c, specsample::speculative_params para
   if (prompt.empty()) throw specsample::error("--prompt encodes to no tokens");
   // --length and --prompt-lookup are checked on the models' config.json files, before any weights
   // load: a model's context is its config's n_positions (gpt2::model::max_size).
-  const specsample::gpt2::config target_config = specsample::gpt2::config::load(target_dir / "config.json");
+  const auto config_of = [](const std::filesystem::path& dir) {
+    return specsample::gpt2::config::load(specsample::gpt2::config_file(dir));
+  };
+  const specsample::gpt2::config target_config = config_of(target_dir);
   {  // --length against the models' contexts, named as typed (the library names max_new_tokens)
     const std::vector<std::size_t> draft_limits =
         c.ngram() ? std::vector<std::size_t>{}
-                  : std::vector<std::size_t>{specsample::gpt2::config::load(draft_dir / "config.json").n_positions};
+                  : std::vector<std::size_t>{config_of(draft_dir).n_positions};
     const specsample::context_binding binding = specsample::binding_context(target_config.n_positions, draft_limits);
     const std::size_t fits = binding.new_tokens_within(prompt.size()), bound = binding.holds;
     const char* const bound_by = binding.draft ? "draft" : "target";

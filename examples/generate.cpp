@@ -565,9 +565,10 @@ int run(int argc, char** argv) {
   // Every check of the prompt, -n, --prompt-lookup and the warm-up prompts runs on the models'
   // config.json files and the tokenizer, before any weights load (a checkpoint of gigabytes takes
   // a while): a model's context is its config's n_positions (gpt2::model::max_size).
-  const specsample::gpt2::config target_config = specsample::gpt2::config::load(target_dir / "config.json");
+  const auto config_of = [](const fs::path& dir) { return specsample::gpt2::config::load(specsample::gpt2::config_file(dir)); };
+  const specsample::gpt2::config target_config = config_of(target_dir);
   std::vector<std::size_t> draft_limits;
-  for (const auto& dir : candidates) draft_limits.push_back(specsample::gpt2::config::load(dir / "config.json").n_positions);
+  for (const auto& dir : candidates) draft_limits.push_back(config_of(dir).n_positions);
   // The model whose context binds the prompt and -n, and the longest prompt it leaves room for: the
   // target holds prompt + n - 1 tokens, a draft model one fewer (it never holds a generation's last
   // two), so a prompt of at most target.max_size() or draft.max_size() + 1 tokens leaves room for one.

@@ -153,6 +153,11 @@ inline void require_model_directory(const std::filesystem::path& dir) {
   io::require_directory(dir, "a Hugging Face GPT-2 directory (config.json, model.safetensors)");
 }
 
+/// The config file of the Hugging Face GPT-2 directory `dir`: `dir/config.json`, which `load` reads
+/// (`config::load(config_file(dir))` gives its sizes — the context, the vocabulary — without the
+/// weights: the tools check their arguments against them before any weights load).
+[[nodiscard]] inline std::filesystem::path config_file(const std::filesystem::path& dir) { return dir / "config.json"; }
+
 /// The weights file of the Hugging Face GPT-2 directory `dir`: `dir/model.safetensors`, or, when
 /// that is not a regular file, the shard index `dir/model.safetensors.index.json` (transformers'
 /// save_pretrained splits a checkpoint above 5 GB: a fine-tuned gpt2-xl in F32;
@@ -465,7 +470,7 @@ class model final {
 #ifdef SPECSAMPLE_GPT2_MODEL
 
 SPECSAMPLE_GPT2_MODEL model model::load(const std::filesystem::path& dir, options opts) {
-  const std::filesystem::path config_path = dir / "config.json";
+  const std::filesystem::path config_path = config_file(dir);
   const std::optional<weight_format> storage = storage_of(checked(opts));  // first: before any file or thread
   opts.pool = pool_of(opts);  // (checks options.threads: an option's error comes before a file's)
   opts.threads = 0;
