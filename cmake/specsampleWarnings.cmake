@@ -108,9 +108,10 @@ endfunction()
 
 # specsample_add_allocation_test(name SOURCES...): a test executable counting every heap
 # allocation (tests/support/counting_allocator.hpp, included by one of its TUs, wraps malloc and
-# replaces the global operator new for the whole executable).
+# its kin and replaces the global operator new for the whole executable).
 function(specsample_add_allocation_test name)
   specsample_add_test(${name} ${ARGN})
-  target_link_options(${name} PRIVATE -Wl,--wrap=malloc -Wl,--wrap=calloc -Wl,--wrap=realloc)
+  target_link_options(${name} PRIVATE -Wl,--wrap=malloc -Wl,--wrap=calloc -Wl,--wrap=realloc
+                      -Wl,--wrap=aligned_alloc -Wl,--wrap=posix_memalign)
   target_compile_options(${name} PRIVATE -Wno-mismatched-new-delete)
 endfunction()

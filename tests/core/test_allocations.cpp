@@ -54,15 +54,10 @@ class buffered_markov {
 
 }  // namespace
 
-TEST_CASE("the allocation counter sees std and Eigen allocations", "[allocations]") {
-  const auto before = allocation_count();
-  auto v = std::make_unique<std::vector<int>>(100);
-  Eigen::MatrixXf m(50, 50);
-  m.setZero();
-  specsample::test::escape(v.get());
-  specsample::test::escape(v->data());
-  specsample::test::escape(m.data());
-  CHECK(allocation_count() >= before + 3);
+TEST_CASE("the allocation counter sees std, Eigen and aligned allocations", "[allocations]") {
+  const auto seen = specsample::test::check_the_counter();
+  CHECK(seen.std_and_eigen >= 3);
+  CHECK(seen.aligned == 2);
 }
 
 TEST_CASE("the speculative loop allocates nothing per round in the steady state", "[loop][allocations]") {
@@ -70,13 +65,31 @@ TEST_CASE("the speculative loop allocates nothing per round in the steady state"
   buffered_markov target(base, 4096);
   buffered_markov draft(specsample::toy::markov::similar_to(base, 0.6, 4), 4096);
   std::vector<token> prompt(10, 1);
-  for (const float temperature : {0.0f, 0.8f}) {
+  // Greedy, sampled with filters, and sampled with each round-shaping option: block verification,
+  // the adaptive draft length, p_min, the draft's own warping.
+  struct cell {
+    const char* name;
+    float temperature;
+    specsample::verification verify = specsample::verification::token_wise;
+    bool adaptive = false;
+    float p_min = 0.0f;
+    bool draft_warping = false;
+  };
+  for (const cell c : {cell{"greedy", 0.0f}, cell{"sampled", 0.8f},
+                       cell{"block", 0.8f, specsample::verification::block},
+                       cell{"adaptive K", 0.8f, specsample::verification::token_wise, true},
+                       cell{"block, adaptive K, p_min, draft at 1.2 T", 0.8f, specsample::verification::block, true,
+                            0.2f, true}}) {
     specsample::speculative_params params;
     params.max_new_tokens = 500;
     params.draft_length = 4;
-    params.sampling.temperature = temperature;
-    params.sampling.top_k = temperature > 0 ? 20 : 0;
-    params.sampling.top_p = temperature > 0 ? 0.9f : 1.0f;
+    params.sampling.temperature = c.temperature;
+    params.sampling.top_k = c.temperature > 0 ? 20 : 0;
+    params.sampling.top_p = c.temperature > 0 ? 0.9f : 1.0f;
+    params.verify = c.verify;
+    params.adaptive_draft_length = c.adaptive;
+    params.draft_min_probability = c.p_min;
+    if (c.draft_warping) params.draft_sampling = specsample::sampling_params{.temperature = 1.2f * c.temperature};
     std::mt19937_64 rng(1);
     std::size_t at_round_1 = 0, at_last = 0, rounds = 0;
     const auto r = specsample::speculative_sample(draft, target, prompt, params, rng,
@@ -87,7 +100,7 @@ TEST_CASE("the speculative loop allocates nothing per round in the steady state"
                                                   });
     REQUIRE(r.tokens.size() == 500);
     REQUIRE(rounds > 100);
-    INFO("T = " << temperature << ": " << (at_last - at_round_1) << " allocations over " << rounds - 2 << " rounds");
+    INFO(c.name << ": " << (at_last - at_round_1) << " allocations over " << rounds - 2 << " rounds");
     CHECK(at_last == at_round_1);
   }
 }

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <new>
 #include <random>
 #include <span>
@@ -26,15 +27,10 @@ namespace {
 const std::filesystem::path bundled_models = std::filesystem::path(SPECSAMPLE_SOURCE_DIR) / "models";
 }
 
-TEST_CASE("the allocation counter sees std and Eigen allocations", "[gpt2][allocations]") {
-  const auto before = allocation_count();
-  auto v = std::make_unique<std::vector<int>>(100);
-  Eigen::MatrixXf m(50, 50);
-  m.setZero();
-  specsample::test::escape(v.get());
-  specsample::test::escape(v->data());
-  specsample::test::escape(m.data());
-  CHECK(allocation_count() >= before + 3);
+TEST_CASE("the allocation counter sees std, Eigen and aligned allocations", "[gpt2][allocations]") {
+  const auto seen = specsample::test::check_the_counter();
+  CHECK(seen.std_and_eigen >= 3);
+  CHECK(seen.aligned == 2);
 }
 
 TEST_CASE("append allocates nothing in steady state, with F32, BF16 or INT8 matmuls", "[gpt2][model][allocations]") {
@@ -72,13 +68,23 @@ TEST_CASE("speculative sampling with the GPT-2 pair allocates nothing per round 
     auto target = specsample::gpt2::model::load(bundled_models / "shakespeare-target", {.threads = threads});
     auto draft = specsample::gpt2::model::load(bundled_models / "shakespeare-draft", {.threads = threads});
     const std::vector<specsample::token> prompt = {10, 20, 30, 40};
-    for (const float temperature : {0.0f, 0.8f}) {
+    // Greedy and sampled token-wise, then sampled with block verification and the adaptive draft
+    // length (the loop's other round shapes).
+    struct cell {
+      float temperature;
+      specsample::verification verify = specsample::verification::token_wise;
+      bool adaptive = false;
+    };
+    for (const cell c : {cell{0.0f}, cell{0.8f}, cell{0.8f, specsample::verification::block, true}}) {
+      const float temperature = c.temperature;
       specsample::speculative_params params;
       params.max_new_tokens = 120;
       params.draft_length = 4;
       params.sampling.temperature = temperature;
       params.sampling.top_k = temperature > 0 ? 50 : 0;
       params.sampling.top_p = temperature > 0 ? 0.95f : 1.0f;
+      params.verify = c.verify;
+      params.adaptive_draft_length = c.adaptive;
       std::mt19937_64 rng(1);
       std::size_t at_round_1 = 0, at_last = 0, rounds = 0;
       const auto r = specsample::speculative_sample(draft, target, prompt, params, rng,
@@ -89,7 +95,8 @@ TEST_CASE("speculative sampling with the GPT-2 pair allocates nothing per round 
                                                     });
       REQUIRE(r.tokens.size() == 120);
       REQUIRE(rounds > 10);
-      INFO("threads " << threads << ", T = " << temperature << ": " << (at_last - at_round_1)
+      INFO("threads " << threads << ", T = " << temperature << (c.adaptive ? ", block, adaptive K" : "") << ": "
+                      << (at_last - at_round_1)
                       << " allocations over " << rounds - 2 << " rounds");
       CHECK(at_last == at_round_1);
     }
