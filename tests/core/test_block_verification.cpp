@@ -29,6 +29,7 @@ struct broken_block_verifier {
   bool residual_weight_ahead = false;  // residual weighted by w_{τ+1} instead of w_τ
   bool lowest_success = false;         // τ = the smallest i with η_i < h_i, not the largest
   bool unweighted_residual = false;    // residual norm(max(0, p - q)): the weight w_τ left out
+  bool token_wise_h = false;           // h_i = min(1, w_i) at every i, not the residual ratio before K
 
   template <class Rng>
   verify_result operator()(std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
@@ -43,7 +44,7 @@ struct broken_block_verifier {
       if (!skip_clip) w = std::min(1.0, w);
       ws.push_back(std::min(1.0, w));
       double h = std::min(1.0, w);
-      if (i < k) {
+      if (i < k && !token_wise_h) {
         double z = 0.0, den = 0.0;
         for (Eigen::Index t = 0; t < p.rows(); ++t) {
           const double d = w * double(p(t, i)) - double(q(t, i));
@@ -87,6 +88,11 @@ void check_exact_and_broken(toy::markov draft, toy::markov target, std::size_t k
   INFO("block:  X2 = " << good.statistic << ", dof = " << good.dof << ", p = " << good.p_value);
   CHECK(good.impossible == 0);
   CHECK(good.p_value > pass_threshold);
+  // The copy with no defect switched on passes too, so the broken variant fails by its defect.
+  const auto copy = fit(draft, target, k, length, sampling, broken_block_verifier{}, samples);
+  INFO("copy:   X2 = " << copy.statistic << ", dof = " << copy.dof << ", p = " << copy.p_value);
+  CHECK(copy.impossible == 0);
+  CHECK(copy.p_value > pass_threshold);
   const auto bad = fit(draft, target, k, length, sampling, broken, samples);
   INFO("broken: X2 = " << bad.statistic << ", dof = " << bad.dof << ", p = " << bad.p_value);
   CHECK(bad.p_value < fail_threshold);
@@ -105,8 +111,11 @@ TEST_CASE("block verification matches the target's exact distribution for every 
       // K = 3 the broken variant selects the lowest passing position instead of the highest:
       // block_verifier scans from position K down and stops at its first success, and this is that
       // scan run the wrong way.
+      // At K = 5 it takes each position's acceptance test from token-wise verification, min(1, w_i),
+      // where block verification's h_i weighs the residual mass of the positions after i.
       const broken_block_verifier broken = c.k == 1   ? broken_block_verifier{.residual_weight_ahead = true}
                                            : c.k == 3 ? broken_block_verifier{.lowest_success = true}
+                                           : c.k == 5 ? broken_block_verifier{.token_wise_h = true}
                                                       : broken_block_verifier{.stop_at_first_failure = true};
       check_exact_and_broken(draft, target, c.k, c.length, {}, broken);
     }
@@ -129,11 +138,11 @@ TEST_CASE("block verification is exact across temperatures and filters", "[block
   auto target = toy::markov::random(5, 1, 17, 0.8f);
   auto draft = toy::markov::similar_to(target, 0.4, 18, 0.8f);
   const broken_block_verifier unclipped{.skip_clip = true};
-  SECTION("T = 0.5") { check_exact_and_broken(draft, target, 3, 3, {.temperature = 0.5f}, unclipped); }
-  SECTION("T = 2") { check_exact_and_broken(draft, target, 3, 3, {.temperature = 2.0f}, unclipped); }
-  SECTION("top-k = 2") { check_exact_and_broken(draft, target, 3, 3, {.top_k = 2}, unclipped); }
-  SECTION("top-p = 0.7") { check_exact_and_broken(draft, target, 3, 3, {.top_p = 0.7f}, unclipped); }
-  SECTION("min-p = 0.2") { check_exact_and_broken(draft, target, 3, 3, {.min_p = 0.2f}, unclipped); }
+  SECTION("T = 0.5") { check_exact_and_broken(draft, target, 3, 4, {.temperature = 0.5f}, unclipped); }
+  SECTION("T = 2") { check_exact_and_broken(draft, target, 3, 4, {.temperature = 2.0f}, unclipped); }
+  SECTION("top-k = 2") { check_exact_and_broken(draft, target, 3, 4, {.top_k = 2}, unclipped); }
+  SECTION("top-p = 0.7") { check_exact_and_broken(draft, target, 3, 4, {.top_p = 0.7f}, unclipped); }
+  SECTION("min-p = 0.2") { check_exact_and_broken(draft, target, 3, 4, {.min_p = 0.2f}, unclipped); }
 }
 
 TEST_CASE("block verification is exact with drafts that put zero mass where the target has mass and the reverse",
@@ -142,13 +151,13 @@ TEST_CASE("block verification is exact with drafts that put zero mass where the 
   Eigen::MatrixXf d = target.transitions();
   d.row(0).setZero();
   // Full sample size in every build: these defects shift little mass here.
-  check_exact_and_broken(toy::markov(d, 1), target, 3, 3, {}, broken_block_verifier{.stop_at_first_failure = true},
+  check_exact_and_broken(toy::markov(d, 1), target, 3, 4, {}, broken_block_verifier{.stop_at_first_failure = true},
                          100'000);
   Eigen::MatrixXf t = target.transitions();
   t.row(3).setZero();
   Eigen::MatrixXf d2 = Eigen::MatrixXf::Constant(4, 5, 0.1f);
   d2.row(3).setConstant(0.7f);
-  check_exact_and_broken(toy::markov(d2, 1), toy::markov(t, 1), 3, 3, {},
+  check_exact_and_broken(toy::markov(d2, 1), toy::markov(t, 1), 3, 4, {},
                          broken_block_verifier{.stop_at_first_failure = true}, 100'000);
 }
 
@@ -267,7 +276,10 @@ TEST_CASE("block verification stays exact with an early-stopping and with an ada
   test::draft_length_pair pair;
   auto& params = pair.params;
   SECTION("p_min = 0.5") { params.draft_min_probability = 0.5f; }
-  SECTION("adaptive draft length") { params.adaptive_draft_length = true; }
+  SECTION("adaptive draft length") {
+    params.adaptive_draft_length = true;
+    params.max_new_tokens = test::draft_length_pair::adaptive_length;  // where the schedule's cap binds
+  }
   model_drafter<toy::markov> d(pair.draft, params.sampling, params.draft_min_probability);
   test::check_exact_and_broken(d, pair.target, {0}, params, block_verifier{},
                                broken_block_verifier{.stop_at_first_failure = true});

@@ -42,9 +42,10 @@ void check_stats_consistent(const generation_result& r, std::size_t k) {
   CHECK(s.acceptance_rate() <= 1.0);
   // The timings nest: prefill and decode make up the call, the models' time lies inside decode.
   CHECK(s.prefill_seconds >= 0.0);
-  CHECK(s.decode_seconds() == s.total_seconds - s.prefill_seconds);
+  CHECK(s.prefill_seconds <= s.total_seconds);
+  CHECK(s.draft_seconds >= 0.0);
+  CHECK(s.target_seconds >= 0.0);
   CHECK(s.draft_seconds + s.target_seconds <= s.decode_seconds());
-  CHECK(s.overhead_seconds() == Approx(s.decode_seconds() - s.draft_seconds - s.target_seconds));
 }
 
 // A model that records nothing but delegates, to count calls; also lets tests break the contract.

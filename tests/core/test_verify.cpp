@@ -288,6 +288,21 @@ TEST_CASE("the residual of identical distributions falls back to p", "[verify][r
   Eigen::VectorXf p2(3);
   p2 << 0.25f, 0.5f, 0.25f;
   for (int i = 0; i < 100; ++i) CHECK(sample_residual(p2, q, rng) == 1);  // max(0, p - q) = e_1 * 0.5
+  // The fallback draws from p, not its most probable token: a chi-square fit against p passes, and
+  // the same statistic rejects uniform draws over p's support.
+  Eigen::VectorXf wide(3);
+  wide << 0.25f, 0.25f, 0.5f;
+  const xt::xarray<double> expected = {0.25, 0.25, 0.5};
+  xt::xarray<double> counts = xt::zeros<double>({3}), uniform = xt::zeros<double>({3});
+  std::uniform_int_distribution<std::size_t> any(0, 2);
+  for (int i = 0; i < 100000; ++i) {
+    counts(static_cast<std::size_t>(sample_residual(wide, wide, rng))) += 1.0;
+    uniform(any(rng)) += 1.0;
+  }
+  const auto fit = testing::chi_square_test(counts, expected);
+  CHECK(fit.impossible == 0);
+  CHECK(fit.p_value > 1e-3);
+  CHECK(testing::chi_square_test(uniform, expected).p_value < 1e-6);
 }
 
 namespace {

@@ -17,7 +17,9 @@ namespace specsample::test {
 
 /// The toy pair of the draft-length exactness tests (p_min early stop, adaptive K): a 4-token
 /// order-2 target, a draft at distance 0.4 from it, 4 new tokens with K = 3 — small enough for an
-/// exact fit over every continuation. Each test sets its own draft-length rule on `params`.
+/// exact fit over every continuation. Each test sets its own draft-length rule on `params`; the
+/// adaptive schedule's asks for more tokens (`adaptive_length`), as with K >= max_new_tokens - 1
+/// every round drafts remaining - 1 tokens whatever the schedule says.
 struct draft_length_pair {
   toy::markov target = toy::markov::random(4, 2, 3, 0.8f);
   toy::markov draft = toy::markov::similar_to(target, 0.4, 4, 0.5f);
@@ -27,6 +29,9 @@ struct draft_length_pair {
     p.draft_length = 3;
     return p;
   }();
+  /// A length at which the adaptive cap binds: after a rejection in the first round of 3 drafts
+  /// the next round may draft 2 where 3 remain to be drafted.
+  static constexpr std::size_t adaptive_length = 6;
 };
 
 /// `testing::speculative_fit` of `samples` generations (generator seeded 77).
@@ -40,9 +45,9 @@ testing::fit_result fit_drafter(Drafter& drafter, toy::markov& target, const std
 
 /// With `verifier` the fit passes (no sample in a cell of probability zero, p above
 /// pass_threshold); with the deliberately `broken` verifier the same statistic rejects it (p below
-/// fail_threshold).
+/// fail_threshold). Returns the exact fit, whose `drafted` and `rejected` say what its rounds did.
 template <class Drafter, class Verifier, class Broken>
-void check_exact_and_broken(Drafter& drafter, toy::markov& target, const std::vector<token>& prompt,
+testing::fit_result check_exact_and_broken(Drafter& drafter, toy::markov& target, const std::vector<token>& prompt,
                             const speculative_params& params, Verifier verifier, Broken broken) {
   const auto good = fit_drafter(drafter, target, prompt, params, verifier);
   INFO("exact:  X2 = " << good.statistic << ", dof = " << good.dof << ", p = " << good.p_value);
@@ -51,6 +56,7 @@ void check_exact_and_broken(Drafter& drafter, toy::markov& target, const std::ve
   const auto bad = fit_drafter(drafter, target, prompt, params, broken);
   INFO("broken: X2 = " << bad.statistic << ", dof = " << bad.dof << ", p = " << bad.p_value);
   CHECK(bad.p_value < fail_threshold);
+  return good;
 }
 
 }  // namespace specsample::test
