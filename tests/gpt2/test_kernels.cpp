@@ -12,6 +12,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <iostream>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -248,7 +249,7 @@ TEST_CASE("matmul matches its reference twin and is bitwise batch- and thread-in
   for (const isa level : kernel_levels()) {
     for (const weight_format f : {weight_format::f32, weight_format::f16, weight_format::bf16, weight_format::bf16_pairs}) {
       for (const std::size_t C : {1u, 5u, 8u, 67u, 128u}) {
-        for (const std::size_t OC : {1u, 13u, 64u, 100u}) {
+        for (const std::size_t OC : {1u, 13u, 64u, 100u, 200u}) {  // 200: panels for three threads
           for (const bool with_bias : {false, true}) {
             const std::size_t T = 14;  // the AVX2 level takes rows in groups of 12: two groups
             const auto inp = random_vector(T * C, rng);
@@ -729,7 +730,10 @@ TEST_CASE("matmuls on AMX tiles: INT8 the exact sums, BF16 near vdpbf16ps's and 
   REQUIRE(gpt2::simd::amx_fits(weight_format::i8_quads, 6400));
   REQUIRE_FALSE(gpt2::simd::amx_fits(weight_format::f32, 64));
   REQUIRE_FALSE(gpt2::simd::amx_fits(weight_format::i8_quads, 0));
-  if (!gpt2::simd::has_amx()) return;  // (reported by specsample_kernel_levels)
+  if (!gpt2::simd::has_amx()) {  // (reported by specsample_kernel_levels too)
+    std::cout << "SKIPPED: AMX tile matmuls (this CPU or OS has no AMX)\n";
+    return;
+  }
   std::mt19937 rng(41);
   thread_pool pool2(2), pool3(3);
   std::size_t bf16_differs = 0;  // outputs whose tile sums are not vdpbf16ps's: the tiles ran
@@ -990,7 +994,8 @@ void check_attention(std::mt19937& rng) {
                    std::memcmp(vc.data(), v_ref.data(), vc.size() * sizeof vc[0]) == 0;
           };
           std::vector<float> out(T * C), ref(T * C), out2(T * C), one(C);
-          std::vector<float> scratch(k::attention_scratch(P)), scratch2(2 * k::attention_scratch(P));
+          std::vector<float> scratch(k::attention_scratch(P)), scratch2(2 * k::attention_scratch(P)),
+              scratch3(3 * k::attention_scratch(P));
           auto kc = k_old, vc = v_old;
           k::attention<F>(out, qkv, kc, vc, scratch, pos0, T, T, C, NH, P, nullptr, level);
           k::attention_reference<F>(ref, qkv, k_ref, v_ref, pos0, T, C, NH, P);
@@ -1002,6 +1007,11 @@ void check_attention(std::mt19937& rng) {
           auto kc2 = k_old, vc2 = v_old;
           k::attention<F>(out2, qkv, kc2, vc2, scratch2, pos0, T, T, C, NH, P, &pool, level);
           REQUIRE(stored(kc2, vc2));
+          REQUIRE(bitwise_equal(out.data(), out2.data(), out.size()));
+          thread_pool pool3(3);  // a third thread: other splits of the (head, query group) tasks
+          auto kc3 = k_old, vc3 = v_old;
+          k::attention<F>(out2, qkv, kc3, vc3, scratch3, pos0, T, T, C, NH, P, &pool3, level);
+          REQUIRE(stored(kc3, vc3));
           REQUIRE(bitwise_equal(out.data(), out2.data(), out.size()));
           for (const std::size_t n : {std::size_t{0}, std::size_t{1}, T / 2}) {  // the last n queries
             for (thread_pool* on : {static_cast<thread_pool*>(nullptr), &pool}) {

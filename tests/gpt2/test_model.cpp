@@ -83,6 +83,26 @@ reference load_reference(const fs::path& dir) {
   return r;
 }
 
+/// The largest |logit - reference| of `ref`'s case i over its vocabulary columns; +inf when a
+/// logit is NaN (std::max would pass over it).
+template <class Logits>
+double worst_difference(const Logits& logits, const reference& ref, std::size_t i) {
+  double worst = 0;
+  const std::size_t mcols = ref.vocab_ids.size();
+  for (std::size_t t = 0; t < ref.tokens[i].size(); ++t) {
+    for (std::size_t j = 0; j < mcols; ++j) {
+      const double d = std::abs(static_cast<double>(logits(ref.vocab_ids[j], static_cast<Eigen::Index>(t))) -
+                                ref.logits[i][t * mcols + j]);
+      if (!(d <= worst)) worst = std::isnan(d) ? std::numeric_limits<double>::infinity() : d;
+    }
+  }
+  return worst;
+}
+
+/// How far the logits may stray from the float64 references: the checkpoints' F32 passes come
+/// within 4e-6 - 1.5e-5 at every kernel level (the golden and fallback tests print theirs).
+constexpr double golden_tolerance = 1e-4;
+
 /// Appends `tokens` in chunks of `chunk` and returns all logits columns (V, n).
 Eigen::MatrixXf append_chunked(gpt2::model& m, std::span<const token> tokens, std::size_t chunk) {
   Eigen::MatrixXf out(static_cast<Eigen::Index>(m.vocab_size()),
@@ -133,7 +153,7 @@ std::string load_error(const fs::path& dir) {
 }  // namespace
 
 TEST_CASE("every checkpoint reproduces the float64 reference logits", "[gpt2][model][golden]") {
-  // Tolerance 1e-3 absolute for every checkpoint, F16 and BF16 ones included: the references were
+  // Tolerance 1e-4 absolute for every checkpoint, F16 and BF16 ones included: the references were
   // computed in float64 from the very same F16/BF16 values upcast, and we upcast exactly too, so
   // the weights are identical and only float32 vs float64 arithmetic differs. Observed max
   // differences are printed below (see docs/gpt2.md for the figures).
@@ -150,15 +170,7 @@ TEST_CASE("every checkpoint reproduces the float64 reference logits", "[gpt2][mo
         m.truncate(0);
         const auto logits = m.append(ref.tokens[i]);
         REQUIRE(static_cast<std::size_t>(logits.cols()) == ref.tokens[i].size());
-        const std::size_t mcols = ref.vocab_ids.size();
-        for (std::size_t t = 0; t < ref.tokens[i].size(); ++t) {
-          for (std::size_t j = 0; j < mcols; ++j) {
-            const double d = std::abs(
-                static_cast<double>(logits(ref.vocab_ids[j], static_cast<Eigen::Index>(t))) -
-                ref.logits[i][t * mcols + j]);
-            max_diff = std::max(max_diff, d);
-          }
-        }
+        max_diff = std::max(max_diff, worst_difference(logits, ref, i));
         positions += ref.tokens[i].size();
         ++cases;
       }
@@ -166,7 +178,8 @@ TEST_CASE("every checkpoint reproduces the float64 reference logits", "[gpt2][mo
                                "positions\n",
                                c.name, max_diff, cases, positions);
       INFO(c.name << ": max abs difference " << max_diff);
-      CHECK(max_diff <= 1e-3);
+      REQUIRE(positions > 0);
+      CHECK(max_diff <= golden_tolerance);
     }
   }
 }
@@ -206,14 +219,13 @@ TEST_CASE("appending in random chunks with truncate-and-reappend reproduces one 
         REQUIRE(m.size() == pos);
       }
       REQUIRE(rolled_back);
-      const float diff = (inc - full).cwiseAbs().maxCoeff();
-      INFO(c.name << ": max |incremental - full| = " << diff);
-      REQUIRE(diff <= 1e-4f);
+      INFO(c.name << ": max |incremental - full| = " << (inc - full).cwiseAbs().maxCoeff());
+      REQUIRE(bitwise_equal(inc, full));
     }
   }
 }
 
-TEST_CASE("a position's logits are bitwise identical alone, in batches of 1..9, for 1, 2 and 3 "
+TEST_CASE("a position's logits are bitwise identical alone, in batches of 1..9, for 1 to 4 "
           "threads, with an F32 or an F16 KV cache and with BF16 or INT8 matmuls",
           "[gpt2][model][invariance]") {
   const std::pair<const char*, gpt2::options> configurations[] = {
@@ -232,10 +244,10 @@ TEST_CASE("a position's logits are bitwise identical alone, in batches of 1..9, 
         opts.threads = 1;
         gpt2::model one = gpt2::model::load(c.dir, opts);
         const Eigen::MatrixXf alone = append_chunked(one, tokens, 1);
-        for (const std::size_t threads : {std::size_t{1}, std::size_t{2}, std::size_t{3}}) {
+        for (const std::size_t threads : {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{4}}) {
           // min_parallel_work = 1: every op is split whenever there is more than one thread.
           opts.threads = threads;
-          opts.min_parallel_work = threads == 3 ? 1u : 65536u;
+          opts.min_parallel_work = threads >= 3 ? 1u : 65536u;
           gpt2::model m = gpt2::model::load(c.dir, opts);
           for (std::size_t batch = 1; batch <= 9; ++batch) {
             if (sanitized && m.config().n_layer > 2 && batch % 4 != 1) continue;  // 1, 5, 9
@@ -627,22 +639,18 @@ TEST_CASE("the fallback kernels (generic, AVX2) reproduce the reference logits a
         REQUIRE(m.kernels() == level);
         const reference ref = load_reference(c.dir);
         double max_diff = 0;
+        std::size_t positions = 0;
         for (std::size_t i = 0; i < ref.tokens.size(); ++i) {
-          if (sanitized && m.config().n_layer > 2) break;
+          if (sanitized && m.config().n_layer > 2 && i > 0) break;  // the target's first case (16 tokens)
           m.truncate(0);
-          const auto logits = m.append(ref.tokens[i]);
-          const std::size_t mcols = ref.vocab_ids.size();
-          for (std::size_t t = 0; t < ref.tokens[i].size(); ++t) {
-            for (std::size_t j = 0; j < mcols; ++j) {
-              max_diff = std::max(
-                  max_diff,
-                  std::abs(static_cast<double>(logits(ref.vocab_ids[j], static_cast<Eigen::Index>(t))) -
-                           ref.logits[i][t * mcols + j]));
-            }
-          }
+          max_diff = std::max(max_diff, worst_difference(m.append(ref.tokens[i]), ref, i));
+          positions += ref.tokens[i].size();
         }
+        std::cout << fmt::format("{} {:<28} max |logit - reference| = {:.3g} over {} positions\n",
+                                 gpt2::isa_name(level), c.name, max_diff, positions);
         INFO(gpt2::isa_name(level) << " " << c.name << ": max abs difference " << max_diff);
-        CHECK(max_diff <= 1e-3);
+        REQUIRE(positions > 0);
+        CHECK(max_diff <= golden_tolerance);
         if (m.config().n_layer <= 2 && m.vocab_size() == 4096) {  // invariance on a draft
           const std::span<const token> tokens = std::span<const token>(ref.tokens.back()).first(16);
           gpt2::model one = gpt2::model::load(c.dir, gpt2::options{.threads = 1, .kernels = level});
@@ -1344,6 +1352,16 @@ TEST_CASE("broken checkpoints are rejected with messages naming file, tensor and
     REQUIRE_THAT(load_error(dir),
                  Contains(st.string()) && Contains("missing tensor 'h.1.mlp.c_fc.bias'") &&
                      Contains("expected shape [64]"));
+  }
+  SECTION("a safetensors file that is no GPT-2 checkpoint") {
+    rewrite([](std::vector<io::tensor_data>& ts) {
+      for (io::tensor_data& t : ts) {
+        if (t.name == "wte.weight") t.name = "model.embed_tokens.weight";
+      }
+    });
+    REQUIRE_THAT(load_error(dir), Contains(st.string()) &&
+                                      Contains("missing tensor 'wte.weight' (also looked for 'transformer.wte.weight'): "
+                                               "not a GPT-2 checkpoint?"));
   }
   SECTION("a mis-shaped tensor") {
     rewrite([](std::vector<io::tensor_data>& ts) {

@@ -6,15 +6,38 @@
 #include <fstream>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 namespace {
+// This process's own directory under the temporary directory, removed at exit: files of fixed
+// names there cannot meet another run's.
+const std::filesystem::path& scratch_dir() {
+  static const struct dir {
+    std::filesystem::path path =
+        std::filesystem::temp_directory_path() / ("specsample-prompt-list-" + std::to_string(::getpid()));
+    dir() {
+      std::filesystem::remove_all(path);
+      std::filesystem::create_directories(path);
+    }
+    ~dir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } d;
+  return d.path;
+}
+
 std::filesystem::path write_file(const std::string& name, const std::string& text) {
-  const auto path = std::filesystem::temp_directory_path() / name;
-  std::ofstream(path, std::ios::binary) << text;
+  const auto path = scratch_dir() / name;
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+  f.close();
+  REQUIRE(f.good());
   return path;
 }
 }  // namespace
@@ -67,13 +90,10 @@ TEST_CASE("a bad prompt list is reported with the file, the line and the problem
   CHECK_THROWS_WITH(specsample::io::read_prompt_list(write_file("specsample_prompts_empty.txt", "# only\n\n")),
                     Contains("no prompts"));
   CHECK_THROWS_WITH(specsample::io::read_prompt_list("/nonexistent/prompts.txt"), Contains("file not found"));
-  const auto dir = std::filesystem::temp_directory_path();
-  CHECK_THROWS_WITH(specsample::io::read_prompt_list(dir), Contains("is a directory"));
-  const auto fifo = dir / "specsample_prompts_fifo";
-  std::filesystem::remove(fifo);
+  CHECK_THROWS_WITH(specsample::io::read_prompt_list(scratch_dir()), Contains("is a directory"));
+  const auto fifo = scratch_dir() / "specsample_prompts_fifo";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);  // opening it would block: rejected instead
   CHECK_THROWS_WITH(specsample::io::read_prompt_list(fifo), Contains("not a regular file"));
-  std::filesystem::remove(fifo);
 }
 
 namespace {

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <functional>
 #include <iterator>
 #include <limits>
@@ -296,6 +297,24 @@ TEST_CASE("every kind of malformed file is rejected with a message naming file a
     std::memcpy(bytes.data(), &huge, 8);
     REQUIRE_THAT(error_of(bytes), Contains("exceeds the file size"));
   }
+  SECTION("a header longer than the reference reader's cap, in a file that holds it") {
+    // A sparse file: the length field and then zeros up to the header's end, mapped, not read.
+    temp_dir dir("header-cap");
+    const fs::path path = dir.path / "long-header.safetensors";
+    const std::uint64_t n = io::detail::max_header_bytes + 1;
+    {
+      std::ofstream f(path, std::ios::binary);
+      f.write(reinterpret_cast<const char*>(&n), 8);
+      REQUIRE(f.good());
+    }
+    fs::resize_file(path, 8 + n);
+    try {
+      (void)io::safetensors_file::open(path);
+      FAIL("a header of " << n << " bytes was read");
+    } catch (const specsample::error& e) {
+      REQUIRE_THAT(e.what(), Contains("header length 100000001 exceeds the limit of 100000000 bytes"));
+    }
+  }
   SECTION("a header that is not JSON") {
     REQUIRE_THAT(error_of(raw_file("{\"a\": [1, 2", 0)), Contains("not valid JSON"));
     REQUIRE_THAT(error_of(raw_file("", 0)), Contains("not valid JSON"));
@@ -412,6 +431,9 @@ TEST_CASE("every kind of malformed file is rejected with a message naming file a
     REQUIRE_THAT(error_of(file(entry("a", "F32", "[1]", "[0,4]") + "," + entry("b", "F32", "[1]", "[8,12]"))),
                  Contains("4 unindexed bytes before tensor 'b'"));
     REQUIRE_THAT(error_of(file(entry("a", "F32", "[1]", "[4,8]"))), Contains("unindexed bytes before tensor 'a'"));
+    // Bytes appended after the last tensor (how a file is made to be two formats at once).
+    REQUIRE_THAT(error_of(file(entry("a", "F32", "[4]", "[0,16]"), 20)),
+                 Contains("4 unindexed bytes after the last tensor (data section of 20 bytes, tensors cover 16)"));
   }
   SECTION("duplicate tensor names (JSON parsers silently keep the last)") {
     REQUIRE_THAT(error_of(file(entry("a", "F32", "[2]", "[0,8]") + "," +
@@ -481,6 +503,8 @@ TEST_CASE("every kind of malformed file is rejected with a message naming file a
                           Contains("y.safetensors: write failed"));
       REQUIRE(fs::file_size(dir.path / "y.safetensors") == before);
       REQUIRE_FALSE(fs::exists(fs::symlink_status(dir.path / "y.safetensors.tmp")));
+    } else {
+      std::cout << "SKIPPED: a write to a full disk (no /dev/full here)\n";
     }
   }
   SECTION("a well-formed minimal file still loads") {

@@ -704,6 +704,7 @@ TEST_CASE("loading rejects a malformed vocab.json naming the file and the proble
       {"{\"a\": 0.5}", {"id of token \"a\" is 0.5", "expected an integer"}},
       {"{\"a\": [0]}", {"id of token \"a\" is an array", "expected an integer"}},
       {"{\"a\": 0, \"b\": 0}", {"duplicate id 0", "\"a\" and \"b\""}},
+      {"{\"a\": 0, \"\": 1}", {"vocab.json: id 1 has an empty token string", "vocab.json"}},
       {"{\"a\": 0, \"a\": 1}", {"token \"a\" appears twice", "vocab.json"}},
       // An id outside 0..n-1 leaves one inside without a token: both named (a vocab.json missing
       // "a" = 97 blamed the last token, <|endoftext|>, for its id n).
