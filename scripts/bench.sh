@@ -11,7 +11,9 @@
 #                               block verification in docs/benchmarks/best-block/; then the
 #                               leniency study
 #   scripts/bench.sh ARGS...    one run of specsample-bench with ARGS (see specsample-bench --help);
-#                               results go to docs/benchmarks/ unless ARGS has --out DIR
+#                               results go to docs/benchmarks/ unless ARGS has --out DIR (or
+#                               --out=DIR: the script reads --name=value as --name value, as the
+#                               program does)
 #   scripts/bench.sh --quick --out /tmp/b   smoke test (< 30 s)
 #   scripts/bench.sh --strategies [ARGS...] the strategy comparison (specsample-bench --strategies;
 #                               ~3-5 min): strategies.md/.json in docs/benchmarks/ (or --out DIR),
@@ -23,11 +25,21 @@
 # Runs writing into a result directory under docs/benchmarks/ that a page marks (docs/benchmarks/,
 # its distilled/, or the other machines' zen4/..., zen3/...) also refresh the generated tables of
 # docs/benchmarks.md or docs/benchmarks-machines.md (between their <!-- generated:... --> markers).
+# Only the reports of a run fit to publish are plotted and spliced: the program's exit status must
+# be 0. specsample-bench exits with 1 when its exactness guard failed (at temperature 0 a
+# speculative output differed from the autoregressive one: the reports are written, but they record
+# a bug, not a result) and with 2 on a usage error or any other error (the report is missing or
+# partial); a missed speed target is a verdict in the report, not a status. specsample-leniency
+# exits with 0, or with 2 on an error. --help only prints the help; --draft-temperatures writes
+# draft-temperatures.md, which no page has markers for (nor is a sweep's plot drawn again).
 # Builds in build/bench.
-# Plots need gnuplot (Debian: gnuplot-nox); without it the tables and JSON are still written.
+# Plots need gnuplot (Debian: gnuplot-nox), an optional package: as root the script installs it,
+# otherwise it warns and goes on without it; the tables and JSON are still written.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-SPECSAMPLE_EXTRA_PACKAGES="gnuplot-nox ${SPECSAMPLE_EXTRA_PACKAGES:-}" "$root/scripts/deps.sh"
+optional=
+command -v gnuplot >/dev/null || optional=gnuplot-nox  # (any gnuplot on PATH will do)
+SPECSAMPLE_OPTIONAL_PACKAGES="$optional ${SPECSAMPLE_OPTIONAL_PACKAGES:-}" "$root/scripts/deps.sh"
 jobs=${SPECSAMPLE_JOBS:-$(nproc)}
 
 build() {
@@ -48,33 +60,60 @@ fi
 exe=
 build
 
-run() {  # args for specsample-bench (the last --out wins)
-  local out="$root/docs/benchmarks" draft="shakespeare-draft" prev= report=sweep.md setup=
+# The arguments "$@" as the array norm, each --name=value (a long option with a value attached, as
+# specsample::io::split_argument reads it: split at the first '=') as the two words --name value,
+# so that the scans below see one form. The programs themselves get the arguments as given: a value
+# that begins with -- must stay attached for them (--out=--x).
+normalise() {
+  norm=()
+  local a
   for a in "$@"; do
-    [ "$prev" = "--out" ] && out=$a
-    [ "$prev" = "--draft" ] && draft=$(basename "$a")
-    case "$prev" in  # the plots' title names what differs from the defaults
+    if [[ $a == --*=* && $a != --=* ]]; then  # (--=x is no long option with a value)
+      norm+=("${a%%=*}" "${a#*=}")
+    else
+      norm+=("$a")
+    fi
+  done
+}
+
+run() {  # args for specsample-bench (the last --out wins)
+  local out="$root/docs/benchmarks" draft="shakespeare-draft" prev= report=sweep.md setup='' a
+  local given_out='' given_best_k=''
+  local norm
+  normalise "$@"
+  for a in "${norm[@]}"; do
+    case "$prev" in
+      --out) out=$a given_out=1 ;;
+      --draft) draft=$(basename -- "$a") ;;
+      # the plots' title names what differs from the defaults
       --matmul) setup+=", target ${a^^}" ;;
       --draft-matmul) setup+=", draft ${a^^}" ;;
       --draft-temperature-ratio) setup+=", draft at $a × T" ;;
       --verify) setup+=", $a verification" ;;
       --amx) setup+=", AMX tiles $a" ;;
     esac
-    [ "$a" = "--strategies" ] && report=strategies.md
+    case "$a" in
+      --strategies) report=strategies.md ;;
+      --draft-temperatures) report='draft-temperatures.md' ;;  # no page has markers for it
+      --best-k-from) given_best_k=1 ;;
+      -h|--help) "$exe" "$@"; return ;;  # the help alone: no report, no plot
+    esac
     prev=$a
   done
-  mkdir -p "$out"
-  out=$(cd "$out" && pwd)  # absolute: a relative --out under docs/ is spliced into the page too
+  mkdir -p -- "$out"
+  out=$(cd -- "$out" && pwd)  # absolute: a relative --out under docs/ is spliced into the page too
   echo "== specsample-bench $* (results in $out) ==" >&2
   local status=0
   local args=("$@")
-  case " $* " in *" --out "*) ;; *) args=(--out "$out" "${args[@]}") ;; esac
+  [ -n "$given_out" ] || args=(--out "$out" "${args[@]}")
   # The strategy comparison also runs token-wise at the best K of the sweep in the same directory.
-  if [ "$report" = strategies.md ] && [ -f "$out/sweep.json" ]; then
-    case " $* " in *" --best-k-from "*) ;; *) args+=(--best-k-from "$out/sweep.json") ;; esac
+  if [ "$report" = strategies.md ] && [ -z "$given_best_k" ] && [ -f "$out/sweep.json" ]; then
+    args+=(--best-k-from "$out/sweep.json")
   fi
   "$exe" "${args[@]}" || status=$?
-  if [ "$report" = sweep.md ] && [ "$status" -le 1 ] && [ -f "$out/speedup.dat" ]; then
+  # Plotted and published only from a run that passed (status 0; the comment at the top).
+  [ "$status" -eq 0 ] || return "$status"
+  if [ "$report" = sweep.md ] && [ -f "$out/speedup.dat" ]; then
     if command -v gnuplot >/dev/null; then
       gnuplot -e "dir='$out'; label='$draft → shakespeare-target${setup:+ (${setup#, })}'" "$root/benchmarks/plot.gp"
       echo "specsample: wrote $out/speedup.png and $out/acceptance.png" >&2
@@ -83,12 +122,16 @@ run() {  # args for specsample-bench (the last --out wins)
     fi
   fi
   splice "$out" "$report"
-  return "$status"
 }
 
-# specsample-leniency ARGS: its markdown table to docs/benchmarks/leniency.md (spliced into the page).
+# specsample-leniency ARGS: its markdown table to docs/benchmarks/leniency.md (spliced into the page),
+# when it exits with 0 (2: an error); with --help or -h only its help, on stdout.
 run_leniency() {
-  local out="$root/docs/benchmarks" status=0
+  local out="$root/docs/benchmarks" status=0 a norm
+  normalise "$@"
+  for a in "${norm[@]}"; do
+    case "$a" in -h|--help) "$(dirname "$exe")/specsample-leniency" "$@"; return ;; esac
+  done
   mkdir -p "$out"
   echo "== specsample-leniency $* (results in $out/leniency.md) ==" >&2
   "$(dirname "$exe")/specsample-leniency" "$@" >"$out/leniency.md.tmp" || status=$?
