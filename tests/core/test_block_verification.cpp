@@ -271,6 +271,23 @@ TEST_CASE("leniency below 1 is validated and drifts toward the draft", "[lenienc
   CHECK(exact_params.p_value > pass_threshold);
 }
 
+TEST_CASE("the exactness fit sees a 5% bias in the acceptance test", "[leniency][exactness]") {
+  // How close to exact a broken sampler can come and still fail the fits of 100 000 samples: with
+  // leniency b every acceptance probability is min(1, p/q) / b, so 0.95 accepts 5% too often where
+  // p < q (X2 = 138 on 62 dof, p ~ 1e-7, against X2 = 296 at 0.9 and 67 for the exact rule). The broken
+  // variants elsewhere are grosser than this.
+  auto target = toy::markov::random(4, 1, 41, 0.8f);
+  auto draft = toy::markov::similar_to(target, 0.6, 42, 0.8f);
+  for (const double b : {0.9, 0.95}) {
+    const auto f = fit(draft, target, 2, 3, {}, tokenwise_verifier{.leniency = b});
+    INFO("leniency " << b << ": X2 = " << f.statistic << ", dof = " << f.dof << ", p = " << f.p_value);
+    CHECK(f.p_value < fail_threshold);
+  }
+  const auto exact = fit(draft, target, 2, 3, {}, tokenwise_verifier{});
+  INFO("exact: X2 = " << exact.statistic << ", dof = " << exact.dof << ", p = " << exact.p_value);
+  CHECK(exact.p_value > pass_threshold);
+}
+
 TEST_CASE("block verification stays exact with an early-stopping and with an adaptive draft length",
           "[block][drafters][exactness]") {
   test::draft_length_pair pair;
