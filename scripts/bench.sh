@@ -30,8 +30,11 @@
 # speculative output differed from the autoregressive one: the reports are written, but they record
 # a bug, not a result) and with 2 on a usage error or any other error (the report is missing or
 # partial); a missed speed target is a verdict in the report, not a status. specsample-leniency
-# exits with 0, or with 2 on an error. --help only prints the help; --draft-temperatures writes
-# draft-temperatures.md, which no page has markers for (nor is a sweep's plot drawn again).
+# exits with 0, or with 2 on an error. The files a failed run wrote stay in its --out directory,
+# beside the page they no longer match (`git status` shows them; `git checkout docs/benchmarks`
+# restores the published ones). --help (or -h) as the first argument only prints the help;
+# --draft-temperatures writes draft-temperatures.md, which no page has markers for (nor is a
+# sweep's plot drawn again).
 # Builds in build/bench.
 # Plots need gnuplot (Debian: gnuplot-nox), an optional package: as root the script installs it,
 # otherwise it warns and goes on without it; the tables and JSON are still written.
@@ -80,6 +83,7 @@ run() {  # args for specsample-bench (the last --out wins)
   local out="$root/docs/benchmarks" draft="shakespeare-draft" prev= report=sweep.md setup='' a
   local given_out='' given_best_k=''
   local norm
+  case "${1:-}" in -h|--help) "$exe" "$@"; return ;; esac  # the help alone: no report, no plot
   normalise "$@"
   for a in "${norm[@]}"; do
     case "$prev" in
@@ -96,10 +100,10 @@ run() {  # args for specsample-bench (the last --out wins)
       --strategies) report=strategies.md ;;
       --draft-temperatures) report='draft-temperatures.md' ;;  # no page has markers for it
       --best-k-from) given_best_k=1 ;;
-      -h|--help) "$exe" "$@"; return ;;  # the help alone: no report, no plot
     esac
     prev=$a
   done
+  if [ -z "$out" ]; then "$exe" "$@"; return; fi  # (an empty --out: the program's own message)
   mkdir -p -- "$out"
   out=$(cd -- "$out" && pwd)  # absolute: a relative --out under docs/ is spliced into the page too
   echo "== specsample-bench $* (results in $out) ==" >&2
@@ -127,11 +131,8 @@ run() {  # args for specsample-bench (the last --out wins)
 # specsample-leniency ARGS: its markdown table to docs/benchmarks/leniency.md (spliced into the page),
 # when it exits with 0 (2: an error); with --help or -h only its help, on stdout.
 run_leniency() {
-  local out="$root/docs/benchmarks" status=0 a norm
-  normalise "$@"
-  for a in "${norm[@]}"; do
-    case "$a" in -h|--help) "$(dirname "$exe")/specsample-leniency" "$@"; return ;; esac
-  done
+  local out="$root/docs/benchmarks" status=0
+  case "${1:-}" in -h|--help) "$(dirname "$exe")/specsample-leniency" "$@"; return ;; esac
   mkdir -p "$out"
   echo "== specsample-leniency $* (results in $out/leniency.md) ==" >&2
   "$(dirname "$exe")/specsample-leniency" "$@" >"$out/leniency.md.tmp" || status=$?

@@ -22,10 +22,11 @@ if [ "$(id -u)" -eq 0 ]; then
   [ ${#missing[@]} -eq 0 ] || echo "specsample: installing ${missing[*]}" >&2
   [ ${#missing_optional[@]} -eq 0 ] || echo "specsample: installing ${missing_optional[*]} (optional)" >&2
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
+  if apt-get update -qq; then updated=1; else updated=; fi
+  [ -n "$updated" ] || [ ${#missing[@]} -eq 0 ] || exit 1  # (apt-get said why)
   [ ${#missing[@]} -eq 0 ] || apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  if [ ${#missing_optional[@]} -gt 0 ] &&
-     ! apt-get install -y -qq --no-install-recommends "${missing_optional[@]}" >/dev/null; then
+  if [ ${#missing_optional[@]} -gt 0 ] && { [ -z "$updated" ] ||
+     ! apt-get install -y -qq --no-install-recommends "${missing_optional[@]}" >/dev/null; }; then
     echo "specsample: warning: could not install ${missing_optional[*]}; going on without" >&2
   fi
 else

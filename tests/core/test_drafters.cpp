@@ -223,19 +223,20 @@ TEST_CASE("stopping the draft early below a probability threshold stays exact", 
 
 namespace {
 
-// Checks each round of a generation against the adaptive schedule: the round drafts
-// min(cap, remaining - 1), and the cap moves +2 after a fully accepted round (up to K), -1 after a
-// rejection (down to 1). Counts the rounds where the cap bound, drafting fewer than the fixed
-// schedule would have.
+// Checks each round of a generation by a drafter that proposes every draft it is asked for against
+// the adaptive schedule: the round drafts min(cap, remaining - 1), and the cap moves +2 after a
+// fully accepted round (up to K), -1 after a rejection (down to 1). Counts the rounds where the
+// cap bound (fewer drafts than the fixed schedule's) and the raises by 2 below K.
 struct adaptive_schedule_check {
   std::size_t max_k, max_new;
-  std::size_t cap = max_k, produced = 0, capped_rounds = 0;
+  std::size_t cap = max_k, produced = 0, capped_rounds = 0, raised_by_2 = 0;
   void operator()(const round_event& e) {
     const std::size_t remaining = max_new - produced;
     CHECK(e.drafts.size() == std::min(cap, remaining - 1));
     if (e.drafts.size() < std::min(max_k, remaining - 1)) ++capped_rounds;
     if (!e.drafts.empty()) {
       const bool all = std::all_of(e.drafts.begin(), e.drafts.end(), [](const draft_event& d) { return d.accepted; });
+      if (all && cap + 2 < max_k) ++raised_by_2;
       cap = all ? std::min(max_k, cap + 2) : std::max<std::size_t>(1, cap - 1);
     }
     produced += e.emitted.size();
@@ -257,15 +258,18 @@ TEST_CASE("the adaptive draft length stays exact and follows acceptance", "[draf
   INFO("drafted adaptive: " << adaptive.drafted << ", fixed: " << fixed.drafted);
   CHECK(adaptive.drafted < fixed.drafted);
 
-  // Round by round it is the rule (sampled, 100 tokens), and greedy identity holds with it on.
+  // Round by round it is the rule (sampled, 200 tokens with K = 8: room for the cap to climb by 2
+  // from below, which K = 3 cannot tell from a reset to K), and greedy identity holds with it on.
   params.adaptive_draft_length = true;
-  params.max_new_tokens = 100;
+  params.max_new_tokens = 200;
+  params.draft_length = 8;
   adaptive_schedule_check schedule{params.draft_length, params.max_new_tokens};
   std::mt19937_64 rng(5);
   const auto sampled = speculative_sample(pair.draft, pair.target, std::vector<token>{0}, params, rng, schedule);
-  CHECK(sampled.tokens.size() == 100);
-  CHECK(schedule.produced == 100);
+  CHECK(sampled.tokens.size() == 200);
+  CHECK(schedule.produced == 200);
   CHECK(schedule.capped_rounds > 0);
+  CHECK(schedule.raised_by_2 > 0);
   params.sampling.temperature = 0.0f;
   auto far = toy::markov::random(4, 2, 99, 0.8f);
   const auto spec = speculative_sample(far, pair.target, std::vector<token>{0}, params, rng);

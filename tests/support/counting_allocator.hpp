@@ -1,5 +1,7 @@
 #pragma once
-// Counts every heap allocation of a test executable, for the zero-allocation tests.
+// Counts every heap allocation a test executable's own code makes (its objects and static
+// libraries; not those made inside shared libraries such as libstdc++), for the zero-allocation
+// tests.
 //
 // Include from exactly ONE translation unit of an executable built with
 // `specsample_add_allocation_test` (it links with -Wl,--wrap= malloc, calloc, realloc,
@@ -14,6 +16,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <new>
@@ -94,6 +97,7 @@ namespace specsample::test {
 // An aligned operator new's block: aligned_alloc wants a size that is a multiple of the alignment.
 inline void* aligned_block(std::size_t n, std::align_val_t alignment) noexcept {
   const auto a = static_cast<std::size_t>(alignment);
+  if (n > SIZE_MAX - (a - 1)) return nullptr;  // (rounded up it would wrap to a small block)
   return std::aligned_alloc(a, n == 0 ? a : (n + a - 1) / a * a);
 }
 }  // namespace specsample::test
