@@ -45,10 +45,11 @@ command -v gnuplot >/dev/null || optional=gnuplot-nox  # (any gnuplot on PATH wi
 SPECSAMPLE_OPTIONAL_PACKAGES="$optional ${SPECSAMPLE_OPTIONAL_PACKAGES:-}" "$root/scripts/deps.sh"
 jobs=${SPECSAMPLE_JOBS:-$(nproc)}
 
-build() {
+build() {  # (every option that changes the programs given, so a hand configure's cache cannot linger)
   local dir="$root/build/bench"
   cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DSPECSAMPLE_BUILD_TESTS=OFF \
-    -DSPECSAMPLE_BUILD_EXAMPLES=OFF -DSPECSAMPLE_BUILD_BENCHMARKS=ON >/dev/null
+    -DSPECSAMPLE_BUILD_EXAMPLES=OFF -DSPECSAMPLE_BUILD_BENCHMARKS=ON -DSPECSAMPLE_SANITIZE=OFF \
+    -DSPECSAMPLE_AVX512=ON -DSPECSAMPLE_SEPARATE_KERNELS=OFF >/dev/null
   cmake --build "$dir" -j "$jobs" --target specsample-bench specsample-leniency >/dev/null
   exe="$dir/benchmarks/specsample-bench"
 }
