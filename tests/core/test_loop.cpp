@@ -925,3 +925,62 @@ TEST_CASE("NaN logits are an error in every target column, read by the verifier 
     }
   }
 }
+
+TEST_CASE("a target that allows nothing after a token it never produces samples as autoregressive does",
+          "[loop][verify][exactness]") {
+  // A grammar mask's target: token 3 is -inf everywhere, and after a 3 no continuation is allowed
+  // (every logit -inf), or the model's logits there are garbage (NaN). Autoregressive sampling
+  // never goes there; a draft proposes 3 often, and the target scores the contexts after it in the
+  // same call. Those columns are neither checked nor given to a verifier as distributions
+  // (`reachable_columns`): no error, and the output is exact. Before, every such round threw
+  // "target model's logits are -inf for every token".
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  for (const float after_3 : {ninf, std::numeric_limits<float>::quiet_NaN()}) {
+    INFO("logits after a 3: " << after_3);
+    auto masked = [after_3](std::span<const token> ctx) {
+      Eigen::VectorXf l(4);
+      if (std::find(ctx.begin(), ctx.end(), token{3}) != ctx.end()) {
+        l.setConstant(after_3);
+      } else {
+        l << 0.0f, 0.5f, 1.0f, -std::numeric_limits<float>::infinity();
+      }
+      return l;
+    };
+    toy::callable_model target(4, masked);
+    toy::callable_model draft(4, [](std::span<const token>) { return Eigen::VectorXf::Zero(4).eval(); });
+    const auto by_operator = [](std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
+                                const Eigen::Ref<const Eigen::MatrixXf>& p, std::mt19937_64& rng) {
+      return verify_tokenwise(drafts, q, p, rng);  // a verifier seen through operator() only
+    };
+    auto params = make_params(3, 2);
+    const std::vector<token> prompt{0};
+    for (const auto rule : {verification::token_wise, verification::block}) {
+      params.verify = rule;
+      std::mt19937_64 rng(7);
+      const auto fit = testing::speculative_fit(draft, target, prompt, params, 100'000, rng,
+                                                testing::verifier_from_params{});
+      INFO("rule " << verification_name(rule) << ": X2 = " << fit.statistic << ", dof = " << fit.dof
+                   << ", p = " << fit.p_value << ", drafted " << fit.drafted << ", rejected " << fit.rejected);
+      CHECK(fit.impossible == 0);
+      CHECK(fit.p_value > 1e-3);
+      CHECK(fit.rejected > 10'000);  // the 3s, and more
+    }
+    std::mt19937_64 rng(8);
+    const auto custom = testing::speculative_fit(draft, target, prompt, params, 100'000, rng, by_operator);
+    INFO("verifier through operator(): X2 = " << custom.statistic << ", dof = " << custom.dof << ", p = "
+                                               << custom.p_value);
+    CHECK(custom.impossible == 0);
+    CHECK(custom.p_value > 1e-3);
+    // Longer generations, both rules: no error, no 3.
+    params = make_params(40, 4);
+    for (const auto rule : {verification::token_wise, verification::block}) {
+      params.verify = rule;
+      std::mt19937_64 gen(9);
+      const auto r = speculative_sample(draft, target, prompt, params, gen);
+      CHECK(r.tokens.size() == 40);
+      CHECK(std::find(r.tokens.begin(), r.tokens.end(), token{3}) == r.tokens.end());
+    }
+  }
+  // A NaN in a column the target can reach is still an error ("NaN logits are an error in every
+  // target column" above).
+}

@@ -198,6 +198,21 @@ std::size_t check_generation(const Drafter& drafter, const Target& target, std::
   return vocab;
 }
 
+// How many of a round's k + 1 target columns have contexts the target can reach: up to and
+// including the column after the first draft whose target logit is -inf (probability 0 whatever
+// the warping, as a grammar mask writes), all of them when there is none. The contexts after that
+// draft have probability 0, autoregressive sampling never asks the target there, and its logits
+// there may be anything (all -inf, for a mask that allows nothing after a forbidden token): the
+// loop neither checks them nor gives them to a verifier as the target's distributions. An exact
+// verifier never reads them either: it would have to accept a draft of probability 0.
+template <class Logits>
+[[nodiscard]] std::size_t reachable_columns(const Logits& logits, std::span<const token> drafts) {
+  for (std::size_t i = 0; i < drafts.size(); ++i) {
+    if (logits.col(static_cast<Eigen::Index>(i))(drafts[i]) == -std::numeric_limits<float>::infinity()) return i + 1;
+  }
+  return drafts.size() + 1;
+}
+
 // The target's warped distributions of one round as a verifier's `decide` reads them (see
 // detail::dense_columns): column j of `p` is warped from column j of `logits` on first use, so the
 // columns no decision reaches cost no exponentials. Bitwise the columns a whole warp would give.
@@ -222,9 +237,11 @@ class lazy_columns {
 
   /// Checks the columns not warped as a warp would (NaN, +inf, or no finite logit: the warper's
   /// error), in one pass of `simd::max_scan` each instead of a softmax: a model's broken logits
-  /// are an error whichever columns the random numbers lead the verifier to.
-  void check_unwarped() const {
-    for (Eigen::Index j = 0; j < cols(); ++j) {
+  /// are an error whichever columns the random numbers lead the verifier to. The columns after a
+  /// draft of `drafts` whose logit is -inf are not checked (`reachable_columns`).
+  void check_unwarped(std::span<const token> drafts) const {
+    const auto n = static_cast<Eigen::Index>(reachable_columns(logits_, drafts));
+    for (Eigen::Index j = 0; j < n; ++j) {
       if (warped_[static_cast<std::size_t>(j)]) continue;
       const float* x = contiguous_floats(logits_.col(j));
       if (x == nullptr || !simd::max_scan(level_, x, static_cast<std::size_t>(rows())).finite()) (void)col(j);
@@ -345,11 +362,15 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
           const columns p_lazy(logits, warp, p);
           outcome = verify.decide(proposed, q.leftCols(ki), p_lazy, rng);
           scored = p_lazy.warped();
-          p_lazy.check_unwarped();
+          p_lazy.check_unwarped(proposed);
         } else {
-          for (Eigen::Index j = 0; j <= ki; ++j) warp(logits.col(j), p.col(j));
+          // The columns of unreachable contexts (`reachable_columns`) are given as the uniform
+          // distribution, a placeholder no exact verifier reads; the observer reports their p as NaN.
+          const auto n = static_cast<Eigen::Index>(reachable_columns(logits, proposed));
+          for (Eigen::Index j = 0; j < n; ++j) warp(logits.col(j), p.col(j));
+          p.middleCols(n, ki + 1 - n).setConstant(1.0f / static_cast<float>(vocab));
           outcome = verify(proposed, q.leftCols(ki), p.leftCols(ki + 1), rng);
-          scored.set();
+          for (Eigen::Index j = 0; j < n; ++j) scored.set(static_cast<std::size_t>(j));
         }
       });
       ++stats.target_calls;
