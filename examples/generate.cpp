@@ -427,13 +427,10 @@ class reporter {
   void trace(const specsample::round_event& e) {
     std::string line = fmt::format("[{} round {}]", label_, e.round);
     bool rejected = false;  // drafts after the first rejection are discarded untested
-    for (std::size_t i = 0; i < e.drafts.size(); ++i) {
-      const auto& d = e.drafts[i];
+    for (const auto& d : e.drafts) {
       const std::string p = std::isnan(d.p) ? std::string() : fmt::format(" p={:.3f}", d.p);  // NaN: never scored
-      // An EOS among the accepted drafts ends the output there: the drafts after it are dropped.
-      const bool dropped = d.accepted && i >= e.emitted.size();
       line += fmt::format(" \"{}\" q={:.3f}{} {}", printable(tok_.decode(std::span<const token>(&d.id, 1))), d.q, p,
-                          dropped ? "accepted, dropped after EOS" : d.accepted ? "accepted" : rejected ? "discarded" : "REJECTED");
+                          d.accepted ? "accepted" : rejected ? "discarded" : "REJECTED");
       rejected = rejected || !d.accepted;
     }
     const token last = e.emitted.back();

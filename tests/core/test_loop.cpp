@@ -147,9 +147,10 @@ TEST_CASE("generation stops right after emitting EOS, even inside an accepted ru
   CHECK((ar.tokens.size() == 50 || ar.tokens.back() == 2));
 }
 
-TEST_CASE("an observer sees the verifier's decisions: drafts accepted after an EOS stay accepted, unemitted",
+TEST_CASE("a round's drafts end at the first EOS drafted, and an accepted EOS ends the output",
           "[loop][eos][observer]") {
-  // Identical models accept every draft, so an EOS inside a run leaves accepted drafts after it.
+  // Identical models accept every draft: an EOS drafted is accepted, and the drafts the drafter
+  // proposed after it are neither verified nor counted (the output would end at the EOS).
   auto target = toy::markov::random(4, 1, 21);
   auto draft = target;
   std::mt19937_64 rng(5);
@@ -164,7 +165,8 @@ TEST_CASE("an observer sees the verifier's decisions: drafts accepted after an E
       std::size_t accepted = 0;
       for (const auto& d : e.drafts) accepted += d.accepted ? 1 : 0;
       CHECK(accepted == e.drafts.size());  // identical models: every draft passes
-      if (e.eos && e.emitted.size() <= accepted) {  // the EOS was a draft with accepted ones after it
+      for (std::size_t j = 0; j + 1 < e.drafts.size(); ++j) CHECK(e.drafts[j].id != 2);  // EOS only last
+      if (e.eos && e.emitted.size() <= accepted) {  // the EOS was the last draft, accepted
         CHECK(e.emitted.back() == 2);
         CHECK_FALSE(e.bonus);
         ++cut_rounds;
@@ -843,6 +845,13 @@ TEST_CASE("warping target columns as the verifier reads them decides exactly as 
           }, lazy);
           const auto r2 = speculative_sample(draft, target, prompt, params, b, [&](const round_event& e) {
             seen_whole.insert(seen_whole.end(), e.drafts.begin(), e.drafts.end());
+            // Every column warped for a verifier given them whole, but those after a draft the
+            // warped target gives probability 0 (unreachable: the uniform placeholder).
+            bool reachable = true;
+            for (const draft_event& d : e.drafts) {
+              CHECK(std::isnan(d.p) == !reachable);
+              reachable = reachable && d.p > 0.0f;
+            }
           }, whole);
           CHECK(r1.tokens == r2.tokens);
           CHECK(r1.stats.accepted_histogram == r2.stats.accepted_histogram);
@@ -856,8 +865,9 @@ TEST_CASE("warping target columns as the verifier reads them decides exactly as 
             const draft_event& l = seen_lazy[i];
             const draft_event& w = seen_whole[i];
             CHECK((l.id == w.id && l.q == w.q && l.accepted == w.accepted));
-            CHECK(!std::isnan(w.p));
-            if (std::isnan(l.p)) {
+            if (std::isnan(w.p)) {
+              CHECK(std::isnan(l.p));  // unreachable: read by neither
+            } else if (std::isnan(l.p)) {
               ++unscored;
             } else {
               CHECK(l.p == w.p);  // a scored column is the whole warp's, bit for bit
@@ -870,7 +880,9 @@ TEST_CASE("warping target columns as the verifier reads them decides exactly as 
         skipped_tokenwise += compare(tokenwise_verifier{}, whole_columns<tokenwise_verifier>{});
         (void)compare(block_verifier{}, whole_columns<block_verifier>{});
       }
-      if (k > 1) CHECK(skipped_tokenwise > 0);  // token-wise verification does skip columns
+      // Token-wise verification does skip reachable columns (at T = 0 a rejected draft has
+      // probability 0: the columns after it are unreachable, read by neither).
+      if (k > 1 && v.temperature > 0.0f) CHECK(skipped_tokenwise > 0);
     }
   }
 }
@@ -932,7 +944,7 @@ TEST_CASE("a target that allows nothing after a token it never produces samples 
   // (every logit -inf), or the model's logits there are garbage (NaN). Autoregressive sampling
   // never goes there; a draft proposes 3 often, and the target scores the contexts after it in the
   // same call. Those columns are neither checked nor given to a verifier as distributions
-  // (`reachable_columns`): no error, and the output is exact. Before, every such round threw
+  // (`detail::lazy_columns`): no error, and the output is exact. Before, every such round threw
   // "target model's logits are -inf for every token".
   constexpr float ninf = -std::numeric_limits<float>::infinity();
   for (const float after_3 : {ninf, std::numeric_limits<float>::quiet_NaN()}) {
@@ -983,4 +995,182 @@ TEST_CASE("a target that allows nothing after a token it never produces samples 
   }
   // A NaN in a column the target can reach is still an error ("NaN logits are an error in every
   // target column" above).
+}
+
+namespace {
+
+bool holds(std::span<const token> ctx, token t) { return std::find(ctx.begin(), ctx.end(), t) != ctx.end(); }
+
+}  // namespace
+
+TEST_CASE("a target that allows nothing after a token its warping cuts samples as autoregressive does",
+          "[loop][verify][exactness]") {
+  // Token 3's logit is finite but low: top-k 3, top-p 0.9, min-p 0.5 and T = 0 give it probability
+  // 0, and after a 3 the target allows nothing. A draft sampling at plain T = 1 proposes 3 a
+  // quarter of the time. The columns after it are unreachable (`detail::lazy_columns`): before,
+  // every round that drafted a 3 threw "target model's logits are -inf for every token".
+  toy::callable_model target(4, [](std::span<const token> ctx) {
+    Eigen::VectorXf l(4);
+    if (holds(ctx, 3)) {
+      l.setConstant(-std::numeric_limits<float>::infinity());
+    } else {
+      l << 0.0f, 0.5f, 1.0f, -5.0f;
+    }
+    return l;
+  });
+  toy::callable_model draft(4, [](std::span<const token>) { return Eigen::VectorXf::Zero(4).eval(); });
+  const std::vector<token> prompt{0};
+  for (int warping = 0; warping < 4; ++warping) {
+    auto params = make_params(3, 2);
+    params.draft_sampling = sampling_params{};
+    const char* names[] = {"top_k 3", "top_p 0.9", "min_p 0.5", "T = 0"};
+    INFO("target warping: " << names[warping]);
+    if (warping == 0) params.sampling.top_k = 3;
+    if (warping == 1) params.sampling.top_p = 0.9f;
+    if (warping == 2) params.sampling.min_p = 0.5f;
+    if (warping == 3) params.sampling.temperature = 0.0f;
+    for (const auto rule : {verification::token_wise, verification::block}) {
+      params.verify = rule;
+      INFO("rule " << verification_name(rule));
+      if (warping == 3) {  // one sequence: the same tokens as autoregressive sampling
+        std::mt19937_64 a(5), b(5);
+        auto long_params = params;
+        long_params.max_new_tokens = 40;
+        long_params.draft_length = 4;
+        CHECK(speculative_sample(draft, target, prompt, long_params, a).tokens ==
+              autoregressive_sample(target, prompt, long_params, b).tokens);
+        continue;
+      }
+      std::mt19937_64 rng(11);
+      const auto fit = testing::speculative_fit(draft, target, prompt, params, 30'000, rng);
+      INFO("X2 = " << fit.statistic << ", dof = " << fit.dof << ", p = " << fit.p_value << ", rejected "
+                   << fit.rejected);
+      CHECK(fit.impossible == 0);
+      CHECK(fit.p_value > 1e-3);
+      CHECK(fit.rejected > 5'000);
+    }
+  }
+}
+
+TEST_CASE("a target that allows nothing after EOS samples as autoregressive does", "[loop][verify][exactness]") {
+  // A finished grammar: after EOS (token 3) every logit is -inf. The output ends at EOS, so the
+  // columns after a drafted EOS are unreachable; before, every round that drafted it threw.
+  toy::callable_model target(4, [](std::span<const token> ctx) {
+    Eigen::VectorXf l(4);
+    if (holds(ctx.subspan(1), 3)) {  // (the prompt's own EOS aside)
+      l.setConstant(-std::numeric_limits<float>::infinity());
+    } else {
+      l << 0.0f, 0.5f, 1.0f, -0.5f;
+    }
+    return l;
+  });
+  toy::callable_model draft(4, [](std::span<const token>) { return Eigen::VectorXf::Zero(4).eval(); });
+  const std::vector<token> prompt{3};
+  auto params = make_params(3, 2);
+  params.eos = 3;
+  const auto by_operator = [](std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
+                              const Eigen::Ref<const Eigen::MatrixXf>& p, std::mt19937_64& rng) {
+    return block_verifier{}(drafts, q, p, rng);  // a verifier seen through operator() only
+  };
+  for (const auto rule : {verification::token_wise, verification::block}) {
+    params.verify = rule;
+    std::mt19937_64 rng(12);
+    const auto fit = testing::speculative_fit(draft, target, prompt, params, 30'000, rng);
+    INFO("rule " << verification_name(rule) << ": X2 = " << fit.statistic << ", dof = " << fit.dof
+                 << ", p = " << fit.p_value);
+    CHECK(fit.impossible == 0);
+    CHECK(fit.p_value > 1e-3);
+  }
+  std::mt19937_64 rng(13);
+  const auto custom = testing::speculative_fit(draft, target, prompt, params, 30'000, rng, by_operator);
+  INFO("verifier through operator(): X2 = " << custom.statistic << ", p = " << custom.p_value);
+  CHECK(custom.impossible == 0);
+  CHECK(custom.p_value > 1e-3);
+}
+
+TEST_CASE("a verifier that accepts a draft of probability 0, or returns a next token of probability 0, is refused",
+          "[loop][verify][errors]") {
+  // Token 3 is -inf everywhere; the contexts after a 3 are unreachable, given to a verifier seen
+  // through operator() as the uniform distribution, which an exact rule never reads.
+  toy::callable_model target(4, [](std::span<const token> ctx) {
+    Eigen::VectorXf l(4);
+    if (holds(ctx, 3)) {
+      l.setConstant(-std::numeric_limits<float>::infinity());
+    } else {
+      l << 0.0f, 0.5f, 1.0f, -std::numeric_limits<float>::infinity();
+    }
+    return l;
+  });
+  toy::callable_model draft(4, [](std::span<const token> ctx) {
+    Eigen::VectorXf l = Eigen::VectorXf::Constant(4, -std::numeric_limits<float>::infinity());
+    l(ctx.size() == 1 ? 3 : 0) = 0.0f;  // the first draft is always 3
+    return l;
+  });
+  const std::vector<token> prompt{0};
+  const auto params = make_params(5, 2);
+  const auto accept_all = [](std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>&,
+                             const Eigen::Ref<const Eigen::MatrixXf>&, std::mt19937_64&) {
+    return verify_result{drafts.size(), 0, true};
+  };
+  std::mt19937_64 rng(14);
+  CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, params, rng, no_observer{}, accept_all),
+                    Catch::Contains("verifier accepted draft 0 (token 3), which the target gives probability 0"));
+  const auto next_3 = [](std::span<const token>, const Eigen::Ref<const Eigen::MatrixXf>&,
+                         const Eigen::Ref<const Eigen::MatrixXf>&, std::mt19937_64&) {
+    return verify_result{0, 3, false};
+  };
+  CHECK_THROWS_WITH(speculative_sample(draft, target, prompt, params, rng, no_observer{}, next_3),
+                    Catch::Contains("verifier returned next token 3 after 0 accepted drafts, which the target gives "
+                                    "probability 0 there"));
+  // The exact rule, through operator(), runs.
+  const auto by_operator = [](std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
+                              const Eigen::Ref<const Eigen::MatrixXf>& p, std::mt19937_64& g) {
+    return verify_tokenwise(drafts, q, p, g);
+  };
+  CHECK(speculative_sample(draft, target, prompt, params, rng, no_observer{}, by_operator).tokens.size() == 5);
+}
+
+namespace {
+
+// A drafter of the caller's: draws its draft from qt = (0.9999, 0.0001) and reports q = qt × 0.9991,
+// a sum within distribution_tolerance(2) = 1e-3 of 1.
+struct scaled_q_drafter {
+  [[nodiscard]] std::size_t vocab_size() const { return 2; }
+  void begin(std::span<const token>) {}
+  void sync(std::span<const token>) {}
+  template <std::uniform_random_bit_generator Rng>
+  proposal propose(std::span<const token>, std::size_t k, Eigen::Ref<Eigen::MatrixXf> q, std::span<token> out,
+                   Rng& rng) {
+    for (std::size_t i = 0; i < k; ++i) {
+      out[i] = std::bernoulli_distribution(1e-4)(rng) ? 1 : 0;
+      q.col(static_cast<Eigen::Index>(i)) << 0.9999f * 0.9991f, 1e-4f * 0.9991f;
+    }
+    return {k, 0, 0.0};
+  }
+};
+static_assert(drafter<scaled_q_drafter>);
+
+}  // namespace
+
+TEST_CASE("a drafter's q within the tolerance of 1 is normalised before it is used", "[loop][drafters][exactness]") {
+  // Target: token 1 with probability 0.002 first, then 0.5. Used as given, q = qt × 0.9991 makes
+  // every rejection of a 0 resample a 1, and P(first token 1) = 1 - 0.998 / 0.9991 = 0.0011, not
+  // 0.002: the loop now divides each column of a caller's drafter's q by its sum.
+  toy::callable_model target(2, [](std::span<const token> ctx) {
+    Eigen::VectorXf l(2);
+    if (ctx.size() == 1) {
+      l << 0.0f, std::log(0.002f / 0.998f);
+    } else {
+      l << 0.0f, 0.0f;
+    }
+    return l;
+  });
+  scaled_q_drafter drafter;
+  const std::vector<token> prompt{0};
+  const auto params = make_params(2, 1);
+  std::mt19937_64 rng(15);
+  const auto fit = testing::speculative_fit(drafter, target, prompt, params, 150'000, rng);
+  INFO("X2 = " << fit.statistic << ", dof = " << fit.dof << ", p = " << fit.p_value);
+  CHECK(fit.impossible == 0);
+  CHECK(fit.p_value > 1e-3);
 }

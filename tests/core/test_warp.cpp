@@ -9,6 +9,10 @@
 #include <random>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 using namespace specsample;
 
 namespace {
@@ -47,6 +51,42 @@ TEST_CASE("temperature 0 is one-hot on the argmax with ties to the lower id", "[
   sampling_params s;
   s.temperature = 0.0f;
   check_close(warp(logits_of({0.1, 0.4, 0.1, 0.4}), s), {0, 1, 0, 0});
+}
+
+TEST_CASE("a huge temperature warps as IEEE arithmetic says, with denormals-are-zero on too", "[warp]") {
+  // T > 2^126: 1 / T is subnormal, which denormals-are-zero (-ffast-math's startup code, or a
+  // caller's MXCSR) reads as 0: every token equally likely, and 0 * -inf a NaN. The warper divides
+  // by T in double there.
+  sampling_params s;
+  s.temperature = 1e38f;
+  REQUIRE(std::fpclassify(1.0f / s.temperature) == FP_SUBNORMAL);
+  Eigen::VectorXf logits(3);
+  logits << 0.0f, -3e38f, -1e38f;
+  std::vector<double> expected(3);
+  double z = 0.0;
+  for (std::size_t i = 0; i < 3; ++i) {
+    expected[i] = std::exp(static_cast<double>(logits(static_cast<Eigen::Index>(i))) / 1e38);
+    z += expected[i];
+  }
+  Eigen::VectorXf with_inf = logits;
+  with_inf(1) = -std::numeric_limits<float>::infinity();
+  const auto check_both = [&] {
+    const Eigen::VectorXf got = warp(logits, s);
+    for (Eigen::Index i = 0; i < 3; ++i) CHECK(got(i) == Approx(expected[static_cast<std::size_t>(i)] / z).margin(1e-6));
+    const Eigen::VectorXf cut = warp(with_inf, s);  // 0.705 / (0.705 + 0.259), 0, the rest
+    CHECK(cut(1) == 0.0f);
+    CHECK(cut(0) / cut(2) == Approx(std::exp(1.0)).epsilon(1e-5));
+  };
+  check_both();
+#if defined(__x86_64__) || defined(__i386__)
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040U);  // flush-to-zero (bit 15) and denormals-are-zero (bit 6)
+  volatile float t = s.temperature;
+  const bool daz_reads_zero = 1.0f / t * 1.0f == 0.0f;  // the quotient does read as 0 now
+  check_both();
+  _mm_setcsr(csr);
+  CHECK(daz_reads_zero);
+#endif
 }
 
 TEST_CASE("a subnormal temperature is the T -> 0+ limit, not NaN", "[warp][greedy]") {

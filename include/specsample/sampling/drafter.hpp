@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <span>
 #include <typeinfo>
@@ -61,7 +62,8 @@ concept has_sync = requires(D& d, std::span<const token> ctx) { d.sync(ctx); };
 ///  3. `d.propose(ctx, k, q, out, rng)` writes n <= k drafts to out[0..n) and, in q.col(i), the full
 ///     distribution draft i was drawn from (one-hot for deterministic proposals; every entry
 ///     finite and >= 0, summing to 1 within `distribution_tolerance(V)`, which the loop checks,
-///     one vector pass per column, for any drafter but the library's), conditioned on
+///     one vector pass per column, for any drafter but the library's, and then divides by the
+///     sum: the drafts drawn in proportion to q), conditioned on
 ///     ctx + out[0..i), and returns
 ///     `proposal{n, forward_calls, forward_seconds}` (the time inside model `append` calls;
 ///     whatever else the drafter does counts as the loop's own time). The choice of n and of the
@@ -244,15 +246,21 @@ void prefill(M& m, std::span<const token> ctx, std::size_t vocab, const char* ro
 /// Makes a `language_model` a drafter: samples each draft from the model's warped distribution,
 /// one forward call per draft (the first call of a round also catches the model up on the
 /// tokens it lacks). Optionally stops early when the draft's most probable token falls below
-/// `min_probability` (llama.cpp's p_min): a draft-side decision, so sampling stays exact.
+/// `min_probability` (llama.cpp's p_min), and after drafting `eos` (the output would end there;
+/// the sampling loop cuts any drafter's proposal after its first EOS too, and passes
+/// `speculative_params::eos` here): draft-side decisions, so sampling stays exact.
 template <language_model M>
 class model_drafter {
  public:
   /// q holds the warper's distributions (detail::writes_distributions): the loop need not check it.
   using writes_distributions = model_drafter;
 
-  model_drafter(M& model, const sampling_params& sampling, float min_probability = 0.0f)
-      : model_(&model), warp_(sampling, detail::vocabulary_of(model, "draft"), "draft"), min_probability_(min_probability) {
+  model_drafter(M& model, const sampling_params& sampling, float min_probability = 0.0f,
+                std::optional<token> eos = std::nullopt)
+      : model_(&model),
+        warp_(sampling, detail::vocabulary_of(model, "draft"), "draft"),
+        min_probability_(min_probability),
+        eos_(eos) {
     if (!(min_probability >= 0.0f && min_probability < 1.0f)) {
       throw parameter_error("model_drafter.min_probability", fmt::format(" must be in [0, 1), got {}", min_probability));
     }
@@ -283,6 +291,7 @@ class model_drafter {
       if (min_probability_ > 0.0f && q.col(col).maxCoeff() < min_probability_) break;
       out[i] = detail::draw_categorical(q.col(col), rng);
       made.tokens = i + 1;
+      if (eos_ && out[i] == *eos_) break;
     }
     return made;
   }
@@ -295,6 +304,7 @@ class model_drafter {
   M* model_;
   logit_warper warp_;
   float min_probability_;
+  std::optional<token> eos_;
 };
 
 }  // namespace specsample

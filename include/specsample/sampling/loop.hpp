@@ -198,61 +198,117 @@ std::size_t check_generation(const Drafter& drafter, const Target& target, std::
   return vocab;
 }
 
-// How many of a round's k + 1 target columns have contexts the target can reach: up to and
-// including the column after the first draft whose target logit is -inf (probability 0 whatever
-// the warping, as a grammar mask writes), all of them when there is none. The contexts after that
-// draft have probability 0, autoregressive sampling never asks the target there, and its logits
-// there may be anything (all -inf, for a mask that allows nothing after a forbidden token): the
-// loop neither checks them nor gives them to a verifier as the target's distributions. An exact
-// verifier never reads them either: it would have to accept a draft of probability 0.
-template <class Logits>
-[[nodiscard]] std::size_t reachable_columns(const Logits& logits, std::span<const token> drafts) {
-  for (std::size_t i = 0; i < drafts.size(); ++i) {
-    if (logits.col(static_cast<Eigen::Index>(i))(drafts[i]) == -std::numeric_limits<float>::infinity()) return i + 1;
+// Throws when a verifier's result is out of range: more accepted drafts than k, a next token
+// outside the vocabulary, or a bonus flag that contradicts the count (the statistics and the
+// observer trust it).
+inline void check_outcome_range(const verify_result& r, std::size_t k, std::size_t vocab) {
+  if (r.accepted > k || !in_vocabulary(r.next, vocab)) {
+    throw error(fmt::format("verifier returned {} accepted of {} drafts and next token {}", r.accepted, k, r.next));
   }
-  return drafts.size() + 1;
+  if (r.bonus != (r.accepted == k)) {
+    throw error(fmt::format("verifier returned {} accepted of {} drafts with bonus = {}: the next token is the "
+                            "bonus exactly when every draft passed",
+                            r.accepted, k, r.bonus));
+  }
 }
 
 // The target's warped distributions of one round as a verifier's `decide` reads them (see
 // detail::dense_columns): column j of `p` is warped from column j of `logits` on first use, so the
 // columns no decision reaches cost no exponentials. Bitwise the columns a whole warp would give.
+//
+// Only the columns whose contexts the target can reach get the target's distribution: column j
+// when no draft before it has warped target probability 0 (a -inf logit, as a grammar mask
+// writes, or a token the warping cuts: top-k, top-p, min-p, T = 0) or is EOS (`eos`, which ends
+// the output). Autoregressive sampling never asks the target about the contexts after such a
+// draft, and its logits there may be anything (all -inf for a mask that allows nothing after a
+// forbidden token or after EOS): those columns are neither warped nor checked, and read as the
+// uniform distribution, a placeholder. An exact verifier decides nothing from them that reaches
+// the output: it never accepts a draft of probability 0, and the output ends at EOS. Finding the
+// columns reachable warps the columns before them, which a verifier reading in order has already.
 template <class Logits>
 class lazy_columns {
  public:
-  lazy_columns(const Logits& logits, logit_warper& warp, Eigen::MatrixXf& p) : logits_(logits), warp_(warp), p_(p) {}
+  lazy_columns(const Logits& logits, std::span<const token> drafts, std::optional<token> eos, logit_warper& warp,
+               Eigen::MatrixXf& p)
+      : logits_(logits), drafts_(drafts), eos_(eos), warp_(warp), p_(p) {}
 
   [[nodiscard]] Eigen::Index rows() const noexcept { return logits_.rows(); }
   [[nodiscard]] Eigen::Index cols() const noexcept { return logits_.cols(); }
   [[nodiscard]] auto col(Eigen::Index j) const {
     const auto u = static_cast<std::size_t>(j);
-    if (!warped_[u]) {
-      warp_(logits_.col(j), p_.col(j));
-      warped_.set(u);
+    if (!warped_[u] && !placeholder_[u]) {
+      if (reachable(u)) {
+        warp_(logits_.col(j), p_.col(j));
+        warped_.set(u);
+      } else {
+        p_.col(j).setConstant(1.0f / static_cast<float>(rows()));
+        placeholder_.set(u);
+      }
     }
     return std::as_const(p_).col(j);
   }
   [[nodiscard]] float operator()(token x, Eigen::Index j) const { return col(j)(x); }
-  /// The columns warped so far.
+  /// The columns warped so far (placeholders not included).
   [[nodiscard]] const std::bitset<max_draft_length + 1>& warped() const noexcept { return warped_; }
 
-  /// Checks the columns not warped as a warp would (NaN, +inf, or no finite logit: the warper's
-  /// error), in one pass of `simd::max_scan` each instead of a softmax: a model's broken logits
-  /// are an error whichever columns the random numbers lead the verifier to. The columns after a
-  /// draft of `drafts` whose logit is -inf are not checked (`reachable_columns`).
-  void check_unwarped(std::span<const token> drafts) const {
-    const auto n = static_cast<Eigen::Index>(reachable_columns(logits_, drafts));
-    for (Eigen::Index j = 0; j < n; ++j) {
-      if (warped_[static_cast<std::size_t>(j)]) continue;
+  /// Whether column j's context is reachable (see the class); warps the columns before it that
+  /// decide it.
+  [[nodiscard]] bool reachable(std::size_t j) const {
+    while (j >= reach_ && !closed_) {
+      const std::size_t i = reach_ - 1;  // the last column known reachable: its draft decides the next
+      const token d = drafts_[i];
+      if ((eos_ && d == *eos_) || col(static_cast<Eigen::Index>(i))(d) == 0.0f) {
+        closed_ = true;
+      } else {
+        ++reach_;
+      }
+    }
+    return j < reach_;
+  }
+
+  /// Checks the reachable columns not warped as a warp would (NaN, +inf, or no finite logit: the
+  /// warper's error), in one pass of `simd::max_scan` each instead of a softmax: a model's broken
+  /// logits are an error whichever columns the random numbers lead the verifier to.
+  void check_unwarped() const {
+    for (Eigen::Index j = 0; j < cols(); ++j) {
+      const auto u = static_cast<std::size_t>(j);
+      if (placeholder_[u]) return;  // and every later column: unreachable
+      if (warped_[u]) continue;
       const float* x = contiguous_floats(logits_.col(j));
-      if (x == nullptr || !simd::max_scan(level_, x, static_cast<std::size_t>(rows())).finite()) (void)col(j);
+      if (x != nullptr && simd::max_scan(level_, x, static_cast<std::size_t>(rows())).finite()) continue;
+      if (!reachable(u)) return;
+      (void)col(j);  // throws the warper's error
+    }
+  }
+
+  /// Throws when a verifier's `r` (its counts already checked in range) accepts a draft the target
+  /// gives probability 0, or returns a next token of probability 0 in its column: no exact rule
+  /// does either, and the output would hold a token the target never samples there. Reads only
+  /// columns an exact verifier has read.
+  void check_outcome(const verify_result& r) const {
+    for (std::size_t i = 0; i < r.accepted; ++i) {
+      if (!reachable(i)) return;  // after an accepted EOS: the output ends there
+      if (col(static_cast<Eigen::Index>(i))(drafts_[i]) == 0.0f) {
+        throw error(fmt::format("verifier accepted draft {} (token {}), which the target gives probability 0",
+                                i, drafts_[i]));
+      }
+    }
+    if (reachable(r.accepted) && col(static_cast<Eigen::Index>(r.accepted))(r.next) == 0.0f) {
+      throw error(fmt::format("verifier returned next token {} after {} accepted drafts, which the target gives "
+                              "probability 0 there",
+                              r.next, r.accepted));
     }
   }
 
  private:
   const Logits& logits_;
+  std::span<const token> drafts_;
+  std::optional<token> eos_;
   logit_warper& warp_;
   Eigen::MatrixXf& p_;
-  mutable std::bitset<max_draft_length + 1> warped_;
+  mutable std::bitset<max_draft_length + 1> warped_, placeholder_;
+  mutable std::size_t reach_ = 1;  // columns [0, reach_) are reachable (column 0 always)
+  mutable bool closed_ = false;    // and none after them
   isa level_ = simd::detected();
 };
 
@@ -334,9 +390,19 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
                                     drafts[i], i, k, vocab));
           }
         }
+        if (params.eos) {  // the output would end at an EOS drafted: the round's drafts end there too
+          const auto first = std::find(drafts.begin(), drafts.begin() + static_cast<std::ptrdiff_t>(k), *params.eos);
+          k = std::min(k, static_cast<std::size_t>(first - drafts.begin()) + 1);
+        }
         if constexpr (!writes_distributions<std::remove_cvref_t<Drafter>>) {  // a drafter of the caller's
+          // Each column normalised by its sum, taken in double: within the tolerance, a q off 1 by
+          // s - 1 would bias the output by about that much of the mass, concentrated on the tokens
+          // the residual feeds, while the drafts were drawn in proportion to q.
           for (std::size_t i = 0; i < k; ++i) {
-            check_distribution(q.col(static_cast<Eigen::Index>(i)), static_cast<Eigen::Index>(i), "drafter", "q");
+            const auto col = static_cast<Eigen::Index>(i);
+            if (const double sum = check_distribution(q.col(col), col, "drafter", "q"); sum != 1.0) {
+              q.col(col) *= static_cast<float>(1.0 / sum);
+            }
           }
         }
         ctx.insert(ctx.end(), drafts.begin(), drafts.begin() + static_cast<std::ptrdiff_t>(k));
@@ -357,32 +423,19 @@ generation_result generate(Drafter& drafter, Target& target, std::span<const tok
                                 static_cast<std::size_t>(target.size()), len - 1));
       }
       stats.target_seconds += forward(target, input, k + 1, vocab, "target", [&](const auto& logits) {
-        using columns = lazy_columns<std::remove_cvref_t<decltype(logits)>>;
+        const lazy_columns<std::remove_cvref_t<decltype(logits)>> p_lazy(logits, proposed, params.eos, warp, p);
         if constexpr (decides_columns<std::remove_cvref_t<Verifier>>) {
-          const columns p_lazy(logits, warp, p);
           outcome = verify.decide(proposed, q.leftCols(ki), p_lazy, rng);
-          scored = p_lazy.warped();
-          p_lazy.check_unwarped(proposed);
-        } else {
-          // The columns of unreachable contexts (`reachable_columns`) are given as the uniform
-          // distribution, a placeholder no exact verifier reads; the observer reports their p as NaN.
-          const auto n = static_cast<Eigen::Index>(reachable_columns(logits, proposed));
-          for (Eigen::Index j = 0; j < n; ++j) warp(logits.col(j), p.col(j));
-          p.middleCols(n, ki + 1 - n).setConstant(1.0f / static_cast<float>(vocab));
+        } else {  // every column, in order: the reachable ones warped, the rest placeholders
+          for (Eigen::Index j = 0; j <= ki; ++j) (void)p_lazy.col(j);
           outcome = verify(proposed, q.leftCols(ki), p.leftCols(ki + 1), rng);
-          for (Eigen::Index j = 0; j < n; ++j) scored.set(static_cast<std::size_t>(j));
         }
+        scored = p_lazy.warped();
+        check_outcome_range(outcome, k, vocab);
+        p_lazy.check_outcome(outcome);
+        p_lazy.check_unwarped();
       });
       ++stats.target_calls;
-    }
-    if (outcome.accepted > k || !in_vocabulary(outcome.next, vocab)) {
-      throw error(fmt::format("verifier returned {} accepted of {} drafts and next token {}",
-                              outcome.accepted, k, outcome.next));
-    }
-    if (outcome.bonus != (outcome.accepted == k)) {  // (the statistics and the observer trust it)
-      throw error(fmt::format("verifier returned {} accepted of {} drafts with bonus = {}: the next token is the "
-                              "bonus exactly when every draft passed",
-                              outcome.accepted, k, outcome.bonus));
     }
     if constexpr (!std::is_same_v<std::remove_cvref_t<Observer>, no_observer>) {
       events.clear();
@@ -453,7 +506,7 @@ model_drafter<Draft> drafter_for(Draft& draft, const Target& target, std::span<c
   validate(params, vocab);
   check_prompt(prompt, vocab);  // before the fit: names an empty prompt
   check_distinct(draft, target);
-  return model_drafter<Draft>(draft, params.draft_warping(), params.draft_min_probability);
+  return model_drafter<Draft>(draft, params.draft_warping(), params.draft_min_probability, params.eos);
 }
 
 // The parameters a custom verifier runs with: its own rule stands in for params.verify and
@@ -483,7 +536,8 @@ inline speculative_params for_custom_verifier(speculative_params params) {
 ///
 /// @param observer called with a `round_event` after every round (tracing, streaming).
 /// @param verifier customisation point: `verify_result(span<const token> drafts, q, p, Rng&)`,
-///        called with every target column warped; a verifier that, as the built-in ones, names
+///        called with every target column warped whose context the target can reach (the others
+///        the uniform distribution: `detail::lazy_columns`); a verifier that, as the built-in ones, names
 ///        itself as `decides_columns` and has their `decide(drafts, q, columns, rng)` is called
 ///        through `decide`, each column warped when it first reads it. This overload ignores
 ///        `params.verify` and `params.leniency` (neither is checked).

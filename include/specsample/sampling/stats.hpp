@@ -71,11 +71,11 @@ struct draft_event {
   /// Its target probability p_i(id); NaN when the round never computed p_i: the loop warps only
   /// the target columns the verifier reads, and token-wise verification discards the drafts after
   /// the first rejection untested (block verification reads every draft's up to the first whose
-  /// p is 0).
+  /// p is 0); nor does it warp the columns after a draft of probability 0 (unreachable contexts,
+  /// which a verifier seen through operator() gets as the uniform distribution).
   float p = 0.0f;
-  /// The verifier accepted it. An EOS among the accepted drafts ends the output there
-  /// (`round_event::emitted`): the drafts after it may be accepted and not emitted, and
-  /// `generation_stats::accepted` counts only the emitted ones.
+  /// The verifier accepted it. A round's drafts end at the first EOS drafted; an accepted EOS
+  /// ends the output there (`round_event::emitted`), a bonus not emitted.
   bool accepted = false;
 };
 

@@ -128,7 +128,7 @@ inline void check_model_draft_length(std::size_t k, const char* who) {
 
 /// Acceptance by draft position, accumulated from round events: rate(i) = P(draft i accepted |
 /// drafts 0..i-1 accepted). Use it as an observer. It counts the verifier's decisions
-/// (`draft_event::accepted`): drafts accepted after an EOS that ended the output count as accepted.
+/// (`draft_event::accepted`), an accepted EOS that ended the output included (a round's drafts end at it).
 class position_acceptance {
  public:
   explicit position_acceptance(std::size_t k_max) : reached_(k_max, 0), accepted_(k_max, 0) {}

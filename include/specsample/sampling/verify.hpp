@@ -39,7 +39,9 @@ inline constexpr double residual_mass_epsilon = 1e-12;
 /// a top-p cut not renormalised are refused (0.99 at V = 128256: the tolerance is 0.0038). A sum
 /// rounded the worst possible way, (n - 1) · 2^-24, is twice the tolerance: normalise by a sum
 /// taken in double to be safe. A q that does not sum to 1 is not the distribution its drafts were
-/// drawn from, and the output would not be the target's.
+/// drawn from, and the output would not be the target's: the sampling loop divides each column a
+/// drafter of the caller's writes by its sum; the verifiers and `sample_residual` use the p and q
+/// they are given as they are, off by up to the tolerance.
 [[nodiscard]] constexpr double distribution_tolerance(std::size_t n) noexcept {
   return std::max(1e-3, static_cast<double>(n) * 0x1p-25);
 }
@@ -48,11 +50,11 @@ namespace detail {
 // Every entry of the vector v finite and >= 0, and their sum within
 // `distribution_tolerance(v.size())` of 1; otherwise throws `specsample::error` naming the first entry
 // that is not, "`who`: `name`(i) = value" ("`name`(i, column)" for a column >= 0 of a matrix),
-// or the sum. (A float vector's sum comes from `simd::find_outside`'s float lanes, within
+// or the sum. Returns the sum. (A float vector's sum comes from `simd::find_outside`'s float lanes, within
 // n · 2^-28 relative, 1/8 of the tolerance: whether a sum that close to its edge passes may
 // depend on the instruction set.)
 template <class Derived>
-void check_distribution(const Eigen::MatrixBase<Derived>& v, Eigen::Index column, const char* who, const char* name) {
+double check_distribution(const Eigen::MatrixBase<Derived>& v, Eigen::Index column, const char* who, const char* name) {
   using scalar = typename Derived::Scalar;  // (compared in its own type: a double p stays a double)
   constexpr scalar most = std::numeric_limits<scalar>::max();
   const auto n = static_cast<std::size_t>(v.size());
@@ -79,6 +81,7 @@ void check_distribution(const Eigen::MatrixBase<Derived>& v, Eigen::Index column
     throw error(fmt::format("{}: {} sums to {:.7g}; {} must hold distributions (entries summing to 1 within {:.3g})", who,
                             what, sum, name, tolerance));
   }
+  return sum;
 }
 
 // sample_residual without its checks of p and q (distributions the library computed itself).

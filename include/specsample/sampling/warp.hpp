@@ -86,11 +86,13 @@ class logit_warper {
     const float m = simd::max_value(isa_, x, vocab_);
     const float inv_t = 1.0f / params_.temperature;
     double total = 0.0;
-    if (std::isfinite(inv_t)) {
+    if (std::isnormal(inv_t)) {
       total = simd::exp_shifted(isa_, x, probs.data(), vocab_, m, inv_t);  // NaN if a logit is NaN
     } else {
       // T < 2^-128 (subnormal): 1/T overflows float and the maximum would become 0 * inf = NaN.
-      // Divide by T in double, where every such quotient is finite: the same softmax(logits / T).
+      // T > 2^126: 1/T is subnormal, which denormals-are-zero (-ffast-math's startup code, or a
+      // caller's MXCSR) reads as 0, every token then equally likely. Divide by T in double, where
+      // every such quotient is finite and normal: the same softmax(logits / T).
       const double t = static_cast<double>(params_.temperature);
       for (Eigen::Index i = 0; i < v; ++i) {
         probs(i) = static_cast<float>(std::exp((static_cast<double>(logits(i)) - static_cast<double>(m)) / t));
