@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -938,6 +939,22 @@ TEST_CASE("NaN logits are an error in every target column, read by the verifier 
   }
 }
 
+namespace {
+
+// A toy target over 4 tokens: `logits` in every context until `stop` appears in it (at position
+// `from` or later), every logit `after` from then on: a grammar mask that allows nothing more.
+toy::callable_model<std::function<Eigen::VectorXf(std::span<const token>)>> stopping_target(
+    Eigen::Vector4f logits, token stop, float after, std::size_t from = 0) {
+  return {4, [=](std::span<const token> ctx) {
+            const auto seen = ctx.subspan(std::min(from, ctx.size()));
+            Eigen::VectorXf l = logits;
+            if (std::find(seen.begin(), seen.end(), stop) != seen.end()) l.setConstant(after);
+            return l;
+          }};
+}
+
+}  // namespace
+
 TEST_CASE("a target that allows nothing after a token it never produces samples as autoregressive does",
           "[loop][verify][exactness]") {
   // A grammar mask's target: token 3 is -inf everywhere, and after a 3 no continuation is allowed
@@ -949,16 +966,7 @@ TEST_CASE("a target that allows nothing after a token it never produces samples 
   constexpr float ninf = -std::numeric_limits<float>::infinity();
   for (const float after_3 : {ninf, std::numeric_limits<float>::quiet_NaN()}) {
     INFO("logits after a 3: " << after_3);
-    auto masked = [after_3](std::span<const token> ctx) {
-      Eigen::VectorXf l(4);
-      if (std::find(ctx.begin(), ctx.end(), token{3}) != ctx.end()) {
-        l.setConstant(after_3);
-      } else {
-        l << 0.0f, 0.5f, 1.0f, -std::numeric_limits<float>::infinity();
-      }
-      return l;
-    };
-    toy::callable_model target(4, masked);
+    auto target = stopping_target({0.0f, 0.5f, 1.0f, ninf}, 3, after_3);
     toy::callable_model draft(4, [](std::span<const token>) { return Eigen::VectorXf::Zero(4).eval(); });
     const auto by_operator = [](std::span<const token> drafts, const Eigen::Ref<const Eigen::MatrixXf>& q,
                                 const Eigen::Ref<const Eigen::MatrixXf>& p, std::mt19937_64& rng) {
@@ -997,27 +1005,14 @@ TEST_CASE("a target that allows nothing after a token it never produces samples 
   // target column" above).
 }
 
-namespace {
-
-bool holds(std::span<const token> ctx, token t) { return std::find(ctx.begin(), ctx.end(), t) != ctx.end(); }
-
-}  // namespace
-
 TEST_CASE("a target that allows nothing after a token its warping cuts samples as autoregressive does",
           "[loop][verify][exactness]") {
   // Token 3's logit is finite but low: top-k 3, top-p 0.9, min-p 0.5 and T = 0 give it probability
   // 0, and after a 3 the target allows nothing. A draft sampling at plain T = 1 proposes 3 a
   // quarter of the time. The columns after it are unreachable (`detail::lazy_columns`): before,
   // every round that drafted a 3 threw "target model's logits are -inf for every token".
-  toy::callable_model target(4, [](std::span<const token> ctx) {
-    Eigen::VectorXf l(4);
-    if (holds(ctx, 3)) {
-      l.setConstant(-std::numeric_limits<float>::infinity());
-    } else {
-      l << 0.0f, 0.5f, 1.0f, -5.0f;
-    }
-    return l;
-  });
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  auto target = stopping_target({0.0f, 0.5f, 1.0f, -5.0f}, 3, ninf);
   toy::callable_model draft(4, [](std::span<const token>) { return Eigen::VectorXf::Zero(4).eval(); });
   const std::vector<token> prompt{0};
   for (int warping = 0; warping < 4; ++warping) {
@@ -1055,15 +1050,8 @@ TEST_CASE("a target that allows nothing after a token its warping cuts samples a
 TEST_CASE("a target that allows nothing after EOS samples as autoregressive does", "[loop][verify][exactness]") {
   // A finished grammar: after EOS (token 3) every logit is -inf. The output ends at EOS, so the
   // columns after a drafted EOS are unreachable; before, every round that drafted it threw.
-  toy::callable_model target(4, [](std::span<const token> ctx) {
-    Eigen::VectorXf l(4);
-    if (holds(ctx.subspan(1), 3)) {  // (the prompt's own EOS aside)
-      l.setConstant(-std::numeric_limits<float>::infinity());
-    } else {
-      l << 0.0f, 0.5f, 1.0f, -0.5f;
-    }
-    return l;
-  });
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  auto target = stopping_target({0.0f, 0.5f, 1.0f, -0.5f}, 3, ninf, 1);  // (the prompt's own EOS aside)
   toy::callable_model draft(4, [](std::span<const token>) { return Eigen::VectorXf::Zero(4).eval(); });
   const std::vector<token> prompt{3};
   auto params = make_params(3, 2);
@@ -1092,15 +1080,8 @@ TEST_CASE("a verifier that accepts a draft of probability 0, or returns a next t
           "[loop][verify][errors]") {
   // Token 3 is -inf everywhere; the contexts after a 3 are unreachable, given to a verifier seen
   // through operator() as the uniform distribution, which an exact rule never reads.
-  toy::callable_model target(4, [](std::span<const token> ctx) {
-    Eigen::VectorXf l(4);
-    if (holds(ctx, 3)) {
-      l.setConstant(-std::numeric_limits<float>::infinity());
-    } else {
-      l << 0.0f, 0.5f, 1.0f, -std::numeric_limits<float>::infinity();
-    }
-    return l;
-  });
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  auto target = stopping_target({0.0f, 0.5f, 1.0f, ninf}, 3, ninf);
   toy::callable_model draft(4, [](std::span<const token> ctx) {
     Eigen::VectorXf l = Eigen::VectorXf::Constant(4, -std::numeric_limits<float>::infinity());
     l(ctx.size() == 1 ? 3 : 0) = 0.0f;  // the first draft is always 3
