@@ -1,7 +1,8 @@
 // distribution_check: is speculative sampling exact for this draft/target pair?
 //
 // Enumerates the target's exact distribution over every sequence of L tokens, draws N speculative
-// samples, and prints Pearson's X² statistic, its p-value and a verdict. By default the pair is a
+// samples, and prints Pearson's X² statistic, its p-value and a verdict (beside a PASS, the distance
+// a sampler would have to be off by to fail it about half the time). By default the pair is a
 // toy one (random order-1 Markov models); --target and --draft check two GPT-2 checkpoints, e.g.
 // your own, after --prompt. In code, point `check` at any models satisfying
 // specsample::language_model. Only the sequences of positive probability are enumerated, at most
@@ -186,14 +187,32 @@ bool check(Draft& draft, Target& target, std::span<const specsample::token> prom
     second_rounds = draft.second_rounds();
   }
   const auto fit = specsample::testing::speculative_fit(draft, target, prompt, params, samples, rng, verifier);
-  fmt::print("samples: {}, sequence length: {}, bins: {} (sequences of expected count >= 5, the rest pooled)\n",
-             samples, params.max_new_tokens, fit.bins);
-  fmt::print("X2 = {:.2f}, degrees of freedom = {}, p-value = {:.4g}, impossible samples = {}\n", fit.statistic,
-             fit.dof, fit.p_value, fit.impossible);
+  // A p-value that underflows a double is said so, not printed as 0 (which only a sample of
+  // probability zero gives).
+  const auto p_text = [](double p) { return p < 1e-300 ? std::string("< 1e-300") : fmt::format("= {:.4g}", p); };
+  fmt::print("samples: {}, sequence length: {}, bins: {} (sequences of expected count >= 5; the other {}, "
+             "pooled, each also checked for too many samples)\n",
+             samples, params.max_new_tokens, fit.bins, fit.pooled_cells);
+  if (fit.impossible > 0) {
+    fmt::print("impossible samples = {}: sequences the target gives probability zero (p-value = 0)\n", fit.impossible);
+  } else {
+    fmt::print("X2 = {:.2f}, degrees of freedom = {}, p-value {}{}\n", fit.statistic, fit.dof,
+               p_text(fit.p_value),
+               fit.pooled_cells == 0 ? std::string()
+                                     : fmt::format(" (the bins' p {}, the pooled cells' p {})", p_text(fit.bins_p_value),
+                                                   p_text(fit.pooled_p_value)));
+  }
   const bool ok = fit.p_value > alpha;
   fmt::print("verdict: {} (alpha = {})\n",
-             ok ? "PASS, consistent with the target's exact distribution" : "FAIL, not the target's distribution",
+             ok ? "PASS, no deviation from the target's exact distribution detected"
+                : "FAIL, not the target's distribution",
              alpha);
+  if (ok && fit.dof > 0) {  // what the PASS can see: more samples see smaller deviations
+    fmt::print("power: a sampler off by total variation {:.3g} or more across these bins would fail about half the "
+               "time or more; {} times the samples see half that (a PASS is not a proof; rerunning with new seeds "
+               "until one passes is no check at all)\n",
+               specsample::testing::detectable_distance(fit, alpha), 4);
+  }
   if constexpr (two_drafters) {  // (a check whose rounds all came from one drafter tested only that one)
     fmt::print("drafting rounds of the samples: {} by prompt lookup, {} by the draft model\n",
                draft.first_rounds() - first_rounds, draft.second_rounds() - second_rounds);

@@ -6,6 +6,7 @@
 
 #include "../support/broken_verifiers.hpp"
 
+#include <xtensor/xadapt.hpp>
 #include <xtensor/xview.hpp>
 #include <xtensor/xreducer.hpp>
 
@@ -591,4 +592,112 @@ TEST_CASE("speculative_fit reports what its samples drafted and rejected", "[tes
   const auto none_drafted = testing::speculative_fit(far, t, prompt, params, 4000, rng);
   CHECK(none_drafted.drafted == 0);
   CHECK(none_drafted.rejected == 0);
+}
+
+namespace {
+// `samples` draws from `probabilities` (a fixed seed), counted per cell.
+xt::xarray<double> multinomial(const std::vector<double>& probabilities, int samples, std::mt19937_64& rng) {
+  std::discrete_distribution<std::size_t> draw(probabilities.begin(), probabilities.end());
+  xt::xarray<double> counts = xt::zeros<double>({probabilities.size()});
+  for (int i = 0; i < samples; ++i) counts(draw(rng)) += 1.0;
+  return counts;
+}
+}  // namespace
+
+TEST_CASE("the pooled cells' own check catches samples piled on a rare sequence, which the bins' chi-square misses",
+          "[testing]") {
+  // Two likely cells, 100 of expected count 4 each (pooled: 400 together) and one of 1.9e-8 at
+  // 10^5 samples: 20 samples moved onto the rarest add (20)² / 400 = 1 to X² and passed it.
+  std::vector<double> p(103, 4e-5);
+  p[102] = 1.9e-8;
+  p[0] = p[1] = 0.5 * (1.0 - 100 * 4e-5 - 1.9e-8);
+  xt::xarray<double> expected = xt::adapt(p, {p.size()});
+  xt::xarray<double> observed = xt::zeros<double>({p.size()});
+  for (std::size_t i = 2; i < 102; ++i) observed(i) = 4.0;
+  observed(0) = observed(1) = 0.5 * (1e5 - 400.0);
+  const auto fair = testing::chi_square_test(observed, expected);
+  CHECK(fair.pooled_cells == 101);
+  CHECK(fair.samples == 1e5);
+  CHECK(fair.pooled_p_value == 1.0);  // no cell above its expectation
+  CHECK(fair.p_value > 0.5);
+  observed(0) -= 20.0;
+  observed(102) = 20.0;
+  const auto piled = testing::chi_square_test(observed, expected);
+  INFO("piled: X2 = " << piled.statistic << ", bins p = " << piled.bins_p_value << ", pooled p = "
+                      << piled.pooled_p_value << ", p = " << piled.p_value);
+  CHECK(piled.bins_p_value > 0.1);  // the χ² alone passes it
+  CHECK(piled.pooled_p_value < 1e-60);
+  CHECK(piled.p_value < 1e-60);
+  CHECK(piled.p_value == Approx(piled.pooled_p_value / testing::pooled_share));
+  // One sample too many on a cell of expected count 4 is no evidence: 5 of 4 is likely.
+  observed(102) = 0.0;
+  observed(2) += 1.0;
+  observed(0) += 19.0;
+  CHECK(testing::chi_square_test(observed, expected).pooled_p_value == 1.0);
+  // Without pooled cells the p-value is the bins' own.
+  const auto unpooled = testing::chi_square_test(xt::xarray<double>{730.0, 270.0}, xt::xarray<double>{0.7, 0.3});
+  CHECK(unpooled.pooled_cells == 0);
+  CHECK(unpooled.p_value == unpooled.bins_p_value);
+  // The exact binomial upper tail: P(X >= 3) for Binomial(10, 0.1) is 0.07019082639999998.
+  CHECK(testing::detail::binomial_upper_tail(3.0, 10.0, 0.1) == Approx(0.07019082639999998).epsilon(1e-12));
+  CHECK(testing::detail::binomial_upper_tail(1.0, 10.0, 0.1) == 1.0);  // at or below the mean: not small
+}
+
+TEST_CASE("the pooled cells' check keeps its level: Bonferroni over the pooled cells", "[testing]") {
+  // 2000 fits of a correct sampler's 2000 samples over 2 likely cells and 200 of expected count 1:
+  // the pooled check alone reads <= 0.05 in at most about 5% of them (without the factor of its
+  // 200 cells, the least likely of 200 counts read below 0.05 in nearly every fit).
+  std::vector<double> p(202, 5e-4);
+  p[0] = p[1] = 0.5 * (1.0 - 200 * 5e-4);
+  const xt::xarray<double> expected = xt::adapt(p, {p.size()});
+  std::mt19937_64 rng(11);
+  int low = 0, rejected = 0;
+  constexpr int fits = 2000;
+  for (int i = 0; i < fits; ++i) {
+    const auto fit = testing::chi_square_test(multinomial(p, 2000, rng), expected);
+    REQUIRE(fit.pooled_cells == 200);
+    if (fit.pooled_p_value <= 0.05) ++low;
+    if (fit.p_value <= 0.01) ++rejected;
+  }
+  INFO(low << " of " << fits << " fits with the pooled check <= 0.05, " << rejected << " with p <= 0.01");
+  CHECK(low <= 0.06 * fits);
+  CHECK(rejected <= 0.02 * fits);  // the combined test at 0.01: the χ² share, about 1%
+}
+
+TEST_CASE("detectable_distance: a sampler that far off fails about half the time, twice as far almost always",
+          "[testing]") {
+  // Ten equal cells, 1000 samples, alpha 1e-3: a sampler moving d / 5 from each of five cells to
+  // each of the others is off by total variation d, and its noncentrality 4 n d² is the bound's
+  // (equality in Cauchy–Schwarz), so its rejection rate is the function's 50% there.
+  const std::vector<double> uniform(10, 0.1);
+  const xt::xarray<double> expected = xt::adapt(uniform, {uniform.size()});
+  std::mt19937_64 rng(5);
+  const double alpha = 1e-3;
+  const double d = testing::detectable_distance(testing::chi_square_test(multinomial(uniform, 1000, rng), expected),
+                                                alpha);
+  INFO("detectable distance " << d);
+  CHECK(d == Approx(0.07).margin(0.01));  // the critical value 27.9 at 9 dof, λ ≈ 19.5: sqrt(19.5 / 4000)
+  const auto rate = [&](double tv) {
+    std::vector<double> off(10);
+    for (std::size_t i = 0; i < 10; ++i) off[i] = 0.1 + (i < 5 ? -tv : tv) / 5.0;
+    int rejected = 0;
+    for (int i = 0; i < 400; ++i) rejected += testing::chi_square_test(multinomial(off, 1000, rng), expected).p_value <= alpha;
+    return rejected / 400.0;
+  };
+  const double at = rate(d), twice = rate(2.0 * d), half = rate(0.5 * d);
+  INFO("rejected: " << half << " at d / 2, " << at << " at d, " << twice << " at 2 d");
+  CHECK(at > 0.35);
+  CHECK(at < 0.65);
+  CHECK(twice > 0.95);
+  CHECK(half < 0.1);
+  // It falls as 1 / sqrt(samples).
+  auto many = testing::chi_square_test(multinomial(uniform, 1000, rng), expected);
+  many.samples = 4000.0;
+  CHECK(testing::detectable_distance(many, alpha) == Approx(d / 2.0).epsilon(1e-9));
+  using Catch::Matchers::Contains;
+  CHECK_THROWS_WITH(testing::detectable_distance(many, 0.0), Contains("alpha must be in (0, 1), got 0"));
+  CHECK_THROWS_WITH(testing::detectable_distance(many, 1.0), Contains("alpha must be in (0, 1)"));
+  const auto one = testing::chi_square_test(xt::xarray<double>{7.0, 0.0}, xt::xarray<double>{1.0, 0.0});
+  CHECK_THROWS_WITH(testing::detectable_distance(one, alpha), Contains("one bin"));
+  CHECK_THROWS_WITH(testing::detectable_distance(testing::fit_result{}, alpha), Contains("no samples"));
 }

@@ -2,7 +2,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <optional>
+#include <random>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -64,6 +67,45 @@ TEST_CASE("did_you_mean names the long option within a few edits of an unknown o
   CHECK(flags_named_in("-----\n --- x\n --a") == std::vector<std::string_view>{"--a"});  // no rule of dashes
   CHECK(did_you_mean("hello", help) == "");
   CHECK(did_you_mean("--", help) == "");
+}
+
+namespace {
+// The whole table of the optimal string alignment distance: the reference for the banded one.
+std::size_t full_edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+}  // namespace
+
+TEST_CASE("the edit distance computes only the band its bound needs, and agrees with the whole table",
+          "[io][argument]") {
+  using specsample::io::detail::edit_distance;
+  std::mt19937 rng(3);
+  const auto random_string = [&] {
+    std::string s(rng() % 9, 'a');
+    for (char& c : s) c = static_cast<char>('a' + rng() % 3);  // three letters: many near pairs
+    return s;
+  };
+  for (int i = 0; i < 20000; ++i) {
+    const std::string a = random_string(), b = random_string();
+    const std::size_t bound = rng() % 4;
+    INFO("'" << a << "' / '" << b << "', bound " << bound);
+    REQUIRE(edit_distance(a, b, bound) == std::min(full_edit_distance(a, b), bound + 1));
+  }
+  // Two long flags: the band, not a 200 000² table (which took seconds at -O2).
+  const std::string flag = "--" + std::string(200'000, 'x') + "yz";
+  std::string typed = flag;
+  std::swap(typed[typed.size() - 1], typed[typed.size() - 2]);
+  CHECK(did_you_mean(typed, flag) == " (did you mean " + flag + "?)");
+  CHECK(did_you_mean(typed + "abc", flag) == "");
 }
 
 TEST_CASE("did_you_mean offers the two nearest long options when they tie", "[io][argument]") {

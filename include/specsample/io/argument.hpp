@@ -184,22 +184,31 @@ class argument_reader {
 namespace detail {
 
 // Optimal string alignment distance (Damerau–Levenshtein without repeated edits of a substring):
-// insertions, deletions, substitutions and transpositions of adjacent characters cost 1 each.
-[[nodiscard]] inline std::size_t edit_distance(std::string_view a, std::string_view b) {
+// insertions, deletions, substitutions and transpositions of adjacent characters cost 1 each;
+// bound + 1 for any distance above `bound`. An alignment of cost <= bound never strays more than
+// bound cells from the diagonal, so only that band is computed: O(max(|a|, |b|) × bound), where
+// the whole table of two long strings took seconds.
+[[nodiscard]] inline std::size_t edit_distance(std::string_view a, std::string_view b, std::size_t bound) {
+  const std::size_t far = bound + 1;
+  if ((a.size() > b.size() ? a.size() - b.size() : b.size() - a.size()) > bound) return far;
   const std::size_t n = b.size();
-  std::vector<std::size_t> before(n + 1), prev(n + 1), cur(n + 1);
-  for (std::size_t j = 0; j <= n; ++j) prev[j] = j;
+  std::vector<std::size_t> before(n + 2, far), prev(n + 2, far), cur(n + 2, far);
+  for (std::size_t j = 0; j <= std::min(n, bound); ++j) prev[j] = j;
   for (std::size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (std::size_t j = 1; j <= n; ++j) {
+    const std::size_t lo = i > bound ? i - bound : 1, hi = std::min(n, i + bound);
+    // Column 0, or the cell left of the band, which an earlier row wrote (the cells right of the
+    // band no row has written yet: far, as initialised).
+    cur[lo - 1] = lo == 1 && i <= bound ? i : far;
+    for (std::size_t j = lo; j <= hi; ++j) {
       const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) cur[j] = std::min(cur[j], before[j - 2] + 1);
+      std::size_t d = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d = std::min(d, before[j - 2] + 1);
+      cur[j] = std::min(d, far);
     }
     before.swap(prev);
     prev.swap(cur);
   }
-  return prev[n];
+  return std::min(prev[n], far);
 }
 
 }  // namespace detail
@@ -253,7 +262,7 @@ namespace detail {
   std::vector<std::string_view> nearest;
   std::size_t best = limit + 1;
   for (const std::string_view flag : flags_named_in(help)) {
-    const std::size_t d = detail::edit_distance(name, flag.substr(2));
+    const std::size_t d = detail::edit_distance(name, flag.substr(2), limit);
     if (d == 0) return {};  // a flag the help names: no typo
     if (d > limit || d > best) continue;
     if (d < best) nearest.clear();

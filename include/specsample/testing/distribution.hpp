@@ -352,15 +352,31 @@ class sequence_histogram {
 /// of thumb: every bin's expected count at least 5).
 inline constexpr double default_min_expected = 5.0;
 
+/// The share of a test's level that `chi_square_test` spends on the pooled cells' own check (see
+/// `fit_result::pooled_p_value`); the bins' χ² gets the rest.
+inline constexpr double pooled_share = 1e-3;
+
 /// The outcome of a goodness-of-fit test.
 struct fit_result {
   double statistic = 0.0;      ///< Pearson's X² = Σ (O − E)² / E over the bins
   std::size_t dof = 0;         ///< bins - 1; 0 where one sequence is possible: only an impossible sample fails
-  double p_value = 1.0;        ///< P(χ²(dof) >= X²), or with two bins the binomial's exact two-sided
-                               ///< p-value; 0 when a sample has probability zero
-  std::size_t bins = 0;        ///< cells with E >= min_expected, and the pool of the rest when it
-                               ///< reaches min_expected (else merged into the smallest cell)
-  std::size_t impossible = 0;  ///< samples that fell in cells of probability zero
+  /// The test's p-value, to compare with a level alpha: 0 when a sample has probability zero;
+  /// else, with no cell pooled, `bins_p_value`; with some pooled, the weighted Bonferroni
+  /// combination of the two checks, min(1, bins_p_value / (1 − pooled_share), pooled_p_value /
+  /// pooled_share), whose false-rejection rate stays within the level.
+  double p_value = 1.0;
+  /// P(χ²(dof) >= X²), or with two bins the binomial's exact two-sided p-value; 1 with one bin.
+  double bins_p_value = 1.0;
+  /// The pooled cells' own check, where χ² cannot look (a pool of many tiny cells hides a few
+  /// samples piled on one of them: 20 samples on a sequence of probability 1.9e-8 in 10^5 passed
+  /// the χ² alone): the smallest exact binomial upper-tail probability P(count >= observed) over
+  /// the pooled cells, times their number (Bonferroni); 1 with none pooled.
+  double pooled_p_value = 1.0;
+  std::size_t bins = 0;          ///< cells with E >= min_expected, and the pool of the rest when it
+                                 ///< reaches min_expected (else merged into the smallest cell)
+  std::size_t pooled_cells = 0;  ///< cells of positive probability with E < min_expected
+  std::size_t impossible = 0;    ///< samples that fell in cells of probability zero
+  double samples = 0.0;          ///< the samples tested, the impossible ones included
   /// What the samples' rounds did (`speculative_fit`): drafts proposed, and drafts rejected and
   /// replaced by a draw from the residual. With none rejected the check did not reach the
   /// residual (a verifier broken there passes too); with none drafted it tested the target's own
@@ -423,24 +439,39 @@ inline void require_two_bins(const std::vector<std::pair<double, double>>& outco
   throw error(fmt::format("{}; it needs at least {} samples", what, needed));
 }
 
+// The log probability of j successes in n trials of probability p, from its logs.
+struct binomial_mass {
+  double n, lp, lq, ln;
+  binomial_mass(double trials, double p)
+      : n(trials), lp(std::log(p)), lq(std::log1p(-p)), ln(std::lgamma(trials + 1.0)) {}
+  [[nodiscard]] double log(double j) const {
+    return ln - std::lgamma(j + 1.0) - std::lgamma(n - j + 1.0) + j * lp + (n - j) * lq;
+  }
+};
+
+// Sums the binomial's mass from `from` by `step` up to `end`, as long as the terms still move the
+// sum (outward from the mode, where they fall geometrically).
+inline double binomial_tail(const binomial_mass& mass, double from, double step, double end) {
+  double sum = 0.0;
+  for (double j = from; step < 0 ? j >= end : j <= end; j += step) {
+    const double term = std::exp(mass.log(j));
+    sum += term;
+    if (term <= sum * 1e-17) break;
+  }
+  return sum;
+}
+
 // The exact two-sided p-value of `k` successes in `n` trials of probability `p` in (0, 1): the
 // probability of every count no more likely than k (within a relative 1e-7, as R's binom.test).
 // The binomial's mass is unimodal, so the counts below and above its mode that are no more likely
 // than k are found by bisection, and their tails summed outward from there until a term no longer
 // moves the sum (the terms fall geometrically away from the mode).
 inline double binomial_p_value(double k, double n, double p) {
-  const double lp = std::log(p), lq = std::log1p(-p), ln = std::lgamma(n + 1.0);
-  const auto log_mass = [&](double j) { return ln - std::lgamma(j + 1.0) - std::lgamma(n - j + 1.0) + j * lp + (n - j) * lq; };
+  const binomial_mass mass(n, p);
+  const auto log_mass = [&](double j) { return mass.log(j); };
   const double bound = log_mass(k) + std::log1p(1e-7);
   const double mode = std::min(n, std::floor((n + 1.0) * p));
   double sum = 0.0;
-  const auto tail = [&](double from, double step, double end) {  // from, from + step, ... up to end
-    for (double j = from; step < 0 ? j >= end : j <= end; j += step) {
-      const double term = std::exp(log_mass(j));
-      sum += term;
-      if (term <= sum * 1e-17) break;
-    }
-  };
   // Below the mode the mass rises: the largest j <= mode no more likely than k, if any.
   if (log_mass(0.0) <= bound) {
     double lo = 0.0, hi = mode;  // log_mass(lo) <= bound; find the last such j below the rise
@@ -449,7 +480,7 @@ inline double binomial_p_value(double k, double n, double p) {
       (log_mass(mid) <= bound ? lo : hi) = mid;
     }
     if (log_mass(hi) <= bound) lo = hi;
-    tail(lo, -1.0, 0.0);
+    sum += binomial_tail(mass, lo, -1.0, 0.0);
   }
   // Above the mode it falls: the smallest j > mode no more likely than k, if any.
   if (mode < n && log_mass(n) <= bound) {
@@ -458,9 +489,16 @@ inline double binomial_p_value(double k, double n, double p) {
       const double mid = std::floor(0.5 * (lo + hi));
       (log_mass(mid) <= bound ? hi : lo) = mid;
     }
-    tail(hi, 1.0, n);
+    sum += binomial_tail(mass, hi, 1.0, n);
   }
   return std::min(1.0, sum);
+}
+
+// P(X >= k) for X ~ Binomial(n, p), p in (0, 1): exact above the mean, summed from k up; 1 (an
+// upper bound, so a p-value that stays valid) at or below it, where the tail is not small anyway.
+inline double binomial_upper_tail(double k, double n, double p) {
+  if (k <= n * p) return 1.0;
+  return std::min(1.0, binomial_tail(binomial_mass(n, p), k, 1.0, n));
 }
 
 // Pearson's test over the outcomes of positive probability, (observed count, probability) each,
@@ -481,19 +519,25 @@ inline fit_result pearson(const std::vector<std::pair<double, double>>& outcomes
   if (n == 0.0) throw error("chi_square_test: no samples");
   fit_result r;
   r.impossible = static_cast<std::size_t>(std::min(impossible, 0x1p63));
+  r.samples = n;
   // The bins, (observed, expected) each: the outcomes of expected count >= min_expected, then the
-  // pool of the rest, as a bin of its own or merged into the smallest.
+  // pool of the rest, as a bin of its own or merged into the smallest. Each pooled cell's count
+  // is also held against its own expectation: the least likely count among them, Bonferroni over
+  // their number.
   std::vector<std::pair<double, double>> bins;
-  double pooled_o = 0.0, pooled_e = 0.0;
+  double pooled_o = 0.0, pooled_e = 0.0, least_likely = 1.0;
   for (const auto& [o, p] : outcomes) {
     const double e = p * n;
     if (e < min_expected) {
       pooled_o += o;
       pooled_e += e;
+      ++r.pooled_cells;
+      if (o > 0.0) least_likely = std::min(least_likely, binomial_upper_tail(o, n, std::min(p, 1.0)));
     } else {
       bins.emplace_back(o, e);
     }
   }
+  r.pooled_p_value = std::min(1.0, least_likely * static_cast<double>(r.pooled_cells));
   if (pooled_e > 0.0) {
     if (pooled_e >= min_expected || bins.empty()) {
       bins.emplace_back(pooled_o, pooled_e);
@@ -510,6 +554,7 @@ inline fit_result pearson(const std::vector<std::pair<double, double>>& outcomes
   r.dof = r.bins > 0 ? r.bins - 1 : 0;
   if (r.impossible > 0) {
     r.statistic = std::numeric_limits<double>::infinity();
+    r.bins_p_value = 0.0;
     r.p_value = 0.0;
     return r;
   }
@@ -521,9 +566,11 @@ inline fit_result pearson(const std::vector<std::pair<double, double>>& outcomes
   // (binomial_p_value); more bins, χ²'s. The binomial's probability is the first bin's share of
   // both bins' expected counts, not its own expected count over n: the probabilities may sum to
   // 1 ± 1e-6, and a first bin near 1 would take that error into the second's tiny one (or past 1).
-  r.p_value = r.dof == 0   ? 1.0
-              : r.dof == 1 ? binomial_p_value(bins[0].first, n, bins[0].second / (bins[0].second + bins[1].second))
-                           : gamma_q(0.5 * static_cast<double>(r.dof), 0.5 * x2);
+  r.bins_p_value = r.dof == 0   ? 1.0
+                   : r.dof == 1 ? binomial_p_value(bins[0].first, n, bins[0].second / (bins[0].second + bins[1].second))
+                                : gamma_q(0.5 * static_cast<double>(r.dof), 0.5 * x2);
+  r.p_value = r.pooled_cells == 0 ? r.bins_p_value
+                                  : std::min({1.0, r.bins_p_value / (1.0 - pooled_share), r.pooled_p_value / pooled_share});
   return r;
 }
 
@@ -537,7 +584,8 @@ inline fit_result pearson(const std::vector<std::pair<double, double>>& outcomes
 /// χ²'s tail with one degree of freedom rejects {0.9, 0.1} at 50 samples 3.2 times as often as a
 /// level of 1e-3 says and 17.5 times at 1e-6; the exact p-value 0.29 and 0.76 times. (Pearson's statistic rather than the G-test's: with many cells
 /// of expected count 5–20, G rejects a true hypothesis several times as often as the test's
-/// level says.) Any sample in a zero-probability cell makes the p-value 0.
+/// level says.) Each pooled cell is also checked for too many samples (`fit_result::pooled_p_value`),
+/// which the pool's χ² cannot see. Any sample in a zero-probability cell makes the p-value 0.
 /// @throws error on mismatched shapes, expected values that are not probabilities summing to 1,
 /// observed values that are not counts, no samples, a `min_expected` that is not positive, or too
 /// few samples for two bins while the expected distribution has two or more outcomes (the test
@@ -680,6 +728,54 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
   fit.drafted = drafted;
   fit.rejected = rejected;
   return fit;
+}
+
+/// The total variation distance, over a test's bins, at which a sampler's distribution fails a
+/// test like `fit` (its samples, bins and pooled cells) at level `alpha` about half the time, and
+/// more often the farther it is: what a PASS can see. A PASS says no deviation this large or
+/// larger was likely missed; smaller ones may pass. It falls as 1 / sqrt(samples).
+///
+/// Derivation: off by δ_i in bin i of probability p_i, Pearson's X² is about noncentral χ² with
+/// dof degrees of freedom and noncentrality λ = n Σ δ_i² / p_i >= 4 n TV² (Cauchy–Schwarz: (Σ |δ_i|)²
+/// <= Σ δ_i² / p_i · Σ p_i). The test rejects at least half the time once the median of that
+/// χ² (Patnaik's approximation) reaches the critical value at alpha (its χ² share of it when cells
+/// were pooled); the distance returned is sqrt(λ / 4n) for the λ that puts it there.
+/// @throws error unless 0 < alpha < 1, the fit has samples, and it has two bins or more (with one,
+/// only a sample of probability zero fails).
+inline double detectable_distance(const fit_result& fit, double alpha) {
+  if (!(alpha > 0.0 && alpha < 1.0)) {
+    throw error(fmt::format("detectable_distance: alpha must be in (0, 1), got {}", alpha));
+  }
+  if (!(fit.samples > 0.0)) throw error("detectable_distance: the fit has no samples");
+  if (fit.dof == 0) {
+    throw error("detectable_distance: the fit has one bin, so it detects only samples of probability zero");
+  }
+  const double k = static_cast<double>(fit.dof);
+  const double level = fit.pooled_cells > 0 ? alpha * (1.0 - pooled_share) : alpha;
+  // The critical value: X² with P(χ²(k) >= X²) = level, by bisection.
+  const auto survival = [&](double x2) { return detail::gamma_q(0.5 * k, 0.5 * x2); };
+  double lo = 0.0, hi = k + 10.0;
+  while (survival(hi) > level) hi *= 2.0;
+  for (int i = 0; i < 200 && hi - lo > 1e-12 * hi; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (survival(mid) > level ? lo : hi) = mid;
+  }
+  const double critical = hi;
+  // The noncentrality whose median reaches it: Patnaik's χ² of (k + λ)² / (k + 2λ) degrees of
+  // freedom scaled by (k + 2λ) / (k + λ), with Wilson–Hilferty's median ν (1 − 2 / 9ν)³.
+  const auto median = [&](double lambda) {
+    const double nu = (k + lambda) * (k + lambda) / (k + 2.0 * lambda);
+    const double m = 1.0 - 2.0 / (9.0 * nu);
+    return (k + 2.0 * lambda) / (k + lambda) * nu * m * m * m;
+  };
+  lo = 0.0;
+  hi = critical + 10.0;
+  while (median(hi) < critical) hi *= 2.0;
+  for (int i = 0; i < 200 && hi - lo > 1e-12 * hi; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (median(mid) < critical ? lo : hi) = mid;
+  }
+  return std::sqrt(hi / (4.0 * fit.samples));
 }
 
 /// The total variation distance between two distributions of the same shape.
