@@ -209,9 +209,9 @@ bool check(Draft& draft, Target& target, std::span<const specsample::token> prom
              alpha);
   if (ok && fit.dof > 0) {  // what the PASS can see: more samples see smaller deviations
     fmt::print("power: a sampler off by total variation {:.3g} or more across these bins would fail about half the "
-               "time or more; {} times the samples see half that (a PASS is not a proof; rerunning with new seeds "
-               "until one passes is no check at all)\n",
-               specsample::testing::detectable_distance(fit, alpha), 4);
+               "time or more; more samples see smaller deviations, over more bins (a PASS is not a proof; rerunning "
+               "with new seeds until one passes is no check at all)\n",
+               specsample::testing::detectable_distance(fit, alpha));
   }
   if constexpr (two_drafters) {  // (a check whose rounds all came from one drafter tested only that one)
     fmt::print("drafting rounds of the samples: {} by prompt lookup, {} by the draft model\n",

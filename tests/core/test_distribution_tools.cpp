@@ -676,7 +676,7 @@ TEST_CASE("detectable_distance: a sampler that far off fails about half the time
   const double d = testing::detectable_distance(testing::chi_square_test(multinomial(uniform, 1000, rng), expected),
                                                 alpha);
   INFO("detectable distance " << d);
-  CHECK(d == Approx(0.07).margin(0.01));  // the critical value 27.9 at 9 dof, λ ≈ 19.5: sqrt(19.5 / 4000)
+  CHECK(d == Approx(0.07).margin(0.01));  // the critical value 27.9 at 9 dof, λ ≈ 20.0: sqrt(20.0 / 4000)
   const auto rate = [&](double tv) {
     std::vector<double> off(10);
     for (std::size_t i = 0; i < 10; ++i) off[i] = 0.1 + (i < 5 ? -tv : tv) / 5.0;
@@ -690,10 +690,16 @@ TEST_CASE("detectable_distance: a sampler that far off fails about half the time
   CHECK(at < 0.65);
   CHECK(twice > 0.95);
   CHECK(half < 0.1);
-  // It falls as 1 / sqrt(samples).
+  // Over the same bins it falls as 1 / sqrt(samples); more bins at the same samples raise it (a
+  // larger critical value): 40 equal cells at 1000 samples see less than 10 do.
   auto many = testing::chi_square_test(multinomial(uniform, 1000, rng), expected);
   many.samples = 4000.0;
   CHECK(testing::detectable_distance(many, alpha) == Approx(d / 2.0).epsilon(1e-9));
+  const std::vector<double> forty(40, 0.025);
+  const double d40 = testing::detectable_distance(
+      testing::chi_square_test(multinomial(forty, 1000, rng), xt::adapt(forty, {forty.size()})), alpha);
+  INFO("40 cells: " << d40);
+  CHECK(d40 > 1.2 * d);
   using Catch::Matchers::Contains;
   CHECK_THROWS_WITH(testing::detectable_distance(many, 0.0), Contains("alpha must be in (0, 1), got 0"));
   CHECK_THROWS_WITH(testing::detectable_distance(many, 1.0), Contains("alpha must be in (0, 1)"));

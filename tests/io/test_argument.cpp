@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <random>
 #include <string>
@@ -100,6 +101,10 @@ TEST_CASE("the edit distance computes only the band its bound needs, and agrees 
     INFO("'" << a << "' / '" << b << "', bound " << bound);
     REQUIRE(edit_distance(a, b, bound) == std::min(full_edit_distance(a, b), bound + 1));
   }
+  // A bound beyond both lengths is the exact distance (bound + 1 and the band's edge cannot wrap).
+  CHECK(edit_distance("kitten", "sitting", std::numeric_limits<std::size_t>::max()) == 3);
+  CHECK(edit_distance("", "abc", std::numeric_limits<std::size_t>::max() - 1) == 3);
+  CHECK(edit_distance("ab", "ba", 7) == 1);
   // Two long flags: the band, not a 200 000² table (which took seconds at -O2).
   const std::string flag = "--" + std::string(200'000, 'x') + "yz";
   std::string typed = flag;

@@ -187,8 +187,10 @@ namespace detail {
 // insertions, deletions, substitutions and transpositions of adjacent characters cost 1 each;
 // bound + 1 for any distance above `bound`. An alignment of cost <= bound never strays more than
 // bound cells from the diagonal, so only that band is computed: O(max(|a|, |b|) × bound), where
-// the whole table of two long strings took seconds.
+// the whole table of two long strings took seconds. No distance exceeds max(|a|, |b|): a larger
+// bound is that (so that bound + 1 and i + bound cannot wrap).
 [[nodiscard]] inline std::size_t edit_distance(std::string_view a, std::string_view b, std::size_t bound) {
+  bound = std::min(bound, std::max(a.size(), b.size()));
   const std::size_t far = bound + 1;
   if ((a.size() > b.size() ? a.size() - b.size() : b.size() - a.size()) > bound) return far;
   const std::size_t n = b.size();

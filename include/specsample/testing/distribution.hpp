@@ -363,7 +363,8 @@ struct fit_result {
   /// The test's p-value, to compare with a level alpha: 0 when a sample has probability zero;
   /// else, with no cell pooled, `bins_p_value`; with some pooled, the weighted Bonferroni
   /// combination of the two checks, min(1, bins_p_value / (1 − pooled_share), pooled_p_value /
-  /// pooled_share), whose false-rejection rate stays within the level.
+  /// pooled_share), which adds nothing to the false-rejection rate of the bins' χ² (its own
+  /// approximation's excess stays: docs/algorithm.md, "Testing exactness").
   double p_value = 1.0;
   /// P(χ²(dof) >= X²), or with two bins the binomial's exact two-sided p-value; 1 with one bin.
   double bins_p_value = 1.0;
@@ -733,7 +734,9 @@ template <class Draft, language_model Target, std::uniform_random_bit_generator 
 /// The total variation distance, over a test's bins, at which a sampler's distribution fails a
 /// test like `fit` (its samples, bins and pooled cells) at level `alpha` about half the time, and
 /// more often the farther it is: what a PASS can see. A PASS says no deviation this large or
-/// larger was likely missed; smaller ones may pass. It falls as 1 / sqrt(samples).
+/// larger was likely missed; smaller ones may pass. Over the same bins it falls as
+/// 1 / sqrt(samples); more samples usually fill more bins, whose larger critical value makes it
+/// fall more slowly.
 ///
 /// Derivation: off by δ_i in bin i of probability p_i, Pearson's X² is about noncentral χ² with
 /// dof degrees of freedom and noncentrality λ = n Σ δ_i² / p_i >= 4 n TV² (Cauchy–Schwarz: (Σ |δ_i|)²
