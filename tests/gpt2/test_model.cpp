@@ -266,6 +266,56 @@ TEST_CASE("a position's logits are bitwise identical alone, in batches of 1..9, 
   }
 }
 
+TEST_CASE("options::context sizes the KV cache: the same logits bit for bit, an append past it refused, "
+          "more than n_positions refused before the weights are read",
+          "[gpt2][model][invariance]") {
+  const checkpoint c = all_checkpoints()[0];  // n_positions 256
+  const reference ref = load_reference(c.dir);
+  const std::span<const token> tokens = std::span<const token>(ref.tokens.back()).first(21);
+  gpt2::model full = gpt2::model::load(c.dir, {.threads = 1});
+  REQUIRE(full.max_size() == 256);
+  const Eigen::MatrixXf alone = append_chunked(full, tokens, 1);
+  // 21 and 24: not a whole 16-key block, as the cache's layout rounds up; F16 keys and values too.
+  for (const std::size_t context : {std::size_t{21}, std::size_t{24}}) {
+    for (const gpt2::weight_format kv : {gpt2::weight_format::f32, gpt2::weight_format::f16}) {
+      for (const std::size_t threads : {std::size_t{1}, std::size_t{2}}) {
+        INFO("context " << context << ", threads " << threads << ", KV " << gpt2::format_name(kv));
+        gpt2::model m = gpt2::model::load(c.dir, {.threads = threads,
+                                                  .context = context,
+                                                  .min_parallel_work = threads > 1 ? 1u : 65536u,
+                                                  .kv_storage = kv});
+        REQUIRE(m.max_size() == context);
+        gpt2::model reference_model = gpt2::model::load(c.dir, {.threads = 1, .kv_storage = kv});
+        const Eigen::MatrixXf expected = append_chunked(reference_model, tokens, 1);
+        REQUIRE(bitwise_equal(append_chunked(m, tokens, 5), expected));
+        m.truncate(16);  // a rollback, then the context filled to the last position it holds
+        std::vector<token> more(tokens.begin() + 16, tokens.end());
+        while (16 + more.size() < context) more.push_back(tokens[more.size() % tokens.size()]);
+        const Eigen::MatrixXf again = m.append(more);
+        REQUIRE(m.size() == context);
+        REQUIRE(bitwise_equal(again.leftCols(5), expected.rightCols(5)));
+        const std::vector<token> one{tokens[0]};
+        REQUIRE_THROWS_WITH(m.append(one),
+                            fmt::format("gpt2: cannot append 1 tokens to a context of {0}: that would exceed the "
+                                        "model's context of {0} positions (options::context; n_positions = 256)",
+                                        context));
+        REQUIRE(m.size() == context);
+      }
+    }
+  }
+  gpt2::model whole = gpt2::model::load(c.dir, {.threads = 1, .context = 256});
+  REQUIRE(whole.max_size() == 256);
+  REQUIRE(bitwise_equal(append_chunked(whole, tokens, 7), alone));
+  REQUIRE(gpt2::model::load(c.dir, {.context = 0}).max_size() == 256);
+  // Above n_positions: refused once config.json is read, before model.safetensors is (here a
+  // directory with the config alone).
+  const temp_dir d("context");
+  fs::copy_file(c.dir / "config.json", d.path / "config.json");
+  REQUIRE_THROWS_WITH(gpt2::model::load(d.path, {.context = 257}),
+                      "gpt2::options.context = 257 is more than the model's n_positions = 256");
+  REQUIRE_THROWS_AS(gpt2::model::load(d.path, {.context = 256}), specsample::error);  // (no weights)
+}
+
 TEST_CASE("options::kv_storage F16 moves the logits by a few F16 roundings, and BF16 is refused",
           "[gpt2][model]") {
   const reference ref = load_reference(models_dir / "shakespeare-target");
@@ -1052,7 +1102,8 @@ TEST_CASE("memory a model cannot have is refused with its size (a KV cache, a ba
   }
   // tiny-random-gpt2 (2 layers, 16 channels, vocab 50257, 64 positions) in the child's 3 GiB:
   // (1) n_positions = 2^24 with a wpe to match (1 GiB, uninitialised): its KV cache needs 2 x 2
-  // layers x 2^24 positions x 16 channels x 4 bytes = 4.3 GB; (2) the same config over the
+  // layers x 2^24 positions x 16 channels x 4 bytes = 4.3 GB, and with options::context 2^20, 268
+  // MB, which fits; (2) the same config over the
   // weights' own 64-row wpe: the mismatch is named (the cache was allocated first, and named
   // instead); (3) n_positions = 2^20 with a wpe to match (a 268 MB cache) and 65536 tokens
   // appended at once: their logits alone need 13.2 GB, and the refusal leaves the model empty and
@@ -1064,11 +1115,15 @@ TEST_CASE("memory a model cannot have is refused with its size (a KV cache, a ba
     {
       gpt2::weights w = small.weights();
       w.wpe = xt::xtensor<float, 2>::from_shape({cfg.n_positions, cfg.n_embd});
-      if (!fails_with([&] { (void)gpt2::model(cfg, std::move(w), {.threads = 1}); },
+      if (!fails_with([&] { (void)gpt2::model(cfg, w, {.threads = 1}); },
                       "gpt2::model: out of memory for its buffers (the KV cache alone, for 16777216 positions: "
-                      "2 layers x 2 (keys, values) x 268435456 elements x 4 bytes = 4.29 GB)")) {
+                      "2 layers x 2 (keys, values) x 268435456 elements x 4 bytes = 4.29 GB; a smaller "
+                      "options::context needs less)")) {
         return 4;
       }
+      // As it says: a cache of 2^20 positions (268 MB) fits beside the 1 GiB wpe.
+      const gpt2::model shorter(cfg, std::move(w), {.threads = 1, .context = std::size_t{1} << 20});
+      if (shorter.max_size() != std::size_t{1} << 20) return 8;
     }
     if (!fails_with([&] { (void)gpt2::model(cfg, small.weights(), {.threads = 1}); },
                     "gpt2::model: weights do not match the config")) {
@@ -1088,7 +1143,8 @@ TEST_CASE("memory a model cannot have is refused with its size (a KV cache, a ba
     return m.size() == 0 && m.append(few).cols() == 3 && m.size() == 3 ? 0 : 7;
   });
   INFO("child exit code " << code << " (2: another exception, 3: setrlimit failed, 4: the KV cache's refusal, 5: "
-       "the mismatch, 6: the batch's refusal not as expected, 7: the model not empty or not usable after it)");
+       "the mismatch, 6: the batch's refusal not as expected, 7: the model not empty or not usable after it, 8: "
+       "a smaller options::context not taken)");
   REQUIRE(code == 0);
 }
 

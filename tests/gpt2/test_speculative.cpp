@@ -64,6 +64,19 @@ TEST_CASE("sampled speculative generation on the bundled pair keeps its bookkeep
   params.max_new_tokens = 255;  // 3 + 255 - 1 = 257 > 256
   CHECK_THROWS_WITH(specsample::speculative_sample(draft, target, prompt, params, rng),
                     Catch::Matchers::Contains("context overflow"));
+  // So is one past a smaller KV cache (options::context), the target's or the draft's.
+  auto short_target = specsample::gpt2::model::load(models / "shakespeare-target", {.threads = 1, .context = 32});
+  auto short_draft = specsample::gpt2::model::load(models / "shakespeare-draft", {.threads = 1, .context = 30});
+  params.max_new_tokens = 30;  // 3 + 30 - 1 = 32: the target holds it; the draft 3 + 30 - 2 = 31 > 30
+  CHECK_THROWS_WITH(specsample::speculative_sample(short_draft, short_target, prompt, params, rng),
+                    Catch::Matchers::Contains("the draft model holds at most 30"));
+  params.max_new_tokens = 31;
+  CHECK_THROWS_WITH(specsample::speculative_sample(draft, short_target, prompt, params, rng),
+                    Catch::Matchers::Contains("the target model holds at most 32"));
+  params.max_new_tokens = 30;
+  const auto fits = specsample::speculative_sample(draft, short_target, prompt, params, rng);
+  CHECK(fits.tokens.size() == 30);
+  CHECK(short_target.size() == 32);
 }
 
 TEST_CASE("the bundled models share one tokenizer", "[gpt2][tokenizer]") {

@@ -90,15 +90,15 @@ struct kv_cache {
   storage data;                             ///< (2, L, layer_size) elements of `format`
   std::size_t length = 0;                   ///< valid positions; rows past it are stale and never read
 
-  /// Allocates room for `n_positions` positions of every layer, zeroed: slots past the length
+  /// Allocates room for `positions` positions of every layer, zeroed: slots past the length
   /// that a vector kernel loads (and discards) are never indeterminate. Throws
   /// `specsample::error` for a `f` other than F32 and F16. (Parameters named apart from the
   /// members: a consumer's -Wshadow.)
-  kv_cache(std::size_t layers, std::size_t n_head, std::size_t n_positions, std::size_t n_embd, weight_format f)
+  kv_cache(std::size_t layers, std::size_t n_head, std::size_t positions, std::size_t n_embd, weight_format f)
       : format(checked_format(f)),
         n_layer(layers),
-        layer_size(kernels::kv_layer_size(n_positions, n_embd, n_head)),
-        data(total_bytes(layers, n_head, n_positions, n_embd, f)) {}
+        layer_size(kernels::kv_layer_size(positions, n_embd, n_head)),
+        data(total_bytes(layers, n_head, positions, n_embd, f)) {}
   /// A moved-from cache is empty: no data, length 0.
   kv_cache(kv_cache&& o) noexcept
       : format(o.format), n_layer(o.n_layer), layer_size(o.layer_size), data(std::move(o.data)),
@@ -117,9 +117,9 @@ struct kv_cache {
   ~kv_cache() = default;
 
   /// Bytes of keys and values a cache of these dimensions holds.
-  [[nodiscard]] static std::size_t total_bytes(std::size_t n_layer, std::size_t n_head, std::size_t n_positions,
+  [[nodiscard]] static std::size_t total_bytes(std::size_t n_layer, std::size_t n_head, std::size_t positions,
                                                std::size_t n_embd, weight_format format) noexcept {
-    return 2 * n_layer * kernels::kv_layer_size(n_positions, n_embd, n_head) * format_bytes(format);
+    return 2 * n_layer * kernels::kv_layer_size(positions, n_embd, n_head) * format_bytes(format);
   }
 
   /// `f` when a cache can hold it (F32 or F16); throws `specsample::parameter_error` otherwise.
@@ -197,7 +197,8 @@ class model final {
   /// file (`weights_file`). Throws `specsample::error` naming the directory when it is none, else the
   /// file and the problem, or, before reading any file,
   /// `specsample::parameter_error` naming an option (`gpt2::options.kv_storage`, say) that holds no
-  /// value of its enumeration (an integer cast to it) or contradicts another.
+  /// value of its enumeration (an integer cast to it) or contradicts another, and, once config.json
+  /// is read, `gpt2::options.context` when it is above the config's n_positions.
   [[nodiscard]] static model load(const std::filesystem::path& dir, options opts = {});
 
   /// Builds a model from parameters already in memory (they must match `cfg`, and hold an lm_head
@@ -250,8 +251,9 @@ class model final {
   [[nodiscard]] std::size_t vocab_size() const noexcept { return cfg_.vocab_size; }
   /// Tokens currently in the context (KV cache).
   [[nodiscard]] std::size_t size() const noexcept { return cache_.length; }
-  /// Longest context: n_positions.
-  [[nodiscard]] std::size_t max_size() const noexcept { return cfg_.n_positions; }
+  /// Longest context: the positions the KV cache holds, `options::context` (n_positions by
+  /// default).
+  [[nodiscard]] std::size_t max_size() const noexcept { return context_; }
   /// Worker threads used by the kernels (the caller included); 0 for a moved-from model.
   [[nodiscard]] std::size_t threads() const noexcept { return pool_ != nullptr ? pool_->size() : 0; }
   /// The kernel instruction set in use (`options::kernels` capped at `simd::detected()`: what the
@@ -262,10 +264,10 @@ class model final {
   /// none). `*times` must outlive its attachment. Bits and allocations are the same either way.
   void time_ops(op_times* times) noexcept { op_times_ = times; }
 
-  /// Grows the scratch buffers so that appends of up to `batch` tokens (at most n_positions: no
+  /// Grows the scratch buffers so that appends of up to `batch` tokens (at most `max_size()`: no
   /// append is longer) allocate nothing.
   void reserve(std::size_t batch) {
-    batch = std::min(batch, cfg_.n_positions);  // (so that no buffer size wraps either)
+    batch = std::min(batch, context_);  // (so that no buffer size wraps either)
     if (batch <= capacity_) return;
     const std::size_t C = cfg_.n_embd;
     try {  // (a buffer replaced before one failed is only larger: capacity_ still holds)
@@ -293,7 +295,7 @@ class model final {
   /// The map points into an internal buffer: it stays valid until the next `append`, `truncate`
   /// or `reserve` (copy it into an `Eigen::MatrixXf` to keep it). No heap allocation happens
   /// when n is within the reserved batch capacity. Throws `specsample::error` before touching
-  /// any state when a token id is outside [0, V) or the context would exceed n_positions, and,
+  /// any state when a token id is outside [0, V) or the context would exceed `max_size()`, and,
   /// leaving the context as it was, when the forward pass overflows (a corrupt checkpoint's finite
   /// but absurd weight): a key or value it would store, or a logit it would return, that is a NaN
   /// or an infinity, or a key or value an F16 KV cache cannot hold (65520 or more in magnitude).
@@ -427,6 +429,15 @@ class model final {
     }
     return simd::resolve(k);
   }
+  // The positions the KV cache holds for `opts.context` (0: n_positions); throws when it asks for
+  // more than the checkpoint's n_positions (wpe has no rows past them).
+  static std::size_t context_of(const gpt2::config& cfg, const options& opts) {
+    if (opts.context > cfg.n_positions) {
+      throw parameter_error("gpt2::options.context", fmt::format(" = {} is more than the model's n_positions = {}",
+                                                                 opts.context, cfg.n_positions));
+    }
+    return opts.context != 0 ? opts.context : cfg.n_positions;
+  }
   static std::shared_ptr<thread_pool> pool_of(const options& opts) {
     if (opts.threads > thread_pool::max_threads) {  // (thread_pool's own refusal would not name the field)
       throw parameter_error("gpt2::options.threads", fmt::format(" = {} is more than thread_pool::max_threads = {}",
@@ -445,6 +456,7 @@ class model final {
   std::shared_ptr<thread_pool> pool_;
   isa isa_ = isa::generic;
   std::size_t min_parallel_work_ = 0;
+  std::size_t context_ = 0;        // positions the KV cache holds (P below; `max_size`)
   std::size_t capacity_ = 0;
   kv_cache cache_;                 // keys and values of every layer + length
   xt::xtensor<float, 2> att_;      // (workers, attention_scratch(P)) attention scores scratch
@@ -476,6 +488,7 @@ SPECSAMPLE_GPT2_MODEL model model::load(const std::filesystem::path& dir, option
   opts.threads = 0;
   require_model_directory(dir);
   gpt2::config cfg = gpt2::config::load(config_path);
+  (void)context_of(cfg, opts);  // (before the weights are read)
   const io::safetensors_checkpoint file = io::safetensors_checkpoint::open(weights_file(dir));
   gpt2::weights w = gpt2::weights::load(file, cfg, config_path.string(), storage);
   return model(cfg, std::move(w), opts);
@@ -487,7 +500,8 @@ SPECSAMPLE_GPT2_MODEL model::model(const gpt2::config& cfg, gpt2::weights w, opt
       pool_(pool_of(checked(opts))),  // (before the KV cache is allocated)
       isa_(kernels_of(opts)),
       min_parallel_work_(opts.min_parallel_work),
-      cache_(cfg.n_layer, cfg.n_head, cfg.n_positions, cfg.n_embd, opts.kv_storage) {
+      context_(context_of(cfg_, opts)),
+      cache_(cfg.n_layer, cfg.n_head, context_, cfg.n_embd, opts.kv_storage) {
   if (const std::optional<weight_format> s = storage_of(opts)) {
     try {  // (not the KV cache, which the handler below names)
       w_.convert(*s);
@@ -498,7 +512,7 @@ SPECSAMPLE_GPT2_MODEL model::model(const gpt2::config& cfg, gpt2::weights w, opt
                               static_cast<double>(w_.matmul_bytes()) / 1e9, format_name(*s)));
     }
   }
-  const std::size_t P = cfg_.n_positions;
+  const std::size_t P = context_;
   // A matmul precision's layout (BF16 pairs, INT8 quads) is all of the matmul weights' or none's.
   for (const weight_format f : {weight_format::bf16_pairs, weight_format::i8_quads}) {
     const bool held = w_.output_embedding().format() == f;
@@ -520,25 +534,28 @@ SPECSAMPLE_GPT2_MODEL model::model(const gpt2::config& cfg, gpt2::weights w, opt
   }
   reserve(std::min(std::max<std::size_t>(opts.batch_capacity, 1), P));
 } catch (const std::bad_alloc&) {
-  const auto per_layer = static_cast<double>(kernels::kv_layer_size(cfg.n_positions, cfg.n_embd, cfg.n_head));
+  const std::size_t P = context_of(cfg, opts);  // (it did not throw: the cache's allocation did)
+  const auto per_layer = static_cast<double>(kernels::kv_layer_size(P, cfg.n_embd, cfg.n_head));
   const std::size_t b = format_bytes(opts.kv_storage);
   throw error(fmt::format(
       "gpt2::model: out of memory for its buffers (the KV cache alone, for {} positions: {} layers x 2 "
-      "(keys, values) x {:.0f} elements x {} bytes = {:.3g} GB)",
-      cfg.n_positions, cfg.n_layer, per_layer, b,
-      static_cast<double>(kv_cache::total_bytes(cfg.n_layer, cfg.n_head, cfg.n_positions, cfg.n_embd,
-                                                opts.kv_storage)) / 1e9));
+      "(keys, values) x {:.0f} elements x {} bytes = {:.3g} GB; a smaller options::context needs less)",
+      P, cfg.n_layer, per_layer, b,
+      static_cast<double>(kv_cache::total_bytes(cfg.n_layer, cfg.n_head, P, cfg.n_embd, opts.kv_storage)) / 1e9));
 }
 
 SPECSAMPLE_GPT2_MODEL Eigen::Map<const Eigen::MatrixXf> model::append(std::span<const token> tokens, std::size_t logits) {
   if (pool_ == nullptr) throw error("gpt2::model: append on a moved-from model (it holds no weights); assign one to it");
   const std::size_t T = tokens.size();
-  const std::size_t V = cfg_.vocab_size, C = cfg_.n_embd, P = cfg_.n_positions;
+  const std::size_t V = cfg_.vocab_size, C = cfg_.n_embd, P = context_;
   const std::size_t NH = cfg_.n_head;
   if (T > P - cache_.length) {
-    throw error(fmt::format("gpt2: cannot append {} tokens to a context of {}: that would "
-                            "exceed the model's n_positions = {}",
-                            T, cache_.length, P));
+    throw error(fmt::format("gpt2: cannot append {} tokens to a context of {}: that would exceed the model's {}", T,
+                            cache_.length,
+                            P == cfg_.n_positions
+                                ? fmt::format("n_positions = {}", P)
+                                : fmt::format("context of {} positions (options::context; n_positions = {})", P,
+                                              cfg_.n_positions)));
   }
   if (logits > T) {
     throw error(fmt::format("gpt2: cannot return the logits of the last {} of {} appended tokens", logits, T));
