@@ -363,8 +363,8 @@ struct fit_result {
   /// The test's p-value, to compare with a level alpha: 0 when a sample has probability zero;
   /// else, with no cell pooled, `bins_p_value`; with some pooled, the weighted Bonferroni
   /// combination of the two checks, min(1, bins_p_value / (1 − pooled_share), pooled_p_value /
-  /// pooled_share), which adds nothing to the false-rejection rate of the bins' χ² (its own
-  /// approximation's excess stays: docs/algorithm.md, "Testing exactness").
+  /// pooled_share), whose false-rejection rate stays within the level as far as the bins' χ²
+  /// approximation does (its own excess stays: docs/algorithm.md, "Testing exactness").
   double p_value = 1.0;
   /// P(χ²(dof) >= X²), or with two bins the binomial's exact two-sided p-value; 1 with one bin.
   double bins_p_value = 1.0;
